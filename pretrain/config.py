@@ -1,0 +1,483 @@
+"""Typed run configuration: dataclasses, YAML loading with `_base_` inheritance, dotted CLI overrides.
+
+Every field carries a docstring (the string literal right under it); `--help` prints them.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import os
+import sys
+import textwrap
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user can fix; the message names the fix."""
+
+
+@dataclass
+class ModelConfig:
+    kind: str = "encoder"
+    """`encoder` (BERT-like, masked LM) or `decoder` (GPT-like, causal LM)."""
+    objective: str = "mlm+nsp"
+    """Encoder pretraining objective: `mlm+nsp`, `mlm+sop` (sentence-order prediction) or `mlm`. Decoders always use `clm`."""
+    init_from: str | None = None
+    """Start from this Kiln checkpoint (local folder or Hub id) instead of random weights."""
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    num_hidden_layers: int = 2
+    """Number of transformer blocks."""
+    num_attention_heads: int = 2
+    """Attention heads per block; must divide hidden_size."""
+    intermediate_size: int = 512
+    """Width of the feed-forward layer (usually 4 x hidden_size)."""
+    hidden_act: str = "gelu"
+    """Feed-forward activation (`gelu`, `gelu_new`, `relu`, ...)."""
+    hidden_dropout_prob: float = 0.1
+    """Dropout on embeddings and sublayer outputs."""
+    attention_probs_dropout_prob: float = 0.1
+    """Dropout on attention probabilities."""
+    max_position_embeddings: int = 128
+    """Longest sequence the model accepts."""
+    position_embedding_type: str = "learned"
+    """Encoder only: `learned` or `sinusoidal` (fixed sin/cos table)."""
+    type_vocab_size: int = 2
+    """Encoder only: number of segment (token type) ids."""
+    layer_norm_eps: float = 1e-12
+    """LayerNorm epsilon (BERT uses 1e-12, GPT-2 1e-5)."""
+    initializer_range: float = 0.02
+    """Std of the normal initialisation."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
+
+
+@dataclass
+class TokenizerConfig:
+    name_or_path: str | None = None
+    """Reuse this tokenizer (local folder or Hub id) instead of training one."""
+    vocab_size: int = 4096
+    """Vocabulary size to train (before rounding up)."""
+    pad_vocab_to_multiple_of: int = 64
+    """Round the model's vocab_size up to a multiple of this (0 disables); faster matmuls."""
+    lowercase: bool = True
+    """Lowercase and strip accents before WordPiece (BERT-uncased style). Ignored by byte-level BPE."""
+    min_frequency: int = 2
+    """Minimum pair frequency for a merge."""
+    max_training_texts: int | None = None
+    """Train the tokenizer on at most this many texts (None: the whole training split)."""
+
+
+@dataclass
+class DataConfig:
+    dataset_name: str | None = None
+    """Hub dataset name (e.g. `wikitext`); takes precedence over data_files."""
+    dataset_config: str | None = None
+    """Hub dataset configuration name (e.g. `wikitext-103-raw-v1`)."""
+    dataset_split: str = "train"
+    """Split of the Hub dataset to train on."""
+    data_files: list[str] = field(default_factory=lambda: ["data/pretrain/*.txt"])
+    """Local training files or globs (txt, json/jsonl, csv, parquet); relative paths are taken from the repo root."""
+    validation_files: list[str] | None = None
+    """Local validation files; when absent, validation_split_percentage of the documents is held out."""
+    validation_split_percentage: float = 5.0
+    """Percent of documents held out for evaluation when no validation split is given."""
+    text_column: str = "text"
+    """Column holding the text (json/csv/parquet/Hub datasets)."""
+    document_separator: str = "blank_line"
+    """How plain text is split into documents: `blank_line`, `line` (one document per line) or `file`."""
+    sentence_split: str = "rule"
+    """How documents are split into sentences: `rule` (punctuation rule, see pretrain/data) or `line`."""
+    max_seq_length: int = 128
+    """Tokens per training sequence (encoder: [CLS] A [SEP] B [SEP]; decoder: block size)."""
+    short_seq_prob: float = 0.1
+    """NSP: probability of a shorter target length (BERT's short_seq_prob)."""
+    nsp_probability: float = 0.5
+    """NSP: probability that segment B comes from another document."""
+    mlm_probability: float = 0.15
+    """Fraction of tokens selected for masked LM."""
+    mask_replace_prob: float = 0.8
+    """Of the selected tokens, fraction replaced by [MASK]."""
+    random_replace_prob: float = 0.1
+    """Of the selected tokens, fraction replaced by a random token (the rest stay unchanged)."""
+    whole_word_mask: bool = False
+    """Mask all WordPiece pieces of a word together."""
+    max_predictions_per_seq: int | None = None
+    """Cap on masked positions per sequence (None: no cap)."""
+    pad_to_multiple_of: int = 8
+    """Pad batches to a multiple of this length."""
+    streaming: bool = False
+    """Stream the corpus (IterableDataset) instead of loading it into memory."""
+    num_proc: int | None = None
+    """Processes for datasets.map (None: single process)."""
+    max_train_documents: int | None = None
+    """Use at most this many training documents (quick experiments)."""
+    cache_dir: str | None = None
+    """datasets cache directory (default: the HF datasets cache)."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+
+
+@dataclass
+class TrainingConfig:
+    output_dir: str = "runs/encoder-tiny"
+    """Where checkpoints, logs and the final model go."""
+    overwrite_output_dir: bool = False
+    """Allow writing into an output_dir that holds a different run."""
+    seed: int = 42
+    """Seed for weights, data order and masking."""
+    per_device_train_batch_size: int = 32
+    """Sequences per process per micro-step."""
+    per_device_eval_batch_size: int = 64
+    """Sequences per process per evaluation step."""
+    gradient_accumulation_steps: int = 1
+    """Micro-steps accumulated per optimizer step."""
+    max_steps: int = 600
+    """Optimizer steps to train (-1: use num_train_epochs)."""
+    num_train_epochs: float = 1.0
+    """Epochs to train when max_steps is -1."""
+    max_train_time_s: float | None = None
+    """Wall-clock budget in seconds; training stops (and saves) when it is spent."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.98
+    """AdamW beta2."""
+    adam_epsilon: float = 1e-6
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Clip gradients to this global norm (0 disables)."""
+    lr_scheduler_type: str = "linear"
+    """transformers.get_scheduler name: linear, cosine, constant, constant_with_warmup, ..."""
+    warmup_steps: int = 0
+    """Warmup steps (takes precedence over warmup_ratio when > 0)."""
+    warmup_ratio: float = 0.06
+    """Warmup as a fraction of the total steps."""
+    mixed_precision: str = "no"
+    """`no`, `bf16` or `fp16` (through accelerate)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    torch_compile: bool = False
+    """Compile the model with torch.compile."""
+    eval_steps: int = 200
+    """Evaluate every N optimizer steps (0: only at the end)."""
+    max_eval_batches: int | None = None
+    """Evaluate on at most this many batches (None: the whole validation split)."""
+    save_steps: int = 200
+    """Save a resumable checkpoint every N optimizer steps (0: never)."""
+    save_total_limit: int = 2
+    """Keep at most this many checkpoints (oldest removed)."""
+    resume_from_checkpoint: str | None = None
+    """`latest`, a checkpoint folder, or `hub:user/name` to continue a run exactly."""
+    metric_for_best_model: str | None = None
+    """Eval metric that picks the best model (e.g. `accuracy`, `loss`); the best weights are kept in output_dir/best."""
+    greater_is_better: bool = True
+    """Whether a larger metric_for_best_model is better."""
+    early_stopping_patience: int | None = None
+    """Stop after this many evaluations without improvement of metric_for_best_model (None: never)."""
+
+
+@dataclass
+class LoggingConfig:
+    report_to: str = "none"
+    """Tracker: `wandb`, `tensorboard`, `all` or `none`."""
+    logging_steps: int = 10
+    """Log training metrics every N optimizer steps."""
+    project: str = "kiln"
+    """Tracker project name."""
+    run_name: str | None = None
+    """Tracker run name (default: the output_dir's name)."""
+    peak_flops: float | None = None
+    """Peak FLOP/s of one device for the MFU estimate (None: guessed from the GPU name; unknown on CPU)."""
+
+
+@dataclass
+class HubConfig:
+    push_to_hub: bool = False
+    """Push the model (and, with strategy `checkpoint`, the resumable state) to the Hugging Face Hub."""
+    model_id: str | None = None
+    """Hub repository, `user/name`."""
+    private: bool = False
+    """Create the repository as private."""
+    strategy: str = "end"
+    """`end` (final model only), `every_save` (model at every checkpoint) or `checkpoint` (also the resumable state)."""
+    revision: str | None = None
+    """Branch to push to (created when missing; default: main)."""
+    license: str = "apache-2.0"
+    """License written into the model card."""
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    hub: HubConfig = field(default_factory=HubConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# field docs, types, parsing
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Docstrings written under each dataclass field."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(getattr(nxt, "value", None), ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Coerce a YAML or CLI value to the annotated type, with an error that names the key."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "~")):
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(value, inner[0], key)
+    if origin is list:
+        (item_type,) = args
+        if isinstance(value, str):
+            parsed = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
+            value = parsed if isinstance(parsed, list) else [parsed]
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return [_convert(v, item_type, key) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
+            return False
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            if tp is int:
+                as_float = float(value)
+                if as_float != int(as_float):
+                    raise ValueError
+                return int(as_float)
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    types = _field_types(type(obj))
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in types:
+            valid = ", ".join(f"{prefix}{name}" for name in types)
+            raise ConfigError(f"unknown config key '{dotted}'. Valid keys here: {valid}")
+        tp = types[key]
+        if _is_dataclass_type(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{dotted}' is a section; give it a mapping of keys, got {value!r}")
+            _apply(getattr(obj, key), value, prefix=f"{dotted}.")
+        else:
+            setattr(obj, key, _convert(value, tp, dotted))
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML config; `_base_: other.yaml` (or a list of them) is merged underneath, relative to the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}. Pick one of the YAML files under configs/ or fix the path.")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"invalid YAML in {path}: {err}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config sections, got {type(data).__name__}")
+    bases = data.pop("_base_", [])
+    bases = [bases] if isinstance(bases, str) else bases
+    merged: dict[str, Any] = {}
+    for base in bases:
+        _deep_merge(merged, load_yaml(path.parent / base))
+    _deep_merge(merged, data)
+    return merged
+
+
+def _deep_merge(into: dict, update: dict) -> dict:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"'{dotted}': '{part}' is not a section")
+    node[parts[-1]] = value
+
+
+def parse_overrides(argv: list[str], bool_keys: set[str]) -> tuple[str | None, dict[str, Any]]:
+    """`--config FILE` and `--section.key value` / `--section.key=value` / `--flag` (booleans)."""
+    config_path = None
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}; options look like --section.key value (see --help)")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if key in bool_keys and (nxt is None or nxt.startswith("--")):
+                value = "true"
+            elif nxt is None:
+                raise ConfigError(f"--{key} needs a value")
+            else:
+                value = nxt
+                i += 1
+        i += 1
+        if key == "config":
+            config_path = value
+            continue
+        _set_dotted(overrides, key, yaml.safe_load(value) if value != "" else "")
+    return config_path, overrides
+
+
+def _walk_fields(cls: type, prefix: str = ""):
+    types = _field_types(cls)
+    docs = field_docs(cls)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        tp = types[f.name]
+        if _is_dataclass_type(tp):
+            yield from _walk_fields(tp, prefix=f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", tp, getattr(defaults, f.name), docs.get(f.name, "")
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "") if not isinstance(tp, type) else tp.__name__
+
+
+def format_help(cls: type, prog: str, description: str) -> str:
+    lines = [
+        f"usage: {prog} [--config FILE.yaml] [--section.key VALUE ...]",
+        "",
+        description.strip(),
+        "",
+        "Values come from the dataclass defaults, then the YAML file (--config; `_base_:` inherits),",
+        "then dotted command-line overrides. The resolved config is saved as config.yaml in the output dir.",
+        "",
+        "options:",
+        "  --config FILE         YAML run config (see configs/)",
+        "  -h, --help            show this help and exit",
+    ]
+    section = None
+    for key, tp, default, doc in _walk_fields(cls):
+        head = key.split(".")[0]
+        if head != section:
+            section = head
+            lines += ["", f"{section}:"]
+        lines.append(f"  --{key} ({_type_name(tp)}, default: {default!r})")
+        if doc:
+            lines += ["      " + line for line in textwrap.wrap(doc, 96)]
+    return "\n".join(lines)
+
+
+def build_config(cls: type, argv: list[str] | None = None, prog: str = "run.py", description: str = ""):
+    """Build a config dataclass from defaults, `--config` YAML and dotted CLI overrides; handles --help."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(format_help(cls, prog, description))
+        raise SystemExit(0)
+    bool_keys = {key for key, tp, _, _ in _walk_fields(cls) if tp is bool}
+    config_path, overrides = parse_overrides(argv, bool_keys)
+    config = cls()
+    if config_path is not None:
+        _apply(config, load_yaml(config_path))
+    _apply(config, overrides)
+    return config
+
+
+def config_from_dict(cls: type, values: dict[str, Any]):
+    config = cls()
+    _apply(config, values)
+    return config
+
+
+def save_config(config: Any, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False), encoding="utf-8")
+
+
+def resolve_path(path: str) -> str:
+    """Paths in the shipped configs are relative to the repo root; keep absolute and existing ones as they are."""
+    if os.path.isabs(path) or os.path.exists(path) or any(c in path for c in "*?[") and Path(path).parent.exists():
+        return path
+    candidate = REPO_ROOT / path
+    return str(candidate) if candidate.exists() or any(c in path for c in "*?[") else path
+
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "HubConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "RunConfig",
+    "TokenizerConfig",
+    "TrainingConfig",
+    "build_config",
+    "config_from_dict",
+    "field_docs",
+    "format_help",
+    "load_yaml",
+    "resolve_path",
+    "save_config",
+]

@@ -1,0 +1,94 @@
+"""Pretraining evaluation: token-weighted MLM loss/accuracy, NSP accuracy, CLM loss/perplexity.
+
+Each evaluator computes per-sequence sums so that `gather_for_metrics` (which drops the samples duplicated to
+even out the last batch across processes) weighs every real token exactly once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+
+def _sum_gathered(accelerator: Accelerator, sums: dict[str, list[torch.Tensor]], per_seq: dict[str, torch.Tensor]):
+    gathered = accelerator.gather_for_metrics(per_seq)
+    for key, value in gathered.items():
+        sums.setdefault(key, []).append(value.double().sum().cpu())
+
+
+def _progress(loader, accelerator: Accelerator):
+    return tqdm(loader, desc="eval", leave=False, disable=not accelerator.is_local_main_process, dynamic_ncols=True)
+
+
+def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float]:
+    """MLM loss/accuracy over all masked tokens of the eval set (token-weighted), NSP/SOP accuracy per pair."""
+    sums: dict[str, list[torch.Tensor]] = {}
+    for batch in _progress(loader, accelerator):
+        outputs = model(**batch)
+        labels = batch["labels"]
+        selected = labels != -100
+        logits = outputs.prediction_logits
+        if logits.dim() == 3:  # dense logits (sparse_prediction off): keep the masked rows only
+            logits = logits[selected]
+        targets = labels[selected]
+        token_loss = F.cross_entropy(logits.float(), targets, reduction="none")
+        token_correct = (logits.argmax(-1) == targets).double()
+        seq_index = selected.nonzero()[:, 0]  # row order of the sparse logits is the order of labels[selected]
+        batch_size = labels.shape[0]
+        per_seq = {
+            "mlm_loss_sum": torch.zeros(batch_size, device=labels.device, dtype=torch.float64).index_add_(
+                0, seq_index, token_loss.double()
+            ),
+            "mlm_correct": torch.zeros(batch_size, device=labels.device, dtype=torch.float64).index_add_(
+                0, seq_index, token_correct
+            ),
+            "mlm_tokens": selected.sum(-1).double(),
+        }
+        if "next_sentence_label" in batch and outputs.seq_relationship_logits is not None:
+            per_seq["nsp_correct"] = (
+                outputs.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]
+            ).double()
+            per_seq["nsp_count"] = torch.ones(batch_size, device=labels.device, dtype=torch.float64)
+        _sum_gathered(accelerator, sums, per_seq)
+    total = {key: float(torch.stack(values).sum()) for key, values in sums.items()}
+    metrics = {}
+    if total.get("mlm_tokens"):
+        metrics["mlm_loss"] = total["mlm_loss_sum"] / total["mlm_tokens"]
+        metrics["mlm_accuracy"] = total["mlm_correct"] / total["mlm_tokens"]
+        metrics["mlm_perplexity"] = math.exp(min(metrics["mlm_loss"], 50.0))
+    if total.get("nsp_count"):
+        metrics["nsp_accuracy"] = total["nsp_correct"] / total["nsp_count"]
+    metrics["loss"] = metrics.get("mlm_loss", float("nan"))
+    return metrics
+
+
+def evaluate_decoder(model, loader, accelerator: Accelerator) -> dict[str, float]:
+    """Next-token loss over every predicted token of the eval set, and its perplexity."""
+    sums: dict[str, list[torch.Tensor]] = {}
+    for batch in _progress(loader, accelerator):
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        logits = model(**inputs).logits
+        labels = batch["labels"][:, 1:]
+        logits = logits[:, :-1]
+        token_loss = F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
+        ).view(labels.shape)
+        valid = labels != -100
+        per_seq = {
+            "loss_sum": (token_loss * valid).sum(-1).double(),
+            "correct": ((logits.argmax(-1) == labels) & valid).sum(-1).double(),
+            "tokens": valid.sum(-1).double(),
+        }
+        _sum_gathered(accelerator, sums, per_seq)
+    total = {key: float(torch.stack(values).sum()) for key, values in sums.items()}
+    if not total.get("tokens"):
+        return {}
+    loss = total["loss_sum"] / total["tokens"]
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "accuracy": total["correct"] / total["tokens"]}
+
+
+__all__ = ["evaluate_decoder", "evaluate_encoder"]

@@ -1,0 +1,197 @@
+"""Final export (save_pretrained + tokenizer + config + loss plot + model card) and the loop's Hub hooks.
+
+Shared by pretraining and fine-tuning: the trainer calls `HubSync.on_save` after each checkpoint, the scripts call
+`export_model` at the end and `HubSync.push_final`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from .config import save_config
+
+logger = logging.getLogger("kiln")
+
+PIPELINE_TAGS = {"encoder": "fill-mask", "decoder": "text-generation"}
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+    return flat
+
+
+def latest_metrics(history: list[dict[str, float]]) -> dict[str, float]:
+    """The last value of every metric in the history (final eval metrics win over earlier ones)."""
+    latest: dict[str, float] = {}
+    for entry in history:
+        latest.update({k: v for k, v in entry.items() if k != "step"})
+    return latest
+
+
+def save_model_files(accelerator: Accelerator, model, tokenizer, save_dir: Path) -> None:
+    """save_pretrained (safetensors, with auto_map and code files) + tokenizer; main process writes."""
+    state_dict = accelerator.get_state_dict(model)  # gathers FSDP/DeepSpeed shards
+    if accelerator.is_main_process:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        accelerator.unwrap_model(model).save_pretrained(save_dir, state_dict=state_dict, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(save_dir)
+    accelerator.wait_for_everyone()
+
+
+def export_model(
+    accelerator: Accelerator,
+    model,
+    tokenizer,
+    config,
+    state,
+    save_dir: str | Path,
+    *,
+    datasets: list[str] | None = None,
+    task: str | None = None,
+    extra_summary: dict[str, Any] | None = None,
+) -> Path:
+    """Write a complete, loadable model folder with a model card; returns its path."""
+    from .hub import plot_loss_curve, redact, write_model_card
+
+    save_dir = Path(save_dir)
+    save_model_files(accelerator, model, tokenizer, save_dir)
+    if accelerator.is_main_process:
+        save_config(config, save_dir / "kiln_config.yaml")
+        (save_dir / "kiln_config.yaml").write_text(redact((save_dir / "kiln_config.yaml").read_text()))
+        (save_dir / "training_history.json").write_text(json.dumps(state.history, indent=1))
+        plot = None
+        if any("train/loss" in entry for entry in state.history):
+            plot = plot_loss_curve(state.history, str(save_dir / "loss_curve.png"), title=config.training.output_dir)
+        kind = getattr(config.model, "kind", None)
+        training = config.training
+        summary = {
+            "model class": type(accelerator.unwrap_model(model)).__name__,
+            "parameters": f"{sum(p.numel() for p in accelerator.unwrap_model(model).parameters()) / 1e6:.2f}M",
+            "optimizer steps": state.global_step,
+            "tokens seen": state.tokens_seen,
+            "training time (s)": round(state.train_time_s, 1),
+            "processes": accelerator.num_processes,
+            "device": str(accelerator.device),
+            "per-device batch size": training.per_device_train_batch_size,
+            "gradient accumulation": training.gradient_accumulation_steps,
+            "learning rate": training.lr,
+            "scheduler": training.lr_scheduler_type,
+            "mixed precision": training.mixed_precision,
+            "stop reason": state.stop_reason,
+            **(extra_summary or {}),
+        }
+        if kind is not None:
+            summary = {"objective": config.model.objective, **summary}
+        metrics = {k.removeprefix("eval/"): v for k, v in latest_metrics(state.history).items() if k.startswith("eval/")}
+        hub_cfg = getattr(config, "hub", None)
+        write_model_card(
+            str(save_dir),
+            model_id=hub_cfg.model_id if hub_cfg is not None else None,
+            model_kind=kind or "encoder",
+            summary=summary,
+            metrics=metrics,
+            datasets=datasets or [],
+            license=hub_cfg.license if hub_cfg is not None else "apache-2.0",
+            tags=["kiln", "pretraining" if task is None else "fine-tuning"],
+            loss_plot=plot and Path(plot).name,
+            task=task or PIPELINE_TAGS.get(kind or "encoder", "fill-mask"),
+        )
+    accelerator.wait_for_everyone()
+    return save_dir
+
+
+class HubSync:
+    """What the loop does with the Hub: pushes on save (by strategy), the final push, resume from `hub:`."""
+
+    def __init__(self, config, accelerator: Accelerator, tokenizer):
+        self.config = config
+        self.accelerator = accelerator
+        self.tokenizer = tokenizer
+        self.model = None  # set by attach(); needed to export weights at save time
+        self.pusher = None
+        hub = config.hub
+        if hub.push_to_hub:
+            from .hub import HubPusher
+
+            self.pusher = HubPusher(
+                hub.model_id, private=hub.private, revision=hub.revision, enabled=accelerator.is_main_process
+            )
+
+    def attach(self, model) -> None:
+        self.model = model
+
+    # --- loop hooks -----------------------------------------------------------------------------------
+
+    def on_save(self, checkpoint: Path, state) -> None:
+        if self.pusher is None or self.config.hub.strategy == "end" or self.model is None:
+            return
+        export = Path(self.config.training.output_dir) / "hub-export"
+        save_model_files(self.accelerator, self.model, self.tokenizer, export)
+        if self.accelerator.is_main_process:
+            self.pusher.push(export, commit_message=f"Training in progress, step {state.global_step}")
+            if self.config.hub.strategy == "checkpoint":
+                self.pusher.push(
+                    checkpoint,
+                    path_in_repo="last-checkpoint",
+                    commit_message=f"Checkpoint at step {state.global_step}",
+                    delete_patterns=["*"],
+                )
+
+    def download_checkpoint(self, spec: str, local_dir: str) -> str:
+        from .hub import download_checkpoint
+
+        path = None
+        if self.accelerator.is_main_process:
+            shutil.rmtree(local_dir, ignore_errors=True)
+            path = download_checkpoint(spec, local_dir, revision=self.config.hub.revision)
+        self.accelerator.wait_for_everyone()
+        if path is None:  # other processes: same shared filesystem, same layout
+            path = str(next(Path(local_dir).rglob("trainer_state.json")).parent)
+        return path
+
+    def push_final(self, final_dir: Path) -> None:
+        if self.pusher is not None and self.accelerator.is_main_process:
+            self.pusher.push(final_dir, commit_message="Final model")
+
+    def wait(self) -> bool:
+        if self.pusher is None or not self.accelerator.is_main_process:
+            return True
+        ok = self.pusher.wait()
+        if not ok:
+            logger.error("the final push to %s did not complete; the model is saved locally", self.config.hub.model_id)
+        return ok
+
+    # --- trackers and cards -------------------------------------------------------------------------
+
+    def tracker_config(self) -> dict[str, Any]:
+        from .hub import redact
+
+        flat = _flatten(dataclasses.asdict(self.config))
+        return {k: redact(v) if isinstance(v, str) else v for k, v in flat.items()}
+
+    def tracker_init_kwargs(self) -> dict[str, Any]:
+        out = self.config.training.output_dir
+        name = self.config.logging.run_name or Path(out).name
+        return {"wandb": {"name": name, "dir": out}}
+
+    def dataset_names(self) -> list[str]:
+        data = self.config.data
+        if data.dataset_name:
+            return [data.dataset_name]
+        return [Path(f).parent.name or f for f in data.data_files]
+
+
+__all__ = ["HubSync", "export_model", "latest_metrics", "save_model_files"]

@@ -1,0 +1,226 @@
+"""Pretrain a Kiln encoder (MLM + NSP/SOP) or decoder (causal LM).
+
+    accelerate launch pretrain/run.py                                   # the default tiny encoder run
+    accelerate launch pretrain/run.py --config configs/pretrain/decoder-tiny.yaml --training.lr 3e-4
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a script (accelerate launch pretrain/run.py): import the package, not siblings
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import logging  # noqa: E402
+import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from accelerate.utils import set_seed  # noqa: E402
+
+from pretrain.config import ConfigError, RunConfig, build_config, save_config  # noqa: E402
+
+logger = logging.getLogger("kiln")
+
+DESCRIPTION = """Pretrain a BERT-like encoder (masked LM + next-sentence / sentence-order prediction) or a GPT-like
+decoder (causal LM) from scratch: trains a tokenizer on the corpus (or reuses one), builds the examples, runs the
+shared accelerate loop with evaluation, resumable checkpoints and tracking, then saves output_dir/final/
+(safetensors, tokenizer, config, model card) and optionally pushes it to the Hugging Face Hub."""
+
+ENCODER_OBJECTIVES = ("mlm+nsp", "mlm+sop", "mlm")
+
+
+def validate(config: RunConfig) -> None:
+    model, training = config.model, config.training
+    if model.kind not in ("encoder", "decoder"):
+        raise ConfigError(f"model.kind must be 'encoder' or 'decoder', got {model.kind!r}")
+    if model.kind == "decoder":
+        model.objective = "clm"
+    elif model.objective not in ENCODER_OBJECTIVES:
+        raise ConfigError(f"model.objective for an encoder must be one of {ENCODER_OBJECTIVES}, got {model.objective!r}")
+    if training.per_device_train_batch_size <= 0 or training.gradient_accumulation_steps <= 0:
+        raise ConfigError("training.per_device_train_batch_size and gradient_accumulation_steps must be positive")
+    if config.hub.push_to_hub and not config.hub.model_id:
+        raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
+    if config.hub.strategy not in ("end", "every_save", "checkpoint"):
+        raise ConfigError(f"hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}")
+    if config.logging.report_to not in ("none", "wandb", "tensorboard", "all"):
+        raise ConfigError(f"logging.report_to must be wandb, tensorboard, all or none, got {config.logging.report_to!r}")
+
+
+def prepare_output_dir(config: RunConfig, is_main: bool) -> None:
+    """Refuse to mix two runs in one folder unless asked to overwrite or resume."""
+    out = Path(config.training.output_dir)
+    holds_run = (out / "checkpoints").is_dir() or (out / "final").is_dir() or (out / "config.yaml").is_file()
+    if not holds_run or config.training.resume_from_checkpoint:
+        return
+    if not config.training.overwrite_output_dir:
+        raise ConfigError(
+            f"output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint latest, "
+            "start over with --training.overwrite_output_dir, or pick another --training.output_dir"
+        )
+    if is_main:
+        for name in ("checkpoints", "final", "best", "logs", "metrics.jsonl", "config.yaml", "tokenizer"):
+            path = out / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
+    m = config.model
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_hidden_layers,
+        num_attention_heads=m.num_attention_heads,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.max_position_embeddings,
+        initializer_range=m.initializer_range,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    if m.kind == "encoder":
+        return dict(
+            common,
+            hidden_act=m.hidden_act,
+            hidden_dropout_prob=m.hidden_dropout_prob,
+            attention_probs_dropout_prob=m.attention_probs_dropout_prob,
+            type_vocab_size=m.type_vocab_size,
+            layer_norm_eps=m.layer_norm_eps,
+            position_embedding_type=m.position_embedding_type,
+        )
+    return dict(
+        common,
+        activation_function=m.hidden_act,
+        resid_pdrop=m.hidden_dropout_prob,
+        embd_pdrop=m.hidden_dropout_prob,
+        attn_pdrop=m.attention_probs_dropout_prob,
+        layer_norm_epsilon=m.layer_norm_eps,
+        bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+
+def build_model(config: RunConfig, tokenizer, vocab_size: int):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForPreTraining
+
+    from pretrain.modeling import (
+        KilnDecoderConfig,
+        KilnDecoderForCausalLM,
+        KilnEncoderConfig,
+        KilnEncoderForPreTraining,
+    )
+
+    m = config.model
+    expected_type = "kiln_encoder" if m.kind == "encoder" else "kiln_decoder"
+    if m.init_from:
+        found = AutoConfig.from_pretrained(m.init_from, trust_remote_code=True)
+        if found.model_type != expected_type:
+            raise ConfigError(
+                f"model.init_from {m.init_from} is a {found.model_type} checkpoint but model.kind is {m.kind}; "
+                f"point it at a {expected_type} checkpoint or change model.kind"
+            )
+        auto = AutoModelForPreTraining if m.kind == "encoder" else AutoModelForCausalLM
+        model = auto.from_pretrained(m.init_from, attn_implementation=m.attn_implementation)
+        if len(tokenizer) > model.config.vocab_size:
+            raise ConfigError(
+                f"the tokenizer has {len(tokenizer)} tokens but {m.init_from} has vocab_size "
+                f"{model.config.vocab_size}; use the checkpoint's own tokenizer (tokenizer.name_or_path {m.init_from})"
+            )
+        return model
+    kwargs = model_config_kwargs(config, vocab_size, tokenizer)
+    if m.kind == "encoder":
+        model_config = KilnEncoderConfig(**kwargs)
+        model_config._attn_implementation = m.attn_implementation
+        return KilnEncoderForPreTraining(model_config)
+    model_config = KilnDecoderConfig(**kwargs)
+    model_config._attn_implementation = m.attn_implementation
+    return KilnDecoderForCausalLM(model_config)
+
+
+def main(argv: list[str] | None = None):
+    config = build_config(RunConfig, argv, prog="accelerate launch pretrain/run.py", description=DESCRIPTION)
+    validate(config)
+
+    from pretrain.data import build_pretraining_data, padded_vocab_size, prepare_tokenizer
+    from pretrain.evaluation import evaluate_decoder, evaluate_encoder
+    from pretrain.export import HubSync, export_model
+    from pretrain.modeling import count_flops_per_token
+    from pretrain.trainer import Trainer, build_accelerator
+
+    accelerator = build_accelerator(config.training, config.logging)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO if accelerator.is_main_process else logging.WARNING,
+    )
+    prepare_output_dir(config, accelerator.is_main_process)
+    accelerator.wait_for_everyone()
+    out = Path(config.training.output_dir)
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(config, out / "config.yaml")
+    set_seed(config.training.seed)
+
+    tokenizer = prepare_tokenizer(
+        config.tokenizer, config.data, config.model.kind, str(out / "tokenizer"), accelerator=accelerator
+    )
+    vocab_size = padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of)
+    model = build_model(config, tokenizer, vocab_size)
+    data = build_pretraining_data(
+        config.data,
+        tokenizer,
+        config.model.kind,
+        config.model.objective,
+        seed=config.training.seed,
+        max_position_embeddings=model.config.max_position_embeddings,
+        accelerator=accelerator,
+    )
+    if accelerator.is_main_process:
+        n_params = sum(p.numel() for p in model.parameters())
+        logger.info("%s with %.2fM parameters, vocab %d", type(model).__name__, n_params / 1e6, vocab_size)
+
+    hub = HubSync(config, accelerator, tokenizer)
+    trainer = Trainer(
+        accelerator,
+        model,
+        training=config.training,
+        logging_cfg=config.logging,
+        train_dataset=data.train_dataset,
+        collator=data.collator,
+        eval_dataset=data.eval_dataset,
+        evaluator=evaluate_encoder if config.model.kind == "encoder" else evaluate_decoder,
+        flops_per_token=count_flops_per_token(model.config, config.data.max_seq_length),
+        metadata={"model_kind": config.model.kind, "objective": config.model.objective},
+        on_save=hub.on_save,
+        download_checkpoint=hub.download_checkpoint,
+        num_workers=config.data.num_workers,
+    )
+    hub.attach(trainer.model)
+    if config.logging.report_to != "none":
+        accelerator.init_trackers(
+            config.logging.project, config=hub.tracker_config(), init_kwargs=hub.tracker_init_kwargs()
+        )
+    state = trainer.train()
+    if state.stop_reason == "signal":
+        accelerator.print(f"stopped by signal at step {state.global_step}; checkpoint saved in {out}/checkpoints")
+    else:
+        final_dir = export_model(
+            accelerator, trainer.model, tokenizer, config, state, out / "final", datasets=hub.dataset_names()
+        )
+        hub.push_final(final_dir)
+        accelerator.print(f"final model saved in {final_dir}")
+    hub.wait()
+    accelerator.end_training()
+    return state
+
+
+def cli(argv: list[str] | None = None):
+    from pretrain.data import DataError
+
+    try:
+        return main(argv)
+    except (ConfigError, DataError) as err:  # user errors: one line naming the fix, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    cli()

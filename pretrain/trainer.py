@@ -1,0 +1,538 @@
+"""The one training loop of Kiln, shared by pretraining and fine-tuning.
+
+accelerate does the heavy lifting (devices, DDP/FSDP/DeepSpeed, mixed precision, accumulation, state saving);
+this module adds what a long run needs around it: exact resume (data position + RNG + counters), atomic rotating
+checkpoints, evaluation, best-model tracking with early stopping, tracker logging with throughput and MFU, a
+wall-clock budget and clean SIGTERM/SIGINT handling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from .config import ConfigError, LoggingConfig, TrainingConfig
+
+logger = logging.getLogger("kiln")
+
+CHECKPOINT_PREFIX = "step-"
+TRAINER_STATE_FILE = "trainer_state.json"
+
+Evaluator = Callable[[torch.nn.Module, DataLoader, Accelerator], dict[str, float]]
+
+
+@dataclass
+class TrainState:
+    """Counters saved with every checkpoint (registered with accelerate, so save_state/load_state carry it)."""
+
+    global_step: int = 0
+    epoch: int = 0
+    batches_in_epoch: int = 0
+    tokens_seen: int = 0
+    train_time_s: float = 0.0
+    best_metric: float | None = None
+    best_step: int | None = None
+    evals_without_improvement: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# setup helpers
+
+
+def build_accelerator(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerator:
+    from accelerate import DataLoaderConfiguration
+    from accelerate.utils import ProjectConfiguration
+
+    log_with = {"none": None, "all": ["wandb", "tensorboard"]}.get(logging_cfg.report_to, [logging_cfg.report_to])
+    if log_with and "wandb" in log_with and not os.environ.get("WANDB_API_KEY"):
+        # no key: keep everything on disk instead of failing or prompting; `wandb sync` uploads later
+        os.environ.setdefault("WANDB_MODE", "offline")
+    return Accelerator(
+        gradient_accumulation_steps=training.gradient_accumulation_steps,
+        mixed_precision=training.mixed_precision,
+        log_with=log_with,
+        project_config=ProjectConfiguration(
+            project_dir=training.output_dir, logging_dir=os.path.join(training.output_dir, "logs")
+        ),
+        # we shard map-style data ourselves through accelerate's batch sampler and stream pre-split iterables
+        dataloader_config=DataLoaderConfiguration(dispatch_batches=False),
+        dynamo_backend="inductor" if training.torch_compile else None,
+        # the scheduler is stepped by us once per optimizer step, whatever the number of processes
+        step_scheduler_with_optimizer=False,
+    )
+
+
+def build_optimizer(model: torch.nn.Module, training: TrainingConfig) -> torch.optim.Optimizer:
+    """AdamW without weight decay on biases and normalisation weights (every 1-D parameter)."""
+    decay, no_decay = [], []
+    for _name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": training.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = all(p.device.type == "cuda" for p in decay + no_decay) and bool(decay)
+    return torch.optim.AdamW(
+        groups,
+        lr=training.lr,
+        betas=(training.adam_beta1, training.adam_beta2),
+        eps=training.adam_epsilon,
+        fused=fused or None,
+        foreach=None if fused else True,
+    )
+
+
+def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
+
+
+def resolve_checkpoint(spec: str, output_dir: str, download: Callable[[str, str], str] | None = None) -> Path:
+    """`latest`, a folder, or `hub:user/name` (downloaded through `download(spec, local_dir)`)."""
+    if spec == "latest":
+        checkpoints = find_checkpoints(output_dir)
+        if not checkpoints:
+            raise ConfigError(
+                f"--training.resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; "
+                "start without it, or point it at a checkpoint folder"
+            )
+        return checkpoints[-1]
+    if spec.startswith("hub:"):
+        if download is None:
+            raise ConfigError("resuming from the Hub needs the hub module")
+        return Path(download(spec, os.path.join(output_dir, "hub-checkpoint")))
+    path = Path(spec)
+    if not (path / TRAINER_STATE_FILE).is_file():
+        raise ConfigError(
+            f"--training.resume_from_checkpoint {spec}: not a Kiln checkpoint (no {TRAINER_STATE_FILE}); "
+            f"use 'latest' or a folder like {output_dir}/checkpoints/step-00000200"
+        )
+    return path
+
+
+def _signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the loop
+
+
+class Trainer:
+    """Train `model` on batches of `train_dataset(epoch)` collated by `collator`; evaluate with `evaluator`.
+
+    The model must return an output with `.loss` when called on a batch. `metadata` is stored in every
+    checkpoint and compared on resume (e.g. the model kind), so a checkpoint of another run is refused early.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        *,
+        training: TrainingConfig,
+        logging_cfg: LoggingConfig,
+        train_dataset: Callable[[int], Any],
+        collator: Callable,
+        eval_dataset: Any = None,
+        evaluator: Evaluator | None = None,
+        flops_per_token: float | None = None,
+        metadata: dict[str, Any] | None = None,
+        on_save: Callable[[Path, TrainState], None] | None = None,
+        on_best: Callable[[torch.nn.Module, TrainState], None] | None = None,
+        download_checkpoint: Callable[[str, str], str] | None = None,
+        num_workers: int = 0,
+    ):
+        self.accelerator = accelerator
+        self.training = training
+        self.logging_cfg = logging_cfg
+        self.train_dataset = train_dataset
+        self.collator = collator
+        self.eval_dataset = eval_dataset
+        self.evaluator = evaluator
+        self.flops_per_token = flops_per_token
+        self.metadata = metadata or {}
+        self.on_save = on_save
+        self.on_best = on_best
+        self.download_checkpoint = download_checkpoint
+        self.num_workers = num_workers
+        self.output_dir = Path(training.output_dir)
+        self.state = TrainState()
+        self._stop_signal: int | None = None
+
+        if training.max_steps == 0:
+            raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
+        if training.max_steps < 0 and training.num_train_epochs <= 0:
+            raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
+
+        if training.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        optimizer = build_optimizer(model, training)
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        self.total_steps = self._total_steps()
+        warmup = training.warmup_steps or math.ceil(training.warmup_ratio * self.total_steps)
+        self.scheduler = get_scheduler(
+            training.lr_scheduler_type, self.optimizer, num_warmup_steps=warmup, num_training_steps=self.total_steps
+        )
+        accelerator.register_for_checkpointing(self.scheduler, self.state)
+
+    # --- sizes --------------------------------------------------------------------------------------------
+
+    def _train_dataloader(self, epoch: int) -> DataLoader:
+        dataset = self.train_dataset(epoch)
+        # a fresh generator per epoch: the order depends on (seed, epoch) only, so a resumed run sees the same order
+        # and no draw from the global RNG (which drives dropout) is spent on it
+        generator = torch.Generator().manual_seed(self.training.seed * 1000 + epoch)
+        is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        sampler = None if is_iterable else RandomSampler(dataset, generator=generator)
+        loader = DataLoader(
+            dataset,
+            batch_size=self.training.per_device_train_batch_size,
+            sampler=sampler,
+            collate_fn=self.collator,
+            drop_last=True,
+            generator=generator,
+            num_workers=self.num_workers,
+        )
+        return self.accelerator.prepare(loader)
+
+    def _micro_batches_per_epoch(self) -> int | None:
+        dataset = self.train_dataset(0)
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            return None
+        global_batch = self.training.per_device_train_batch_size * self.accelerator.num_processes
+        return len(dataset) // global_batch
+
+    def _total_steps(self) -> int:
+        if self.training.max_steps > 0:
+            return self.training.max_steps
+        micro = self._micro_batches_per_epoch()
+        if micro is None:
+            raise ConfigError("a streaming dataset has no length: set --training.max_steps")
+        per_epoch = micro // self.training.gradient_accumulation_steps
+        if per_epoch == 0:
+            raise ConfigError(
+                f"the training set is smaller than one optimizer step ({micro} micro-batches, "
+                f"gradient_accumulation_steps {self.training.gradient_accumulation_steps}); "
+                "lower the batch size or accumulation, or add data"
+            )
+        return math.ceil(per_epoch * self.training.num_train_epochs)
+
+    # --- checkpoints --------------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """accelerate.save_state into a temp folder, renamed into place: a crash never leaves half a checkpoint."""
+        acc = self.accelerator
+        root = self.output_dir / "checkpoints"
+        final = root / f"{CHECKPOINT_PREFIX}{self.state.global_step:08d}"
+        tmp = root / f"{final.name}.tmp"
+        if acc.is_main_process:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        acc.wait_for_everyone()
+        acc.save_state(str(tmp))
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            meta = {"global_step": self.state.global_step, "epoch": self.state.epoch, **self.metadata}
+            (tmp / TRAINER_STATE_FILE).write_text(json.dumps(meta, indent=2))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            for old in find_checkpoints(self.output_dir)[: -self.training.save_total_limit or None]:
+                shutil.rmtree(old, ignore_errors=True)
+        acc.wait_for_everyone()
+        if self.on_save is not None:
+            self.on_save(final, self.state)
+        return final
+
+    def resume(self, spec: str) -> Path:
+        path = resolve_checkpoint(spec, str(self.output_dir), self.download_checkpoint)
+        meta = json.loads((path / TRAINER_STATE_FILE).read_text())
+        for key, value in self.metadata.items():
+            if key in meta and meta[key] != value:
+                raise ConfigError(
+                    f"checkpoint {path} was written with {key}={meta[key]!r} but this run has {key}={value!r}; "
+                    "resume it with its own config, or start a new run in another output_dir"
+                )
+        self.accelerator.load_state(str(path))
+        logger.info("resumed from %s at step %d", path, self.state.global_step)
+        return path
+
+    # --- evaluation ---------------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, float]:
+        if self.evaluator is None or self.eval_dataset is None:
+            return {}
+        loader = DataLoader(
+            self.eval_dataset,
+            batch_size=self.training.per_device_eval_batch_size,
+            sampler=SequentialSampler(self.eval_dataset),
+            collate_fn=self._eval_collator(),
+        )
+        loader = self.accelerator.prepare(loader)
+        if self.training.max_eval_batches:
+            loader = _take(loader, self.training.max_eval_batches)
+        was_training = self.model.training
+        self.model.eval()
+        # evaluation must not disturb the training RNG stream (dropout, masking) or resumed runs would diverge
+        cpu_rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        try:
+            with torch.no_grad():
+                metrics = self.evaluator(self.model, loader, self.accelerator)
+        finally:
+            torch.set_rng_state(cpu_rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            self.model.train(was_training)
+        return {f"eval/{k}": float(v) for k, v in metrics.items()}
+
+    def _eval_collator(self):
+        # evaluation masks are fixed (same seed every time) so eval numbers are comparable across steps
+        make_eval = getattr(self.collator, "for_evaluation", None)
+        return make_eval() if make_eval is not None else self.collator
+
+    def _track_best(self, metrics: dict[str, float]) -> bool:
+        """Update best metric and patience; True when training should stop early."""
+        name = self.training.metric_for_best_model
+        if not name:
+            return False
+        key = name if name.startswith("eval/") else f"eval/{name}"
+        if key not in metrics:
+            raise ConfigError(f"metric_for_best_model '{name}' is not among the eval metrics: {sorted(metrics)}")
+        value = metrics[key]
+        best = self.state.best_metric
+        better = best is None or (value > best if self.training.greater_is_better else value < best)
+        if better:
+            self.state.best_metric, self.state.best_step = value, self.state.global_step
+            self.state.evals_without_improvement = 0
+            if self.on_best is not None:
+                self.on_best(self.accelerator.unwrap_model(self.model), self.state)
+        else:
+            self.state.evals_without_improvement += 1
+        patience = self.training.early_stopping_patience
+        return bool(patience) and self.state.evals_without_improvement >= patience
+
+    # --- logging ------------------------------------------------------------------------------------------
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        entry = {"step": self.state.global_step, **metrics}
+        self.state.history.append(entry)
+        if self.accelerator.is_main_process and self.accelerator.trackers:
+            self.accelerator.log(metrics, step=self.state.global_step)
+        if self.accelerator.is_main_process:
+            with open(self.output_dir / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(entry) + "\n")
+
+    # --- stopping -----------------------------------------------------------------------------------------
+
+    def _install_signal_handlers(self):
+        previous = {}
+
+        def handler(signum, _frame):
+            self._stop_signal = signum
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread (e.g. inside a notebook executor): no handler
+                pass
+        return previous
+
+    def _agreed_stop(self, elapsed: float) -> str | None:
+        """All processes must stop at the same step, so the local reasons are combined with a max-reduce."""
+        reason = 0
+        if self._stop_signal is not None:
+            reason = 2
+        elif self.training.max_train_time_s and elapsed >= self.training.max_train_time_s:
+            reason = 1
+        if self.accelerator.num_processes > 1:
+            flag = torch.tensor([reason], device=self.accelerator.device)
+            reason = int(self.accelerator.gather(flag).max())
+        return {0: None, 1: "time_budget", 2: "signal"}[reason]
+
+    # --- train --------------------------------------------------------------------------------------------
+
+    def train(self) -> TrainState:
+        acc, training, state = self.accelerator, self.training, self.state
+        if acc.is_main_process:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        if training.resume_from_checkpoint:
+            self.resume(training.resume_from_checkpoint)
+        previous_handlers = self._install_signal_handlers()
+        progress = tqdm(
+            total=self.total_steps,
+            initial=state.global_step,
+            disable=not acc.is_local_main_process,
+            desc="train",
+            dynamic_ncols=True,
+        )
+        model, optimizer, scheduler = self.model, self.optimizer, self.scheduler
+        model.train()
+        window_loss = torch.zeros((), device=acc.device)
+        window_steps, window_tokens = 0, 0
+        window_start = time.perf_counter()
+        run_start = time.perf_counter() - state.train_time_s
+        step_loss = torch.zeros((), device=acc.device)
+        done = state.global_step >= self.total_steps
+
+        while not done:
+            loader = self._train_dataloader(state.epoch)
+            set_epoch = getattr(self.collator, "set_epoch", None)
+            if set_epoch is not None:
+                set_epoch(state.epoch, start_batch=state.batches_in_epoch)
+            if state.batches_in_epoch:
+                loader = acc.skip_first_batches(loader, state.batches_in_epoch)
+            for batch in loader:
+                with acc.accumulate(model):
+                    outputs = model(**batch)
+                    loss = outputs.loss
+                    acc.backward(loss)
+                    step_loss += loss.detach() / training.gradient_accumulation_steps
+                    if acc.sync_gradients:
+                        max_norm = training.max_grad_norm if training.max_grad_norm > 0 else float("inf")
+                        grad_norm = acc.clip_grad_norm_(model.parameters(), max_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                state.batches_in_epoch += 1
+                window_tokens += batch["input_ids"].numel()
+                if not acc.sync_gradients:
+                    continue
+
+                scheduler.step()
+                state.global_step += 1
+                window_loss += step_loss
+                window_steps += 1
+                step_loss.zero_()
+                progress.update(1)
+
+                if state.global_step % training.logging_steps == 0 or state.global_step >= self.total_steps:
+                    elapsed = time.perf_counter() - window_start
+                    tokens = window_tokens * acc.num_processes
+                    state.tokens_seen += tokens
+                    metrics = {
+                        "train/loss": acc.reduce(window_loss, reduction="mean").item() / window_steps,
+                        "train/lr": scheduler.get_last_lr()[0],
+                        "train/grad_norm": float(grad_norm),
+                        "train/tokens_per_s": tokens / max(elapsed, 1e-9),
+                        "train/epoch": state.epoch + state.batches_in_epoch / max(len(loader), 1)
+                        if hasattr(loader, "__len__")
+                        else state.epoch,
+                    }
+                    mfu = self._mfu(metrics["train/tokens_per_s"])
+                    if mfu is not None:
+                        metrics["train/mfu"] = mfu
+                    self._log(metrics)
+                    progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
+                    window_loss.zero_()
+                    window_steps, window_tokens = 0, 0
+                    window_start = time.perf_counter()
+
+                state.train_time_s = time.perf_counter() - run_start
+                done = state.global_step >= self.total_steps
+                stop = self._agreed_stop(state.train_time_s)
+                if training.eval_steps and state.global_step % training.eval_steps == 0 and not done:
+                    eval_metrics = self.evaluate()
+                    if eval_metrics:
+                        self._log(eval_metrics)
+                        progress.write(_format_metrics(state.global_step, eval_metrics))
+                        if self._track_best(eval_metrics):
+                            state.stop_reason = "early_stopping"
+                            done = True
+                if done or stop or (training.save_steps and state.global_step % training.save_steps == 0):
+                    if stop:
+                        state.stop_reason = stop
+                        done = True
+                    elif done and not state.stop_reason:
+                        state.stop_reason = "max_steps"
+                    if training.save_steps or stop:
+                        self.save_checkpoint()
+                if done:
+                    break
+            else:
+                state.epoch += 1
+                state.batches_in_epoch = 0
+                if training.max_steps < 0 and state.epoch >= math.ceil(training.num_train_epochs):
+                    state.stop_reason = state.stop_reason or "epochs"
+                    done = True
+        progress.close()
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+
+        if state.stop_reason != "signal":
+            final_metrics = self.evaluate()
+            if final_metrics:
+                self._log(final_metrics)
+                if acc.is_main_process:
+                    print(_format_metrics(state.global_step, final_metrics))
+                self._track_best(final_metrics)
+        return state
+
+    def _mfu(self, tokens_per_s: float) -> float | None:
+        peak = self.logging_cfg.peak_flops or guess_peak_flops(self.accelerator.device, self.training.mixed_precision)
+        if not peak or not self.flops_per_token:
+            return None
+        return tokens_per_s * self.flops_per_token / (peak * self.accelerator.num_processes)
+
+
+def _take(loader, n: int):
+    for i, batch in enumerate(loader):
+        if i >= n:
+            break
+        yield batch
+
+
+def _format_metrics(step: int, metrics: dict[str, float]) -> str:
+    return f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
+# Dense bf16/fp16 tensor-core peaks (no sparsity) of common accelerators, for the MFU estimate.
+_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L4": 121e12, "V100": 125e12}
+
+
+def guess_peak_flops(device: torch.device, mixed_precision: str) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, peak in _PEAK_FLOPS.items():
+        if key in name:
+            return peak if mixed_precision in ("bf16", "fp16") else peak / 2
+    return None
+
+
+__all__ = [
+    "TrainState",
+    "Trainer",
+    "build_accelerator",
+    "build_optimizer",
+    "find_checkpoints",
+    "guess_peak_flops",
+    "resolve_checkpoint",
+]
