@@ -94,9 +94,9 @@ class DataConfig:
     text_column: str = "text"
     """Column holding the text (json/csv/parquet/Hub datasets)."""
     document_separator: str = "blank_line"
-    """How plain text is split into documents: `blank_line`, `line` (one document per line) or `file`."""
+    """How text is split into documents: `blank_line`, `heading` (WikiText ` = Title = ` articles), `line` (one document per line), `file`, or any other string as a literal separator (e.g. `<|endoftext|>`). See pretrain/data/corpus.py."""
     sentence_split: str = "rule"
-    """How documents are split into sentences: `rule` (punctuation rule, see pretrain/data) or `line`."""
+    """How documents are split into sentences: `rule` (punctuation rule for cased text, see pretrain/data/corpus.py) or `line` (one sentence per line)."""
     max_seq_length: int = 128
     """Tokens per training sequence (encoder: [CLS] A [SEP] B [SEP]; decoder: block size)."""
     short_seq_prob: float = 0.1
@@ -121,6 +121,10 @@ class DataConfig:
     """Processes for datasets.map (None: single process)."""
     max_train_documents: int | None = None
     """Use at most this many training documents (quick experiments)."""
+    max_eval_documents: int | None = None
+    """Use at most this many validation documents (None: all; streaming: 1000, as the validation set is held in memory)."""
+    shuffle_buffer_size: int = 10000
+    """Streaming: examples in the shuffle buffer of the training stream."""
     cache_dir: str | None = None
     """datasets cache directory (default: the HF datasets cache)."""
     num_workers: int = 0

@@ -106,7 +106,7 @@ def export_model(
             datasets=datasets or [],
             license=hub_cfg.license if hub_cfg is not None else "apache-2.0",
             tags=["kiln", "pretraining" if task is None else "fine-tuning"],
-            loss_plot=plot and Path(plot).name,
+            loss_plot=plot,
             task=task or PIPELINE_TAGS.get(kind or "encoder", "fill-mask"),
         )
     accelerator.wait_for_everyone()

@@ -144,8 +144,12 @@ def main(argv: list[str] | None = None):
     from pretrain.evaluation import evaluate_decoder, evaluate_encoder
     from pretrain.export import HubSync, export_model
     from pretrain.modeling import count_flops_per_token
-    from pretrain.trainer import Trainer, build_accelerator
+    from pretrain.trainer import Trainer, build_accelerator, check_checkpoint_metadata, resolve_checkpoint
 
+    metadata = {"model_kind": config.model.kind, "objective": config.model.objective}
+    resume = config.training.resume_from_checkpoint
+    if resume and not resume.startswith("hub:"):  # fail before any tokenizer or data work
+        check_checkpoint_metadata(resolve_checkpoint(resume, config.training.output_dir), metadata)
     accelerator = build_accelerator(config.training, config.logging)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -172,6 +176,7 @@ def main(argv: list[str] | None = None):
         seed=config.training.seed,
         max_position_embeddings=model.config.max_position_embeddings,
         accelerator=accelerator,
+        vocab_size=model.config.vocab_size,
     )
     if accelerator.is_main_process:
         n_params = sum(p.numel() for p in model.parameters())
@@ -186,9 +191,10 @@ def main(argv: list[str] | None = None):
         train_dataset=data.train_dataset,
         collator=data.collator,
         eval_dataset=data.eval_dataset,
+        eval_collator=data.eval_collator,
         evaluator=evaluate_encoder if config.model.kind == "encoder" else evaluate_decoder,
         flops_per_token=count_flops_per_token(model.config, config.data.max_seq_length),
-        metadata={"model_kind": config.model.kind, "objective": config.model.objective},
+        metadata=metadata,
         on_save=hub.on_save,
         download_checkpoint=hub.download_checkpoint,
         num_workers=config.data.num_workers,

@@ -138,8 +138,15 @@ def resolve_checkpoint(spec: str, output_dir: str, download: Callable[[str, str]
     return path
 
 
-def _signal_name(signum: int) -> str:
-    return signal.Signals(signum).name
+def check_checkpoint_metadata(path: Path, metadata: dict[str, Any]) -> None:
+    """Refuse a checkpoint written by a run of another kind before anything is loaded into the wrong shapes."""
+    saved = json.loads((Path(path) / TRAINER_STATE_FILE).read_text())
+    for key, value in metadata.items():
+        if key in saved and saved[key] != value:
+            raise ConfigError(
+                f"checkpoint {path} was written with {key}={saved[key]!r} but this run has {key}={value!r}; "
+                "resume it with its own config, or start a new run in another output_dir"
+            )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -163,6 +170,7 @@ class Trainer:
         train_dataset: Callable[[int], Any],
         collator: Callable,
         eval_dataset: Any = None,
+        eval_collator: Callable | None = None,
         evaluator: Evaluator | None = None,
         flops_per_token: float | None = None,
         metadata: dict[str, Any] | None = None,
@@ -177,6 +185,7 @@ class Trainer:
         self.train_dataset = train_dataset
         self.collator = collator
         self.eval_dataset = eval_dataset
+        self.eval_collator = eval_collator or collator
         self.evaluator = evaluator
         self.flops_per_token = flops_per_token
         self.metadata = metadata or {}
@@ -274,13 +283,7 @@ class Trainer:
 
     def resume(self, spec: str) -> Path:
         path = resolve_checkpoint(spec, str(self.output_dir), self.download_checkpoint)
-        meta = json.loads((path / TRAINER_STATE_FILE).read_text())
-        for key, value in self.metadata.items():
-            if key in meta and meta[key] != value:
-                raise ConfigError(
-                    f"checkpoint {path} was written with {key}={meta[key]!r} but this run has {key}={value!r}; "
-                    "resume it with its own config, or start a new run in another output_dir"
-                )
+        check_checkpoint_metadata(path, self.metadata)
         self.accelerator.load_state(str(path))
         logger.info("resumed from %s at step %d", path, self.state.global_step)
         return path
@@ -290,11 +293,14 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         if self.evaluator is None or self.eval_dataset is None:
             return {}
+        reset = getattr(self.eval_collator, "set_epoch", None)
+        if reset is not None and self.eval_collator is not self.collator:
+            reset(0)  # the same masks at every evaluation, so numbers are comparable across steps
         loader = DataLoader(
             self.eval_dataset,
             batch_size=self.training.per_device_eval_batch_size,
             sampler=SequentialSampler(self.eval_dataset),
-            collate_fn=self._eval_collator(),
+            collate_fn=self.eval_collator,
         )
         loader = self.accelerator.prepare(loader)
         if self.training.max_eval_batches:
@@ -313,11 +319,6 @@ class Trainer:
                 torch.cuda.set_rng_state_all(cuda_rng)
             self.model.train(was_training)
         return {f"eval/{k}": float(v) for k, v in metrics.items()}
-
-    def _eval_collator(self):
-        # evaluation masks are fixed (same seed every time) so eval numbers are comparable across steps
-        make_eval = getattr(self.collator, "for_evaluation", None)
-        return make_eval() if make_eval is not None else self.collator
 
     def _track_best(self, metrics: dict[str, float]) -> bool:
         """Update best metric and patience; True when training should stop early."""
@@ -433,7 +434,7 @@ class Trainer:
                 step_loss.zero_()
                 progress.update(1)
 
-                if state.global_step % training.logging_steps == 0 or state.global_step >= self.total_steps:
+                if state.global_step % self.logging_cfg.logging_steps == 0 or state.global_step >= self.total_steps:
                     elapsed = time.perf_counter() - window_start
                     tokens = window_tokens * acc.num_processes
                     state.tokens_seen += tokens
@@ -532,6 +533,7 @@ __all__ = [
     "Trainer",
     "build_accelerator",
     "build_optimizer",
+    "check_checkpoint_metadata",
     "find_checkpoints",
     "guess_peak_flops",
     "resolve_checkpoint",

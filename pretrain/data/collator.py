@@ -1,0 +1,243 @@
+"""Batch collators: dynamic MLM masking for the encoder, padding + labels for the decoder.
+
+Both follow the transformers DataCollator convention: called on a list of feature dicts, they return a dict of
+tensors. Masking is vectorised in torch (no Python loop over tokens).
+
+Randomness and exact resume: with `seed=None` the MLM collator draws from the global torch RNG, like
+transformers' DataCollatorForLanguageModeling. With a seed, every call builds its own
+`torch.Generator` from (seed, epoch, batch index, process rank), so a batch's masks depend only on its position
+in the run, never on how far a prefetching dataloader has run ahead. Call `set_epoch(epoch)` at the start of
+each epoch and `set_epoch(epoch, start_batch=n)` after skipping n batches on resume. With DataLoader workers
+the batch index is `start_batch + calls_in_this_worker * num_workers + worker_id`, which matches the order in
+which a DataLoader hands out batches (non-persistent workers: they must see each set_epoch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .common import DataError
+
+
+def _as_tensor(values) -> torch.Tensor:
+    return values.long() if isinstance(values, torch.Tensor) else torch.as_tensor(values, dtype=torch.long)
+
+
+def pad_batch(
+    features: Sequence[Mapping],
+    pad_id: int,
+    pad_to_multiple_of: int | None,
+    keys: Sequence[str] = ("input_ids",),
+) -> dict[str, torch.Tensor]:
+    """Right-pad the listed sequence keys to the longest (rounded up to the multiple); adds attention_mask."""
+    columns = {key: [_as_tensor(f[key]) for f in features] for key in keys}
+    lengths = torch.tensor([len(row) for row in columns["input_ids"]])
+    width = int(lengths.max()) if len(lengths) else 0
+    if pad_to_multiple_of and pad_to_multiple_of > 1:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    batch = {}
+    for key, rows in columns.items():
+        fill = pad_id if key == "input_ids" else 0
+        batch[key] = torch.full((len(rows), width), fill, dtype=torch.long)
+        padded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=fill)
+        batch[key][:, : padded.shape[1]] = padded
+    batch["attention_mask"] = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    return batch
+
+
+def _process_rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class _SeededCalls:
+    """Per-call generators derived from (seed, epoch, batch index, process rank); see the module docstring."""
+
+    def __init__(self, seed: int | None):
+        if seed is not None and seed < 0:
+            raise DataError(f"collator seed must be >= 0, got {seed}")
+        self.seed = seed
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        # the rank is read here, in the main process: DataLoader workers may not see the process group
+        self.epoch, self.start_batch, self.rank, self._calls = (
+            int(epoch),
+            int(start_batch),
+            _process_rank(),
+            0,
+        )
+
+    def next_generator(self) -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        info = torch.utils.data.get_worker_info()
+        workers, worker_id = (info.num_workers, info.id) if info is not None else (1, 0)
+        batch_index = self.start_batch + self._calls * workers + worker_id
+        self._calls += 1
+        entropy = [self.seed, self.epoch, batch_index, self.rank]
+        state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
+        return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+class MLMCollator:
+    """Pads, builds attention_mask and masks tokens dynamically for masked LM.
+
+    Of the non-special, non-pad tokens, each is selected with probability `mlm_probability` (whole words
+    together with `whole_word_mask`); selected tokens become [MASK] with probability `mask_replace_prob`, a random
+    non-special token with probability `random_replace_prob`, and stay unchanged otherwise. `labels` hold the
+    original id at selected positions and -100 elsewhere. `max_predictions_per_seq` caps the selected tokens per
+    sequence (a random subset is kept; whole words are kept or dropped together). `token_type_ids` and
+    `next_sentence_label` are passed through when present.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        mlm_probability: float = 0.15,
+        mask_replace_prob: float = 0.8,
+        random_replace_prob: float = 0.1,
+        whole_word_mask: bool = False,
+        max_predictions_per_seq: int | None = None,
+        pad_to_multiple_of: int | None = 8,
+        seed: int | None = None,
+    ):
+        if not 0 < mlm_probability < 1:
+            raise DataError(f"data.mlm_probability={mlm_probability}: use a value in (0, 1)")
+        if mask_replace_prob < 0 or random_replace_prob < 0 or mask_replace_prob + random_replace_prob > 1:
+            raise DataError(
+                f"data.mask_replace_prob={mask_replace_prob} + data.random_replace_prob={random_replace_prob} "
+                f"must be non-negative and sum to at most 1"
+            )
+        if max_predictions_per_seq is not None and max_predictions_per_seq < 1:
+            raise DataError(
+                f"data.max_predictions_per_seq={max_predictions_per_seq}: use a positive number or None"
+            )
+        if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
+            raise DataError(
+                "MLM needs a tokenizer with [MASK] and [PAD] tokens; train one or use a BERT-style tokenizer"
+            )
+        self.tokenizer = tokenizer
+        self.mlm_probability = mlm_probability
+        self.mask_replace_prob = mask_replace_prob
+        self.random_replace_prob = random_replace_prob
+        self.whole_word_mask = whole_word_mask
+        self.max_predictions_per_seq = max_predictions_per_seq
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.mask_id = tokenizer.mask_token_id
+        self.pad_id = tokenizer.pad_token_id
+        vocab = len(tokenizer)
+        self.is_special = torch.zeros(vocab, dtype=torch.bool)
+        self.is_special[[i for i in tokenizer.all_special_ids if i < vocab]] = True
+        self.random_ids = torch.nonzero(~self.is_special).squeeze(1)  # random replacements: never special
+        self.is_continuation = self._continuation_table(tokenizer) if whole_word_mask else None
+        self._rng = _SeededCalls(seed)
+
+    @staticmethod
+    def _continuation_table(tokenizer) -> torch.Tensor:
+        model = tokenizer.backend_tokenizer.model
+        prefix = getattr(model, "continuing_subword_prefix", None)
+        if type(model).__name__ != "WordPiece" or not prefix:
+            raise DataError(
+                "data.whole_word_mask needs a WordPiece tokenizer (## pieces); turn it off for this tokenizer"
+            )
+        tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        return torch.tensor([t is not None and t.startswith(prefix) for t in tokens], dtype=torch.bool)
+
+    @property
+    def seed(self) -> int | None:
+        return self._rng.seed
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Start of an epoch (start_batch: batches already consumed when resuming mid-epoch)."""
+        self._rng.set_epoch(epoch, start_batch)
+
+    def __call__(self, features: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+        keys = ["input_ids"] + (["token_type_ids"] if "token_type_ids" in features[0] else [])
+        batch = pad_batch(features, self.pad_id, self.pad_to_multiple_of, keys)
+        if "next_sentence_label" in features[0]:
+            batch["next_sentence_label"] = torch.tensor([int(f["next_sentence_label"]) for f in features])
+        batch["input_ids"], batch["labels"] = self.mask_tokens(batch["input_ids"], batch["attention_mask"])
+        return batch
+
+    def mask_tokens(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(masked input_ids, labels) for a padded batch; uses the collator's seeded generator when not given."""
+        g = generator if generator is not None else self._rng.next_generator()
+        candidates = attention_mask.bool() & ~self.is_special[input_ids]
+        if self.whole_word_mask:
+            selected, word_start = self._select_words(input_ids, candidates, g)
+        else:
+            selected, word_start = (
+                (torch.rand(input_ids.shape, generator=g) < self.mlm_probability) & candidates,
+                None,
+            )
+        if self.max_predictions_per_seq is not None:
+            selected = self._cap(selected, word_start, g)
+        labels = input_ids.masked_fill(~selected, -100)
+        draw = torch.rand(input_ids.shape, generator=g)
+        to_mask = selected & (draw < self.mask_replace_prob)
+        to_random = selected & ~to_mask & (draw < self.mask_replace_prob + self.random_replace_prob)
+        random_tokens = self.random_ids[torch.randint(len(self.random_ids), input_ids.shape, generator=g)]
+        masked = input_ids.masked_fill(to_mask, self.mask_id)
+        masked = torch.where(to_random, random_tokens, masked)
+        return masked, labels
+
+    def _select_words(self, input_ids, candidates, g):
+        """Select whole words: a word is its first piece plus the `##` pieces that follow it."""
+        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        starts = candidates & ~(self.is_continuation[input_ids] & torch.roll(candidates, 1, dims=1))
+        starts[:, 0] = candidates[:, 0]
+        word_start = torch.where(starts, positions, torch.zeros_like(positions)).cummax(dim=1).values
+        draw = torch.rand(input_ids.shape, generator=g).gather(1, word_start)  # one draw per word
+        return (draw < self.mlm_probability) & candidates, word_start
+
+    def _cap(self, selected, word_start, g):
+        """Keep a random subset of at most max_predictions_per_seq selected tokens per row (whole words together)."""
+        cap = self.max_predictions_per_seq
+        score = torch.rand(selected.shape, generator=g)
+        if word_start is not None:
+            score = score.gather(1, word_start)  # all pieces of a word share its score
+        score = score.masked_fill(~selected, 2.0)  # unselected positions sort last
+        order = torch.sort(score, dim=1, stable=True).indices
+        rank_count = torch.cumsum(
+            selected.gather(1, order).long(), dim=1
+        )  # selected tokens up to here, in order
+        count_at = torch.empty_like(rank_count).scatter_(1, order, rank_count)
+        if word_start is None:
+            return selected & (count_at <= cap)
+        # a word fits when its last piece (in the sorted order) is still within the cap
+        flat_word = word_start + torch.arange(selected.shape[0])[:, None] * selected.shape[1]
+        word_max = torch.zeros(selected.numel(), dtype=torch.long).scatter_reduce(
+            0, flat_word.flatten(), count_at.masked_fill(~selected, 0).flatten(), reduce="amax"
+        )
+        return selected & (word_max[flat_word] <= cap)
+
+
+class CLMCollator:
+    """Pads blocks for causal LM: input_ids, attention_mask, labels (= input_ids, -100 on padding).
+
+    The model shifts labels itself. Stateless; `set_epoch` exists so the runner can treat both collators alike.
+    """
+
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None = 8):
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad_id is None:
+            raise DataError("the decoder tokenizer needs a pad or eos token")
+        self.pad_id = pad_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        pass
+
+    def __call__(self, features: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+        batch = pad_batch(features, self.pad_id, self.pad_to_multiple_of)
+        batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        return batch
+
+
+__all__ = ["CLMCollator", "MLMCollator", "pad_batch"]

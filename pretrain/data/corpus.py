@@ -1,0 +1,433 @@
+"""Corpus reading: a Hub dataset, local files or the shipped sample, turned into one row per document.
+
+Sources, all through `datasets`:
+- `data.dataset_name` (+ `dataset_config`, `dataset_split`, `text_column`): `load_dataset(name, config)`; its
+  `validation` split is used when it has one.
+- `data.data_files`: txt (also .gz/.bz2/.xz/.zst), json/jsonl, csv, parquet; globs; relative paths are taken from
+  the repo root. Text files are read whole (one row per file), so shard corpora larger than memory into files.
+
+Documents (`data.document_separator`), applied to the text of each file (txt) or of each row (other sources):
+- `blank_line`: a blank or whitespace-only line ends a document. WikiText headings (` = Title = `,
+  ` = = Section = = `) also end one and are dropped.
+- `heading`: WikiText articles: a top-level ` = Title = ` line starts a new document; blank lines and
+  sub-headings inside an article are dropped. Rows are joined first (per map batch), so Hub datasets with one
+  line per row (`wikitext`) work.
+- `line`: each non-empty line is a document.
+- `file`: each file (or row) is a document.
+- any other string is a literal separator, e.g. `<|endoftext|>`.
+
+Sentences (`data.sentence_split`):
+- `rule`: a sentence ends at `.`, `!`, `?` or `…` (with any closing quotes or brackets) followed by whitespace and
+  an uppercase letter (optionally after an opening quote or bracket), unless a single `.` follows a known
+  abbreviation (Mr, Dr, St, Jan, ...) or a single letter (initials, "H. G. Wells"). Newlines count as spaces, so
+  hard-wrapped text works; the rule needs cased text (use `line` for lowercased corpora).
+- `line`: each non-empty line of a document is a sentence.
+
+Validation documents: `data.validation_files`, else the Hub dataset's `validation` split, else a held-out share
+chosen by a hash of the document text (stable across runs and machines; duplicates land on the same side).
+In-memory: the round(n * validation_split_percentage / 100) documents with the smallest hashes (at least 2, so
+validation NSP pairs can be formed, and at most n - 1).
+Streaming: every document whose hash falls below the percentage.
+"""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import gzip
+import lzma
+import os
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from datasets import Dataset, IterableDataset, load_dataset
+
+from ..config import resolve_path
+from .common import DataError, num_proc_for
+
+if TYPE_CHECKING:
+    from ..config import DataConfig
+
+FILE_BUILDERS = {
+    ".txt": "text",
+    ".text": "text",
+    ".raw": "text",
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+}
+COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".zst": None}
+DOCUMENT_MODES = ("blank_line", "heading", "line", "file")
+SENTENCE_MODES = ("rule", "line")
+STREAMING_EVAL_DOCUMENTS = 1000  # streaming validation sets are materialised; this many when not capped
+
+_ANY_HEADING = re.compile(r"^\s*=(?: =)* [^=].*?[^=] =(?: =)*\s*$")  # " = Title = ", " = = Section = = "
+_TOP_HEADING = re.compile(r"^\s*= [^=].*?[^=] =\s*$")
+_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s+[\"'“‘(\[]*[A-Z])")
+ABBREVIATIONS = frozenset(
+    "mr mrs ms messrs dr prof rev hon st mt sr jr capt col gen lt sgt maj gov vs etc no vol fig ch pp ca cf al "
+    "jan feb mar apr jun jul aug sep sept oct nov dec".split()
+)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# documents and sentences
+
+
+def split_documents(text: str, separator: str = "blank_line") -> list[str]:
+    """Split one file's (or row's) text into documents; see the module docstring for the modes."""
+    text = text.lstrip("\ufeff")
+    if separator == "file":
+        return [text.strip()] if text.strip() else []
+    if separator == "line":
+        return [line.strip() for line in text.split("\n") if line.strip()]
+    if separator not in ("blank_line", "heading"):
+        return [doc.strip() for doc in text.split(separator) if doc.strip()]
+    documents, current = [], []
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if separator == "heading":
+            starts_new = bool(_TOP_HEADING.match(line))
+            keep = stripped and not _ANY_HEADING.match(line)
+        else:
+            starts_new = not stripped or bool(_ANY_HEADING.match(line))
+            keep = not starts_new
+        if starts_new and current:
+            documents.append("\n".join(current))
+            current = []
+        if keep:
+            current.append(stripped)
+    if current:
+        documents.append("\n".join(current))
+    return documents
+
+
+def split_sentences(text: str, mode: str = "rule") -> list[str]:
+    """Split a document into sentences (`rule` or `line`; see the module docstring)."""
+    if mode == "line":
+        return [line.strip() for line in text.split("\n") if line.strip()]
+    sentences, start = [], 0
+    for match in _SENTENCE_END.finditer(text):
+        if match.group() == "." and _is_abbreviation(text, match.start()):
+            continue
+        sentence = " ".join(text[start : match.end()].split())
+        if sentence:
+            sentences.append(sentence)
+        start = match.end()
+    tail = " ".join(text[start:].split())
+    return sentences + [tail] if tail else sentences
+
+
+def _is_abbreviation(text: str, period: int) -> bool:
+    word_start = max(text.rfind(" ", 0, period), text.rfind("\n", 0, period)) + 1
+    word = text[word_start:period].lstrip("\"'“‘([").lower()
+    return len(word) == 1 and word.isalpha() or word in ABBREVIATIONS
+
+
+def _documents_batch(batch, text_column: str, separator: str, join_rows: bool):
+    texts = [t for t in batch[text_column] if t]
+    if join_rows:
+        texts = ["\n".join(texts)]
+    return {"text": [doc for text in texts for doc in split_documents(text, separator)]}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# files
+
+
+def resolve_data_files(patterns: list[str] | str, option: str = "data.data_files") -> tuple[str, list[str]]:
+    """Expand globs (relative paths from the repo root) into a sorted file list; returns (builder, files)."""
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns or [])
+    if not patterns:
+        raise DataError(f"{option} is empty: give local files or globs, or set data.dataset_name")
+    files: list[str] = []
+    for pattern in patterns:
+        if "://" in pattern:  # remote (hf://, s3://, https://): datasets resolves it
+            files.append(pattern)
+            continue
+        matched = sorted(p for p in glob.glob(resolve_path(pattern), recursive=True) if os.path.isfile(p))
+        if not matched:
+            raise DataError(
+                f"{option}: {pattern!r} matches no files (relative paths start at the repo root); fix the path"
+            )
+        files += [p for p in matched if p not in files]
+    builders = {_builder_for(path, option) for path in files}
+    if len(builders) > 1:
+        raise DataError(
+            f"{option} mixes formats ({', '.join(sorted(builders))}); use one format per file list"
+        )
+    nonempty = [p for p in files if "://" in p or os.path.getsize(p) > 0]
+    if not nonempty:
+        raise DataError(
+            f"the corpus is empty: every file in {option} ({', '.join(files)}) has 0 bytes; add text"
+        )
+    return builders.pop(), nonempty
+
+
+def _builder_for(path: str, option: str) -> str:
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    if suffixes and suffixes[-1] in COMPRESSED:
+        suffixes = suffixes[:-1]
+    if not suffixes or suffixes[-1] not in FILE_BUILDERS:
+        supported = ", ".join(FILE_BUILDERS)
+        raise DataError(
+            f"{option}: cannot read {path}: supported extensions are {supported} (optionally .gz/.bz2/.xz)"
+        )
+    return FILE_BUILDERS[suffixes[-1]]
+
+
+def find_invalid_utf8(path: str) -> tuple[int, bytes] | None:
+    """(line number, offending bytes) of the first invalid UTF-8 sequence in a file, or None."""
+    opener = COMPRESSED.get(Path(path).suffix.lower(), open)
+    if opener is None:  # .zst: no stdlib reader; datasets reports problems itself
+        return None
+    line, carry = 1, b""
+    with opener(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            data = carry + chunk
+            if not data:
+                return None
+            try:
+                data.decode("utf-8")
+                good, carry = data, b""
+            except UnicodeDecodeError as err:
+                if chunk and err.reason == "unexpected end of data":  # a character cut by the chunk boundary
+                    good, carry = data[: err.start], data[err.start :]
+                else:
+                    return line + data.count(b"\n", 0, err.start), data[err.start : err.end]
+            line += good.count(b"\n")
+            if not chunk:
+                return None
+
+
+def check_utf8(files: list[str]) -> None:
+    for path in files:
+        if "://" in path:
+            continue
+        bad = find_invalid_utf8(path)
+        if bad is not None:
+            line, raw = bad
+            raise DataError(
+                f"{path}, line {line}: bytes {raw.hex(' ')} are not valid UTF-8; re-encode the file as UTF-8 "
+                f"(e.g. `iconv -f latin1 -t utf-8`)"
+            )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# loading
+
+
+@dataclass
+class CorpusSplits:
+    """Documents (one `text` row each) for training and validation (None: no validation data)."""
+
+    train: Dataset | IterableDataset
+    validation: Dataset | IterableDataset | None
+    source: str
+
+
+def _load(builder_or_name: str, streaming: bool, what: str, fix: str, **kwargs):
+    try:
+        return load_dataset(builder_or_name, streaming=streaming, **kwargs)
+    except DataError:
+        raise
+    except Exception as err:  # datasets raises many types; the first line of its message is what matters
+        reason = str(err).strip().split("\n")[0] or type(err).__name__
+        raise DataError(f"could not load {what}: {reason}. {fix}") from None
+
+
+def _load_raw(cfg: DataConfig, streaming: bool):
+    """({"train": raw, "validation": raw | None}, text column, rows are whole text files, source description)."""
+    cache_dir = resolve_path(cfg.cache_dir) if cfg.cache_dir else None
+    if cfg.dataset_name:
+        loaded = _load(
+            cfg.dataset_name,
+            streaming,
+            f"Hub dataset {cfg.dataset_name!r} (config {cfg.dataset_config!r})",
+            "Check data.dataset_name and data.dataset_config, or use data.data_files for local files",
+            name=cfg.dataset_config,
+            cache_dir=cache_dir,
+        )
+        if cfg.dataset_split not in loaded:
+            raise DataError(
+                f"{cfg.dataset_name} has no split {cfg.dataset_split!r} (splits: {', '.join(loaded)}); set data.dataset_split"
+            )
+        splits = {"train": loaded[cfg.dataset_split], "validation": None}
+        if not cfg.validation_files and cfg.dataset_split != "validation" and "validation" in loaded:
+            splits["validation"] = loaded["validation"]
+        source = f"Hub dataset {cfg.dataset_name}"
+        if cfg.validation_files:
+            builder, files = resolve_data_files(cfg.validation_files, "data.validation_files")
+            splits["validation"] = _load_files(builder, {"validation": files}, cfg, streaming, cache_dir)[
+                "validation"
+            ]
+        return splits, cfg.text_column, False, source
+    builder, files = resolve_data_files(cfg.data_files)
+    data_files = {"train": files}
+    if cfg.validation_files:
+        val_builder, data_files["validation"] = resolve_data_files(
+            cfg.validation_files, "data.validation_files"
+        )
+        if val_builder != builder:
+            raise DataError(
+                f"data.validation_files are {val_builder} but data.data_files are {builder}; use one format"
+            )
+    loaded = _load_files(builder, data_files, cfg, streaming, cache_dir)
+    text_column = "text" if builder == "text" else cfg.text_column
+    source = ", ".join(cfg.data_files)
+    return (
+        {"train": loaded["train"], "validation": loaded.get("validation")},
+        text_column,
+        builder == "text",
+        source,
+    )
+
+
+def _load_files(builder: str, data_files: dict, cfg: DataConfig, streaming: bool, cache_dir):
+    if builder in ("text", "json", "csv"):
+        check_utf8([f for files in data_files.values() for f in files])
+    kwargs = {}
+    if builder == "text":
+        kwargs["sample_by"] = "line" if cfg.document_separator == "line" else "document"
+    what = f"{builder} files {', '.join(f for files in data_files.values() for f in files)}"
+    fix = "Check that the files are well-formed " + (builder.upper() if builder != "text" else "text")
+    return _load(builder, streaming, what, fix, data_files=data_files, cache_dir=cache_dir, **kwargs)
+
+
+def _column_names(ds) -> list[str]:
+    if ds.column_names is not None:
+        return list(ds.column_names)
+    first = next(iter(ds.take(1)), None)
+    return list(first) if first else []
+
+
+def _to_documents(ds, cfg: DataConfig, text_column: str, rows_are_files: bool, source: str):
+    columns = _column_names(ds)
+    if text_column not in columns:
+        raise DataError(
+            f"column {text_column!r} not found in {source}; columns are: {', '.join(columns) or '(none)'}. "
+            f"Set data.text_column to one of them"
+        )
+    join_rows = cfg.document_separator == "heading" and not rows_are_files
+    kwargs = dict(
+        batched=True,
+        fn_kwargs={"text_column": text_column, "separator": cfg.document_separator, "join_rows": join_rows},
+        remove_columns=columns,
+    )
+    if isinstance(ds, Dataset):
+        kwargs.update(num_proc=num_proc_for(cfg.num_proc, len(ds)), desc="Splitting into documents")
+    return ds.map(_documents_batch, **kwargs)
+
+
+def _hash_fraction_batch(batch):
+    return {"_hash": [zlib.crc32(text.encode("utf-8")) / 2**32 for text in batch["text"]]}
+
+
+def _below_threshold(batch, threshold: float, validation: bool):
+    return [(zlib.crc32(text.encode("utf-8")) / 2**32 < threshold) == validation for text in batch["text"]]
+
+
+def _hold_out(documents, percentage: float):
+    """Split documents into (train, validation) by text hash; see the module docstring."""
+    if isinstance(documents, IterableDataset):
+
+        def side(validation: bool):
+            kwargs = {"threshold": percentage / 100, "validation": validation}
+            return documents.filter(_below_threshold, batched=True, fn_kwargs=kwargs)
+
+        return side(False), side(True)
+    count = max(round(len(documents) * percentage / 100), 2 if len(documents) >= 6 else 1)  # 2: one NSP pair
+    count = min(count, len(documents) - 1)
+    hashes = np.asarray(documents.map(_hash_fraction_batch, batched=True, desc="Hashing documents")["_hash"])
+    order = np.argsort(hashes, kind="stable")
+    validation_idx = np.sort(order[:count])
+    train_mask = np.ones(len(documents), dtype=bool)
+    train_mask[validation_idx] = False
+    return documents.select(np.flatnonzero(train_mask)), documents.select(validation_idx)
+
+
+def load_documents(cfg: DataConfig, streaming: bool | None = None) -> CorpusSplits:
+    """Read the corpus in `cfg` into training and validation documents (one `text` row per document).
+
+    Raises DataError for missing files, bad columns, invalid UTF-8 and empty corpora.
+    """
+    streaming = cfg.streaming if streaming is None else streaming
+    if not cfg.document_separator:
+        raise DataError(
+            f"data.document_separator is empty: use one of {', '.join(DOCUMENT_MODES)} or a literal string"
+        )
+    if cfg.sentence_split not in SENTENCE_MODES:
+        raise DataError(
+            f"data.sentence_split={cfg.sentence_split!r}: choose one of {', '.join(SENTENCE_MODES)}"
+        )
+    if not 0 <= cfg.validation_split_percentage < 100:
+        raise DataError(
+            f"data.validation_split_percentage={cfg.validation_split_percentage}: use a value in [0, 100)"
+        )
+    raw, text_column, rows_are_files, source = _load_raw(cfg, streaming)
+    train = _to_documents(raw["train"], cfg, text_column, rows_are_files, source)
+    validation = None
+    if raw["validation"] is not None:
+        validation = _to_documents(
+            raw["validation"], cfg, text_column, rows_are_files, source + " (validation)"
+        )
+    if _is_empty(train):
+        raise DataError(
+            f"the corpus is empty: no documents in {source} (only blank lines?); add text or check "
+            f"data.data_files / data.text_column / data.document_separator={cfg.document_separator!r}"
+        )
+    if validation is None and cfg.validation_split_percentage > 0:
+        train, validation = _hold_out(train, cfg.validation_split_percentage)
+    if cfg.max_train_documents is not None:
+        train = _first(train, cfg.max_train_documents)
+    eval_cap = cfg.max_eval_documents
+    if streaming and eval_cap is None:
+        eval_cap = STREAMING_EVAL_DOCUMENTS
+    if validation is not None and eval_cap is not None:
+        validation = _first(validation, eval_cap)
+    return CorpusSplits(train, validation, source)
+
+
+def _first(ds, n: int):
+    if isinstance(ds, IterableDataset):
+        return ds.take(n)
+    return ds.select(range(min(n, len(ds))))
+
+
+def _is_empty(ds) -> bool:
+    if isinstance(ds, IterableDataset):
+        return next(iter(ds.take(1)), None) is None
+    return len(ds) == 0
+
+
+def iter_texts(documents, limit: int | None = None, batch_size: int = 1000):
+    """Yield lists of document texts (for tokenizer training), at most `limit` texts in all."""
+    seen = 0
+    for batch in documents.iter(batch_size=batch_size):
+        texts = batch["text"]
+        if limit is not None:
+            texts = texts[: limit - seen]
+        seen += len(texts)
+        if texts:
+            yield texts
+        if limit is not None and seen >= limit:
+            return
+
+
+__all__ = [
+    "ABBREVIATIONS",
+    "CorpusSplits",
+    "check_utf8",
+    "find_invalid_utf8",
+    "iter_texts",
+    "load_documents",
+    "resolve_data_files",
+    "split_documents",
+    "split_sentences",
+]

@@ -1,0 +1,260 @@
+"""Tokenizers: train WordPiece (encoder) or byte-level BPE (decoder) with `tokenizers`, or reuse an existing one.
+
+Trained tokenizers are wrapped as `PreTrainedTokenizerFast` and saved with `save_pretrained`, so
+`AutoTokenizer.from_pretrained(folder)` gives them back with their special tokens, `model_max_length` and (WordPiece)
+the `[CLS] A [SEP] B [SEP]` post-processor that also writes token_type_ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import string
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from ..config import resolve_path
+from .common import DataError, main_process_first
+from .corpus import iter_texts, load_documents
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ..config import DataConfig, TokenizerConfig
+
+logger = logging.getLogger(__name__)
+
+WORDPIECE_SPECIAL_TOKENS = {
+    "pad_token": "[PAD]",
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "mask_token": "[MASK]",
+}
+EOS = "<|endoftext|>"
+KIND_FOR_MODEL = {"encoder": "wordpiece", "decoder": "bpe"}
+# Always in the WordPiece alphabet (also as ## pieces), so ASCII text never needs [UNK], whatever the corpus.
+ASCII_ALPHABET = sorted(set(string.ascii_letters + string.digits + string.punctuation))
+
+
+def train_tokenizer(
+    texts: Iterable[str] | Iterable[list[str]],
+    kind: str = "wordpiece",
+    vocab_size: int = 2048,
+    lowercase: bool = True,
+    min_frequency: int = 2,
+    model_max_length: int = 512,
+) -> PreTrainedTokenizerFast:
+    """Train a tokenizer on `texts` (strings or batches of strings).
+
+    kind="wordpiece": BERT normalizer and pre-tokenizer, `[PAD] [UNK] [CLS] [SEP] [MASK]` (ids 0-4), `##` pieces,
+    post-processor `[CLS] A [SEP]` / `[CLS] A [SEP] B [SEP]` with token_type_ids 0/1.
+    kind="bpe": GPT-2 style byte-level BPE with `<|endoftext|>` as bos/eos/unk/pad; no special tokens added.
+    `lowercase` only applies to WordPiece.
+    """
+    if kind == "wordpiece":
+        specials = list(WORDPIECE_SPECIAL_TOKENS.values())
+        if vocab_size <= len(specials) + len(ASCII_ALPHABET):
+            raise DataError(f"tokenizer.vocab_size={vocab_size} is too small for WordPiece; use at least 256")
+        backend = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+        backend.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+        )
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece(prefix="##")
+        alphabet = sorted({c.lower() for c in ASCII_ALPHABET}) if lowercase else ASCII_ALPHABET
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=specials,
+            initial_alphabet=alphabet,
+            continuing_subword_prefix="##",
+        )
+    elif kind == "bpe":
+        if vocab_size <= 257:
+            raise DataError(
+                f"tokenizer.vocab_size={vocab_size} is too small for byte-level BPE; use at least 512"
+            )
+        backend = Tokenizer(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        backend.post_processor = processors.ByteLevel(trim_offsets=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=[EOS],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+    else:
+        raise DataError(f"tokenizer kind {kind!r} is unknown; use 'wordpiece' (encoder) or 'bpe' (decoder)")
+
+    extra = []
+    if (
+        kind == "wordpiece"
+    ):  # one word per letter/digit as a `##` continuation, so no ASCII word becomes [UNK]
+        extra = [" ".join("a" + c for c in alphabet if c.isalnum())]
+    backend.train_from_iterator(itertools.chain(_flatten(texts), extra), trainer=trainer)
+    if backend.get_vocab_size() < vocab_size:
+        logger.warning(
+            "the corpus supports only %d tokens (asked for %d); the vocabulary is smaller",
+            backend.get_vocab_size(),
+            vocab_size,
+        )
+    if kind == "wordpiece":
+        _sort_wordpiece_vocab(backend)
+        cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+        backend.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+        )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=backend,
+            model_max_length=model_max_length,
+            model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+            **WORDPIECE_SPECIAL_TOKENS,
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        model_max_length=model_max_length,
+        bos_token=EOS,
+        eos_token=EOS,
+        unk_token=EOS,
+        pad_token=EOS,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def _sort_wordpiece_vocab(backend: Tokenizer) -> None:
+    """Give the trained WordPiece vocabulary a canonical order: special tokens, words, then ## pieces, each sorted.
+
+    The trainer returns the same tokens every time but numbers them in hash-map order, so two trainings on the
+    same text would disagree on ids. WordPiece matching does not depend on the ids, only on the set.
+    """
+    vocab = backend.get_vocab(with_added_tokens=False)
+    specials = list(WORDPIECE_SPECIAL_TOKENS.values())
+    rest = sorted((token for token in vocab if token not in specials), key=lambda t: (t.startswith("##"), t))
+    backend.model = models.WordPiece(
+        vocab={token: i for i, token in enumerate(specials + rest)},
+        unk_token="[UNK]",
+        continuing_subword_prefix="##",
+    )
+
+
+def _flatten(texts):
+    for item in texts:
+        if isinstance(item, str):
+            yield item
+        else:
+            yield from item
+
+
+def padded_vocab_size(tokenizer, multiple: int) -> int:
+    """len(tokenizer) rounded up to a multiple of `multiple` (0 or less: unchanged)."""
+    size = len(tokenizer)
+    return size if multiple <= 0 else -(-size // multiple) * multiple
+
+
+def check_tokenizer_fits(tokenizer, vocab_size: int) -> None:
+    """DataError when the tokenizer produces ids the model has no embedding for."""
+    if len(tokenizer) > vocab_size:
+        raise DataError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}: use the "
+            f"tokenizer saved with the model (--tokenizer.name_or_path=<model folder>) or a model with a larger vocabulary"
+        )
+
+
+def load_tokenizer(name_or_path: str, model_max_length: int | None = None) -> PreTrainedTokenizerFast:
+    """Load a saved tokenizer (folder or Hub id) as a fast tokenizer."""
+    location = resolve_path(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location)
+    except Exception as err:  # OSError, ValueError, HTTP errors: all mean "not loadable here"
+        reason = str(err).strip().split("\n")[0]
+        raise DataError(
+            f"could not load tokenizer {name_or_path!r}: {reason}. Give a folder with tokenizer.json or a Hub id, "
+            f"or unset tokenizer.name_or_path to train one"
+        ) from None
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):
+        raise DataError(
+            f"tokenizer {name_or_path!r} is not a fast (tokenizers-backed) tokenizer; convert it or train one"
+        )
+    if model_max_length is not None:
+        tokenizer.model_max_length = model_max_length
+    return tokenizer
+
+
+def check_special_tokens(tokenizer, model_kind: str) -> None:
+    """The encoder needs [CLS]/[SEP]/[MASK]/[PAD]; the decoder needs an EOS token (pad falls back to it)."""
+    if model_kind == "encoder":
+        missing = [
+            name
+            for name in ("cls_token", "sep_token", "mask_token", "pad_token")
+            if getattr(tokenizer, name) is None
+        ]
+        if missing:
+            raise DataError(
+                f"the tokenizer has no {', '.join(missing)}, which the encoder needs; use a BERT-style tokenizer or "
+                f"unset tokenizer.name_or_path to train one"
+            )
+    elif tokenizer.eos_token is None:
+        raise DataError(
+            "the tokenizer has no eos_token, which separates documents for the decoder; set one or train one"
+        )
+    elif tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def prepare_tokenizer(
+    tok_cfg: TokenizerConfig, data_cfg: DataConfig, model_kind: str, save_dir: str, accelerator=None
+) -> PreTrainedTokenizerFast:
+    """Reuse `tok_cfg.name_or_path`, or train on the training documents and save to `save_dir`.
+
+    With an accelerator, the main process trains and saves while the others wait, then load the saved files. A
+    tokenizer already saved in `save_dir` (a resumed run) is loaded instead of retrained, so save_dir must belong
+    to this run. kind: WordPiece for the encoder, byte-level BPE for the decoder; model_max_length is
+    data_cfg.max_seq_length.
+    """
+    if model_kind not in KIND_FOR_MODEL:
+        raise DataError(f"model.kind={model_kind!r}: choose 'encoder' or 'decoder'")
+    if tok_cfg.name_or_path:
+        tokenizer = load_tokenizer(tok_cfg.name_or_path, data_cfg.max_seq_length)
+        check_special_tokens(tokenizer, model_kind)
+        return tokenizer
+    save_dir = Path(save_dir)
+    is_main = accelerator is None or accelerator.is_main_process
+    with main_process_first(accelerator):
+        if is_main and not (save_dir / "tokenizer.json").is_file():
+            documents = load_documents(data_cfg).train
+            logger.info(
+                "training a %s tokenizer (vocab %d) on %s",
+                KIND_FOR_MODEL[model_kind],
+                tok_cfg.vocab_size,
+                save_dir,
+            )
+            tokenizer = train_tokenizer(
+                iter_texts(documents, tok_cfg.max_training_texts),
+                kind=KIND_FOR_MODEL[model_kind],
+                vocab_size=tok_cfg.vocab_size,
+                lowercase=tok_cfg.lowercase,
+                min_frequency=tok_cfg.min_frequency,
+                model_max_length=data_cfg.max_seq_length,
+            )
+            save_dir.mkdir(parents=True, exist_ok=True)
+            tokenizer.save_pretrained(save_dir)
+        tokenizer = load_tokenizer(str(save_dir), data_cfg.max_seq_length)
+    check_special_tokens(tokenizer, model_kind)
+    return tokenizer
+
+
+__all__ = [
+    "check_special_tokens",
+    "check_tokenizer_fits",
+    "load_tokenizer",
+    "padded_vocab_size",
+    "prepare_tokenizer",
+    "train_tokenizer",
+]

@@ -1,0 +1,192 @@
+"""The pretraining runner end to end on the debug config: checkpoints, exact resume, trackers, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pretrain.config import ConfigError
+from pretrain.trainer import find_checkpoints
+
+REPO = Path(__file__).resolve().parent.parent
+DEBUG = str(REPO / "configs/pretrain/debug.yaml")
+DECODER = [
+    "--model.kind", "decoder", "--model.hidden_act", "gelu_new", "--model.layer_norm_eps", "1e-5",
+    "--data.data_files", str(REPO / "data/tinystories/*.txt"),
+]
+
+
+def _reset_accelerate():
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def run(output_dir, *overrides):
+    from pretrain.run import main
+
+    _reset_accelerate()
+    try:
+        return main(["--config", DEBUG, "--training.output_dir", str(output_dir), *map(str, overrides)])
+    finally:
+        _reset_accelerate()
+
+
+def losses(output_dir):
+    rows = [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
+
+
+def test_debug_run_learns_and_leaves_a_loadable_model(tmp_path):
+    from transformers import AutoModelForPreTraining, AutoTokenizer
+
+    out = tmp_path / "enc"
+    state = run(out, "--training.max_steps", 40, "--training.lr", 3e-3, "--training.save_steps", 0, "--training.eval_steps", 20)
+    assert state.global_step == 40
+    curve = losses(out)
+    first = sum(curve[s] for s in range(1, 6)) / 5
+    last = sum(curve[s] for s in range(36, 41)) / 5
+    # MLM starts at ln(vocab) + NSP ln(2) ~ 6.9; 40 steps of a 32-wide model reliably take off more than 0.3
+    assert last < first - 0.3, f"loss did not fall: {first:.3f} -> {last:.3f}"
+
+    final = out / "final"
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "README.md", "loss_curve.png", "kiln_config.yaml"):
+        assert (final / name).is_file(), name
+    card = (final / "README.md").read_text()
+    assert "mlm_accuracy" in card
+    model = AutoModelForPreTraining.from_pretrained(final).eval()
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    batch = tokenizer("it was a dark night", "the rain fell", return_tensors="pt")
+    out_logits = model(**batch)
+    assert out_logits.prediction_logits.shape[-1] == model.config.vocab_size
+    assert model.config.vocab_size % 64 == 0 and model.config.vocab_size >= len(tokenizer)
+    eval_rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval/mlm_loss" in line]
+    assert len(eval_rows) == 2 and all(0 <= r["eval/nsp_accuracy"] <= 1 for r in eval_rows)
+
+
+@pytest.mark.parametrize(
+    "kind,accumulation",
+    [("encoder", 1), ("encoder", 2), ("decoder", 2)],
+)
+def test_resume_continues_exactly(tmp_path, kind, accumulation):
+    extra = DECODER if kind == "decoder" else []
+    common = [*extra, "--training.gradient_accumulation_steps", accumulation, "--training.max_steps", 8,
+              "--training.eval_steps", 0, "--training.save_total_limit", 3]
+    full = tmp_path / "full"
+    run(full, *common, "--training.save_steps", 4)
+    reference = losses(full)
+    assert sorted(reference) == list(range(1, 9))
+
+    # a second run picks up the step-4 checkpoint of the first and must retrace its steps 5..8 exactly
+    resumed = tmp_path / "resumed"
+    checkpoint = full / "checkpoints" / "step-00000004"
+    state = run(resumed, *common, "--training.save_steps", 0, "--training.resume_from_checkpoint", checkpoint)
+    assert state.global_step == 8
+    again = losses(resumed)
+    assert sorted(again) == [5, 6, 7, 8]
+    for step in again:
+        assert again[step] == reference[step], (step, again[step], reference[step])
+
+
+def test_checkpoints_rotate_atomically(tmp_path):
+    out = tmp_path / "rot"
+    run(out, "--training.max_steps", 6, "--training.save_steps", 2, "--training.save_total_limit", 2)
+    names = [p.name for p in find_checkpoints(out)]
+    assert names == ["step-00000004", "step-00000006"]
+    assert not list((out / "checkpoints").glob("*.tmp"))
+    assert json.loads((out / "checkpoints/step-00000006/trainer_state.json").read_text())["model_kind"] == "encoder"
+
+
+def test_resume_latest_and_refusals(tmp_path):
+    out = tmp_path / "run"
+    run(out, "--training.max_steps", 3, "--training.save_steps", 3)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run(out, "--training.max_steps", 3)
+    # latest: nothing left to do, but it must load and finish at the same step
+    state = run(out, "--training.max_steps", 3, "--training.resume_from_checkpoint", "latest")
+    assert state.global_step == 3
+    with pytest.raises(ConfigError, match="model_kind"):
+        run(out, *DECODER, "--training.max_steps", 3, "--training.resume_from_checkpoint", "latest")
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        run(tmp_path / "empty", "--training.resume_from_checkpoint", "latest")
+    with pytest.raises(ConfigError, match="not a Kiln checkpoint"):
+        run(tmp_path / "other", "--training.resume_from_checkpoint", str(tmp_path))
+    with pytest.raises(ConfigError, match="max_steps 0"):
+        run(tmp_path / "zero", "--training.max_steps", 0)
+    state = run(out, "--training.max_steps", 2, "--training.overwrite_output_dir")
+    assert state.global_step == 2 and [p.name for p in find_checkpoints(out)] == ["step-00000002"]
+
+
+def test_trackers_write_files(tmp_path):
+    out = tmp_path / "tracked"
+    run(out, "--training.max_steps", 2, "--logging.report_to", "all", "--training.save_steps", 0)
+    events = list((out / "logs").rglob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    wandb_runs = list((out / "wandb").glob("offline-run-*"))
+    assert wandb_runs, list(out.iterdir())
+    assert list(wandb_runs[0].glob("*.wandb"))
+
+
+def _cli(args, env_extra=None, **kwargs):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "pretrain/run.py"), "--config", DEBUG, *map(str, args)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
+    )
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    out = tmp_path / "sig"
+    proc = _cli(["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0,
+                 "--training.eval_steps", 0])
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    checkpoints = find_checkpoints(out)
+    assert len(checkpoints) == 1, output
+    saved_step = json.loads((checkpoints[0] / "trainer_state.json").read_text())["global_step"]
+    assert saved_step >= 3 and max(losses(out)) == saved_step
+    assert not (out / "final").exists()
+
+
+def test_bad_config_is_one_line_error(tmp_path):
+    proc = _cli(["--training.output_dir", tmp_path / "x", "--model.kind", "lstm"])
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert output.strip().splitlines()[-1].startswith("error: model.kind must be")
+    assert "Traceback" not in output
+
+
+def test_two_processes_match_one(tmp_path):
+    """DDP over 2 CPU processes with half the per-device batch follows the 1-process run (dropout off)."""
+    common = [*DECODER, "--training.max_steps", 4, "--training.save_steps", 0, "--training.eval_steps", 0,
+              "--model.hidden_dropout_prob", 0, "--model.attention_probs_dropout_prob", 0]
+    one = tmp_path / "one"
+    run(one, *common, "--training.per_device_train_batch_size", 8)
+    two = tmp_path / "two"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+         "--main_process_port", "29561", str(REPO / "pretrain/run.py"), "--config", DEBUG,
+         "--training.output_dir", str(two), *map(str, common), "--training.per_device_train_batch_size", "4"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    a, b = losses(one), losses(two)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    # tolerance: the same math in a different reduction order (gradient all-reduce, per-process means)
+    for step in a:
+        assert abs(a[step] - b[step]) < 1e-4, (step, a[step], b[step])
+    assert torch.allclose(torch.tensor(list(a.values())), torch.tensor(list(b.values())), atol=1e-4)
