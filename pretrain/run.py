@@ -193,7 +193,12 @@ def main(argv: list[str] | None = None):
         eval_dataset=data.eval_dataset,
         eval_collator=data.eval_collator,
         evaluator=evaluate_encoder if config.model.kind == "encoder" else evaluate_decoder,
-        flops_per_token=count_flops_per_token(model.config, config.data.max_seq_length),
+        # the encoder's vocabulary projection runs only at the masked positions (sparse prediction)
+        flops_per_token=count_flops_per_token(
+            model.config,
+            config.data.max_seq_length,
+            lm_head_fraction=config.data.mlm_probability if config.model.kind == "encoder" else 1.0,
+        ),
         metadata=metadata,
         on_save=hub.on_save,
         download_checkpoint=hub.download_checkpoint,

@@ -203,7 +203,8 @@ class Trainer:
             raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
 
         if training.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
         optimizer = build_optimizer(model, training)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         self.total_steps = self._total_steps()

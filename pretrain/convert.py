@@ -1,0 +1,381 @@
+"""Convert transformers BERT / GPT-2 models to Kiln and back: the proof that Kiln computes the same function.
+
+    from_transformers(BertForPreTraining | BertModel | BertForMaskedLM | BertForSequenceClassification
+                      | BertForTokenClassification | GPT2LMHeadModel | GPT2Model) -> matching Kiln model
+    to_transformers(Kiln model) -> matching transformers model
+
+Layouts differ in two places only: Kiln fuses the query/key/value projections into one `qkv` Linear (BERT's
+three Linears are concatenated along the output dimension), and GPT-2's Conv1D stores weights transposed.
+
+CLI:  python -m pretrain.convert SRC_DIR DST_DIR   (direction from SRC_DIR's config.json `model_type`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import BertConfig, GPT2Config
+
+from pretrain.modeling import (
+    KilnDecoderConfig,
+    KilnDecoderForCausalLM,
+    KilnDecoderModel,
+    KilnEncoderConfig,
+    KilnEncoderForMaskedLM,
+    KilnEncoderForPreTraining,
+    KilnEncoderForSequenceClassification,
+    KilnEncoderForTokenClassification,
+    KilnEncoderModel,
+)
+
+# transformers class name -> Kiln class; the reverse direction uses the same table
+ENCODER_CLASSES = {
+    "BertModel": KilnEncoderModel,
+    "BertForPreTraining": KilnEncoderForPreTraining,
+    "BertForMaskedLM": KilnEncoderForMaskedLM,
+    "BertForSequenceClassification": KilnEncoderForSequenceClassification,
+    "BertForTokenClassification": KilnEncoderForTokenClassification,
+}
+DECODER_CLASSES = {"GPT2Model": KilnDecoderModel, "GPT2LMHeadModel": KilnDecoderForCausalLM}
+TO_KILN = {**ENCODER_CLASSES, **DECODER_CLASSES}
+TO_TRANSFORMERS = {kiln_class: name for name, kiln_class in TO_KILN.items()}
+
+ENCODER_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "layer_norm_eps",
+    "initializer_range",
+    "pad_token_id",
+    "classifier_dropout",
+)
+# Kiln decoder field -> GPT-2 field
+DECODER_FIELDS = {
+    "vocab_size": "vocab_size",
+    "max_position_embeddings": "n_positions",
+    "hidden_size": "n_embd",
+    "num_hidden_layers": "n_layer",
+    "num_attention_heads": "n_head",
+    "activation_function": "activation_function",
+    "resid_pdrop": "resid_pdrop",
+    "embd_pdrop": "embd_pdrop",
+    "attn_pdrop": "attn_pdrop",
+    "layer_norm_epsilon": "layer_norm_epsilon",
+    "initializer_range": "initializer_range",
+    "bos_token_id": "bos_token_id",
+    "eos_token_id": "eos_token_id",
+    "pad_token_id": "pad_token_id",
+    "add_cross_attention": "add_cross_attention",
+    "tie_word_embeddings": "tie_word_embeddings",
+}
+TASK_FIELDS = ("id2label", "label2id", "problem_type")
+
+
+# ---------------------------------------------------------------------------------------------------- configs
+def _task_fields(config) -> dict:
+    return {name: getattr(config, name) for name in TASK_FIELDS if getattr(config, name, None) is not None}
+
+
+def encoder_config_from_bert(config: BertConfig) -> KilnEncoderConfig:
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        raise ValueError(
+            "A BERT decoder (is_decoder / add_cross_attention) has no Kiln equivalent; convert encoders."
+        )
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        raise ValueError(
+            f"BERT position_embedding_type={config.position_embedding_type!r} is not supported by Kiln."
+        )
+    if not isinstance(config.hidden_act, str):
+        raise ValueError("Only string hidden_act (e.g. 'gelu') can be converted.")
+    fields = {name: getattr(config, name) for name in ENCODER_FIELDS}
+    return KilnEncoderConfig(position_embedding_type="learned", **fields, **_task_fields(config))
+
+
+def bert_config_from_encoder(config: KilnEncoderConfig) -> BertConfig:
+    # A sinusoidal table becomes BERT's learned table (initialised to it): same function
+    fields = {name: getattr(config, name) for name in ENCODER_FIELDS}
+    return BertConfig(**fields, **_task_fields(config))
+
+
+def decoder_config_from_gpt2(config: GPT2Config) -> KilnDecoderConfig:
+    if not config.scale_attn_weights or config.scale_attn_by_inverse_layer_idx:
+        raise ValueError(
+            "GPT-2 configs with scale_attn_weights=False or scale_attn_by_inverse_layer_idx=True "
+            "are not supported."
+        )
+    fields = {kiln: getattr(config, gpt2) for kiln, gpt2 in DECODER_FIELDS.items()}
+    inner = config.n_inner if config.n_inner is not None else 4 * config.n_embd
+    return KilnDecoderConfig(intermediate_size=inner, **fields, **_task_fields(config))
+
+
+def gpt2_config_from_decoder(config: KilnDecoderConfig) -> GPT2Config:
+    fields = {gpt2: getattr(config, kiln) for kiln, gpt2 in DECODER_FIELDS.items()}
+    inner = None if config.intermediate_size == 4 * config.hidden_size else config.intermediate_size
+    return GPT2Config(n_inner=inner, **fields, **_task_fields(config))
+
+
+# ------------------------------------------------------------------------------------------------ state dicts
+def _prefixes(name: str) -> tuple[str, str]:
+    """(transformers, Kiln) prefix of the base model's keys; bare models have none."""
+    if name in ("BertModel", "GPT2Model"):
+        return "", ""
+    return ("bert." if name.startswith("Bert") else "transformer."), "model."
+
+
+def bert_to_kiln_state(bert: dict, num_layers: int, name: str) -> dict:
+    b, k = _prefixes(name)
+    out = {}
+    for part in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        out[f"{k}embeddings.{part}.weight"] = bert[f"{b}embeddings.{part}.weight"]
+    for p in ("weight", "bias"):
+        out[f"{k}embeddings.layer_norm.{p}"] = bert[f"{b}embeddings.LayerNorm.{p}"]
+    for i in range(num_layers):
+        src, dst = f"{b}encoder.layer.{i}.", f"{k}layers.{i}."
+        for p in ("weight", "bias"):
+            out[f"{dst}attention.qkv.{p}"] = torch.cat(
+                [bert[f"{src}attention.self.{proj}.{p}"] for proj in ("query", "key", "value")]
+            )
+            out[f"{dst}attention.out.{p}"] = bert[f"{src}attention.output.dense.{p}"]
+            out[f"{dst}attention_norm.{p}"] = bert[f"{src}attention.output.LayerNorm.{p}"]
+            out[f"{dst}mlp.fc_in.{p}"] = bert[f"{src}intermediate.dense.{p}"]
+            out[f"{dst}mlp.fc_out.{p}"] = bert[f"{src}output.dense.{p}"]
+            out[f"{dst}mlp_norm.{p}"] = bert[f"{src}output.LayerNorm.{p}"]
+    for p in ("weight", "bias"):
+        if f"{b}pooler.dense.{p}" in bert:
+            out[f"{k}pooler.dense.{p}"] = bert[f"{b}pooler.dense.{p}"]
+        if f"cls.predictions.transform.dense.{p}" in bert:
+            out[f"mlm_head.dense.{p}"] = bert[f"cls.predictions.transform.dense.{p}"]
+            out[f"mlm_head.layer_norm.{p}"] = bert[f"cls.predictions.transform.LayerNorm.{p}"]
+        if f"cls.seq_relationship.{p}" in bert:
+            out[f"nsp_head.{p}"] = bert[f"cls.seq_relationship.{p}"]
+        if f"classifier.{p}" in bert:
+            out[f"classifier.{p}"] = bert[f"classifier.{p}"]
+    if "cls.predictions.bias" in bert:
+        out["mlm_head.decoder.weight"] = out[f"{k}embeddings.word_embeddings.weight"]  # tied
+        out["mlm_head.decoder.bias"] = bert["cls.predictions.bias"]
+    return out
+
+
+def kiln_to_bert_state(kiln: dict, num_layers: int, name: str, position_table: torch.Tensor | None) -> dict:
+    b, k = _prefixes(name)
+    out = {}
+    for part in ("word_embeddings", "token_type_embeddings"):
+        out[f"{b}embeddings.{part}.weight"] = kiln[f"{k}embeddings.{part}.weight"]
+    out[f"{b}embeddings.position_embeddings.weight"] = (
+        kiln[f"{k}embeddings.position_embeddings.weight"] if position_table is None else position_table
+    )
+    for p in ("weight", "bias"):
+        out[f"{b}embeddings.LayerNorm.{p}"] = kiln[f"{k}embeddings.layer_norm.{p}"]
+    for i in range(num_layers):
+        src, dst = f"{k}layers.{i}.", f"{b}encoder.layer.{i}."
+        for p in ("weight", "bias"):
+            query, key, value = kiln[f"{src}attention.qkv.{p}"].chunk(3)
+            out[f"{dst}attention.self.query.{p}"] = query
+            out[f"{dst}attention.self.key.{p}"] = key
+            out[f"{dst}attention.self.value.{p}"] = value
+            out[f"{dst}attention.output.dense.{p}"] = kiln[f"{src}attention.out.{p}"]
+            out[f"{dst}attention.output.LayerNorm.{p}"] = kiln[f"{src}attention_norm.{p}"]
+            out[f"{dst}intermediate.dense.{p}"] = kiln[f"{src}mlp.fc_in.{p}"]
+            out[f"{dst}output.dense.{p}"] = kiln[f"{src}mlp.fc_out.{p}"]
+            out[f"{dst}output.LayerNorm.{p}"] = kiln[f"{src}mlp_norm.{p}"]
+    for p in ("weight", "bias"):
+        if f"{k}pooler.dense.{p}" in kiln:
+            out[f"{b}pooler.dense.{p}"] = kiln[f"{k}pooler.dense.{p}"]
+        if f"mlm_head.dense.{p}" in kiln:
+            out[f"cls.predictions.transform.dense.{p}"] = kiln[f"mlm_head.dense.{p}"]
+            out[f"cls.predictions.transform.LayerNorm.{p}"] = kiln[f"mlm_head.layer_norm.{p}"]
+        if f"nsp_head.{p}" in kiln:
+            out[f"cls.seq_relationship.{p}"] = kiln[f"nsp_head.{p}"]
+        if f"classifier.{p}" in kiln:
+            out[f"classifier.{p}"] = kiln[f"classifier.{p}"]
+    if "mlm_head.decoder.bias" in kiln:
+        out["cls.predictions.bias"] = kiln["mlm_head.decoder.bias"]
+        out["cls.predictions.decoder.bias"] = kiln["mlm_head.decoder.bias"]  # tied to cls.predictions.bias
+        out["cls.predictions.decoder.weight"] = out[f"{b}embeddings.word_embeddings.weight"]  # tied
+    return out
+
+
+def gpt2_to_kiln_state(gpt2: dict, num_layers: int, name: str) -> dict:
+    g, k = _prefixes(name)
+    out = {
+        f"{k}word_embeddings.weight": gpt2[f"{g}wte.weight"],
+        f"{k}position_embeddings.weight": gpt2[f"{g}wpe.weight"],
+    }
+    conv = {  # Conv1D weights are (in, out): transpose to Linear's (out, in)
+        "attn.c_attn": "attention.qkv",
+        "attn.c_proj": "attention.out",
+        "crossattention.q_attn": "cross_attention.q",
+        "crossattention.c_attn": "cross_attention.kv",
+        "crossattention.c_proj": "cross_attention.out",
+        "mlp.c_fc": "mlp.fc_in",
+        "mlp.c_proj": "mlp.fc_out",
+    }
+    norms = {"ln_1": "attention_norm", "ln_cross_attn": "cross_attention_norm", "ln_2": "mlp_norm"}
+    for i in range(num_layers):
+        src, dst = f"{g}h.{i}.", f"{k}layers.{i}."
+        for theirs, ours in conv.items():
+            if f"{src}{theirs}.weight" in gpt2:
+                out[f"{dst}{ours}.weight"] = gpt2[f"{src}{theirs}.weight"].t().contiguous()
+                out[f"{dst}{ours}.bias"] = gpt2[f"{src}{theirs}.bias"]
+        for theirs, ours in norms.items():
+            for p in ("weight", "bias"):
+                if f"{src}{theirs}.{p}" in gpt2:
+                    out[f"{dst}{ours}.{p}"] = gpt2[f"{src}{theirs}.{p}"]
+    for p in ("weight", "bias"):
+        out[f"{k}final_norm.{p}"] = gpt2[f"{g}ln_f.{p}"]
+    if "lm_head.weight" in gpt2:
+        out["lm_head.weight"] = gpt2["lm_head.weight"]
+    return out
+
+
+def kiln_to_gpt2_state(kiln: dict, num_layers: int, name: str) -> dict:
+    g, k = _prefixes(name)
+    out = {
+        f"{g}wte.weight": kiln[f"{k}word_embeddings.weight"],
+        f"{g}wpe.weight": kiln[f"{k}position_embeddings.weight"],
+    }
+    linear = {
+        "attention.qkv": "attn.c_attn",
+        "attention.out": "attn.c_proj",
+        "cross_attention.q": "crossattention.q_attn",
+        "cross_attention.kv": "crossattention.c_attn",
+        "cross_attention.out": "crossattention.c_proj",
+        "mlp.fc_in": "mlp.c_fc",
+        "mlp.fc_out": "mlp.c_proj",
+    }
+    norms = {"attention_norm": "ln_1", "cross_attention_norm": "ln_cross_attn", "mlp_norm": "ln_2"}
+    for i in range(num_layers):
+        src, dst = f"{k}layers.{i}.", f"{g}h.{i}."
+        for ours, theirs in linear.items():
+            if f"{src}{ours}.weight" in kiln:
+                out[f"{dst}{theirs}.weight"] = kiln[f"{src}{ours}.weight"].t().contiguous()
+                out[f"{dst}{theirs}.bias"] = kiln[f"{src}{ours}.bias"]
+        for ours, theirs in norms.items():
+            for p in ("weight", "bias"):
+                if f"{src}{ours}.{p}" in kiln:
+                    out[f"{dst}{theirs}.{p}"] = kiln[f"{src}{ours}.{p}"]
+    for p in ("weight", "bias"):
+        out[f"{g}ln_f.{p}"] = kiln[f"{k}final_norm.{p}"]
+    if "lm_head.weight" in kiln:
+        out["lm_head.weight"] = kiln["lm_head.weight"]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------- models
+def _build(model_class, config, state: dict, like: torch.nn.Module, **init_kwargs):
+    """Instantiate, load `state` strictly, match `like`'s attention kernel, device, dtype, train/eval mode."""
+    model = model_class(config, **init_kwargs)
+    model.load_state_dict(state, strict=True)
+    model.config._attn_implementation = like.config._attn_implementation
+    reference = next(like.parameters())
+    return model.to(device=reference.device, dtype=reference.dtype).train(like.training)
+
+
+def _pooling_kwargs(name: str, model: torch.nn.Module) -> dict:
+    return {"add_pooling_layer": model.pooler is not None} if name == "BertModel" else {}
+
+
+def from_transformers(model: torch.nn.Module) -> torch.nn.Module:
+    """A transformers BERT / GPT-2 model -> the matching Kiln model, same weights (config converted too)."""
+    name = type(model).__name__
+    if name not in TO_KILN:
+        raise ValueError(f"Cannot convert {name}; supported: {', '.join(TO_KILN)}.")
+    state = {key: value.detach() for key, value in model.state_dict().items()}
+    if name in ENCODER_CLASSES:
+        config = encoder_config_from_bert(model.config)
+        kiln_state = bert_to_kiln_state(state, config.num_hidden_layers, name)
+    else:
+        config = decoder_config_from_gpt2(model.config)
+        kiln_state = gpt2_to_kiln_state(state, config.num_hidden_layers, name)
+    return _build(TO_KILN[name], config, kiln_state, model, **_pooling_kwargs(name, model))
+
+
+def to_transformers(model: torch.nn.Module) -> torch.nn.Module:
+    """A Kiln model -> the matching transformers BERT / GPT-2 model, same weights (config converted too)."""
+    if type(model) not in TO_TRANSFORMERS:
+        supported = ", ".join(kiln_class.__name__ for kiln_class in TO_TRANSFORMERS)
+        raise ValueError(f"Cannot convert {type(model).__name__}; supported: {supported}.")
+    name = TO_TRANSFORMERS[type(model)]
+    state = {key: value.detach() for key, value in model.state_dict().items()}
+    if name in ENCODER_CLASSES:
+        config = bert_config_from_encoder(model.config)
+        embeddings = model.embeddings if name == "BertModel" else model.model.embeddings
+        table = getattr(embeddings, "position_table", None)  # sinusoidal: becomes BERT's learned table
+        hf_state = kiln_to_bert_state(state, config.num_hidden_layers, name, table)
+    else:
+        config = gpt2_config_from_decoder(model.config)
+        hf_state = kiln_to_gpt2_state(state, config.num_hidden_layers, name)
+    return _build(getattr(transformers, name), config, hf_state, model, **_pooling_kwargs(name, model))
+
+
+# -------------------------------------------------------------------------------------------------------- CLI
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
+    """Load SRC (transformers BERT/GPT-2 or Kiln), convert it, save it to DST with the tokenizer files."""
+    src, dst = Path(src), Path(dst)
+    config_file = src / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{src} has no config.json; pass a folder written by save_pretrained.")
+    config = json.loads(config_file.read_text())
+    model_type = config.get("model_type")
+    architecture = (config.get("architectures") or [None])[0]
+    if model_type in ("bert", "gpt2"):
+        default = "BertForPreTraining" if model_type == "bert" else "GPT2LMHeadModel"
+        name = architecture if architecture in TO_KILN else default
+        converted = from_transformers(getattr(transformers, name).from_pretrained(src))
+    elif model_type in ("kiln_encoder", "kiln_decoder"):
+        by_name = {kiln_class.__name__: kiln_class for kiln_class in TO_TRANSFORMERS}
+        default = "KilnEncoderForPreTraining" if model_type == "kiln_encoder" else "KilnDecoderForCausalLM"
+        kiln_class = by_name[architecture if architecture in by_name else default]
+        converted = to_transformers(kiln_class.from_pretrained(src))
+    else:
+        raise ValueError(
+            f"{src} holds a `{model_type}` model; only bert, gpt2, kiln_encoder, kiln_decoder convert."
+        )
+    converted.save_pretrained(dst)
+    for file_name in TOKENIZER_FILES:
+        if (src / file_name).is_file():
+            shutil.copy(src / file_name, dst / file_name)
+    return converted
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m pretrain.convert",
+        description="Convert a transformers BERT/GPT-2 checkpoint to Kiln, or a Kiln checkpoint to "
+        "BERT/GPT-2. The direction follows SRC_DIR's config.json model_type.",
+    )
+    parser.add_argument("src_dir", metavar="SRC_DIR", help="folder written by save_pretrained")
+    parser.add_argument("dst_dir", metavar="DST_DIR", help="output folder (created)")
+    args = parser.parse_args(argv)
+    try:
+        converted = convert_checkpoint(args.src_dir, args.dst_dir)
+    except (ValueError, OSError) as error:
+        sys.exit(f"error: {error}")
+    print(f"wrote {type(converted).__name__} to {args.dst_dir}")
+
+
+if __name__ == "__main__":
+    main()

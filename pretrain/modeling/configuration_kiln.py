@@ -1,0 +1,208 @@
+"""Configurations of the Kiln encoder (BERT-like, post-LN) and decoder (GPT-2-like, pre-LN).
+
+This file is uploaded to the Hub next to the checkpoints (trust_remote_code): it may import only torch,
+transformers and its sibling files, by relative import.
+"""
+
+from transformers.configuration_utils import PreTrainedConfig
+
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+
+
+def _check_heads(hidden_size: int, num_attention_heads: int) -> None:
+    if num_attention_heads <= 0 or hidden_size % num_attention_heads != 0:
+        divisors = [d for d in range(1, hidden_size + 1) if hidden_size % d == 0]
+        nearest = sorted(divisors, key=lambda d: abs(d - num_attention_heads))[:2]
+        raise ValueError(
+            f"hidden_size={hidden_size} is not divisible by num_attention_heads={num_attention_heads}; "
+            f"use a head count that divides it (e.g. {' or '.join(map(str, sorted(nearest)))})."
+        )
+
+
+class _KilnConfig(PreTrainedConfig):
+    """Refuses a checkpoint of another model type instead of building a half-random model from it."""
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        found = config_dict.get("model_type")
+        if found and found != cls.model_type:
+            if found.startswith("kiln_"):
+                family = "KilnEncoder*" if found == "kiln_encoder" else "KilnDecoder*"
+                fix = f"load it with a {family} class or an AutoModel* class instead"
+            else:
+                fix = "convert it first with `python -m pretrain.convert SRC_DIR DST_DIR`"
+            raise ValueError(
+                f"This checkpoint is a `{found}` model, but {cls.__name__} expects `{cls.model_type}`; {fix}."
+            )
+        return super().from_dict(config_dict, **kwargs)
+
+
+class KilnEncoderConfig(_KilnConfig):
+    r"""Configuration of [`KilnEncoderModel`] and its heads (a BERT-style post-LN encoder).
+
+    Args:
+        vocab_size: number of token ids.
+        hidden_size: width of the residual stream; must be divisible by `num_attention_heads`.
+        num_hidden_layers: number of transformer blocks.
+        num_attention_heads: attention heads per block.
+        intermediate_size: width of the feed-forward layer.
+        hidden_act: feed-forward and MLM-transform activation (`gelu` is BERT's erf GELU).
+        hidden_dropout_prob: dropout on the embeddings and on every sublayer output.
+        attention_probs_dropout_prob: dropout on the attention probabilities.
+        max_position_embeddings: longest sequence the model accepts.
+        type_vocab_size: number of segment (token type) ids.
+        layer_norm_eps: LayerNorm epsilon.
+        initializer_range: std of the normal initialisation.
+        pad_token_id: id of the padding token (its embedding row starts at zero and gets no gradient).
+        position_embedding_type: `learned` (a trained table) or `sinusoidal` (the fixed sin/cos table of
+            "Attention Is All You Need"; a buffer, not a parameter).
+        sparse_prediction: when MLM labels are given, compute vocabulary logits only at the labelled positions
+            (`labels != -100`); the MLM logits then have shape (num_masked, vocab_size). Same loss, far
+            fewer FLOPs.
+        classifier_dropout: dropout before the classification heads (None: `hidden_dropout_prob`).
+    """
+
+    model_type = "kiln_encoder"
+
+    def __init__(
+        self,
+        vocab_size: int = 30522,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        num_attention_heads: int = 12,
+        intermediate_size: int = 3072,
+        hidden_act: str = "gelu",
+        hidden_dropout_prob: float = 0.1,
+        attention_probs_dropout_prob: float = 0.1,
+        max_position_embeddings: int = 512,
+        type_vocab_size: int = 2,
+        layer_norm_eps: float = 1e-12,
+        initializer_range: float = 0.02,
+        pad_token_id: int | None = 0,
+        position_embedding_type: str = "learned",
+        sparse_prediction: bool = True,
+        classifier_dropout: float | None = None,
+        tie_word_embeddings: bool = True,
+        **kwargs,
+    ):
+        _check_heads(hidden_size, num_attention_heads)
+        if position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(
+                f"Unknown position_embedding_type={position_embedding_type!r}; "
+                f"use one of {POSITION_EMBEDDING_TYPES}."
+            )
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.max_position_embeddings = max_position_embeddings
+        self.type_vocab_size = type_vocab_size
+        self.layer_norm_eps = layer_norm_eps
+        self.initializer_range = initializer_range
+        self.position_embedding_type = position_embedding_type
+        self.sparse_prediction = sparse_prediction
+        self.classifier_dropout = classifier_dropout
+        self.is_decoder = False
+        self.add_cross_attention = False
+        # pad_token_id / tie_word_embeddings go through the base class: some transformers 5.x own them there
+        super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+
+class KilnDecoderConfig(_KilnConfig):
+    r"""Configuration of [`KilnDecoderModel`] / [`KilnDecoderForCausalLM`] (a GPT-2-style pre-LN decoder).
+
+    GPT-2's names are accepted as aliases (`n_embd`, `n_layer`, `n_head`, `n_positions`, `n_inner`), and so
+    are the encoder's (`hidden_act`, `layer_norm_eps`, `attention_probs_dropout_prob`); the encoder's
+    `hidden_dropout_prob` sets both `resid_pdrop` and `embd_pdrop`.
+
+    Args:
+        vocab_size: number of token ids.
+        max_position_embeddings: longest sequence (prompt + generated tokens) the model accepts.
+        hidden_size: width of the residual stream; must be divisible by `num_attention_heads`.
+        num_hidden_layers: number of transformer blocks.
+        num_attention_heads: attention heads per block.
+        intermediate_size: width of the feed-forward layer (None: 4 * hidden_size).
+        activation_function: feed-forward activation (`gelu_new` is GPT-2's tanh GELU).
+        resid_pdrop: dropout on every sublayer output.
+        embd_pdrop: dropout on the embeddings.
+        attn_pdrop: dropout on the attention probabilities.
+        layer_norm_epsilon: LayerNorm epsilon.
+        initializer_range: std of the normal initialisation (residual projections get std / sqrt(2 * layers)).
+        add_cross_attention: add a cross-attention sublayer to every block, so the model can be the decoder of
+            transformers' `EncoderDecoderModel` (`encoder_hidden_states`, `encoder_attention_mask`).
+        use_cache: return a key/value cache for fast generation.
+    """
+
+    model_type = "kiln_decoder"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "n_embd": "hidden_size",
+        "n_layer": "num_hidden_layers",
+        "n_head": "num_attention_heads",
+        "n_positions": "max_position_embeddings",
+        "n_inner": "intermediate_size",
+        "hidden_act": "activation_function",
+        "layer_norm_eps": "layer_norm_epsilon",
+        "attention_probs_dropout_prob": "attn_pdrop",
+    }
+
+    def __init__(
+        self,
+        vocab_size: int = 50257,
+        max_position_embeddings: int = 1024,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        num_attention_heads: int = 12,
+        intermediate_size: int | None = None,
+        activation_function: str = "gelu_new",
+        resid_pdrop: float = 0.1,
+        embd_pdrop: float = 0.1,
+        attn_pdrop: float = 0.1,
+        layer_norm_epsilon: float = 1e-5,
+        initializer_range: float = 0.02,
+        bos_token_id: int | None = 50256,
+        eos_token_id: int | list[int] | None = 50256,
+        pad_token_id: int | None = None,
+        add_cross_attention: bool = False,
+        is_decoder: bool = True,
+        tie_word_embeddings: bool = True,
+        use_cache: bool = True,
+        **kwargs,
+    ):
+        aliases = {alias: kwargs.pop(alias) for alias in self.attribute_map if alias in kwargs}
+        if (hidden_dropout_prob := kwargs.pop("hidden_dropout_prob", None)) is not None:
+            resid_pdrop = embd_pdrop = hidden_dropout_prob
+        self.vocab_size = vocab_size
+        self.max_position_embeddings = max_position_embeddings
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.activation_function = activation_function
+        self.resid_pdrop = resid_pdrop
+        self.embd_pdrop = embd_pdrop
+        self.attn_pdrop = attn_pdrop
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        for alias, value in aliases.items():
+            setattr(self, alias, value)  # attribute_map routes it to the canonical field
+        _check_heads(self.hidden_size, self.num_attention_heads)
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        super().__init__(
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            add_cross_attention=add_cross_attention,
+            is_decoder=is_decoder,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+
+
+__all__ = ["KilnDecoderConfig", "KilnEncoderConfig"]

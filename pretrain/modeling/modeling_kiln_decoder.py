@@ -1,0 +1,325 @@
+"""Kiln decoder: a GPT-2-style causal transformer and its language-model head.
+
+token + learned position embeddings -> dropout -> N pre-LN blocks
+(x = x + attn(LN(x)); [x = x + cross_attn(LN(x), encoder)]; x = x + mlp(LN(x)))
+-> final LayerNorm -> LM head tied to the token embeddings.
+KV cache through transformers' Cache classes, so `generate` (greedy, sampling, beam search) works; the
+optional cross-attention lets the model be the decoder of transformers' `EncoderDecoderModel`.
+
+Uploaded to the Hub next to the checkpoints (trust_remote_code): it imports only torch, transformers and
+its sibling files (relative imports).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    CausalLMOutputWithCrossAttentions,
+)
+from transformers.modeling_utils import PreTrainedModel
+
+from .configuration_kiln import KilnDecoderConfig
+from .kiln_layers import (
+    KilnCrossAttention,
+    KilnMLP,
+    KilnSelfAttention,
+    auto_map_for,
+    causal_mask,
+    check_input_ids,
+    check_sequence_length,
+    padding_mask,
+)
+
+
+class KilnDecoderLayer(GradientCheckpointingLayer):
+    """Pre-LN block: x = x + attn(LN(x)); [x = x + cross_attn(LN(x), encoder)]; x = x + mlp(LN(x))."""
+
+    def __init__(self, config: KilnDecoderConfig, layer_idx: int):
+        super().__init__()
+        h, eps = config.hidden_size, config.layer_norm_epsilon
+        self.attention_norm = nn.LayerNorm(h, eps=eps)
+        self.attention = KilnSelfAttention(
+            config, h, config.num_attention_heads, config.attn_pdrop, is_causal=True, layer_idx=layer_idx
+        )
+        if config.add_cross_attention:
+            self.cross_attention_norm = nn.LayerNorm(h, eps=eps)
+            self.cross_attention = KilnCrossAttention(
+                config, h, config.num_attention_heads, config.attn_pdrop, layer_idx=layer_idx
+            )
+        else:
+            self.cross_attention = None
+        self.mlp_norm = nn.LayerNorm(h, eps=eps)
+        self.mlp = KilnMLP(h, config.intermediate_size, config.activation_function)
+        self.dropout = nn.Dropout(config.resid_pdrop)
+        for projection in (self.attention.out, self.mlp.fc_out, getattr(self.cross_attention, "out", None)):
+            if projection is not None:  # writes into the residual stream: GPT-2's scaled init (_init_weights)
+                projection.is_residual_projection = True
+
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        encoder_hidden_states=None,  # positional, so reentrant checkpointing sees it
+        encoder_attention_mask=None,
+        past_key_values=None,
+        output_attentions=False,
+    ):
+        attention_output, attention_weights = self.attention(
+            self.attention_norm(hidden_states), attention_mask, past_key_values, output_attentions
+        )
+        hidden_states = hidden_states + self.dropout(attention_output)
+        cross_attention_weights = None
+        if encoder_hidden_states is not None:
+            if self.cross_attention is None:
+                raise ValueError(
+                    "encoder_hidden_states were passed but the decoder has no cross-attention; "
+                    "build it with KilnDecoderConfig(add_cross_attention=True)."
+                )
+            cross_output, cross_attention_weights = self.cross_attention(
+                self.cross_attention_norm(hidden_states),
+                encoder_hidden_states,
+                encoder_attention_mask,
+                past_key_values,
+                output_attentions,
+            )
+            hidden_states = hidden_states + self.dropout(cross_output)
+        hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
+        return hidden_states, attention_weights, cross_attention_weights
+
+
+class KilnDecoderPreTrainedModel(PreTrainedModel):
+    config_class = KilnDecoderConfig
+    config: KilnDecoderConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["KilnDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            if getattr(module, "is_residual_projection", False):
+                # GPT-2: two residual writes per block, each scaled by 1/sqrt(2 * layers) to keep the
+                # residual stream's variance flat with depth
+                std = std / math.sqrt(2 * self.config.num_hidden_layers)
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # Registered for trust_remote_code: list every head in auto_map, not only the saved one
+        if type(self)._auto_class is not None:
+            self.config.auto_map = auto_map_for(self, DECODER_AUTO_CLASSES)
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+class KilnDecoderModel(KilnDecoderPreTrainedModel):
+    """The bare decoder: final-LayerNorm hidden states (B, T, C) and the KV cache."""
+
+    def __init__(self, config: KilnDecoderConfig):
+        super().__init__(config)
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.dropout = nn.Dropout(config.embd_pdrop)
+        self.layers = nn.ModuleList(KilnDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.gradient_checkpointing = False  # set by gradient_checkpointing_enable(); then no KV cache
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,  # accepted and ignored, so wrappers (EncoderDecoderModel, generate) may pass extras
+    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+        r"""
+        past_key_values: a `DynamicCache` (`EncoderDecoderCache` with cross-attention) from a previous call;
+            `input_ids` then holds only the new tokens and `attention_mask` covers past + new tokens.
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        if use_cache is None:  # a cache only pays off when generating
+            use_cache = config.use_cache and not self.training
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if use_cache:
+            if past_key_values is None:
+                past_key_values = DynamicCache()
+            if config.add_cross_attention and not isinstance(past_key_values, EncoderDecoderCache):
+                past_key_values = EncoderDecoderCache(past_key_values, DynamicCache())
+
+        if inputs_embeds is None:
+            check_input_ids(input_ids, config.vocab_size)
+            inputs_embeds = self.word_embeddings(input_ids)  # (B, T, C)
+        T = inputs_embeds.shape[1]
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            check_sequence_length(past_length + T, config.max_position_embeddings)
+            position_embeds = self.position_embeddings.weight[past_length : past_length + T]  # (T, C)
+        else:
+            if position_ids.device.type == "cpu" and position_ids.numel():
+                check_sequence_length(int(position_ids.max()) + 1, config.max_position_embeddings)
+            position_embeds = self.position_embeddings(position_ids)  # (B, T, C)
+        hidden_states = self.dropout(inputs_embeds + position_embeds)
+
+        self_mask = causal_mask(attention_mask, T, past_length, hidden_states.device)  # None|(B|1, 1, T, S)
+        cross_mask = padding_mask(encoder_attention_mask) if encoder_hidden_states is not None else None
+
+        all_hidden_states = () if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        all_cross_attentions = () if output_attentions and encoder_hidden_states is not None else None
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            hidden_states, attention_weights, cross_attention_weights = layer(
+                hidden_states,
+                self_mask,
+                encoder_hidden_states,
+                cross_mask,
+                past_key_values=past_key_values,
+                output_attentions=output_attentions,
+            )
+            if output_attentions:
+                all_attentions += (attention_weights,)
+                if all_cross_attentions is not None:
+                    all_cross_attentions += (cross_attention_weights,)
+        hidden_states = self.final_norm(hidden_states)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+
+        output = BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+            cross_attentions=all_cross_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
+    """Decoder + LM head tied to the token embeddings; `labels` are shifted inside, as in GPT2LMHeadModel."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.word_embeddings.weight"}
+
+    def __init__(self, config: KilnDecoderConfig):
+        super().__init__(config)
+        self.model = KilnDecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithCrossAttentions | tuple:
+        r"""
+        labels: (B, T), usually `input_ids`; position t is scored against token t+1, -100 is ignored.
+        logits_to_keep: if > 0, compute logits for the last `logits_to_keep` positions only (generation).
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if labels is not None and use_cache is None:
+            use_cache = False
+        outputs = self.model(
+            input_ids,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden_states = outputs.last_hidden_state
+        if logits_to_keep > 0:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        # NOTE: a chunked head + loss would avoid materialising (B, T, V) fp32 logits at large vocabularies,
+        # but callers (EncoderDecoderModel, evaluation) read `logits`, so the head stays dense for now.
+        logits = self.lm_head(hidden_states)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            # Shift the labels, not the logits: no copy of the (B, T, V) tensor
+            targets = F.pad(labels, (0, 1), value=-100)[:, 1:].to(logits.device)  # (B, T)
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
+            )
+        output = CausalLMOutputWithCrossAttentions(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            cross_attentions=outputs.cross_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+# Auto class -> Kiln class: registered by `pretrain.modeling`, written into each saved checkpoint's auto_map
+DECODER_AUTO_CLASSES = {
+    "AutoModel": KilnDecoderModel,
+    "AutoModelForCausalLM": KilnDecoderForCausalLM,
+    "AutoModelForPreTraining": KilnDecoderForCausalLM,
+}
+
+__all__ = [
+    "DECODER_AUTO_CLASSES",
+    "KilnDecoderForCausalLM",
+    "KilnDecoderModel",
+    "KilnDecoderPreTrainedModel",
+]

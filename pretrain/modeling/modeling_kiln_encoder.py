@@ -1,0 +1,505 @@
+"""Kiln encoder: a BERT-style bidirectional transformer and its heads.
+
+embeddings (token + position + segment -> LayerNorm -> dropout) -> N post-LN blocks
+(x = LN(x + attn(x)); x = LN(x + mlp(x))) -> tanh pooler on the first token.
+Heads: pretraining (MLM + NSP/SOP), masked LM, sequence classification, token classification.
+
+Uploaded to the Hub next to the checkpoints (trust_remote_code): it imports only torch, transformers and
+its sibling files (relative imports).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.modeling_utils import PreTrainedModel
+from transformers.utils import ModelOutput
+
+from .configuration_kiln import KilnEncoderConfig
+from .kiln_layers import (
+    KilnMLP,
+    KilnSelfAttention,
+    auto_map_for,
+    check_input_ids,
+    check_sequence_length,
+    padding_mask,
+)
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
+    """(num_positions, dim) table: PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(same)."""
+    position = torch.arange(num_positions, dtype=torch.float32)[:, None]  # (P, 1)
+    exponents = torch.arange(0, dim, 2, dtype=torch.float32) / dim  # (ceil(dim/2),)
+    inv_freq = torch.exp(-math.log(10000.0) * exponents)
+    table = torch.zeros(num_positions, dim)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq[: dim // 2])
+    return table
+
+
+class KilnEmbeddings(nn.Module):
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__()
+        self.config = config
+        self.word_embeddings = nn.Embedding(
+            config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
+        )
+        if config.position_embedding_type == "learned":
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        else:
+            table = sinusoidal_table(config.max_position_embeddings, config.hidden_size)
+            self.register_buffer("position_table", table, persistent=False)  # fixed, rebuilt on load
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
+        if inputs_embeds is None:
+            check_input_ids(input_ids, self.config.vocab_size)
+            inputs_embeds = self.word_embeddings(input_ids)  # (B, T, C)
+        T = inputs_embeds.shape[1]
+        check_sequence_length(T, self.config.max_position_embeddings)
+        if token_type_ids is None:  # all segment 0: add the row instead of gathering B*T copies of it
+            x = inputs_embeds + self.token_type_embeddings.weight[0]
+        else:
+            x = inputs_embeds + self.token_type_embeddings(token_type_ids)
+        table = (
+            self.position_embeddings.weight if hasattr(self, "position_embeddings") else self.position_table
+        )
+        x = x + (table[:T] if position_ids is None else F.embedding(position_ids, table))  # (T, C) broadcasts
+        return self.dropout(self.layer_norm(x))
+
+
+class KilnEncoderLayer(GradientCheckpointingLayer):
+    """Post-LN block: x = LN(x + attn(x)); x = LN(x + mlp(x)), as in BERT."""
+
+    def __init__(self, config: KilnEncoderConfig, layer_idx: int):
+        super().__init__()
+        self.attention = KilnSelfAttention(
+            config,
+            config.hidden_size,
+            config.num_attention_heads,
+            config.attention_probs_dropout_prob,
+            is_causal=False,
+            layer_idx=layer_idx,
+        )
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = KilnMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        attention_output, attention_weights = self.attention(
+            hidden_states, attention_mask, output_attentions=output_attentions
+        )
+        hidden_states = self.attention_norm(hidden_states + self.dropout(attention_output))
+        hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
+        return hidden_states, attention_weights
+
+
+class KilnPooler(nn.Module):
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden_states):
+        return torch.tanh(self.dense(hidden_states[:, 0]))  # (B, C) from the first ([CLS]) token
+
+
+class KilnMLMHead(nn.Module):
+    """dense + act + LayerNorm, then the vocabulary projection (weight tied to the input embeddings)."""
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden_states):
+        return self.decoder(self.layer_norm(self.act(self.dense(hidden_states))))
+
+
+class KilnEncoderPreTrainedModel(PreTrainedModel):
+    config_class = KilnEncoderConfig
+    config: KilnEncoderConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["KilnEmbeddings", "KilnEncoderLayer"]
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, KilnEmbeddings) and hasattr(module, "position_table"):
+            table = sinusoidal_table(self.config.max_position_embeddings, self.config.hidden_size)
+            init.copy_(module.position_table, table)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # Registered for trust_remote_code: list every head in auto_map, not only the saved one
+        if type(self)._auto_class is not None:
+            self.config.auto_map = auto_map_for(self, ENCODER_AUTO_CLASSES)
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+class KilnEncoderModel(KilnEncoderPreTrainedModel):
+    """The bare encoder: last hidden states (B, T, C) and the pooled first token (B, C)."""
+
+    def __init__(self, config: KilnEncoderConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = KilnEmbeddings(config)
+        self.layers = nn.ModuleList(KilnEncoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.pooler = KilnPooler(config) if add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,  # accepted and ignored, so wrappers (EncoderDecoderModel, Trainer) may pass extras
+    ) -> BaseModelOutputWithPooling | tuple:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        output_attentions = (
+            output_attentions if output_attentions is not None else self.config.output_attentions
+        )
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, C)
+        mask = padding_mask(attention_mask)  # None or (B, 1, 1, T)
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            hidden_states, attention_weights = layer(hidden_states, mask, output_attentions=output_attentions)
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_attentions:
+                all_attentions += (attention_weights,)
+
+        output = BaseModelOutputWithPooling(
+            last_hidden_state=hidden_states,
+            pooler_output=self.pooler(hidden_states) if self.pooler is not None else None,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+@dataclass
+class KilnEncoderForPreTrainingOutput(ModelOutput):
+    """Output of [`KilnEncoderForPreTraining`].
+
+    loss: mlm_loss + nsp_loss (either alone when only one kind of label is given).
+    mlm_loss / nsp_loss: the two parts.
+    prediction_logits: (B, T, V) without labels; with labels and `config.sparse_prediction`, (M, V) for the
+        M positions where `labels != -100`, in the order of `labels.view(-1)`.
+    seq_relationship_logits: (B, 2) next-sentence (or sentence-order) logits.
+    """
+
+    loss: torch.Tensor | None = None
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+    prediction_logits: torch.Tensor | None = None
+    seq_relationship_logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class _MaskedLMMixin:
+    """MLM logits and loss; with labels and `config.sparse_prediction`, only at the labelled positions."""
+
+    def get_output_embeddings(self):
+        return self.mlm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.mlm_head.decoder = new_embeddings
+
+    def _mlm_logits_and_loss(self, sequence_output, labels):
+        if labels is None:
+            return self.mlm_head(sequence_output), None  # (B, T, V)
+        if self.config.sparse_prediction:
+            flat_labels = labels.reshape(-1)  # (B*T,)
+            predicted = flat_labels != -100
+            # Gather before the head: the transform and the vocab projection run on M << B*T rows
+            hidden = sequence_output.reshape(-1, sequence_output.shape[-1])[predicted]  # (M, C)
+            logits = self.mlm_head(hidden)  # (M, V)
+            return logits, F.cross_entropy(logits, flat_labels[predicted])
+        logits = self.mlm_head(sequence_output)  # (B, T, V)
+        return logits, F.cross_entropy(
+            logits.view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
+        )
+
+
+class KilnEncoderForPreTraining(_MaskedLMMixin, KilnEncoderPreTrainedModel):
+    """Encoder + MLM head + NSP head (the NSP head also serves sentence-order prediction)."""
+
+    _tied_weights_keys = {"mlm_head.decoder.weight": "model.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__(config)
+        self.model = KilnEncoderModel(config)
+        self.mlm_head = KilnMLMHead(config)
+        self.nsp_head = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        next_sentence_label: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> KilnEncoderForPreTrainingOutput | tuple:
+        r"""
+        labels: (B, T) token ids to predict, -100 where nothing is predicted.
+        next_sentence_label: (B,) 0 = B follows A (or: in order), 1 = random B (or: swapped).
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        prediction_logits, mlm_loss = self._mlm_logits_and_loss(outputs.last_hidden_state, labels)
+        seq_relationship_logits = self.nsp_head(outputs.pooler_output)  # (B, 2)
+        nsp_loss = None
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(seq_relationship_logits, next_sentence_label.reshape(-1))
+        losses = [loss for loss in (mlm_loss, nsp_loss) if loss is not None]
+        output = KilnEncoderForPreTrainingOutput(
+            loss=sum(losses) if losses else None,
+            mlm_loss=mlm_loss,
+            nsp_loss=nsp_loss,
+            prediction_logits=prediction_logits,
+            seq_relationship_logits=seq_relationship_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class KilnEncoderForMaskedLM(_MaskedLMMixin, KilnEncoderPreTrainedModel):
+    """Encoder + MLM head (fill-mask, MLM-only training)."""
+
+    _tied_weights_keys = {"mlm_head.decoder.weight": "model.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__(config)
+        self.model = KilnEncoderModel(config, add_pooling_layer=False)
+        self.mlm_head = KilnMLMHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        r"""labels: (B, T), -100 where nothing is predicted. With labels and `config.sparse_prediction`,
+        `logits` is (M, V) for the M labelled positions in the order of `labels.view(-1)`; else (B, T, V)."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits, loss = self._mlm_logits_and_loss(outputs.last_hidden_state, labels)
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class KilnEncoderForSequenceClassification(KilnEncoderPreTrainedModel):
+    """Encoder + dropout + linear classifier on the pooled output (BERT's problem_type rules)."""
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = KilnEncoderModel(config)
+        dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        r"""labels: (B,) class ids (single-label), (B, num_labels) floats (multi-label) or (B,) floats
+        (regression, num_labels == 1); `config.problem_type` is inferred from them when unset, as in BERT."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            if self.config.problem_type is None:
+                if self.num_labels == 1:
+                    self.config.problem_type = "regression"
+                elif self.num_labels > 1 and labels.dtype in (torch.long, torch.int):
+                    self.config.problem_type = "single_label_classification"
+                else:
+                    self.config.problem_type = "multi_label_classification"
+            if self.config.problem_type == "regression":
+                if self.num_labels == 1:
+                    loss = F.mse_loss(logits.squeeze(), labels.squeeze())
+                else:
+                    loss = F.mse_loss(logits, labels)
+            elif self.config.problem_type == "single_label_classification":
+                loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+            elif self.config.problem_type == "multi_label_classification":
+                loss = F.binary_cross_entropy_with_logits(logits, labels)
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class KilnEncoderForTokenClassification(KilnEncoderPreTrainedModel):
+    """Encoder + dropout + linear classifier on every token (NER, POS)."""
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = KilnEncoderModel(config, add_pooling_layer=False)
+        dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        r"""labels: (B, T) class ids, -100 where no prediction is scored (padding, non-first word pieces)."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+        output = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+# Auto class -> Kiln class: registered by `pretrain.modeling`, written into each saved checkpoint's auto_map
+ENCODER_AUTO_CLASSES = {
+    "AutoModel": KilnEncoderModel,
+    "AutoModelForPreTraining": KilnEncoderForPreTraining,
+    "AutoModelForMaskedLM": KilnEncoderForMaskedLM,
+    "AutoModelForSequenceClassification": KilnEncoderForSequenceClassification,
+    "AutoModelForTokenClassification": KilnEncoderForTokenClassification,
+}
+
+__all__ = [
+    "ENCODER_AUTO_CLASSES",
+    "KilnEncoderForMaskedLM",
+    "KilnEncoderForPreTraining",
+    "KilnEncoderForPreTrainingOutput",
+    "KilnEncoderForSequenceClassification",
+    "KilnEncoderForTokenClassification",
+    "KilnEncoderModel",
+    "KilnEncoderPreTrainedModel",
+]

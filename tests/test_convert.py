@@ -1,0 +1,268 @@
+"""Proof of correctness: BERT / GPT-2 converted to Kiln (and back) compute the same logits and losses."""
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from pretrain.convert import from_transformers, main, to_transformers
+from pretrain.modeling import (
+    KilnDecoderConfig,
+    KilnDecoderForCausalLM,
+    KilnDecoderModel,
+    KilnEncoderConfig,
+    KilnEncoderForMaskedLM,
+    KilnEncoderForPreTraining,
+    KilnEncoderForSequenceClassification,
+    KilnEncoderForTokenClassification,
+    KilnEncoderModel,
+)
+
+# initializer_range well above the default 0.02: pre-activations of order 1, where erf GELU and tanh GELU
+# differ by more than the tolerance, so a mismatched activation (or any other slip) shows in the logits
+ENCODER_SHAPES = [
+    dict(vocab_size=1001, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96),
+    dict(
+        vocab_size=517,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=80,
+        type_vocab_size=3,
+    ),
+]
+DECODER_SHAPES = [
+    dict(vocab_size=1001, n_embd=48, n_layer=2, n_head=4),
+    dict(vocab_size=517, n_embd=32, n_layer=3, n_head=2, n_inner=80, activation_function="gelu"),
+]
+for _shape in ENCODER_SHAPES + DECODER_SHAPES:
+    _shape["initializer_range"] = 0.2
+BERT_TO_KILN = {
+    transformers.BertForPreTraining: KilnEncoderForPreTraining,
+    transformers.BertForMaskedLM: KilnEncoderForMaskedLM,
+    transformers.BertModel: KilnEncoderModel,
+    transformers.BertForSequenceClassification: KilnEncoderForSequenceClassification,
+    transformers.BertForTokenClassification: KilnEncoderForTokenClassification,
+}
+ATOL = 1e-4
+
+
+def encoder_batch(vocab_size, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, vocab_size, (3, 14), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, 9:] = 0
+    attention_mask[2, 12:] = 0
+    input_ids[attention_mask == 0] = 0
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, 7:] = 1
+    labels = torch.full_like(input_ids, -100)
+    labels[:, 1::4] = torch.randint(0, vocab_size, labels[:, 1::4].shape, generator=generator)
+    labels[attention_mask == 0] = -100
+    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids), labels
+
+
+def task_labels(model_class, batch, labels, num_labels):
+    if model_class in (transformers.BertForPreTraining, KilnEncoderForPreTraining):
+        return dict(labels=labels, next_sentence_label=torch.tensor([0, 1, 1]))
+    if model_class in (transformers.BertForMaskedLM, KilnEncoderForMaskedLM):
+        return dict(labels=labels)
+    if model_class in (transformers.BertForSequenceClassification, KilnEncoderForSequenceClassification):
+        return dict(labels=torch.tensor([0, 2, 1]))
+    if model_class in (transformers.BertForTokenClassification, KilnEncoderForTokenClassification):
+        token_labels = (batch["input_ids"] % num_labels).masked_fill(batch["attention_mask"] == 0, -100)
+        return dict(labels=token_labels)
+    return {}
+
+
+def main_output(output):
+    """The tensor that proves the function: logits of a head, else the last hidden state."""
+    for name in ("prediction_logits", "logits", "last_hidden_state"):
+        if getattr(output, name, None) is not None:
+            return output[name]
+
+
+def assert_same_function(hf_model, kiln_model, batch, extra):
+    real = batch["attention_mask"].bool()
+    hf_out, kiln_out = hf_model(**batch), kiln_model(**batch)
+    expected, actual = main_output(hf_out), main_output(kiln_out)
+    if expected.dim() == 3:  # per token: padded positions carry no meaning
+        expected, actual = expected[real], actual[real]
+    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+    if getattr(hf_out, "pooler_output", None) is not None:
+        torch.testing.assert_close(kiln_out.pooler_output, hf_out.pooler_output, atol=ATOL, rtol=0)
+    if getattr(hf_out, "seq_relationship_logits", None) is not None:
+        torch.testing.assert_close(
+            kiln_out.seq_relationship_logits, hf_out.seq_relationship_logits, atol=ATOL, rtol=0
+        )
+    if extra:
+        hf_loss, kiln_loss = hf_model(**batch, **extra).loss, kiln_model(**batch, **extra).loss
+        torch.testing.assert_close(kiln_loss, hf_loss, atol=1e-5, rtol=1e-6)
+
+
+def assert_same_state(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("shape", ENCODER_SHAPES, ids=["vocab1001", "vocab517"])
+@pytest.mark.parametrize("hf_class", list(BERT_TO_KILN), ids=lambda c: c.__name__)
+def test_bert_to_kiln_and_back(hf_class, shape):
+    config = transformers.BertConfig(max_position_embeddings=32, num_labels=3, **shape)
+    hf_model = hf_class(config).eval()
+    kiln_model = from_transformers(hf_model)
+    assert type(kiln_model) is BERT_TO_KILN[hf_class] and not kiln_model.training
+    assert kiln_model.config.sparse_prediction  # the fast path is the one proven equal
+    batch, labels = encoder_batch(shape["vocab_size"])
+    assert_same_function(hf_model, kiln_model, batch, task_labels(hf_class, batch, labels, 3))
+    assert_same_state(to_transformers(kiln_model).state_dict(), hf_model.state_dict())
+
+
+@pytest.mark.parametrize("kiln_class", list(BERT_TO_KILN.values()), ids=lambda c: c.__name__)
+def test_kiln_encoder_to_bert_and_back(kiln_class):
+    config = KilnEncoderConfig(max_position_embeddings=32, num_labels=3, **ENCODER_SHAPES[0])
+    kiln_model = kiln_class(config).eval()
+    hf_model = to_transformers(kiln_model)
+    assert type(hf_model).__name__ == {v: k for k, v in BERT_TO_KILN.items()}[kiln_class].__name__
+    batch, labels = encoder_batch(config.vocab_size, seed=1)
+    assert_same_function(hf_model, kiln_model, batch, task_labels(kiln_class, batch, labels, 3))
+    assert_same_state(from_transformers(hf_model).state_dict(), kiln_model.state_dict())
+
+
+def test_dense_mlm_path_matches_bert_too():
+    config = transformers.BertConfig(max_position_embeddings=32, **ENCODER_SHAPES[0])
+    hf_model = transformers.BertForPreTraining(config).eval()
+    kiln_model = from_transformers(hf_model)
+    kiln_model.config.sparse_prediction = False
+    batch, labels = encoder_batch(config.vocab_size, seed=2)
+    extra = dict(labels=labels, next_sentence_label=torch.tensor([1, 0, 1]))
+    hf_out, kiln_out = hf_model(**batch, **extra), kiln_model(**batch, **extra)
+    torch.testing.assert_close(kiln_out.loss, hf_out.loss, atol=1e-5, rtol=1e-6)
+    assert kiln_out.prediction_logits.shape == hf_out.prediction_logits.shape
+
+
+def test_bare_bert_without_pooler_and_sinusoidal_kiln_convert():
+    config = transformers.BertConfig(max_position_embeddings=32, **ENCODER_SHAPES[1])
+    hf_model = transformers.BertModel(config, add_pooling_layer=False).eval()
+    kiln_model = from_transformers(hf_model)
+    assert kiln_model.pooler is None
+    batch, _ = encoder_batch(config.vocab_size)
+    assert_same_function(hf_model, kiln_model, batch, {})
+
+    sinusoidal = KilnEncoderForMaskedLM(
+        KilnEncoderConfig(
+            max_position_embeddings=32, position_embedding_type="sinusoidal", **ENCODER_SHAPES[0]
+        )
+    ).eval()
+    bert = to_transformers(sinusoidal)  # the fixed table becomes BERT's (learned) position table
+    batch, labels = encoder_batch(sinusoidal.config.vocab_size)
+    assert_same_function(bert, sinusoidal, batch, dict(labels=labels))
+
+
+def test_bert_in_train_mode_converts_to_train_mode():
+    hf_model = transformers.BertForMaskedLM(transformers.BertConfig(**ENCODER_SHAPES[0])).train()
+    assert from_transformers(hf_model).training
+
+
+# ------------------------------------------------------------------------------------------------------ GPT-2
+def gpt2_batch(vocab_size, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, vocab_size, (3, 13), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 10:] = 0
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    return dict(input_ids=input_ids, attention_mask=attention_mask), labels
+
+
+@pytest.mark.parametrize("shape", DECODER_SHAPES, ids=["gelu_new", "gelu_n_inner"])
+@pytest.mark.parametrize(
+    "hf_class", [transformers.GPT2LMHeadModel, transformers.GPT2Model], ids=lambda c: c.__name__
+)
+def test_gpt2_to_kiln_and_back(hf_class, shape):
+    config = transformers.GPT2Config(n_positions=32, bos_token_id=0, eos_token_id=0, **shape)
+    hf_model = hf_class(config).eval()
+    kiln_model = from_transformers(hf_model)
+    assert type(kiln_model) is (
+        KilnDecoderForCausalLM if hf_class is transformers.GPT2LMHeadModel else KilnDecoderModel
+    )
+    assert kiln_model.config.activation_function == config.activation_function
+    batch, labels = gpt2_batch(shape["vocab_size"])
+    extra = dict(labels=labels) if hf_class is transformers.GPT2LMHeadModel else {}
+    assert_same_function(hf_model, kiln_model, batch, extra)
+    assert_same_state(to_transformers(kiln_model).state_dict(), hf_model.state_dict())
+
+
+def test_gpt2_with_cross_attention_converts_both_ways():
+    config = transformers.GPT2Config(
+        n_positions=32, bos_token_id=0, eos_token_id=0, add_cross_attention=True, **DECODER_SHAPES[0]
+    )
+    hf_model = transformers.GPT2LMHeadModel(config).eval()
+    kiln_model = from_transformers(hf_model)
+    batch, labels = gpt2_batch(config.vocab_size)
+    batch["encoder_hidden_states"] = torch.randn(3, 6, config.n_embd)
+    batch["encoder_attention_mask"] = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 5 + [0]])
+    assert_same_function(hf_model, kiln_model, batch, dict(labels=labels))
+    assert_same_state(to_transformers(kiln_model).state_dict(), hf_model.state_dict())
+
+
+def test_kiln_decoder_to_gpt2_and_back():
+    config = KilnDecoderConfig(
+        max_position_embeddings=32, bos_token_id=0, eos_token_id=0, **DECODER_SHAPES[1]
+    )
+    kiln_model = KilnDecoderForCausalLM(config).eval()
+    hf_model = to_transformers(kiln_model)
+    assert type(hf_model) is transformers.GPT2LMHeadModel and hf_model.config.n_inner == 80
+    batch, labels = gpt2_batch(config.vocab_size, seed=3)
+    assert_same_function(hf_model, kiln_model, batch, dict(labels=labels))
+    assert_same_state(from_transformers(hf_model).state_dict(), kiln_model.state_dict())
+
+
+def test_unsupported_models_are_refused():
+    with pytest.raises(ValueError, match="Cannot convert BertForQuestionAnswering; supported: BertModel"):
+        from_transformers(transformers.BertForQuestionAnswering(transformers.BertConfig(**ENCODER_SHAPES[1])))
+    config = transformers.GPT2Config(
+        n_positions=32, scale_attn_by_inverse_layer_idx=True, **DECODER_SHAPES[1]
+    )
+    with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
+        from_transformers(transformers.GPT2Model(config))
+
+
+# -------------------------------------------------------------------------------------------------------- CLI
+def test_cli_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "SRC_DIR" in capsys.readouterr().out
+
+
+def test_cli_converts_a_bert_checkpoint_to_kiln_and_back(tmp_path):
+    bert = transformers.BertForPreTraining(
+        transformers.BertConfig(max_position_embeddings=32, **ENCODER_SHAPES[1])
+    )
+    bert.eval().save_pretrained(tmp_path / "bert")
+    (tmp_path / "bert" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    main([str(tmp_path / "bert"), str(tmp_path / "kiln")])
+    assert json.loads((tmp_path / "kiln" / "config.json").read_text())["model_type"] == "kiln_encoder"
+    assert (tmp_path / "kiln" / "vocab.txt").read_text() == "[PAD]\n[UNK]\n"
+    kiln = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "kiln").eval()
+    assert type(kiln) is KilnEncoderForPreTraining
+    batch, _ = encoder_batch(bert.config.vocab_size)
+    assert_same_function(bert, kiln, batch, {})
+
+    main([str(tmp_path / "kiln"), str(tmp_path / "back")])
+    back = transformers.BertForPreTraining.from_pretrained(tmp_path / "back").eval()
+    assert_same_state(back.state_dict(), bert.state_dict())
+
+
+def test_cli_refuses_an_unknown_model_type(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    with pytest.raises(SystemExit, match="`t5` model; only bert, gpt2, kiln_encoder, kiln_decoder convert"):
+        main([str(tmp_path / "src"), str(tmp_path / "dst")])
