@@ -24,8 +24,9 @@ def _progress(loader, accelerator: Accelerator):
     return tqdm(loader, desc="eval", leave=False, disable=not accelerator.is_local_main_process, dynamic_ncols=True)
 
 
+@torch.no_grad()
 def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float]:
-    """MLM loss/accuracy over all masked tokens of the eval set (token-weighted), NSP/SOP accuracy per pair."""
+    """MLM loss/accuracy over all masked tokens of the eval set (token-weighted), NSP/SOP loss/accuracy per pair."""
     sums: dict[str, list[torch.Tensor]] = {}
     for batch in _progress(loader, accelerator):
         outputs = model(**batch)
@@ -49,9 +50,9 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
             "mlm_tokens": selected.sum(-1).double(),
         }
         if "next_sentence_label" in batch and outputs.seq_relationship_logits is not None:
-            per_seq["nsp_correct"] = (
-                outputs.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]
-            ).double()
+            nsp_logits, nsp_labels = outputs.seq_relationship_logits, batch["next_sentence_label"]
+            per_seq["nsp_correct"] = (nsp_logits.argmax(-1) == nsp_labels).double()
+            per_seq["nsp_loss_sum"] = F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="none").double()
             per_seq["nsp_count"] = torch.ones(batch_size, device=labels.device, dtype=torch.float64)
         _sum_gathered(accelerator, sums, per_seq)
     total = {key: float(torch.stack(values).sum()) for key, values in sums.items()}
@@ -61,11 +62,14 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
         metrics["mlm_accuracy"] = total["mlm_correct"] / total["mlm_tokens"]
         metrics["mlm_perplexity"] = math.exp(min(metrics["mlm_loss"], 50.0))
     if total.get("nsp_count"):
+        metrics["nsp_loss"] = total["nsp_loss_sum"] / total["nsp_count"]
         metrics["nsp_accuracy"] = total["nsp_correct"] / total["nsp_count"]
-    metrics["loss"] = metrics.get("mlm_loss", float("nan"))
+    # the same definition as the training loss (MLM + NSP/SOP), so the two curves are comparable
+    metrics["loss"] = metrics.get("mlm_loss", float("nan")) + metrics.get("nsp_loss", 0.0)
     return metrics
 
 
+@torch.no_grad()
 def evaluate_decoder(model, loader, accelerator: Accelerator) -> dict[str, float]:
     """Next-token loss over every predicted token of the eval set, and its perplexity."""
     sums: dict[str, list[torch.Tensor]] = {}

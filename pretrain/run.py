@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None):
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if accelerator.is_main_process else logging.WARNING,
     )
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file checkpoint chatter
     prepare_output_dir(config, accelerator.is_main_process)
     accelerator.wait_for_everyone()
     out = Path(config.training.output_dir)

@@ -196,6 +196,8 @@ class Trainer:
         self.output_dir = Path(training.output_dir)
         self.state = TrainState()
         self._stop_signal: int | None = None
+        self._eval_loader = None
+        self._train_loader = None
 
         if training.max_steps == 0:
             raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
@@ -232,7 +234,12 @@ class Trainer:
             generator=generator,
             num_workers=self.num_workers,
         )
-        return self.accelerator.prepare(loader)
+        # the data position is ours (seeded order + skip), so accelerate need not track the previous epoch's loader
+        stale = self._train_loader
+        if stale is not None and stale in getattr(self.accelerator, "_dataloaders", []):
+            self.accelerator._dataloaders.remove(stale)
+        self._train_loader = self.accelerator.prepare(loader)
+        return self._train_loader
 
     def _micro_batches_per_epoch(self) -> int | None:
         dataset = self.train_dataset(0)
@@ -297,13 +304,16 @@ class Trainer:
         reset = getattr(self.eval_collator, "set_epoch", None)
         if reset is not None and self.eval_collator is not self.collator:
             reset(0)  # the same masks at every evaluation, so numbers are comparable across steps
-        loader = DataLoader(
-            self.eval_dataset,
-            batch_size=self.training.per_device_eval_batch_size,
-            sampler=SequentialSampler(self.eval_dataset),
-            collate_fn=self.eval_collator,
-        )
-        loader = self.accelerator.prepare(loader)
+        if self._eval_loader is None:  # prepared once: every evaluation reads the same shards in the same order
+            self._eval_loader = self.accelerator.prepare(
+                DataLoader(
+                    self.eval_dataset,
+                    batch_size=self.training.per_device_eval_batch_size,
+                    sampler=SequentialSampler(self.eval_dataset),
+                    collate_fn=self.eval_collator,
+                )
+            )
+        loader = self._eval_loader
         if self.training.max_eval_batches:
             loader = _take(loader, self.training.max_eval_batches)
         was_training = self.model.training
@@ -398,15 +408,16 @@ class Trainer:
         )
         model, optimizer, scheduler = self.model, self.optimizer, self.scheduler
         model.train()
-        window_loss = torch.zeros((), device=acc.device)
+        # running sums of the loss and its parts (e.g. mlm_loss, nsp_loss), summed over a logging window
+        window_sums: dict[str, torch.Tensor] = {}
         window_steps, window_tokens = 0, 0
         window_start = time.perf_counter()
         run_start = time.perf_counter() - state.train_time_s
-        step_loss = torch.zeros((), device=acc.device)
         done = state.global_step >= self.total_steps
 
         while not done:
             loader = self._train_dataloader(state.epoch)
+            epoch_batches = len(loader) if hasattr(loader, "__len__") else None
             set_epoch = getattr(self.collator, "set_epoch", None)
             if set_epoch is not None:
                 set_epoch(state.epoch, start_batch=state.batches_in_epoch)
@@ -417,7 +428,9 @@ class Trainer:
                     outputs = model(**batch)
                     loss = outputs.loss
                     acc.backward(loss)
-                    step_loss += loss.detach() / training.gradient_accumulation_steps
+                    for name, value in _loss_parts(outputs).items():
+                        part = value.detach() / training.gradient_accumulation_steps
+                        window_sums[name] = window_sums[name] + part if name in window_sums else part
                     if acc.sync_gradients:
                         max_norm = training.max_grad_norm if training.max_grad_norm > 0 else float("inf")
                         grad_norm = acc.clip_grad_norm_(model.parameters(), max_norm)
@@ -430,30 +443,30 @@ class Trainer:
 
                 scheduler.step()
                 state.global_step += 1
-                window_loss += step_loss
                 window_steps += 1
-                step_loss.zero_()
                 progress.update(1)
 
                 if state.global_step % self.logging_cfg.logging_steps == 0 or state.global_step >= self.total_steps:
                     elapsed = time.perf_counter() - window_start
                     tokens = window_tokens * acc.num_processes
                     state.tokens_seen += tokens
-                    metrics = {
-                        "train/loss": acc.reduce(window_loss, reduction="mean").item() / window_steps,
+                    names = list(window_sums)
+                    means = acc.reduce(torch.stack([window_sums[n] for n in names]), reduction="mean") / window_steps
+                    metrics = {f"train/{name}": value for name, value in zip(names, means.tolist())}
+                    metrics.update({
                         "train/lr": scheduler.get_last_lr()[0],
                         "train/grad_norm": float(grad_norm),
                         "train/tokens_per_s": tokens / max(elapsed, 1e-9),
-                        "train/epoch": state.epoch + state.batches_in_epoch / max(len(loader), 1)
-                        if hasattr(loader, "__len__")
+                        "train/epoch": state.epoch + state.batches_in_epoch / epoch_batches
+                        if epoch_batches
                         else state.epoch,
-                    }
+                    })
                     mfu = self._mfu(metrics["train/tokens_per_s"])
                     if mfu is not None:
                         metrics["train/mfu"] = mfu
                     self._log(metrics)
                     progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
-                    window_loss.zero_()
+                    window_sums = {}
                     window_steps, window_tokens = 0, 0
                     window_start = time.perf_counter()
 
@@ -502,6 +515,14 @@ class Trainer:
         if not peak or not self.flops_per_token:
             return None
         return tokens_per_s * self.flops_per_token / (peak * self.accelerator.num_processes)
+
+
+def _loss_parts(outputs) -> dict[str, torch.Tensor]:
+    """The total loss plus any named parts the model reports (mlm_loss, nsp_loss, ...), for logging."""
+    parts = {"loss": outputs.loss}
+    if hasattr(outputs, "items"):
+        parts.update({k: v for k, v in outputs.items() if k.endswith("_loss") and torch.is_tensor(v) and v.ndim == 0})
+    return parts
 
 
 def _take(loader, n: int):
