@@ -191,7 +191,7 @@ class HubSync:
         data = self.config.data
         if data.dataset_name:
             return [data.dataset_name]
-        return [Path(f).parent.name or f for f in data.data_files]
+        return list(data.data_files)  # local paths: named in the card's text, kept out of its Hub metadata
 
 
 __all__ = ["HubSync", "export_model", "latest_metrics", "save_model_files"]

@@ -417,10 +417,13 @@ class Trainer:
 
         while not done:
             loader = self._train_dataloader(state.epoch)
-            epoch_batches = len(loader) if hasattr(loader, "__len__") else None
+            epoch_batches = _length(loader)
             set_epoch = getattr(self.collator, "set_epoch", None)
             if set_epoch is not None:
-                set_epoch(state.epoch, start_batch=state.batches_in_epoch)
+                # map-style skipping never fetches the skipped batches; iterable skipping collates then drops them,
+                # which advances the collator's batch counter by itself
+                streaming = isinstance(loader.dataset, torch.utils.data.IterableDataset)
+                set_epoch(state.epoch, start_batch=0 if streaming else state.batches_in_epoch)
             if state.batches_in_epoch:
                 loader = acc.skip_first_batches(loader, state.batches_in_epoch)
             for batch in loader:
@@ -515,6 +518,13 @@ class Trainer:
         if not peak or not self.flops_per_token:
             return None
         return tokens_per_s * self.flops_per_token / (peak * self.accelerator.num_processes)
+
+
+def _length(loader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # iterable (streaming) datasets have no length
+        return None
 
 
 def _loss_parts(outputs) -> dict[str, torch.Tensor]:

@@ -74,10 +74,10 @@ def test_debug_run_learns_and_leaves_a_loadable_model(tmp_path):
 
 @pytest.mark.parametrize(
     "kind,accumulation",
-    [("encoder", 1), ("encoder", 2), ("decoder", 2)],
+    [("encoder", 1), ("encoder", 2), ("decoder", 2), ("encoder-streaming", 1)],
 )
 def test_resume_continues_exactly(tmp_path, kind, accumulation):
-    extra = DECODER if kind == "decoder" else []
+    extra = {"decoder": DECODER, "encoder-streaming": ["--data.streaming"]}.get(kind, [])
     common = [*extra, "--training.gradient_accumulation_steps", accumulation, "--training.max_steps", 8,
               "--training.eval_steps", 0, "--training.save_total_limit", 3]
     full = tmp_path / "full"

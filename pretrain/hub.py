@@ -1,0 +1,505 @@
+"""Hugging Face Hub I/O: background pushes, model cards, loss plots, and resuming a run from the Hub.
+
+Pushing never stalls or crashes training: `HubPusher.push` snapshots the folder and returns; a worker thread
+uploads one snapshot at a time, keeps only the newest pending snapshot per destination, logs failures and
+retries them at the next push (and, a few times with backoff, in the final `wait`).
+
+Tokens come from the `token` argument, `HF_TOKEN`, or `hf auth login`; `redact` masks them in anything the
+runner logs or saves.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import huggingface_hub
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants, snapshot_download
+from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.utils import filter_repo_objects
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FOLDER = "last-checkpoint"
+"""Folder of a Hub repo holding the resumable accelerate state (pushed with `--hub.strategy checkpoint`)."""
+
+# ---------------------------------------------------------------------------------------------- secrets
+_TOKEN_SHAPE = re.compile(
+    r"\bhf_[A-Za-z0-9]{20,}\b"
+)  # a Hugging Face access token, even one we were never told of
+_TOKEN_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN")
+_registered_tokens: set[str] = set()
+
+
+def _known_tokens() -> set[str]:
+    tokens = set(_registered_tokens)
+    tokens.update(os.environ[var].strip() for var in _TOKEN_ENV_VARS if os.environ.get(var))
+    # Read the login files directly: `huggingface_hub.get_token()` may refresh an OAuth token online.
+    for path in (constants.HF_TOKEN_PATH, constants.HF_STORED_TOKENS_PATH):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        if path == constants.HF_TOKEN_PATH:
+            tokens.add(text.strip())
+        else:
+            tokens.update(line.split("=", 1)[1].strip() for line in text.splitlines() if "=" in line)
+    return {token for token in tokens if len(token) >= 8}  # a short value would mangle ordinary text
+
+
+def redact(text: str) -> str:
+    """`text` with every Hugging Face token (environment, login, given to a `HubPusher`) replaced by ***."""
+    for token in sorted(_known_tokens(), key=len, reverse=True):
+        text = text.replace(token, "***")
+    return _TOKEN_SHAPE.sub("***", text)
+
+
+# --------------------------------------------------------------------------------------------- pushing
+@dataclass
+class _PushRequest:
+    snapshot: Path
+    path_in_repo: str | None
+    commit_message: str
+    ignore_patterns: list[str] | None
+    delete_patterns: list[str] | None
+
+
+class HubPusher:
+    """Uploads folders to a Hub repo in the background, newest snapshot wins; never raises into training.
+
+    Args:
+        model_id: the Hub repo, `user/name`; created (once) on the first upload.
+        private: create the repo as private.
+        revision: branch to push to (created from main when missing); None: main.
+        token: Hub token; None: `HF_TOKEN` or the `hf auth login` token. Never logged.
+        enabled: False on non-main processes: every method is then a no-op.
+        staging_dir: where push snapshots are copied (default: the system temp dir); for large checkpoints,
+            pick a folder on the same disk as the checkpoints.
+    """
+
+    wait_retries = 3
+    """How often `wait` retries a failed upload: at once, then after `retry_backoff_s`, twice that, ..."""
+    retry_backoff_s = 5.0
+
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        private: bool = False,
+        revision: str | None = None,
+        token: str | None = None,
+        enabled: bool = True,
+        staging_dir: str | None = None,
+    ):
+        self.model_id, self.private, self.revision, self.enabled = model_id, private, revision, enabled
+        self.last_error: str | None = None
+        """The last upload failure (token redacted), or None once an upload succeeded again."""
+        if not enabled:
+            return
+        if not isinstance(model_id, str) or model_id.count("/") != 1 or not all(model_id.split("/")):
+            raise ValueError(f"hub.model_id must look like 'user/name', got {model_id!r}")
+        if token is None and huggingface_hub.get_token() is None:
+            raise ValueError("No Hugging Face token to push with: set HF_TOKEN or run `hf auth login`")
+        if token:
+            _registered_tokens.add(token)
+        self._api = HfApi(token=token)
+        self._staging_dir = staging_dir
+        self._staging_root: Path | None = None
+        self._cond = threading.Condition()
+        self._pending: OrderedDict[str, _PushRequest] = OrderedDict()
+        self._uploading = False
+        self._stalled = False  # the last upload failed: the next push() or wait() retries
+        self._repo_ready = False
+        self._worker: threading.Thread | None = None
+
+    def push(
+        self,
+        folder: str | os.PathLike,
+        *,
+        path_in_repo: str | None = None,
+        commit_message: str,
+        ignore_patterns: list[str] | str | None = None,
+        delete_patterns: list[str] | str | None = None,
+    ) -> None:
+        """Queue an upload of `folder` (to `path_in_repo`, default the repo root) and return.
+
+        The folder is copied first, so it may be changed or deleted right after (checkpoint rotation). A
+        pending upload to the same `path_in_repo` that has not started yet is replaced by this one.
+        `delete_patterns` removes matching remote files under `path_in_repo` that this upload does not
+        overwrite.
+        """
+        if not self.enabled:
+            return
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"Cannot push {folder}: it is not a folder")
+        ignore = [ignore_patterns] if isinstance(ignore_patterns, str) else ignore_patterns
+        delete = [delete_patterns] if isinstance(delete_patterns, str) else delete_patterns
+        try:
+            snapshot = self._snapshot(folder, ignore)
+        except OSError as err:  # e.g. a full disk: skip this push rather than stop training
+            logger.warning("Skipping the push of %s: could not copy it aside (%s)", folder, err)
+            return
+        request = _PushRequest(snapshot, path_in_repo, commit_message, ignore, delete)
+        key = (path_in_repo or "").strip("/")
+        with self._cond:
+            superseded = self._pending.pop(key, None)
+            if superseded is not None:
+                shutil.rmtree(superseded.snapshot, ignore_errors=True)
+            self._pending[key] = request
+            self._stalled = False
+            self._cond.notify_all()
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="kiln-hub-push", daemon=True)
+                self._worker.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every queued upload has landed, retrying failed ones a few times; True if all did."""
+        if not self.enabled:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        retries = 0
+        with self._cond:
+            while self._pending or self._uploading:
+                if self._stalled:
+                    if retries >= self.wait_retries:
+                        return False
+                    delay = self.retry_backoff_s * 2 ** (retries - 1) if retries else 0.0
+                    retry_at = time.monotonic() + delay
+                    if deadline is not None and retry_at > deadline:
+                        return False
+                    retries += 1
+                    while self._stalled and (remaining := retry_at - time.monotonic()) > 0:
+                        self._cond.wait(remaining)
+                    self._stalled = False
+                    self._cond.notify_all()
+                    continue
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    # ------------------------------------------------------------------------------------------- worker
+    def _snapshot(self, folder: Path, ignore_patterns: list[str] | None) -> Path:
+        if self._staging_root is None:
+            self._staging_root = Path(tempfile.mkdtemp(prefix="kiln-hub-push-", dir=self._staging_dir))
+            atexit.register(shutil.rmtree, self._staging_root, ignore_errors=True)
+        snapshot = Path(tempfile.mkdtemp(dir=self._staging_root))
+        try:
+            files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+            for relative in filter_repo_objects(files, ignore_patterns=ignore_patterns):
+                target = snapshot / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(folder / relative, target)
+        except OSError:
+            shutil.rmtree(snapshot, ignore_errors=True)
+            raise
+        return snapshot
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending or self._stalled:
+                    self._cond.wait()
+                key, request = self._pending.popitem(last=False)
+                self._uploading = True
+            error = self._upload(request)
+            with self._cond:
+                self._uploading = False
+                self.last_error = error
+                if error is None or key in self._pending:  # done, or superseded by a newer snapshot
+                    shutil.rmtree(request.snapshot, ignore_errors=True)
+                else:
+                    self._pending[key] = request
+                    self._pending.move_to_end(key, last=False)
+                self._stalled = error is not None
+                self._cond.notify_all()
+
+    def _upload(self, request: _PushRequest) -> str | None:
+        try:
+            if not self._repo_ready:
+                self._api.create_repo(self.model_id, private=self.private, exist_ok=True)
+                if self.revision:
+                    self._api.create_branch(self.model_id, branch=self.revision, exist_ok=True)
+                self._repo_ready = True
+            self._api.upload_folder(
+                repo_id=self.model_id,
+                folder_path=request.snapshot,
+                path_in_repo=request.path_in_repo,
+                commit_message=request.commit_message,
+                revision=self.revision,
+                # upload_folder appends its defaults to this list: hand it a copy
+                ignore_patterns=list(request.ignore_patterns) if request.ignore_patterns else None,
+                delete_patterns=request.delete_patterns,
+            )
+        except Exception as err:  # anything: a failed push must never take the training run down
+            message = redact(f"{type(err).__name__}: {err}")
+            logger.warning("Push to the Hub repo %s failed, will retry: %s", self.model_id, message)
+            return message
+        where = f"{self.model_id}/{request.path_in_repo}" if request.path_in_repo else self.model_id
+        logger.info("Pushed to the Hub: %s (%s)", where, request.commit_message)
+        return None
+
+
+# ------------------------------------------------------------------------------------------ model card
+_AUTO_CLASS = {
+    "fill-mask": "AutoModelForMaskedLM",
+    "text-generation": "AutoModelForCausalLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "multiple-choice": "AutoModelForMultipleChoice",
+    "feature-extraction": "AutoModel",
+}
+_USAGE_TAIL = {
+    "fill-mask": 'inputs = tokenizer(f"Paris is the {tokenizer.mask_token} of France.", '
+    'return_tensors="pt")\n'
+    "logits = model(**inputs).logits",
+    "text-generation": 'inputs = tokenizer("Once upon a time", return_tensors="pt")\n'
+    "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40)[0]))",
+    "text-classification": 'inputs = tokenizer("A delightful film.", return_tensors="pt")\n'
+    "print(model.config.id2label[model(**inputs).logits.argmax(-1).item()])",
+    "token-classification": 'inputs = tokenizer("Ada Lovelace lived in London.", return_tensors="pt")\n'
+    "print([model.config.id2label[i] for i in model(**inputs).logits.argmax(-1)[0].tolist()])",
+}
+_SECRET_KEY = re.compile(r"(^|[._])(token|api_key|password|secret)$")
+_LOCAL_DATA_SUFFIXES = (".txt", ".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow", ".gz", ".zst")
+_HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+def _flatten(summary: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _format_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
+        return f"{value:,}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _format_duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+_HIGHLIGHTS = [  # summary facts that open the training section, under any of these names
+    ("Optimizer steps", ("steps", "optimizer steps", "global_step"), _format_value),
+    ("Tokens seen", ("tokens", "tokens seen"), _format_value),
+    ("Training time", ("time_s", "training time (s)", "train_time_s"), _format_duration),
+    ("Hardware", ("hardware", "device"), str),
+]
+
+
+def _is_hub_dataset(name: str) -> bool:
+    return bool(_HUB_ID.match(name)) and not name.endswith(_LOCAL_DATA_SUFFIXES) and not os.path.exists(name)
+
+
+def write_model_card(
+    save_dir: str | os.PathLike,
+    *,
+    model_id: str | None,
+    model_kind: str,
+    summary: dict,
+    metrics: dict[str, float],
+    datasets: list[str],
+    license: str,
+    tags: list[str],
+    loss_plot: str | None,
+    base_model: str | None = None,
+    task: str = "fill-mask",
+) -> str:
+    """Write `save_dir/README.md` and return its path: Hub metadata (license, datasets, tags, pipeline tag,
+    model-index results) and a card with the training summary, hyperparameters, metrics, the loss plot, and
+    usage code.
+
+    `summary`: run facts shown as a table (nested dicts flattened); `steps`, `tokens`, `time_s` (seconds) and
+    `hardware` also open the training section (so do `optimizer steps`, `tokens seen`, `training time (s)`
+    and `device`). Keys naming secrets (`token`, `password`, ...) are left out.
+    `metrics`: final evaluation numbers, e.g. {"eval/loss": 2.1, "eval/perplexity": 8.2}.
+    `datasets`: Hub dataset ids go into the metadata; local paths are only mentioned in the text.
+    `loss_plot`: an image path; copied into `save_dir` when it lies elsewhere, and embedded by relative path.
+    `task`: the pipeline tag (fill-mask, text-generation, text-classification, token-classification, ...).
+    """
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    model_name = (model_id or save_dir.resolve().name).split("/")[-1]
+    hub_datasets = [d for d in datasets if _is_hub_dataset(d)]
+    finite = {name: float(value) for name, value in metrics.items() if math.isfinite(float(value))}
+    eval_dataset = hub_datasets[0] if hub_datasets else "custom"
+    eval_results = [
+        EvalResult(
+            task_type=task,
+            dataset_type=eval_dataset,
+            dataset_name=eval_dataset,
+            metric_type=name.split("/")[-1],
+            metric_name=name,
+            metric_value=value,
+        )
+        for name, value in finite.items()
+    ]
+    card_data = ModelCardData(
+        license=license,
+        datasets=hub_datasets or None,
+        tags=["kiln", *tags],
+        library_name="transformers",
+        pipeline_tag=task,
+        base_model=base_model,
+        model_name=model_name,
+        eval_results=eval_results or None,
+    )
+
+    plot_ref = None
+    if loss_plot is not None:
+        plot = Path(loss_plot)
+        if not plot.is_file():
+            raise FileNotFoundError(
+                f"Loss plot {loss_plot} does not exist: plot it first with plot_loss_curve"
+            )
+        if save_dir.resolve() not in plot.resolve().parents:
+            shutil.copyfile(plot, save_dir / plot.name)
+            plot = save_dir / plot.name
+        plot_ref = plot.resolve().relative_to(save_dir.resolve()).as_posix()
+
+    facts = {k: v for k, v in _flatten(summary).items() if not _SECRET_KEY.search(k.lower())}
+    origin = (
+        f"fine-tuned from [{base_model}](https://huggingface.co/{base_model})" if base_model else "pretrained"
+    )
+    trained_on = ", ".join(f"`{d}`" for d in datasets) or "local text"
+    lines = [
+        f"# {model_name}",
+        "",
+        f"A {model_kind} {origin} with Kiln on {trained_on}.",
+        "",
+        "## Training",
+        "",
+    ]
+    for label, keys, fmt in _HIGHLIGHTS:
+        key = next((key for key in keys if key in facts), None)
+        if key is not None:
+            lines.append(f"- {label}: {fmt(facts[key])}")
+    if facts:
+        lines += ["", "| setting | value |", "|---|---|"]
+        lines += [f"| {key} | {_format_value(value)} |" for key, value in facts.items()]
+    if metrics:
+        lines += ["", "## Results", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {name} | {_format_value(float(value))} |" for name, value in metrics.items()]
+    if plot_ref:
+        lines += ["", "## Loss curve", "", f"![Training loss]({plot_ref})"]
+    auto_class = _AUTO_CLASS.get(task, "AutoModel")
+    repo = model_id or str(save_dir)
+    usage = [
+        f"from transformers import {auto_class}, AutoTokenizer",
+        "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{repo}")',
+        f'model = {auto_class}.from_pretrained("{repo}", trust_remote_code=True)',
+    ]
+    if task in _USAGE_TAIL:
+        usage.append(_USAGE_TAIL[task])
+    lines += [
+        "",
+        "## Usage",
+        "",
+        "The model code ships with the weights, hence `trust_remote_code=True`.",
+        "",
+    ]
+    lines += ["```python", *usage, "```", ""]
+
+    content = redact(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(lines))
+    try:
+        ModelCard(content)  # parses the metadata back, model-index included
+    except ValueError as err:
+        raise ValueError(f"The generated model card metadata does not parse: {err}") from None
+    path = save_dir / "README.md"
+    path.write_text(content, encoding="utf-8")
+    return str(path)
+
+
+def plot_loss_curve(history: list[dict], path: str | os.PathLike, title: str) -> str:
+    """Plot `train/loss` (and `eval/loss` points) against `step` from history entries into a PNG at `path`."""
+    # Agg through the object API: pyplot's global backend and figure registry stay untouched
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    train = [
+        (entry["step"], entry["train/loss"]) for entry in history if "train/loss" in entry and "step" in entry
+    ]
+    evals = [
+        (entry["step"], entry["eval/loss"]) for entry in history if "eval/loss" in entry and "step" in entry
+    ]
+    if not train and not evals:
+        raise ValueError("Nothing to plot: no history entry has a 'step' with a 'train/loss' or 'eval/loss'")
+    figure = Figure(figsize=(7, 4), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    if train:
+        axes.plot(*zip(*train), label="train loss", linewidth=1.2)
+    if evals:
+        axes.plot(*zip(*evals), "o-", label="eval loss", linewidth=1.2)
+    axes.set(xlabel="step", ylabel="loss", title=title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, bbox_inches="tight")
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------- resume
+def download_checkpoint(
+    spec: str, local_dir: str | os.PathLike, revision: str | None = None, token: str | None = None
+) -> str:
+    """Download `last-checkpoint/` of the Hub repo named by `spec` (`hub:user/name`) into `local_dir`.
+
+    Returns the path of the downloaded accelerate state folder (`local_dir/last-checkpoint`).
+    """
+    repo_id = spec[len("hub:") :] if spec.startswith("hub:") else ""
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ValueError(f"Expected a Hub checkpoint as 'hub:user/name', got {spec!r}")
+    api = HfApi(token=token)
+    try:
+        commit = api.repo_info(
+            repo_id, revision=revision
+        ).sha  # pin one commit for the listing and the download
+        files = api.list_repo_files(repo_id, revision=commit)
+    except RepositoryNotFoundError:
+        raise FileNotFoundError(f"Hub repo {repo_id} not found, or your token cannot read it") from None
+    except RevisionNotFoundError:
+        raise FileNotFoundError(f"Hub repo {repo_id} has no revision {revision!r}") from None
+    if not any(name.startswith(f"{CHECKPOINT_FOLDER}/") for name in files):
+        raise FileNotFoundError(
+            f"Hub repo {repo_id} has no {CHECKPOINT_FOLDER}/ to resume from: "
+            "push with --hub.strategy checkpoint"
+        )
+    folder = snapshot_download(
+        repo_id, revision=commit, allow_patterns=[f"{CHECKPOINT_FOLDER}/*"], local_dir=local_dir, token=token
+    )
+    return str(Path(folder) / CHECKPOINT_FOLDER)
+
+
+__all__ = [
+    "CHECKPOINT_FOLDER",
+    "HubPusher",
+    "download_checkpoint",
+    "plot_loss_curve",
+    "redact",
+    "write_model_card",
+]

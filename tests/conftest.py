@@ -1,0 +1,112 @@
+"""Shared fixtures: an offline Hugging Face Hub, a temporary HF home, a fake token, and fresh-process loading.
+
+This module's top runs before any test module imports huggingface_hub, transformers or datasets. It has to:
+huggingface_hub reads HF_ENDPOINT, HF_HOME and the HF_HUB_* switches once, at import. Every Hugging Face call
+of the test session therefore goes to a loopback port (served by the `hub_server` fixture; refused otherwise),
+and every cache lives in a temporary folder, never in ~/.cache.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+if "huggingface_hub" in sys.modules:
+    raise RuntimeError(
+        "huggingface_hub was imported before tests/conftest.py could point it at the test Hub; "
+        "remove the pytest plugin or -p option that imports it"
+    )
+
+TEST_TOKEN = "hf_kilnTESTtoken0123456789"
+"""The token tests run with (HF_TOKEN); the test Hub accepts only this one."""
+TEST_USER = "kiln-test"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+_SCRATCH = Path(tempfile.mkdtemp(prefix="kiln-tests-hf-"))
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+HUB_PORT = _free_loopback_port()
+HUB_URL = f"http://127.0.0.1:{HUB_PORT}"
+os.environ.update(
+    HF_ENDPOINT=HUB_URL,
+    HF_HOME=str(_SCRATCH / "home"),
+    HF_TOKEN=TEST_TOKEN,
+    HF_HUB_DISABLE_TELEMETRY="1",
+    HF_HUB_DISABLE_UPDATE_CHECK="1",
+    HF_HUB_DISABLE_PROGRESS_BARS="1",
+)
+# Settings that would route around the temporary home or the test Hub. Offline mode is not needed: the
+# endpoint is a loopback port, so nothing reaches the real Hub anyway. Xet stays on (the default) unless a
+# test turns it off.
+for _name in (
+    "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_XET", "HUGGINGFACE_CO_STAGING",
+):  # fmt: skip
+    os.environ.pop(_name, None)
+
+
+@pytest.fixture(scope="session")
+def hub_server():
+    """The session's offline Hub (tests/hub_server.py) on HF_ENDPOINT. Prefer `hub`: it resets per test."""
+    import huggingface_hub
+    from hub_server import HubServer
+
+    if huggingface_hub.constants.ENDPOINT != HUB_URL:
+        pytest.fail(
+            f"huggingface_hub talks to {huggingface_hub.constants.ENDPOINT}, not the test Hub {HUB_URL}"
+        )
+    server = HubServer(port=HUB_PORT, token=TEST_TOKEN).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hub(hub_server):
+    """The offline Hub, emptied before and after the test: no repos, faults, held or logged requests."""
+    hub_server.reset(token=TEST_TOKEN)
+    yield hub_server
+    hub_server.reset(token=TEST_TOKEN)
+
+
+def load_in_fresh_process(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    """Run `code` in a new Python interpreter against the test Hub, with an empty Hugging Face cache.
+
+    Proves that something loads from the Hub alone (e.g. `AutoModel.from_pretrained(repo,
+    trust_remote_code=True)`), with nothing imported or cached by the test process. `env` adds or overrides
+    environment variables (the child inherits HF_ENDPOINT and HF_TOKEN). Returns the child's stdout; fails the
+    test with the child's stderr when it exits non-zero.
+    """
+    home = tempfile.mkdtemp(prefix="home-", dir=_SCRATCH)
+    child_env = {**os.environ, "HF_HOME": home, **(env or {})}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=child_env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"fresh process exited with {result.returncode}:\n{result.stderr[-6000:]}", pytrace=False)
+    return result.stdout
+
+
+@pytest.fixture
+def fresh_process():
+    """`load_in_fresh_process` as a fixture: `fresh_process(code, env=None) -> stdout`."""
+    return load_in_fresh_process
