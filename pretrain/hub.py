@@ -410,7 +410,7 @@ def write_model_card(
     usage = [
         f"from transformers import {auto_class}, AutoTokenizer",
         "",
-        f'tokenizer = AutoTokenizer.from_pretrained("{repo}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)',
         f'model = {auto_class}.from_pretrained("{repo}", trust_remote_code=True)',
     ]
     if task in _USAGE_TAIL:

@@ -6,43 +6,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from kiln_testing import DEBUG, DECODER, REPO, losses, run
 
 from pretrain.config import ConfigError
 from pretrain.trainer import find_checkpoints
-
-REPO = Path(__file__).resolve().parent.parent
-DEBUG = str(REPO / "configs/pretrain/debug.yaml")
-DECODER = [
-    "--model.kind", "decoder", "--model.hidden_act", "gelu_new", "--model.layer_norm_eps", "1e-5",
-    "--data.data_files", str(REPO / "data/tinystories/*.txt"),
-]
-
-
-def _reset_accelerate():
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
-def run(output_dir, *overrides):
-    from pretrain.run import main
-
-    _reset_accelerate()
-    try:
-        return main(["--config", DEBUG, "--training.output_dir", str(output_dir), *map(str, overrides)])
-    finally:
-        _reset_accelerate()
-
-
-def losses(output_dir):
-    rows = [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
-    return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
 
 
 def test_debug_run_learns_and_leaves_a_loadable_model(tmp_path):

@@ -1,0 +1,36 @@
+"""Helpers shared by test modules: run the pretraining entry point in-process on the debug config."""
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEBUG = str(REPO / "configs/pretrain/debug.yaml")
+DECODER = [
+    "--model.kind", "decoder", "--model.hidden_act", "gelu_new", "--model.layer_norm_eps", "1e-5",
+    "--data.data_files", str(REPO / "data/tinystories/*.txt"),
+]  # fmt: skip
+
+
+def reset_accelerate():
+    """accelerate keeps process-wide singletons; each in-process run must start from a clean state."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def run(output_dir, *overrides):
+    """`accelerate launch pretrain/run.py --config configs/pretrain/debug.yaml ...` in this process."""
+    from pretrain.run import main
+
+    reset_accelerate()
+    try:
+        return main(["--config", DEBUG, "--training.output_dir", str(output_dir), *map(str, overrides)])
+    finally:
+        reset_accelerate()
+
+
+def losses(output_dir) -> dict[int, float]:
+    rows = [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
