@@ -145,6 +145,9 @@ class TrainingConfig:
     """Sequences per process per evaluation step."""
     gradient_accumulation_steps: int = 1
     """Micro-steps accumulated per optimizer step."""
+    total_train_batch_size: int | None = None
+    """Sequences per optimizer step over all processes; when set, the per-device batch size is derived from it
+    (it must divide evenly by processes x gradient_accumulation_steps)."""
     max_steps: int = 600
     """Optimizer steps to train (-1: use num_train_epochs)."""
     num_train_epochs: float = 1.0

@@ -144,13 +144,20 @@ def main(argv: list[str] | None = None):
     from pretrain.evaluation import evaluate_decoder, evaluate_encoder
     from pretrain.export import HubSync, export_model
     from pretrain.modeling import count_flops_per_token
-    from pretrain.trainer import Trainer, build_accelerator, check_checkpoint_metadata, resolve_checkpoint
+    from pretrain.trainer import (
+        Trainer,
+        build_accelerator,
+        check_checkpoint_metadata,
+        resolve_batch_size,
+        resolve_checkpoint,
+    )
 
     metadata = {"model_kind": config.model.kind, "objective": config.model.objective}
     resume = config.training.resume_from_checkpoint
     if resume and not resume.startswith("hub:"):  # fail before any tokenizer or data work
         check_checkpoint_metadata(resolve_checkpoint(resume, config.training.output_dir), metadata)
     accelerator = build_accelerator(config.training, config.logging)
+    resolve_batch_size(config.training, accelerator.num_processes)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if accelerator.is_main_process else logging.WARNING,

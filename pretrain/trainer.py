@@ -85,6 +85,20 @@ def build_accelerator(training: TrainingConfig, logging_cfg: LoggingConfig) -> A
     )
 
 
+def resolve_batch_size(training: TrainingConfig, num_processes: int) -> None:
+    """Derive the per-device batch size from total_train_batch_size, refusing a split that is not even."""
+    total = training.total_train_batch_size
+    if total is None:
+        return
+    parts = num_processes * training.gradient_accumulation_steps
+    if total <= 0 or total % parts:
+        raise ConfigError(
+            f"training.total_train_batch_size {total} does not divide evenly over {num_processes} process(es) x "
+            f"{training.gradient_accumulation_steps} accumulation step(s); use a multiple of {parts}"
+        )
+    training.per_device_train_batch_size = total // parts
+
+
 def build_optimizer(model: torch.nn.Module, training: TrainingConfig) -> torch.optim.Optimizer:
     """AdamW without weight decay on biases and normalisation weights (every 1-D parameter)."""
     decay, no_decay = [], []
@@ -489,7 +503,7 @@ class Trainer:
                         state.stop_reason = stop
                         done = True
                     elif done and not state.stop_reason:
-                        state.stop_reason = "max_steps"
+                        state.stop_reason = "max_steps" if training.max_steps > 0 else "epochs"
                     if training.save_steps or stop:
                         self.save_checkpoint()
                 if done:
@@ -566,6 +580,7 @@ __all__ = [
     "build_accelerator",
     "build_optimizer",
     "check_checkpoint_metadata",
+    "resolve_batch_size",
     "find_checkpoints",
     "guess_peak_flops",
     "resolve_checkpoint",

@@ -160,3 +160,32 @@ def test_two_processes_match_one(tmp_path):
     for step in a:
         assert abs(a[step] - b[step]) < 1e-4, (step, a[step], b[step])
     assert torch.allclose(torch.tensor(list(a.values())), torch.tensor(list(b.values())), atol=1e-4)
+
+
+def test_stops_on_epochs_and_on_the_time_budget(tmp_path):
+    by_epoch = run(tmp_path / "epochs", "--training.max_steps", -1, "--training.num_train_epochs", 1,
+                   "--data.max_train_documents", 12, "--training.per_device_train_batch_size", 32,
+                   "--training.save_steps", 0, "--training.eval_steps", 0)  # fmt: skip
+    rows = [json.loads(line) for line in (tmp_path / "epochs" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert by_epoch.stop_reason == "epochs" and by_epoch.global_step == len(train_rows) > 1
+    assert train_rows[-1]["train/epoch"] == pytest.approx(1.0)
+    budget = run(tmp_path / "budget", "--training.max_steps", 100000, "--training.max_train_time_s", 0.001,
+                 "--training.save_steps", 0, "--training.eval_steps", 0)  # fmt: skip
+    # the budget is checked after each optimizer step: one step, then a checkpoint and the final export
+    assert budget.stop_reason == "time_budget" and budget.global_step == 1
+    assert [p.name for p in find_checkpoints(tmp_path / "budget")] == ["step-00000001"]
+    assert (tmp_path / "budget" / "final" / "model.safetensors").is_file()
+
+
+def test_total_batch_size_and_gradient_checkpointing(tmp_path):
+    state = run(tmp_path / "gc", "--training.total_train_batch_size", 12, "--training.gradient_accumulation_steps", 2,
+                "--training.gradient_checkpointing", "--training.max_steps", 2, "--training.save_steps", 0)  # fmt: skip
+    assert state.global_step == 2
+    rows = [json.loads(line) for line in (tmp_path / "gc" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["train/tokens_per_s"] > 0 for r in rows if "train/loss" in r)
+    saved = (tmp_path / "gc" / "config.yaml").read_text()
+    # the saved config is the resolved one: 12 sequences = 1 process x 2 accumulation steps x 6
+    assert "total_train_batch_size: 12" in saved and "per_device_train_batch_size: 6" in saved
+    with pytest.raises(ConfigError, match="multiple of 2"):
+        run(tmp_path / "odd", "--training.total_train_batch_size", 7, "--training.gradient_accumulation_steps", 2)
