@@ -397,14 +397,16 @@ def parse_overrides(argv: list[str], bool_keys: set[str]) -> tuple[str | None, d
     return config_path, overrides
 
 
-def _walk_fields(cls: type, prefix: str = ""):
+def _walk_fields(cls: type, prefix: str = "", defaults: Any = None):
+    """(dotted key, type, default, doc) of every leaf field; `defaults` is the instance whose values are
+    shown (a nested section's default_factory may differ from its class defaults, as fine-tuning's do)."""
     types = _field_types(cls)
     docs = field_docs(cls)
-    defaults = cls()
+    defaults = cls() if defaults is None else defaults
     for f in dataclasses.fields(cls):
         tp = types[f.name]
         if _is_dataclass_type(tp):
-            yield from _walk_fields(tp, prefix=f"{prefix}{f.name}.")
+            yield from _walk_fields(tp, prefix=f"{prefix}{f.name}.", defaults=getattr(defaults, f.name))
         else:
             yield f"{prefix}{f.name}", tp, getattr(defaults, f.name), docs.get(f.name, "")
 

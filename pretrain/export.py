@@ -62,8 +62,12 @@ def export_model(
     datasets: list[str] | None = None,
     task: str | None = None,
     extra_summary: dict[str, Any] | None = None,
+    base_model: str | list[str] | None = None,
 ) -> Path:
-    """Write a complete, loadable model folder with a model card; returns its path."""
+    """Write a complete, loadable model folder with a model card; returns its path.
+
+    base_model: the Hub id(s) a fine-tuned model started from (card metadata and text); None for local starts.
+    """
     from .hub import plot_loss_curve, redact, write_model_card
 
     save_dir = Path(save_dir)
@@ -107,6 +111,7 @@ def export_model(
             license=hub_cfg.license if hub_cfg is not None else "apache-2.0",
             tags=["kiln", "pretraining" if task is None else "fine-tuning"],
             loss_plot=plot,
+            base_model=base_model,
             task=task or PIPELINE_TAGS.get(kind or "encoder", "fill-mask"),
         )
     accelerator.wait_for_everyone()

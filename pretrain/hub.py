@@ -325,7 +325,7 @@ def write_model_card(
     license: str,
     tags: list[str],
     loss_plot: str | None,
-    base_model: str | None = None,
+    base_model: str | list[str] | None = None,
     task: str = "fill-mask",
 ) -> str:
     """Write `save_dir/README.md` and return its path: Hub metadata (license, datasets, tags, pipeline tag,
@@ -381,8 +381,11 @@ def write_model_card(
         plot_ref = plot.resolve().relative_to(save_dir.resolve()).as_posix()
 
     facts = {k: v for k, v in _flatten(summary).items() if not _SECRET_KEY.search(k.lower())}
+    bases = [base_model] if isinstance(base_model, str) else list(base_model or [])
     origin = (
-        f"fine-tuned from [{base_model}](https://huggingface.co/{base_model})" if base_model else "pretrained"
+        "fine-tuned from " + " and ".join(f"[{b}](https://huggingface.co/{b})" for b in bases)
+        if bases
+        else "pretrained"
     )
     trained_on = ", ".join(f"`{d}`" for d in datasets) or "local text"
     lines = [

@@ -86,6 +86,8 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
             type_vocab_size=m.type_vocab_size,
             layer_norm_eps=m.layer_norm_eps,
             position_embedding_type=m.position_embedding_type,
+            # pretraining never reads the training-step MLM logits: the chunked loss skips holding them
+            chunked_mlm_loss=True,
         )
     return dict(
         common,

@@ -26,6 +26,11 @@ if "huggingface_hub" in sys.modules:
         "remove the pytest plugin or -p option that imports it"
     )
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n N runs N workers on the machine's cores; torch's own thread pool in each would oversubscribe
+    # them (CI: 2 workers on 2 cores). Set before torch is imported, so launched subprocesses inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 TEST_TOKEN = "hf_kilnTESTtoken0123456789"
 """The token tests run with (HF_TOKEN); the test Hub accepts only this one."""
 TEST_USER = "kiln-test"

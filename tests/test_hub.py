@@ -371,3 +371,36 @@ def test_from_pretrained_in_a_fresh_process(hub, tmp_path, monkeypatch, fresh_pr
     assert name == "BertModel" and float(loaded_checksum) == pytest.approx(checksum, rel=1e-9)
     assert any(r.method == "HEAD" and r.path.endswith("/config.json") for r in hub.requests(kind="resolve"))
     assert hub.requests(kind="cdn")
+
+
+def test_model_card_names_every_hub_base_and_skips_local_folders(tmp_path):
+    from types import SimpleNamespace
+
+    from finetune.common import hub_base_models
+
+    local = tmp_path / "encoder"
+    local.mkdir()
+    started_from = SimpleNamespace(
+        encoder_checkpoint=f"{TEST_USER}/tiny-bert", decoder_checkpoint=str(local), from_scratch=False
+    )
+    assert hub_base_models(started_from) == [f"{TEST_USER}/tiny-bert"]
+    assert hub_base_models(SimpleNamespace(checkpoint=str(local))) is None
+    assert hub_base_models(SimpleNamespace(checkpoint=f"{TEST_USER}/x", from_scratch=True)) is None
+
+    bases = [f"{TEST_USER}/tiny-bert", f"{TEST_USER}/tiny-gpt"]
+    readme = write_model_card(
+        tmp_path / "card",
+        model_id=None,
+        model_kind="encoder-decoder",
+        summary={},
+        metrics={},
+        datasets=[],
+        license="mit",
+        tags=[],
+        loss_plot=None,
+        base_model=bases,
+        task="text2text-generation",
+    )
+    card = ModelCard.load(readme)
+    assert card.data.base_model == bases
+    assert f"fine-tuned from [{bases[0]}](https://huggingface.co/{bases[0]}) and [{bases[1]}]" in card.text

@@ -57,9 +57,14 @@ class KilnEncoderConfig(_KilnConfig):
         position_embedding_type: `learned` (a trained table) or `sinusoidal` (the fixed sin/cos table of
             "Attention Is All You Need"; a buffer, not a parameter).
         sparse_prediction: when MLM labels are given, compute vocabulary logits only at the labelled positions
-            (`labels != -100`); the MLM logits then have shape (num_masked, vocab_size). Same loss, far
-            fewer FLOPs.
+            (`labels != -100`); the MLM logits then have shape (num_masked, vocab_size). The last block, too,
+            then computes only the rows that are read (labelled positions and the first token), unless hidden
+            states or attentions are requested. Same loss and gradients, far fewer FLOPs.
         classifier_dropout: dropout before the classification heads (None: `hidden_dropout_prob`).
+        chunked_mlm_loss: when training (train mode, gradients on) with MLM labels, compute the MLM loss with a
+            chunked vocabulary projection + cross-entropy that never holds the logits; the MLM logits are then
+            None. Same loss and gradients, less time and memory. Off by default so that training code which
+            reads the MLM logits keeps getting them; turn it on for pretraining.
     """
 
     model_type = "kiln_encoder"
@@ -82,6 +87,7 @@ class KilnEncoderConfig(_KilnConfig):
         position_embedding_type: str = "learned",
         sparse_prediction: bool = True,
         classifier_dropout: float | None = None,
+        chunked_mlm_loss: bool = False,
         tie_word_embeddings: bool = True,
         **kwargs,
     ):
@@ -106,6 +112,7 @@ class KilnEncoderConfig(_KilnConfig):
         self.position_embedding_type = position_embedding_type
         self.sparse_prediction = sparse_prediction
         self.classifier_dropout = classifier_dropout
+        self.chunked_mlm_loss = chunked_mlm_loss
         self.is_decoder = False
         self.add_cross_attention = False
         # pad_token_id / tie_word_embeddings go through the base class: some transformers 5.x own them there
@@ -135,6 +142,10 @@ class KilnDecoderConfig(_KilnConfig):
         add_cross_attention: add a cross-attention sublayer to every block, so the model can be the decoder of
             transformers' `EncoderDecoderModel` (`encoder_hidden_states`, `encoder_attention_mask`).
         use_cache: return a key/value cache for fast generation.
+        chunked_lm_loss: when training (train mode, gradients on) with `labels`, compute the loss with a chunked
+            LM head + cross-entropy that never holds the (B, T, V) logits; `logits` is then None. Same loss and
+            gradients, less memory and time at large vocabularies. Evaluation, generation and calls without
+            labels always get the logits; set False to get them while training too.
     """
 
     model_type = "kiln_decoder"
@@ -171,6 +182,7 @@ class KilnDecoderConfig(_KilnConfig):
         is_decoder: bool = True,
         tie_word_embeddings: bool = True,
         use_cache: bool = True,
+        chunked_lm_loss: bool = True,
         **kwargs,
     ):
         aliases = {alias: kwargs.pop(alias) for alias in self.attribute_map if alias in kwargs}
@@ -189,6 +201,7 @@ class KilnDecoderConfig(_KilnConfig):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.initializer_range = initializer_range
         self.use_cache = use_cache
+        self.chunked_lm_loss = chunked_lm_loss
         for alias, value in aliases.items():
             setattr(self, alias, value)  # attribute_map routes it to the canonical field
         _check_heads(self.hidden_size, self.num_attention_heads)

@@ -28,12 +28,14 @@ from transformers.modeling_utils import PreTrainedModel
 from .configuration_kiln import KilnDecoderConfig
 from .kiln_layers import (
     KilnCrossAttention,
+    KilnDropout,
     KilnMLP,
     KilnSelfAttention,
     auto_map_for,
     causal_mask,
     check_input_ids,
     check_sequence_length,
+    linear_cross_entropy,
     padding_mask,
 )
 
@@ -57,7 +59,7 @@ class KilnDecoderLayer(GradientCheckpointingLayer):
             self.cross_attention = None
         self.mlp_norm = nn.LayerNorm(h, eps=eps)
         self.mlp = KilnMLP(h, config.intermediate_size, config.activation_function)
-        self.dropout = nn.Dropout(config.resid_pdrop)
+        self.dropout = KilnDropout(config.resid_pdrop)
         for projection in (self.attention.out, self.mlp.fc_out, getattr(self.cross_attention, "out", None)):
             if projection is not None:  # writes into the residual stream: GPT-2's scaled init (_init_weights)
                 projection.is_residual_projection = True
@@ -134,7 +136,7 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
         super().__init__(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.dropout = nn.Dropout(config.embd_pdrop)
+        self.dropout = KilnDropout(config.embd_pdrop)
         self.layers = nn.ModuleList(KilnDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.gradient_checkpointing = False  # set by gradient_checkpointing_enable(); then no KV cache
@@ -249,6 +251,17 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
+    def _uses_chunked_loss(self) -> bool:
+        """Training with labels: nobody reads the logits, so the loss never materialises them."""
+        head = self.lm_head
+        return (
+            self.config.chunked_lm_loss
+            and self.training
+            and torch.is_grad_enabled()
+            and isinstance(head, nn.Linear)
+            and head.bias is None
+        )
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -267,7 +280,8 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> CausalLMOutputWithCrossAttentions | tuple:
         r"""
-        labels: (B, T), usually `input_ids`; position t is scored against token t+1, -100 is ignored.
+        labels: (B, T), usually `input_ids`; position t is scored against token t+1, -100 is ignored. When
+            training with `config.chunked_lm_loss`, the loss comes from a chunked head and `logits` is None.
         logits_to_keep: if > 0, compute logits for the last `logits_to_keep` positions only (generation).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -289,16 +303,18 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state
         if logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]
-        # NOTE: a chunked head + loss would avoid materialising (B, T, V) fp32 logits at large vocabularies,
-        # but callers (EncoderDecoderModel, evaluation) read `logits`, so the head stays dense for now.
-        logits = self.lm_head(hidden_states)  # (B, T, V)
-        loss = None
+        loss = logits = None
         if labels is not None:
             # Shift the labels, not the logits: no copy of the (B, T, V) tensor
-            targets = F.pad(labels, (0, 1), value=-100)[:, 1:].to(logits.device)  # (B, T)
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
-            )
+            targets = F.pad(labels, (0, 1), value=-100)[:, 1:].to(hidden_states.device)  # (B, T)
+        if labels is not None and self._uses_chunked_loss():
+            loss = linear_cross_entropy(hidden_states, self.lm_head.weight, targets)
+        else:
+            logits = self.lm_head(hidden_states)  # (B, T, V)
+            if labels is not None:
+                loss = F.cross_entropy(
+                    logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
+                )
         output = CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
@@ -28,11 +27,14 @@ from transformers.utils import ModelOutput
 
 from .configuration_kiln import KilnEncoderConfig
 from .kiln_layers import (
+    KilnDropout,
     KilnMLP,
     KilnSelfAttention,
+    activation_module,
     auto_map_for,
     check_input_ids,
     check_sequence_length,
+    linear_cross_entropy,
     padding_mask,
 )
 
@@ -62,7 +64,7 @@ class KilnEmbeddings(nn.Module):
             self.register_buffer("position_table", table, persistent=False)  # fixed, rebuilt on load
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = KilnDropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
         if inputs_embeds is None:
@@ -97,13 +99,20 @@ class KilnEncoderLayer(GradientCheckpointingLayer):
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = KilnMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = KilnDropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False, query_positions=None):
+        """query_positions: (B, P) positions to compute outputs for (default: all); the output is then
+        (B, P, C), while attention still reads keys and values at every position."""
+        residual = query_states = None
+        if query_positions is not None:
+            index = query_positions[..., None].expand(-1, -1, hidden_states.shape[-1])
+            residual = query_states = hidden_states.gather(1, index)  # (B, P, C)
         attention_output, attention_weights = self.attention(
-            hidden_states, attention_mask, output_attentions=output_attentions
+            hidden_states, attention_mask, output_attentions=output_attentions, query_states=query_states
         )
-        hidden_states = self.attention_norm(hidden_states + self.dropout(attention_output))
+        residual = hidden_states if residual is None else residual
+        hidden_states = self.attention_norm(residual + self.dropout(attention_output))
         hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
         return hidden_states, attention_weights
 
@@ -123,12 +132,15 @@ class KilnMLMHead(nn.Module):
     def __init__(self, config: KilnEncoderConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = ACT2FN[config.hidden_act]
+        self.act = activation_module(config.hidden_act)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
 
+    def transform(self, hidden_states):
+        return self.layer_norm(self.act(self.dense(hidden_states)))
+
     def forward(self, hidden_states):
-        return self.decoder(self.layer_norm(self.act(self.dense(hidden_states))))
+        return self.decoder(self.transform(hidden_states))
 
 
 class KilnEncoderPreTrainedModel(PreTrainedModel):
@@ -190,8 +202,15 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        query_positions: torch.LongTensor | None = None,
         **kwargs,  # accepted and ignored, so wrappers (EncoderDecoderModel, Trainer) may pass extras
     ) -> BaseModelOutputWithPooling | tuple:
+        r"""
+        query_positions: (B, P) positions whose final states are needed (the MLM heads pass the labelled ones).
+            The last block then computes only those rows (its keys and values still cover every position), and
+            `last_hidden_state` (and the last `hidden_states` entry) is (B, P, C), in the order given. The pooler
+            reads row 0: put position 0 first when `pooler_output` is used.
+        """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         output_attentions = (
@@ -206,8 +225,14 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         mask = padding_mask(attention_mask)  # None or (B, 1, 1, T)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        for layer in self.layers:
-            hidden_states, attention_weights = layer(hidden_states, mask, output_attentions=output_attentions)
+        if query_positions is not None and not self.layers:
+            index = query_positions[..., None].expand(-1, -1, hidden_states.shape[-1])
+            hidden_states = hidden_states.gather(1, index)
+        for i, layer in enumerate(self.layers):
+            positions = query_positions if i == len(self.layers) - 1 else None
+            hidden_states, attention_weights = layer(
+                hidden_states, mask, output_attentions=output_attentions, query_positions=positions
+            )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
@@ -229,7 +254,8 @@ class KilnEncoderForPreTrainingOutput(ModelOutput):
     loss: mlm_loss + nsp_loss (either alone when only one kind of label is given).
     mlm_loss / nsp_loss: the two parts.
     prediction_logits: (B, T, V) without labels; with labels and `config.sparse_prediction`, (M, V) for the
-        M positions where `labels != -100`, in the order of `labels.view(-1)`.
+        M positions where `labels != -100`, in the order of `labels.view(-1)`; None when training with
+        `config.chunked_mlm_loss`.
     seq_relationship_logits: (B, 2) next-sentence (or sentence-order) logits.
     """
 
@@ -251,14 +277,56 @@ class _MaskedLMMixin:
     def set_output_embeddings(self, new_embeddings):
         self.mlm_head.decoder = new_embeddings
 
-    def _mlm_logits_and_loss(self, sequence_output, labels):
+    def _sparse_positions(self, labels, output_attentions, output_hidden_states):
+        """(B, P) positions for `query_positions`, or None where the full last block is needed.
+
+        Row b holds position 0 (for the pooler), then its labelled positions in order, then unlabelled ones
+        as filler; P is the longest such list rounded up to a multiple of 8 (fewer distinct shapes to
+        compile). Slots in row-major order then list the labelled positions in the order of `labels.view(-1)`.
+        """
+        config = self.config
+        if labels is None or not config.sparse_prediction:
+            return None
+        if output_attentions or (output_attentions is None and config.output_attentions):
+            return None  # the attention maps of the last block are wanted over every position
+        if output_hidden_states or (output_hidden_states is None and config.output_hidden_states):
+            return None
+        seq_len = labels.shape[1]
+        needed = labels != -100
+        needed[:, 0] = True
+        width = int(needed.sum(1).max())  # one host sync; boolean indexing below needs one anyway
+        width = min(seq_len, -(-width // 8) * 8)
+        positions = torch.arange(seq_len, device=labels.device).expand_as(labels)
+        order_key = torch.where(needed, positions, positions + seq_len)  # needed first, each group in order
+        return order_key.argsort(dim=1)[:, :width]
+
+    def _uses_chunked_loss(self) -> bool:
+        """Training with `config.chunked_mlm_loss`: the loss never materialises the MLM logits."""
+        decoder = self.mlm_head.decoder
+        return (
+            self.config.chunked_mlm_loss
+            and self.training
+            and torch.is_grad_enabled()
+            and isinstance(decoder, nn.Linear)
+        )
+
+    def _mlm_logits_and_loss(self, sequence_output, labels, positions=None):
+        """positions: the `query_positions` the encoder was run with (sequence_output is then (B, P, C))."""
         if labels is None:
             return self.mlm_head(sequence_output), None  # (B, T, V)
-        if self.config.sparse_prediction:
-            flat_labels = labels.reshape(-1)  # (B*T,)
+        if positions is not None:
+            labels = labels.gather(1, positions)  # (B, P): the labels of the rows the encoder computed
+        if self.config.sparse_prediction or self._uses_chunked_loss():
+            flat_labels = labels.reshape(-1)  # (B*T,) or (B*P,)
             predicted = flat_labels != -100
             # Gather before the head: the transform and the vocab projection run on M << B*T rows
             hidden = sequence_output.reshape(-1, sequence_output.shape[-1])[predicted]  # (M, C)
+            if self._uses_chunked_loss():
+                decoder = self.mlm_head.decoder
+                transformed = self.mlm_head.transform(hidden)
+                return None, linear_cross_entropy(
+                    transformed, decoder.weight, flat_labels[predicted], bias=decoder.bias
+                )
             logits = self.mlm_head(hidden)  # (M, V)
             return logits, F.cross_entropy(logits, flat_labels[predicted])
         logits = self.mlm_head(sequence_output)  # (B, T, V)
@@ -298,6 +366,7 @@ class KilnEncoderForPreTraining(_MaskedLMMixin, KilnEncoderPreTrainedModel):
         next_sentence_label: (B,) 0 = B follows A (or: in order), 1 = random B (or: swapped).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        positions = self._sparse_positions(labels, output_attentions, output_hidden_states)
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -307,8 +376,9 @@ class KilnEncoderForPreTraining(_MaskedLMMixin, KilnEncoderPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            query_positions=positions,
         )
-        prediction_logits, mlm_loss = self._mlm_logits_and_loss(outputs.last_hidden_state, labels)
+        prediction_logits, mlm_loss = self._mlm_logits_and_loss(outputs.last_hidden_state, labels, positions)
         seq_relationship_logits = self.nsp_head(outputs.pooler_output)  # (B, 2)
         nsp_loss = None
         if next_sentence_label is not None:
@@ -351,8 +421,10 @@ class KilnEncoderForMaskedLM(_MaskedLMMixin, KilnEncoderPreTrainedModel):
         **kwargs,
     ) -> MaskedLMOutput | tuple:
         r"""labels: (B, T), -100 where nothing is predicted. With labels and `config.sparse_prediction`,
-        `logits` is (M, V) for the M labelled positions in the order of `labels.view(-1)`; else (B, T, V)."""
+        `logits` is (M, V) for the M labelled positions in the order of `labels.view(-1)`; else (B, T, V);
+        None when training with `config.chunked_mlm_loss`."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        positions = self._sparse_positions(labels, output_attentions, output_hidden_states)
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -362,8 +434,9 @@ class KilnEncoderForMaskedLM(_MaskedLMMixin, KilnEncoderPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            query_positions=positions,
         )
-        logits, loss = self._mlm_logits_and_loss(outputs.last_hidden_state, labels)
+        logits, loss = self._mlm_logits_and_loss(outputs.last_hidden_state, labels, positions)
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -380,7 +453,7 @@ class KilnEncoderForSequenceClassification(KilnEncoderPreTrainedModel):
         dropout = (
             config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = KilnDropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -445,7 +518,7 @@ class KilnEncoderForTokenClassification(KilnEncoderPreTrainedModel):
         dropout = (
             config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = KilnDropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 

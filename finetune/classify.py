@@ -1,0 +1,369 @@
+"""Fine-tune a Kiln encoder for sequence classification (single sentences or sentence pairs) or regression.
+
+accelerate launch finetune/classify.py                              # authorship sample: which of 4 authors
+accelerate launch finetune/classify.py --config configs/finetune/classify-sst2.yaml
+accelerate launch finetune/classify.py --predict --model.checkpoint runs/classify-authorship/final
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a script (accelerate launch finetune/classify.py): import the packages
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from dataclasses import dataclass, field  # noqa: E402
+
+from finetune.common import (  # noqa: E402
+    EncoderModelConfig,
+    EvalConfig,
+    FinetuneJob,
+    check_best_metric,
+    cli,
+    data_files,
+    dataset_names,
+    finetune_training,
+    is_fine_tuned,
+    only_test_split,
+    pop_flags,
+    positions_limit,
+    predict_files,
+    quiet_transformers,
+    report_loading,
+    report_truncation,
+    resolve_checkpoint,
+    run_finetuning,
+    run_prediction,
+    setup_run,
+    subsample,
+    validate_common,
+)
+from pretrain.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
+
+DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for sequence
+classification: single sentences or sentence pairs (GLUE-style), labels given as names or ints (saved as
+label2id/id2label in the model config), or regression when the labels are floats. Data from a Hub dataset or
+csv/tsv/json/parquet files. Reports accuracy, F1 and Matthews correlation (Pearson/Spearman for regression)
+after every epoch, keeps the best model, writes test-split predictions and output_dir/final (loadable with
+pipeline("text-classification")), and can push it to the Hub."""
+
+
+@dataclass
+class ClassifyDataConfig:
+    dataset_name: str | None = None
+    """Hub dataset (e.g. `nyu-mll/glue`) or a local dataset folder; when set, the *_file options are ignored."""
+    dataset_config: str | None = None
+    """Hub dataset configuration (e.g. `sst2`, `mrpc`, `stsb`)."""
+    train_file: str | None = "data/finetune/authorship/train.csv"
+    """Training data: .csv, .tsv, .json/.jsonl or .parquet (.gz allowed); relative paths are also looked up from the repo root."""
+    validation_file: str | None = "data/finetune/authorship/validation.csv"
+    """Validation data; without it, validation_split_percentage of the training rows are held out."""
+    test_file: str | None = "data/finetune/authorship/test.csv"
+    """Test data to predict after training (labels optional; with labels, test metrics are computed too)."""
+    text_columns: list[str] | None = None
+    """One text column, or two for sentence pairs (e.g. `sentence1,sentence2`); default: the first of (sentence1, sentence2), sentence, text that exists."""
+    label_column: str = "label"
+    """Column with the labels: names (`positive`), ints, or floats for regression."""
+    label_list: list[str] | None = None
+    """The full label set, when some labels are missing from the training split (default: the training labels)."""
+    validation_split_percentage: float = 10.0
+    """Percent of the training rows held out for validation when there is no validation split."""
+    max_seq_length: int | None = None
+    """Tokens per example (a pair counts both sentences); None: the checkpoint's max_position_embeddings."""
+    truncation: str = "warn"
+    """Examples longer than max_seq_length are truncated: `warn` says how many, `quiet` does not, `error` refuses them."""
+    max_train_samples: int | None = None
+    """Use only the first N training examples (quick runs)."""
+    max_eval_samples: int | None = None
+    """Use only the first N validation examples."""
+    max_predict_samples: int | None = None
+    """Predict only the first N test examples."""
+
+
+@dataclass
+class ClassifyConfig:
+    model: EncoderModelConfig = field(default_factory=EncoderModelConfig)
+    data: ClassifyDataConfig = field(default_factory=ClassifyDataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    training: TrainingConfig = field(
+        default_factory=lambda: finetune_training("runs/classify-authorship", num_train_epochs=5.0, lr=5e-4)
+    )
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    hub: HubConfig = field(default_factory=HubConfig)
+    predict: bool = False
+    """Do not train: load --model.checkpoint (a fine-tuned classifier) and write the predictions (and metrics, when labelled) of the test split into output_dir."""
+
+
+CLASSIFICATION_METRICS = ("loss", "accuracy", "f1", "matthews_correlation")
+REGRESSION_METRICS = ("loss", "pearson", "spearmanr", "combined_score", "mse")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# labels and model
+
+
+@dataclass
+class Labels:
+    regression: bool
+    label2id: dict | None = None
+    """Label as found in the data (name or int) -> class id; None for regression."""
+    names: dict | None = None
+    """Class id -> label as found in the data (or the checkpoint's name for ids the data never uses)."""
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.regression else len(self.names)
+
+
+def _label_list(data) -> list | None:
+    """label_list arrives as strings; ints are added so that it also matches int label columns."""
+    if not data.label_list:
+        return None
+    as_ints = [int(name) for name in data.label_list if name.lstrip("-").isdigit()]
+    return [*data.label_list, *as_ints]
+
+
+def choose_labels(dataset, data, checkpoint_config, model_cfg, predict: bool) -> tuple[Labels, bool]:
+    """The label maps, and whether the checkpoint's own head is kept (continued fine-tuning, --predict)."""
+    from finetune.data import build_label_maps, collect_labels, is_regression
+
+    regression = is_regression(dataset["train"]["label"])
+    fine_tuned = is_fine_tuned(checkpoint_config, "ForSequenceClassification")
+    if predict and not fine_tuned:
+        raise ConfigError(
+            f"--predict needs a fine-tuned classifier, but {model_cfg.checkpoint} is a pretraining checkpoint; "
+            "point --model.checkpoint at one, e.g. runs/classify-authorship/final"
+        )
+    if fine_tuned and (predict or not model_cfg.reset_head):
+        saved_regression = checkpoint_config.problem_type == "regression"
+        if regression != saved_regression:
+            kinds = {True: "regression", False: "classification"}
+            raise ConfigError(
+                f"{model_cfg.checkpoint} was fine-tuned for {kinds[saved_regression]} but the data is "
+                f"{kinds[regression]}; train a new head with --model.reset_head true, or use matching data"
+            )
+        if regression:
+            return Labels(True), True
+        saved = {str(name): int(i) for name, i in checkpoint_config.label2id.items()}
+        found = collect_labels(dataset)
+        unknown = [label for label in found if str(label) not in saved]
+        if unknown:
+            raise ConfigError(
+                f"{model_cfg.checkpoint} was fine-tuned with labels {sorted(saved)}, but the data also has "
+                f"{sorted(map(str, unknown))}; train a new head with --model.reset_head true, or fix the labels"
+            )
+        label2id = {label: saved[str(label)] for label in found}
+        names = {i: name for name, i in saved.items()} | {i: label for label, i in label2id.items()}
+        return Labels(False, label2id, dict(sorted(names.items()))), True
+    if regression:
+        return Labels(True), False
+    labels = dataset["train"]["label"]
+    if data.label_list:
+        wanted_ints = all(isinstance(label, int) for label in labels)
+        labels = [int(name) for name in data.label_list] if wanted_ints else list(data.label_list)
+    label2id, id2label = build_label_maps(labels)
+    return Labels(False, label2id, id2label), False
+
+
+def build_model(path: str, model_cfg, labels: Labels, keep_head: bool):
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    kwargs = dict(revision=model_cfg.revision, attn_implementation=model_cfg.attn_implementation)
+    if model_cfg.classifier_dropout is not None:
+        kwargs["classifier_dropout"] = model_cfg.classifier_dropout
+    if not keep_head:
+        kwargs.update(
+            num_labels=labels.num_labels,
+            problem_type="regression" if labels.regression else "single_label_classification",
+            ignore_mismatched_sizes=True,  # a head fine-tuned for another label count is replaced
+        )
+        if not labels.regression:
+            kwargs["id2label"] = {i: str(name) for i, name in labels.names.items()}
+            kwargs["label2id"] = {str(name): i for i, name in labels.names.items()}
+    with quiet_transformers():
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            path, output_loading_info=True, **kwargs
+        )
+    report_loading(info, path, allowed_missing=lambda key: key.startswith(("classifier.", "model.pooler.")))
+    fine_tuned_before = not any(key.startswith("classifier.") for key in info["missing_keys"])
+    # --model.reset_head on a fine-tuned checkpoint: a new head (ignore_mismatched_sizes only replaces it when the
+    # label count differs)
+    if not keep_head and fine_tuned_before:
+        with torch.no_grad():
+            model.classifier.weight.normal_(0.0, model.config.initializer_range)
+            model.classifier.bias.zero_()
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# data
+
+
+def tokenize_splits(dataset, tokenizer, max_length: int, positions: int, data) -> dict:
+    """Tokenized copies of the splits (input_ids, token_type_ids, attention_mask, labels), truncated to
+    max_length, with the truncation reported per split."""
+    pairs = "text_pair" in next(iter(dataset.values())).column_names
+
+    def tokenize(batch):
+        texts = (batch["text"], batch["text_pair"]) if pairs else (batch["text"],)
+        encoding = tokenizer(*texts, truncation=True, max_length=max_length)
+        full_lengths = [len(ids) for ids in tokenizer(*texts, verbose=False)["input_ids"]]
+        encoding["truncated"] = [length > max_length for length in full_lengths]
+        if "label" in batch:
+            encoding["labels"] = batch["label"]
+        return encoding
+
+    tokenized, counts = {}, {}
+    for split_name, split in dataset.items():
+        mapped = split.map(
+            tokenize, batched=True, remove_columns=split.column_names, desc=f"tokenizing {split_name}"
+        )
+        tokenized[split_name], truncated = pop_flags(mapped, "truncated")
+        counts[split_name] = (truncated, len(mapped))
+    report_truncation(counts, "examples", max_length, positions, "--data.max_seq_length", data.truncation)
+    return tokenized
+
+
+# ----------------------------------------------------------------------------------------------------------
+# predicting and scoring
+
+
+def make_infer(regression: bool):
+    def infer(model, loader, accelerator):
+        import torch
+        import torch.nn.functional as F
+
+        predictions, losses = [], []
+        for batch in loader:
+            labels = batch.pop("labels", None)
+            logits = model(**batch).logits.float()  # (B, num_labels)
+            if regression:
+                outputs = logits.squeeze(-1)
+                if labels is not None:
+                    losses.append(accelerator.gather_for_metrics((outputs - labels.float()) ** 2))
+            else:
+                outputs = logits.argmax(-1)
+                if labels is not None:
+                    losses.append(
+                        accelerator.gather_for_metrics(F.cross_entropy(logits, labels, reduction="none"))
+                    )
+            predictions.extend(accelerator.gather_for_metrics(outputs).tolist())
+        loss = float(torch.cat(losses).mean()) if losses else None
+        return predictions, loss
+
+    return infer
+
+
+def make_scoring(labels: Labels):
+    from finetune.metrics import load_metric
+
+    metric = load_metric("regression" if labels.regression else "classification")
+
+    def compute_metrics(predictions, split) -> dict[str, float]:
+        if labels.regression:
+            references = [float(label) for label in split["label"]]
+            scores = metric.compute(predictions=predictions, references=references)
+            mse = sum((p - r) ** 2 for p, r in zip(predictions, references)) / len(references)
+            return {**scores, "mse": mse}
+        references = [labels.label2id[label] for label in split["label"]]
+        return metric.compute(predictions=predictions, references=references, labels=list(labels.names))
+
+    def prediction_rows(predictions, split) -> list[dict]:
+        columns = {name: split[name] for name in ("text", "text_pair", "label") if name in split.column_names}
+        rows = []
+        for i, prediction in enumerate(predictions):
+            row = {name: columns[name][i] for name in ("text", "text_pair") if name in columns}
+            row["prediction"] = prediction if labels.regression else labels.names[prediction]
+            if "label" in columns:
+                row["reference"] = columns["label"][i]
+            rows.append(row)
+        return rows
+
+    return compute_metrics, prediction_rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None):
+    from transformers import AutoTokenizer, DataCollatorWithPadding
+
+    from finetune.data import encode_labels, load_classification_data
+    from pretrain.modeling import count_flops_per_token
+
+    config = build_config(
+        ClassifyConfig, argv, prog="accelerate launch finetune/classify.py", description=DESCRIPTION
+    )
+    validate_common(config)
+    data, model_cfg = config.data, config.model
+    path, checkpoint_config = resolve_checkpoint(
+        model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder",), model_cfg.revision
+    )
+    accelerator = setup_run(config)
+
+    with accelerator.main_process_first():
+        dataset = load_classification_data(
+            dataset_name=data.dataset_name,
+            dataset_config=data.dataset_config,
+            **(predict_files(data) if config.predict else data_files(data)),
+            text_columns=data.text_columns,
+            label_column=data.label_column,
+            label_list=_label_list(data),
+            validation_split_percentage=data.validation_split_percentage,
+            seed=config.training.seed,
+        )
+    # the label set comes from the whole training split, before any max_*_samples cut
+    labels, keep_head = choose_labels(dataset, data, checkpoint_config, model_cfg, config.predict)
+    dataset = subsample(dataset, data)
+    check_best_metric(
+        config.training,
+        REGRESSION_METRICS if labels.regression else CLASSIFICATION_METRICS,
+        default="pearson" if labels.regression else "accuracy",
+    )
+    if config.predict:
+        dataset = only_test_split(dataset)
+    with quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=model_cfg.revision)
+    model = build_model(path, model_cfg, labels, keep_head)
+    max_length = positions_limit(
+        data.max_seq_length, model.config.max_position_embeddings, "data.max_seq_length"
+    )
+
+    encoded = dataset if labels.regression else encode_labels(dataset, labels.label2id)
+    with accelerator.main_process_first():
+        tokenized = tokenize_splits(
+            encoded, tokenizer, max_length, model.config.max_position_embeddings, data
+        )
+    compute_metrics, prediction_rows = make_scoring(labels)
+    job = FinetuneJob(
+        task="text-classification",
+        model=model,
+        tokenizer=tokenizer,
+        collator=DataCollatorWithPadding(tokenizer),
+        infer=make_infer(labels.regression),
+        compute_metrics=compute_metrics,
+        prediction_rows=prediction_rows,
+        reference_column="label",
+        train_dataset=tokenized.get("train"),
+        eval_dataset=tokenized.get("validation"),
+        eval_split=dataset.get("validation"),
+        test_dataset=tokenized.get("test"),
+        test_split=dataset.get("test"),
+        metadata={"task": "text-classification", "num_labels": labels.num_labels},
+        datasets=dataset_names(data),
+        extra_summary={
+            "base model": model_cfg.checkpoint,
+            "labels": "regression" if labels.regression else ", ".join(map(str, labels.names.values())),
+            "max sequence length": max_length,
+        },
+        flops_per_token=count_flops_per_token(model.config, max_length),
+    )
+    if config.predict:
+        return run_prediction(config, accelerator, job)
+    return run_finetuning(config, accelerator, job)
+
+
+if __name__ == "__main__":
+    cli(main)

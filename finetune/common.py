@@ -1,0 +1,727 @@
+"""Shared glue of the fine-tuning scripts (finetune/classify.py, finetune/tag.py, finetune/seq2seq.py).
+
+A script turns its config into a `FinetuneJob` (model, tokenizer, tokenized splits, collator, and how to
+predict and score) and hands it to `run_finetuning`, which runs Kiln's one training loop
+(`pretrain.trainer.Trainer`) and does what every task needs around it:
+
+    evaluation each epoch (or every training.eval_steps) -> best model kept in output_dir/best by
+    training.metric_for_best_model (early stopping by training.early_stopping_patience) -> best model loaded
+    back -> predictions file for the test split -> output_dir/final (save_pretrained + model card) -> Hub push
+
+`run_prediction` is the `--predict` path: no training, only the predictions file (and test metrics when the
+test split has references) of an already fine-tuned model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pretrain.config import ConfigError, TrainingConfig, resolve_path, save_config
+
+logger = logging.getLogger("kiln")
+
+# Where the default checkpoints come from, for the one-line "missing checkpoint" error.
+PRETRAIN_COMMANDS = {
+    "kiln_encoder": ("runs/encoder-tiny/final", "accelerate launch pretrain/run.py"),
+    "kiln_decoder": (
+        "runs/decoder-tiny/final",
+        "accelerate launch pretrain/run.py --config configs/pretrain/decoder-tiny.yaml",
+    ),
+}
+TRUNCATION_POLICIES = ("warn", "error", "quiet")
+PREDICTIONS_FORMATS = ("jsonl", "tsv")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# config sections shared by the scripts
+
+
+@dataclass
+class EncoderModelConfig:
+    checkpoint: str = "runs/encoder-tiny/final"
+    """Kiln encoder checkpoint to start from: a local folder (`runs/encoder-tiny/final`, written by `accelerate launch pretrain/run.py`) or a Hub id (`user/name`). With --predict: a fine-tuned model."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) of the checkpoint."""
+    reset_head: bool = False
+    """Train a new, randomly initialised head even when the checkpoint was already fine-tuned with another label set."""
+    classifier_dropout: float | None = None
+    """Dropout before the classification head (None: the checkpoint's hidden_dropout_prob)."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
+
+
+@dataclass
+class EvalConfig:
+    each_epoch: bool = True
+    """Evaluate (and keep the best model) after every epoch; false: every training.eval_steps optimizer steps (0: only at the end)."""
+    predictions_format: str = "jsonl"
+    """Format of the test-split predictions file output_dir/predictions_test.<format>: `jsonl` or `tsv`."""
+
+
+def finetune_training(output_dir: str, **overrides) -> TrainingConfig:
+    """TrainingConfig defaults for fine-tuning: epochs instead of steps, warmup, no periodic resumable
+    checkpoints (the best and the final model are saved anyway; set save_steps to resume long runs)."""
+    values = dict(
+        output_dir=output_dir,
+        max_steps=-1,
+        num_train_epochs=3.0,
+        per_device_train_batch_size=32,
+        per_device_eval_batch_size=64,
+        lr=5e-4,
+        warmup_ratio=0.1,
+        eval_steps=0,
+        save_steps=0,
+        save_total_limit=1,
+    )
+    values.update(overrides)
+    return TrainingConfig(**values)
+
+
+def validate_common(config) -> None:
+    """Checks every fine-tuning config needs; task checks live in the scripts."""
+    training, data = config.training, config.data
+    if training.per_device_train_batch_size <= 0 or training.per_device_eval_batch_size <= 0:
+        raise ConfigError(
+            "training.per_device_train_batch_size and per_device_eval_batch_size must be positive"
+        )
+    if training.gradient_accumulation_steps <= 0:
+        raise ConfigError("training.gradient_accumulation_steps must be positive")
+    if training.metric_for_best_model in ("loss", "eval/loss") and training.greater_is_better:
+        raise ConfigError(
+            "metric_for_best_model loss needs --training.greater_is_better false (lower loss is better)"
+        )
+    if config.hub.push_to_hub and not config.hub.model_id:
+        raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
+    if config.hub.strategy not in ("end", "every_save", "checkpoint"):
+        raise ConfigError(f"hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}")
+    if config.logging.report_to not in ("none", "wandb", "tensorboard", "all"):
+        raise ConfigError(
+            f"logging.report_to must be wandb, tensorboard, all or none, got {config.logging.report_to!r}"
+        )
+    if config.eval.predictions_format not in PREDICTIONS_FORMATS:
+        raise ConfigError(
+            f"eval.predictions_format must be jsonl or tsv, got {config.eval.predictions_format!r}"
+        )
+    if data.truncation not in TRUNCATION_POLICIES:
+        raise ConfigError(
+            f"data.truncation must be one of {', '.join(TRUNCATION_POLICIES)}, got {data.truncation!r}"
+        )
+    for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
+        value = getattr(data, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"data.{name} must be positive (or None for all), got {value}")
+
+
+def check_best_metric(training: TrainingConfig, available: Sequence[str], default: str) -> None:
+    """Pick the task's default best-model metric when none is set; refuse one the task never computes."""
+    if not training.metric_for_best_model:
+        training.metric_for_best_model = default
+        training.greater_is_better = default != "loss"
+        return
+    name = training.metric_for_best_model.removeprefix("eval/")
+    if name not in available:
+        raise ConfigError(
+            f"training.metric_for_best_model {name!r} is not computed by this task; choose one of: "
+            f"{', '.join(available)}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def resolve_checkpoint(spec: str, option: str, expected: Sequence[str], revision: str | None = None):
+    """A Kiln checkpoint as a local folder or Hub id -> (path or id, its transformers config).
+
+    `option` names the setting in errors (e.g. "--model.checkpoint"); `expected` lists the accepted
+    model_type values (kiln_encoder, kiln_decoder, encoder-decoder)."""
+    from transformers import AutoConfig
+
+    import pretrain.modeling  # noqa: F401  (registers the Kiln model types with AutoConfig)
+
+    local = resolve_path(spec)
+    if os.path.isdir(local):
+        if not os.path.isfile(os.path.join(local, "config.json")):
+            if os.path.isfile(os.path.join(local, "final", "config.json")):
+                raise ConfigError(
+                    f"{option} {spec} is a run folder; point it at the model inside: {spec}/final"
+                )
+            raise ConfigError(f"{option} {spec} holds no config.json, so it is not a saved model")
+        path = local
+    elif _HUB_ID.match(spec) and not os.path.exists(spec.split("/")[0]):
+        path = spec
+    else:
+        default_dir, command = PRETRAIN_COMMANDS.get(expected[0], (None, None))
+        hint = f"create it with `{command}` (writes {default_dir}), or " if command else ""
+        raise ConfigError(
+            f"{option} {spec} not found; {hint}point {option} at a Kiln checkpoint folder or Hub id"
+        )
+    try:
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(path, revision=revision)
+    except (OSError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"cannot load {option} {spec}: {first_line}") from None
+    if config.model_type not in expected:
+        wanted = " or ".join(expected)
+        default_dir, command = PRETRAIN_COMMANDS.get(expected[0], (None, None))
+        example = f", e.g. {default_dir} from `{command}`" if command else ""
+        raise ConfigError(
+            f"{option} {spec} is a {config.model_type} checkpoint, but a {wanted} checkpoint is needed here{example}"
+        )
+    return path, config
+
+
+def is_fine_tuned(config, head: str) -> bool:
+    """Whether a checkpoint's weights include a task head (e.g. head="ForSequenceClassification")."""
+    return any(name.endswith(head) for name in (getattr(config, "architectures", None) or []))
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' loading tables; the scripts log their own one-line summary instead."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def report_loading(info: dict, what: str, allowed_missing: Callable[[str], bool]) -> None:
+    """One log line about new and unused weights; weights missing from the checkpoint that are not new by
+    design (e.g. the encoder's own layers) mean the wrong checkpoint, so they are an error."""
+    missing = sorted(info.get("missing_keys", []))
+    unexpected = sorted(info.get("unexpected_keys", []))
+    mismatched = sorted(str(key) for key in info.get("mismatched_keys", []))
+    wrong = [key for key in missing if not allowed_missing(key)]
+    if wrong:
+        shown = ", ".join(wrong[:5]) + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+        raise ConfigError(
+            f"{what} lacks weights the model needs ({shown}); is it a Kiln checkpoint of the right kind?"
+        )
+    logger.info(
+        "%s: %d new (randomly initialised) weights%s, %d checkpoint weights unused%s%s",
+        what,
+        len(missing),
+        f" ({_summarise(missing)})" if missing else "",
+        len(unexpected),
+        f" ({_summarise(unexpected)})" if unexpected else "",
+        f", {len(mismatched)} re-initialised for new shapes" if mismatched else "",
+    )
+
+
+def _summarise(keys: list[str]) -> str:
+    prefixes = sorted({key.rsplit(".", 1)[0] for key in keys})
+    return ", ".join(prefixes[:4]) + (", ..." if len(prefixes) > 4 else "")
+
+
+def positions_limit(
+    requested: int | None, limit: int, option: str, limit_name: str = "the model's max_position_embeddings"
+) -> int:
+    """The length to use: `requested` (None: `limit`), capped at `limit` with a warning."""
+    if requested is None:
+        return limit
+    if requested <= 0:
+        raise ConfigError(f"{option} must be positive, got {requested}")
+    if requested > limit:
+        logger.warning("%s=%d is more than %s (%d); using %d", option, requested, limit_name, limit, limit)
+        return limit
+    return requested
+
+
+# ----------------------------------------------------------------------------------------------------------
+# data helpers
+
+
+def data_files(data) -> dict[str, str | None]:
+    """The configured local files by split, resolved against the repo root (shipped samples); none when a
+    dataset_name is given (it takes precedence)."""
+    if data.dataset_name:
+        if data.train_file or data.validation_file or data.test_file:
+            logger.info(
+                "data.dataset_name %s is given: the data.*_file options are not used", data.dataset_name
+            )
+        return {"train_file": None, "validation_file": None, "test_file": None}
+    return {
+        name: resolve_path(path) if path else None
+        for name, path in (
+            ("train_file", data.train_file),
+            ("validation_file", data.validation_file),
+            ("test_file", data.test_file),
+        )
+    }
+
+
+def predict_files(data) -> dict[str, str | None]:
+    """--predict needs only a test split: with local files and no training file, the test file stands in for
+    the train and validation splits the loaders ask for."""
+    files = data_files(data)
+    if data.dataset_name or files["train_file"]:
+        return files
+    if not files["test_file"]:
+        raise ConfigError(
+            "--predict needs a test split: give --data.test_file (or a dataset with a test split)"
+        )
+    return {
+        "train_file": files["test_file"],
+        "validation_file": files["test_file"],
+        "test_file": files["test_file"],
+    }
+
+
+def only_test_split(dataset):
+    """--predict: keep just the test split, so that nothing else is tokenized."""
+    from datasets import DatasetDict
+
+    if "test" not in dataset:
+        raise ConfigError(
+            "--predict needs a test split: give --data.test_file (or a dataset with a test split)"
+        )
+    return DatasetDict(test=dataset["test"])
+
+
+def dataset_names(data) -> list[str]:
+    """Names of the data for the model card: the Hub dataset, or the local files' folders."""
+    if data.dataset_name:
+        return [data.dataset_name]
+    names = []
+    for path in (data.train_file, data.validation_file, data.test_file):
+        if path:
+            folder = str(Path(path).parent)
+            if folder not in names:
+                names.append(folder)
+    return names
+
+
+def subsample(dataset, data):
+    """Keep the first max_train/eval/predict_samples rows of each split (quick runs, tests)."""
+    limits = {
+        "train": data.max_train_samples,
+        "validation": data.max_eval_samples,
+        "test": data.max_predict_samples,
+    }
+    for split, limit in limits.items():
+        if split in dataset and limit is not None and limit < len(dataset[split]):
+            dataset[split] = dataset[split].select(range(limit))
+    return dataset
+
+
+def report_truncation(
+    counts: dict[str, tuple[int, int]], what: str, max_length: int, positions: int, option: str, policy: str
+) -> None:
+    """counts: split -> (truncated rows, rows). Warn (or fail, or say nothing) about `what` cut at max_length
+    tokens; `option` is the setting that raises max_length, up to the model's `positions`."""
+    cut = {split: pair for split, pair in counts.items() if pair[0]}
+    if not cut or policy == "quiet":
+        return
+    detail = ", ".join(f"{n} of {total} {split}" for split, (n, total) in cut.items())
+    message = f"{detail} {what} are longer than {max_length} tokens"
+    if max_length < positions:
+        fix = f"raise {option} (the model takes up to {positions})"
+    else:
+        fix = f"the model takes no more ({positions} positions): shorten the {what}"
+    if policy == "error":
+        from finetune.data import FinetuneDataError
+
+        raise FinetuneDataError(f"{message}; {fix}, or let them be truncated with --data.truncation warn")
+    logger.warning(
+        "%s and were truncated; %s, or hide this warning with --data.truncation quiet", message, fix
+    )
+
+
+def pop_flags(dataset, column: str):
+    """(dataset without `column`, number of rows where `column` is true): used for per-row truncation flags."""
+    flagged = sum(bool(flag) for flag in dataset[column])
+    return dataset.remove_columns(column), flagged
+
+
+def make_loader(accelerator, dataset, batch_size: int, collator):
+    """A sequential, sharded loader (evaluation order = dataset order after gather_for_metrics)."""
+    from torch.utils.data import DataLoader, SequentialSampler
+
+    loader = DataLoader(
+        dataset, batch_size=batch_size, sampler=SequentialSampler(dataset), collate_fn=collator
+    )
+    return accelerator.prepare(loader)
+
+
+def write_predictions(rows: list[dict], path: str | os.PathLike, fmt: str) -> Path:
+    """Write the rows of `FinetuneJob.prediction_rows`. jsonl: one JSON object per row. tsv: a header line and
+    one line per row, whitespace inside values collapsed to single spaces, several references joined by
+    ` ||| `; rows of per-word lists (tagging) are written CoNLL-style instead: a `# column names` line, then
+    one word per line and a blank line after each sentence (`_` for a word without a prediction)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        if fmt == "jsonl":
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            return path
+        columns = list(rows[0]) if rows else []
+        if rows and isinstance(rows[0].get("tokens"), list):
+            f.write("# " + "\t".join(columns) + "\n")
+            for row in rows:
+                for i in range(len(row["tokens"])):
+                    f.write("\t".join(_tsv_value(_at(row[c], i)) for c in columns) + "\n")
+                f.write("\n")
+            return path
+        f.write("\t".join(columns) + "\n")
+        for row in rows:
+            f.write("\t".join(_tsv_value(row.get(c)) for c in columns) + "\n")
+    return path
+
+
+def _at(values, i):
+    return values[i] if values is not None and i < len(values) else None
+
+
+def _tsv_value(value) -> str:
+    if value is None:
+        return "_"
+    if isinstance(value, (list, tuple)):
+        return " ||| ".join(_tsv_value(v) for v in value)
+    return " ".join(str(value).split())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass
+class FinetuneJob:
+    """What a script hands to `run_finetuning` / `run_prediction`.
+
+    `infer(model, loader, accelerator)` runs the model over a sequential loader and returns
+    (predictions in dataset order, mean loss or None when the batches have no labels); it is called under
+    torch.no_grad with the model in eval mode. `compute_metrics(predictions, raw_split)` scores them against
+    the references of the matching raw split; `prediction_rows(predictions, raw_split)` makes the rows of the
+    predictions file. Raw splits are row-aligned with the tokenized ones."""
+
+    task: str
+    """Pipeline tag for the model card: text-classification, token-classification, text2text-generation."""
+    model: Any
+    tokenizer: Any
+    """Saved next to the weights: anything with save_pretrained(folder)."""
+    collator: Callable
+    infer: Callable
+    compute_metrics: Callable
+    prediction_rows: Callable
+    reference_column: str
+    """Column of the raw splits holding the references (label, tags, target)."""
+    train_dataset: Any = None
+    eval_dataset: Any = None
+    eval_split: Any = None
+    test_dataset: Any = None
+    test_split: Any = None
+    metadata: dict = field(default_factory=dict)
+    datasets: list[str] = field(default_factory=list)
+    extra_summary: dict = field(default_factory=dict)
+    flops_per_token: float | None = None
+    card_usage: str | None = None
+    """Python code for the model card's Usage section (`{repo}` is filled in), when the default one (Auto
+    classes with trust_remote_code) does not fit the saved folder."""
+
+
+@dataclass
+class FinetuneResult:
+    state: Any
+    """The loop's TrainState (None with --predict)."""
+    final_dir: Path | None
+    test_metrics: dict[str, float]
+    predictions_file: Path | None
+
+
+def setup_run(config):
+    """Accelerator, logging and seed: everything before the data and the model are built."""
+    from accelerate.utils import set_seed
+
+    from pretrain.trainer import build_accelerator
+
+    # EncoderDecoderModel warns on every forward that it computes the loss itself: we know, and want it
+    warnings.filterwarnings(
+        "ignore", message="Version v4.12.0 introduces a better way", category=FutureWarning
+    )
+    accelerator = build_accelerator(config.training, config.logging)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO if accelerator.is_main_process else logging.WARNING,
+    )
+    # rouge_score logs "Using default tokenizer" at INFO on every call
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    set_seed(config.training.seed)
+    return accelerator
+
+
+def prepare_output(config, accelerator) -> Path:
+    """The output folder, refusing to mix two runs (as pretraining does), with the resolved config.yaml.
+    Called once data and model are known to be fine, so a bad-input error leaves no half-made run behind."""
+    from pretrain.run import prepare_output_dir
+
+    out = Path(config.training.output_dir)
+    prepare_output_dir(config, accelerator.is_main_process)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(config, out / "config.yaml")
+    return out
+
+
+def _evaluator(job: FinetuneJob):
+    def evaluate(model, loader, accelerator) -> dict[str, float]:
+        predictions, loss = job.infer(model, loader, accelerator)
+        # max_eval_batches may stop early: score against the rows that were predicted
+        references = job.eval_split.select(range(len(predictions)))
+        metrics = job.compute_metrics(predictions, references)
+        return {"loss": loss, **metrics} if loss is not None else metrics
+
+    return evaluate
+
+
+def _set_epoch_evaluation(config, job: FinetuneJob, num_processes: int) -> None:
+    training = config.training
+    batches = len(job.train_dataset) // (training.per_device_train_batch_size * num_processes)
+    steps_per_epoch = batches // training.gradient_accumulation_steps
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"the training split ({len(job.train_dataset)} examples) is smaller than one optimizer step "
+            f"({training.per_device_train_batch_size} x {num_processes} processes x "
+            f"{training.gradient_accumulation_steps} accumulation); lower the batch size or add data"
+        )
+    if config.eval.each_epoch:
+        training.eval_steps = steps_per_epoch
+
+
+def _predict_split(config, accelerator, job: FinetuneJob, model) -> tuple[dict[str, float], Path | None]:
+    """Predictions file for the test split (and its metrics when it has references)."""
+    import torch
+
+    if job.test_dataset is None:
+        return {}, None
+    loader = make_loader(
+        accelerator, job.test_dataset, config.training.per_device_eval_batch_size, job.collator
+    )
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        predictions, loss = job.infer(model, loader, accelerator)
+    model.train(was_training)
+    out = Path(config.training.output_dir)
+    path = out / f"predictions_test.{config.eval.predictions_format}"
+    metrics = {}
+    if job.reference_column in job.test_split.column_names:
+        metrics = job.compute_metrics(predictions, job.test_split)
+        if loss is not None:
+            metrics = {"loss": loss, **metrics}
+    if accelerator.is_main_process:
+        write_predictions(
+            job.prediction_rows(predictions, job.test_split), path, config.eval.predictions_format
+        )
+        if metrics:
+            (out / "test_results.json").write_text(json.dumps(metrics, indent=2))
+        accelerator.print(f"predictions for {len(predictions)} test examples written to {path}")
+        if metrics:
+            accelerator.print("test: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+    accelerator.wait_for_everyone()
+    return metrics, path
+
+
+def _load_best(accelerator, trainer, state, best_dir: Path):
+    """Put the weights saved by on_best back into the trained model; return the state to describe in the
+    model card (the best evaluation last, so that the card's results are the exported model's)."""
+    if state.best_step is None or not (best_dir / "config.json").is_file():
+        return state
+    last_eval_step = max((entry["step"] for entry in state.history if _is_eval(entry)), default=None)
+    if state.best_step == last_eval_step == state.global_step:
+        return state  # the final model is the best one
+    model = accelerator.unwrap_model(trainer.model)
+    with quiet_transformers():
+        best = type(model).from_pretrained(best_dir)
+    model.load_state_dict(best.state_dict())
+    del best
+    accelerator.print(f"loaded the best model (step {state.best_step}) from {best_dir}")
+    best_entry = next(
+        (entry for entry in reversed(state.history) if entry["step"] == state.best_step and _is_eval(entry)),
+        None,
+    )
+    if best_entry is None:
+        return state
+    return dataclasses.replace(state, history=[*state.history, dict(best_entry)])
+
+
+def _is_eval(entry: dict) -> bool:
+    return any(key.startswith("eval/") for key in entry)
+
+
+def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
+    """Train `job.model` with the shared loop, keep the best model, predict the test split, export, push."""
+    from pretrain.export import HubSync, export_model, save_model_files
+    from pretrain.trainer import Trainer
+
+    training = config.training
+    _set_epoch_evaluation(config, job, accelerator.num_processes)
+    out = prepare_output(config, accelerator)
+    best_dir = out / "best"
+
+    def save_best(model, state) -> None:
+        save_model_files(accelerator, model, job.tokenizer, best_dir)
+        accelerator.print(
+            f"best {training.metric_for_best_model} so far ({state.best_metric:.4g}, step {state.global_step}) "
+            f"saved in {best_dir}"
+        )
+
+    hub = HubSync(config, accelerator, job.tokenizer)
+    trainer = Trainer(
+        accelerator,
+        job.model,
+        training=training,
+        logging_cfg=config.logging,
+        train_dataset=lambda epoch: job.train_dataset,
+        collator=job.collator,
+        eval_dataset=job.eval_dataset,
+        evaluator=_evaluator(job),
+        flops_per_token=job.flops_per_token,
+        metadata=job.metadata,
+        on_save=hub.on_save,
+        on_best=save_best,
+        download_checkpoint=hub.download_checkpoint,
+    )
+    hub.attach(trainer.model)
+    if config.logging.report_to != "none":
+        accelerator.init_trackers(
+            config.logging.project, config=hub.tracker_config(), init_kwargs=hub.tracker_init_kwargs()
+        )
+    state = trainer.train()
+    if state.stop_reason == "signal":
+        accelerator.print(
+            f"stopped by signal at step {state.global_step}; checkpoint saved in {out}/checkpoints"
+        )
+        hub.wait()
+        accelerator.end_training()
+        return FinetuneResult(state, None, {}, None)
+
+    card_state = _load_best(accelerator, trainer, state, best_dir)
+    test_metrics, predictions_file = _predict_split(config, accelerator, job, trainer.model)
+    if test_metrics and accelerator.is_main_process and accelerator.trackers:
+        accelerator.log({f"test/{k}": v for k, v in test_metrics.items()}, step=state.global_step)
+    summary = dict(job.extra_summary)
+    if state.best_step is not None:
+        summary["best model"] = (
+            f"step {state.best_step} ({training.metric_for_best_model} {state.best_metric:.4g})"
+        )
+    if test_metrics:
+        summary["test"] = {k: round(v, 6) for k, v in test_metrics.items() if math.isfinite(v)}
+    final_dir = export_model(
+        accelerator,
+        trainer.model,
+        job.tokenizer,
+        config,
+        card_state,
+        out / "final",
+        datasets=job.datasets,
+        task=job.task,
+        extra_summary=summary,
+        base_model=hub_base_models(config.model),
+    )
+    if job.card_usage and accelerator.is_main_process:
+        replace_card_usage(
+            final_dir / "README.md", job.card_usage.format(repo=config.hub.model_id or final_dir)
+        )
+    hub.push_final(final_dir)
+    accelerator.print(f"final model saved in {final_dir}")
+    hub.wait()
+    accelerator.end_training()
+    return FinetuneResult(state, final_dir, test_metrics, predictions_file)
+
+
+def hub_base_models(model_config) -> list[str] | None:
+    """The Hub ids among the checkpoints a run started from (local folders are not named in card metadata)."""
+    if getattr(model_config, "from_scratch", False):
+        return None  # only the shapes and tokenizers came from there
+    specs = [
+        getattr(model_config, name, None) for name in ("checkpoint", "encoder_checkpoint", "decoder_checkpoint")
+    ]
+    ids = [s for s in specs if s and not Path(s).exists() and _HUB_ID.match(s) and "/" in s]
+    return ids or None
+
+
+def replace_card_usage(card: Path, code: str) -> None:
+    """Swap the Usage section at the end of a model card written by export_model for `code`."""
+    text = card.read_text(encoding="utf-8")
+    head = text[: text.index("## Usage")] if "## Usage" in text else text.rstrip() + "\n\n"
+    card.write_text(f"{head}## Usage\n\n```python\n{code.strip()}\n```\n", encoding="utf-8")
+
+
+def run_prediction(config, accelerator, job: FinetuneJob) -> FinetuneResult:
+    """--predict: the predictions file (and test metrics) of a fine-tuned model, without training."""
+    if job.test_dataset is None:
+        raise ConfigError(
+            "--predict needs a test split: give --data.test_file (or a dataset with a test split)"
+        )
+    Path(config.training.output_dir).mkdir(parents=True, exist_ok=True)
+    model = accelerator.prepare(job.model)
+    metrics, path = _predict_split(config, accelerator, job, model)
+    accelerator.end_training()
+    return FinetuneResult(None, None, metrics, path)
+
+
+def cli(main: Callable, argv: list[str] | None = None):
+    """Run a script's main(); user errors print one line `error: ...` and exit with status 2."""
+    from finetune.data import FinetuneDataError
+    from pretrain.data import DataError
+
+    try:
+        return main(argv)
+    except (ConfigError, FinetuneDataError, DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+__all__ = [
+    "EncoderModelConfig",
+    "EvalConfig",
+    "FinetuneJob",
+    "FinetuneResult",
+    "check_best_metric",
+    "cli",
+    "data_files",
+    "dataset_names",
+    "finetune_training",
+    "hub_base_models",
+    "is_fine_tuned",
+    "make_loader",
+    "only_test_split",
+    "pop_flags",
+    "positions_limit",
+    "predict_files",
+    "prepare_output",
+    "quiet_transformers",
+    "replace_card_usage",
+    "report_loading",
+    "report_truncation",
+    "resolve_checkpoint",
+    "run_finetuning",
+    "run_prediction",
+    "setup_run",
+    "subsample",
+    "validate_common",
+    "write_predictions",
+]

@@ -1,0 +1,361 @@
+"""Fine-tune a Kiln encoder for token classification: part-of-speech tags or named entities, one tag per word.
+
+accelerate launch finetune/tag.py                                   # UD English-EWT sample, UPOS tags
+accelerate launch finetune/tag.py --data.tag_field xpos             # the same words, Penn Treebank tags
+accelerate launch finetune/tag.py --config configs/finetune/tag-conll2003.yaml
+accelerate launch finetune/tag.py --predict --model.checkpoint runs/tag-ud-ewt/final
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a script (accelerate launch finetune/tag.py): import the packages
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from dataclasses import dataclass, field  # noqa: E402
+
+from finetune.common import (  # noqa: E402
+    EncoderModelConfig,
+    EvalConfig,
+    FinetuneJob,
+    check_best_metric,
+    cli,
+    data_files,
+    dataset_names,
+    finetune_training,
+    is_fine_tuned,
+    only_test_split,
+    pop_flags,
+    positions_limit,
+    predict_files,
+    quiet_transformers,
+    report_loading,
+    report_truncation,
+    resolve_checkpoint,
+    run_finetuning,
+    run_prediction,
+    setup_run,
+    subsample,
+    validate_common,
+)
+from pretrain.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
+
+DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for token
+classification: CoNLL-style column files (tag column chosen), CoNLL-U files (UPOS or XPOS), or a Hub dataset
+with lists of tokens and tags. Each word's tag goes on its first WordPiece (the other pieces are ignored, or
+labelled too with label_all_tokens), and predictions are mapped back to one tag per word. Reports seqeval
+entity precision/recall/F1 (overall and per type) for IOB tag sets, token accuracy for POS tags, keeps the
+best model, writes test-split predictions and output_dir/final (loadable with
+pipeline("token-classification")), and can push it to the Hub."""
+
+IOB_PREFIXES = ("B-", "I-", "E-", "S-", "L-", "U-")
+
+
+@dataclass
+class TagDataConfig:
+    dataset_name: str | None = None
+    """Hub dataset (e.g. `eriktks/conll2003`) or a local dataset folder; when set, the *_file options are ignored."""
+    dataset_config: str | None = None
+    """Hub dataset configuration name."""
+    train_file: str | None = "data/finetune/ud-english-ewt/en_ewt-ud-train-sample.conllu.gz"
+    """Training data: .conllu, .json/.jsonl/.parquet with token and tag lists, or any other name read as CoNLL columns (.gz allowed); relative paths are also looked up from the repo root."""
+    validation_file: str | None = "data/finetune/ud-english-ewt/en_ewt-ud-dev-sample.conllu.gz"
+    """Validation data; without it, validation_split_percentage of the training sentences are held out."""
+    test_file: str | None = "data/finetune/ud-english-ewt/en_ewt-ud-test-sample.conllu.gz"
+    """Test data to predict after training (tags optional in json/parquet; with tags, test metrics are computed too)."""
+    tag_field: str = "upos"
+    """CoNLL-U files: which tags to learn, `upos` (17 universal tags) or `xpos` (language-specific tags)."""
+    tag_column: int = -1
+    """Other CoNLL-style files: the column holding the tag (CoNLL-2003: -1 or 3 = NER, 1 = POS, 2 = chunk)."""
+    token_column: int = 0
+    """Other CoNLL-style files: the column holding the word."""
+    tokens_column: str = "tokens"
+    """Hub datasets and json/parquet files: the column with the lists of words."""
+    tags_column: str = "tags"
+    """Hub datasets and json/parquet files: the column with the lists of tags (e.g. `ner_tags`, `upos`)."""
+    label_list: list[str] | None = None
+    """The full tag set, when some tags are missing from the training split (default: the training tags)."""
+    label_all_tokens: bool = False
+    """Label every WordPiece of a word (B-X becoming I-X on continuation pieces) instead of only the first one; evaluation is per word either way."""
+    validation_split_percentage: float = 10.0
+    """Percent of the training sentences held out for validation when there is no validation split."""
+    max_seq_length: int | None = None
+    """WordPiece tokens per sentence, [CLS] and [SEP] included; None: the checkpoint's max_position_embeddings."""
+    truncation: str = "warn"
+    """Longer sentences are truncated (their last words get no prediction): `warn` says how many, `quiet` does not, `error` refuses them."""
+    max_train_samples: int | None = None
+    """Use only the first N training sentences (quick runs)."""
+    max_eval_samples: int | None = None
+    """Use only the first N validation sentences."""
+    max_predict_samples: int | None = None
+    """Predict only the first N test sentences."""
+
+
+@dataclass
+class TagConfig:
+    model: EncoderModelConfig = field(default_factory=EncoderModelConfig)
+    data: TagDataConfig = field(default_factory=TagDataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    training: TrainingConfig = field(
+        default_factory=lambda: finetune_training("runs/tag-ud-ewt", num_train_epochs=5.0, lr=5e-4)
+    )
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    hub: HubConfig = field(default_factory=HubConfig)
+    predict: bool = False
+    """Do not train: load --model.checkpoint (a fine-tuned tagger) and write the predictions (and metrics, when tagged) of the test split into output_dir."""
+
+
+def is_iob(tags) -> bool:
+    return all(tag == "O" or tag.startswith(IOB_PREFIXES) for tag in tags)
+
+
+def best_metric_choices(tag_names) -> tuple[list[str], str]:
+    """The metrics this tag set gets, and the default one to pick the best model by."""
+    if not is_iob(tag_names):
+        return ["loss", "accuracy"], "accuracy"
+    types = sorted({tag[2:] for tag in tag_names if tag != "O"})
+    per_type = [f"{kind}_{name}" for kind in types for name in ("precision", "recall", "f1")]
+    return ["loss", "accuracy", "precision", "recall", "f1", *per_type], "f1"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tags and model
+
+
+def choose_tags(dataset, data, checkpoint_config, model_cfg, predict: bool) -> tuple[dict, dict, bool]:
+    """(label2id, id2label, keep the checkpoint's head): the checkpoint's tag set when it was fine-tuned
+    for tagging (its tags must cover the data's), else a new one from the data."""
+    from finetune.data import build_label_maps, collect_labels
+
+    fine_tuned = is_fine_tuned(checkpoint_config, "ForTokenClassification")
+    if predict and not fine_tuned:
+        raise ConfigError(
+            f"--predict needs a fine-tuned tagger, but {model_cfg.checkpoint} is a pretraining checkpoint; "
+            "point --model.checkpoint at one, e.g. runs/tag-ud-ewt/final"
+        )
+    if fine_tuned and (predict or not model_cfg.reset_head):
+        saved = {str(name): int(i) for name, i in checkpoint_config.label2id.items()}
+        unknown = [tag for tag in collect_labels(dataset) if tag not in saved]
+        if unknown:
+            shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+            raise ConfigError(
+                f"tag set mismatch: {model_cfg.checkpoint} was fine-tuned with the tags "
+                f"{', '.join(sorted(saved, key=saved.get))}, but the data has {shown}; train a new head with "
+                "--model.reset_head true, or use data with the checkpoint's tags"
+            )
+        return saved, {i: name for name, i in saved.items()}, True
+    label2id, id2label = build_label_maps(data.label_list or dataset["train"]["tags"])
+    return label2id, id2label, False
+
+
+def build_model(path: str, model_cfg, label2id: dict, id2label: dict, keep_head: bool):
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    kwargs = dict(revision=model_cfg.revision, attn_implementation=model_cfg.attn_implementation)
+    if model_cfg.classifier_dropout is not None:
+        kwargs["classifier_dropout"] = model_cfg.classifier_dropout
+    if not keep_head:
+        kwargs.update(
+            num_labels=len(id2label), id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True
+        )
+    with quiet_transformers():
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            path, output_loading_info=True, **kwargs
+        )
+    report_loading(info, path, allowed_missing=lambda key: key.startswith("classifier."))
+    fine_tuned_before = not any(key.startswith("classifier.") for key in info["missing_keys"])
+    # --model.reset_head on a fine-tuned checkpoint: a new head (ignore_mismatched_sizes only replaces it when the
+    # label count differs)
+    if not keep_head and fine_tuned_before:
+        with torch.no_grad():
+            model.classifier.weight.normal_(0.0, model.config.initializer_range)
+            model.classifier.bias.zero_()
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# data
+
+
+def tokenize_splits(
+    dataset, encoded, tokenizer, label2id: dict, max_length: int, positions: int, data
+) -> dict:
+    """Tokenized copies of the splits (input_ids, attention_mask, labels aligned to the pieces). The piece ->
+    word map of each sentence is added to the raw splits as `word_ids`, to map predictions back to words."""
+    from finetune.data import b_to_i_map, tokenize_and_align
+
+    b_to_i = b_to_i_map(label2id)
+
+    def tokenize(batch, label_all_tokens: bool):
+        encoding = tokenize_and_align(
+            batch, tokenizer, label_all_tokens, max_length, b_to_i=b_to_i, return_word_ids=True
+        )
+        encoding["truncated"] = [
+            max((i for i in ids if i is not None), default=-1) + 1 < len(words)
+            for ids, words in zip(encoding["word_ids"], batch["tokens"])
+        ]
+        return encoding
+
+    tokenized, counts = {}, {}
+    for split_name, split in encoded.items():
+        # only training labels every piece; evaluation and predictions are on each word's first piece
+        label_all = data.label_all_tokens and split_name == "train"
+        mapped = split.map(
+            tokenize,
+            batched=True,
+            remove_columns=split.column_names,
+            fn_kwargs={"label_all_tokens": label_all},
+            desc=f"tokenizing {split_name}",
+        )
+        mapped, truncated = pop_flags(mapped, "truncated")
+        counts[split_name] = (truncated, len(mapped))
+        dataset[split_name] = dataset[split_name].add_column("word_ids", mapped["word_ids"])
+        tokenized[split_name] = mapped.remove_columns("word_ids")
+    report_truncation(counts, "sentences", max_length, positions, "--data.max_seq_length", data.truncation)
+    return tokenized
+
+
+# ----------------------------------------------------------------------------------------------------------
+# predicting and scoring
+
+
+def infer(model, loader, accelerator):
+    """Piece-level predicted tag ids per sentence ([CLS]/[SEP] included, padding dropped), and the mean loss
+    over labelled pieces."""
+    import torch
+    import torch.nn.functional as F
+
+    predictions, loss_sum, count = [], 0.0, 0
+    for batch in loader:
+        labels = batch.pop("labels", None)
+        logits = model(**batch).logits.float()  # (B, T, num_labels)
+        if labels is not None:
+            token_loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+            labelled = (labels != -100).sum(-1).float()
+            per_sentence = torch.stack([token_loss.sum(-1), labelled], dim=-1)  # (B, 2)
+            sums = accelerator.gather_for_metrics(per_sentence).sum(0)
+            loss_sum, count = loss_sum + float(sums[0]), count + float(sums[1])
+        pieces = logits.argmax(-1).masked_fill(batch["attention_mask"] == 0, -100)
+        pieces = accelerator.gather_for_metrics(
+            accelerator.pad_across_processes(pieces, dim=1, pad_index=-100)
+        )
+        predictions.extend([int(p) for p in row if p != -100] for row in pieces.tolist())
+    return predictions, (loss_sum / count if count else None)
+
+
+def make_scoring(id2label: dict):
+    from finetune.data import words_from_predictions
+    from finetune.metrics import load_metric
+
+    metric = load_metric("seqeval_tags")
+
+    def word_tags(predictions, split) -> list[list[str]]:
+        return [
+            [id2label[i] for i in words_from_predictions(pieces, word_ids)]
+            for pieces, word_ids in zip(predictions, split["word_ids"])
+        ]
+
+    def compute_metrics(predictions, split) -> dict[str, float]:
+        predicted = word_tags(predictions, split)
+        # words cut off by truncation have no prediction: score the words that were seen
+        references = [tags[: len(tags_predicted)] for tags, tags_predicted in zip(split["tags"], predicted)]
+        return metric.compute(predictions=predicted, references=references)
+
+    def prediction_rows(predictions, split) -> list[dict]:
+        predicted = word_tags(predictions, split)
+        references = split["tags"] if "tags" in split.column_names else None
+        rows = []
+        for i, (tokens, tags) in enumerate(zip(split["tokens"], predicted)):
+            row = {"tokens": tokens, "predictions": tags}
+            if references is not None:
+                row["references"] = references[i]
+            rows.append(row)
+        return rows
+
+    return compute_metrics, prediction_rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None):
+    from transformers import AutoTokenizer, DataCollatorForTokenClassification
+
+    from finetune.data import encode_labels, load_tagging_data
+    from pretrain.modeling import count_flops_per_token
+
+    config = build_config(TagConfig, argv, prog="accelerate launch finetune/tag.py", description=DESCRIPTION)
+    validate_common(config)
+    data, model_cfg = config.data, config.model
+    path, checkpoint_config = resolve_checkpoint(
+        model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder",), model_cfg.revision
+    )
+    accelerator = setup_run(config)
+
+    with accelerator.main_process_first():
+        dataset = load_tagging_data(
+            dataset_name=data.dataset_name,
+            dataset_config=data.dataset_config,
+            **(predict_files(data) if config.predict else data_files(data)),
+            tokens_column=data.tokens_column,
+            tags_column=data.tags_column,
+            tag_column=data.tag_column,
+            token_column=data.token_column,
+            tag_field=data.tag_field,
+            label_list=data.label_list,
+            validation_split_percentage=data.validation_split_percentage,
+            seed=config.training.seed,
+        )
+    # the tag set comes from the whole training split, before any max_*_samples cut
+    label2id, id2label, keep_head = choose_tags(dataset, data, checkpoint_config, model_cfg, config.predict)
+    dataset = subsample(dataset, data)
+    choices, default_metric = best_metric_choices(list(label2id))
+    check_best_metric(config.training, choices, default=default_metric)
+    if config.predict:
+        dataset = only_test_split(dataset)
+    with quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=model_cfg.revision)
+    model = build_model(path, model_cfg, label2id, id2label, keep_head)
+    max_length = positions_limit(
+        data.max_seq_length, model.config.max_position_embeddings, "data.max_seq_length"
+    )
+
+    with accelerator.main_process_first():
+        encoded = encode_labels(dataset, label2id)
+        positions = model.config.max_position_embeddings
+        tokenized = tokenize_splits(dataset, encoded, tokenizer, label2id, max_length, positions, data)
+    compute_metrics, prediction_rows = make_scoring(id2label)
+    job = FinetuneJob(
+        task="token-classification",
+        model=model,
+        tokenizer=tokenizer,
+        collator=DataCollatorForTokenClassification(tokenizer),
+        infer=infer,
+        compute_metrics=compute_metrics,
+        prediction_rows=prediction_rows,
+        reference_column="tags",
+        train_dataset=tokenized.get("train"),
+        eval_dataset=tokenized.get("validation"),
+        eval_split=dataset.get("validation"),
+        test_dataset=tokenized.get("test"),
+        test_split=dataset.get("test"),
+        metadata={"task": "token-classification", "num_labels": len(id2label)},
+        datasets=dataset_names(data),
+        extra_summary={
+            "base model": model_cfg.checkpoint,
+            "tags": ", ".join(id2label[i] for i in sorted(id2label)),
+            "label all pieces": data.label_all_tokens,
+            "max sequence length": max_length,
+        },
+        flops_per_token=count_flops_per_token(model.config, max_length),
+    )
+    if config.predict:
+        return run_prediction(config, accelerator, job)
+    return run_finetuning(config, accelerator, job)
+
+
+if __name__ == "__main__":
+    cli(main)
