@@ -1,6 +1,6 @@
 """Tokens/s of the encoder data path (NSP examples + MLM collation) against the training step's tokens/s.
 
-    python bench/data.py --train-json bench/results/encoder-l4.json --json bench/results/data.json
+    python bench/data.py --train-json bench/results/l4.json --json bench/results/data.json
 
 Stages, on the shipped corpus (data/pretrain/*.txt) at max_seq_length 128, batch 32, through pretrain.data:
 - `create_nsp_examples`: sentence tokenization + NSP pair building (tokenization is cached once per run by
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab-size", type=int, default=30522, help="WordPiece vocabulary to train")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per stage (median)")
     parser.add_argument(
-        "--train-json", default="bench/results/encoder-l4.json", help="bench/throughput.py output"
+        "--train-json", default="bench/results/l4.json", help="bench/throughput.py output"
     )
     parser.add_argument(
         "--train-tokens-per-s", type=float, help="training tokens/s (instead of --train-json)"

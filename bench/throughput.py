@@ -288,7 +288,7 @@ def check_same_function(reference: StepRunner, kiln: StepRunner, batch, atol: fl
                 [p.grad for p in runner.model.parameters() if p.grad is not None]
             )
             runner.optimizer.zero_grad(set_to_none=True)
-            results[runner.name] = (float(loss), float(grad_norm))
+            results[runner.name] = (loss.item(), grad_norm.item())
     (ref_loss, ref_norm), (kiln_loss, kiln_norm) = results[reference.name], results[kiln.name]
     if not math.isclose(kiln_loss, ref_loss, rel_tol=atol, abs_tol=atol) or not math.isclose(
         kiln_norm, ref_norm, rel_tol=10 * atol

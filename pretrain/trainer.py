@@ -360,7 +360,8 @@ class Trainer:
             self.state.best_metric, self.state.best_step = value, self.state.global_step
             self.state.evals_without_improvement = 0
             if self.on_best is not None:
-                self.on_best(self.accelerator.unwrap_model(self.model), self.state)
+                # the prepared (possibly FSDP/DeepSpeed-wrapped) model: accelerator.get_state_dict gathers it
+                self.on_best(self.model, self.state)
         else:
             self.state.evals_without_improvement += 1
         patience = self.training.early_stopping_patience
