@@ -261,7 +261,9 @@ class StepRunner:
         return params + state
 
     def saved_bytes_step(self) -> int:
-        """Run one step counting params + grads + optimizer state + unique storages saved for backward."""
+        """Run one step counting params + grads + optimizer state + unique storages saved for backward.
+
+        The step runs the eager model: torch.compile would try to trace the counting hook."""
         param_storages = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
         saved: dict[int, int] = {}
 
@@ -271,8 +273,12 @@ class StepRunner:
                 saved[storage.data_ptr()] = storage.nbytes()
             return tensor
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            self.step()
+        compiled, self.call = self.call, self.model
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                self.step()
+        finally:
+            self.call = compiled
         grads = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
         return self.persistent_bytes() + grads + sum(saved.values())
 
@@ -419,7 +425,9 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
         runner = runners[runner_name]
         start = time.perf_counter()
         saved_mb[runner_name] = runner.saved_bytes_step() / 2**20
-        for _ in range(preset.warmup - 1):
+        # compiled: one step per distinct batch first, so (re)compilation for each shape stays out of the timing
+        warm_steps = preset.warmup - 1 + (NUM_BATCHES if runner.call is not runner.model else 0)
+        for _ in range(warm_steps):
             runner.step()
         print(f"[{name}] warm-up {runner_name}: {time.perf_counter() - start:.1f}s", flush=True)
 

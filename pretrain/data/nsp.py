@@ -185,7 +185,8 @@ def create_nsp_examples(
     Returns feature dicts with `input_ids`, `token_type_ids` and (NSP/SOP) `next_sentence_label`.
     """
     flat = [sentence for doc in documents for sentence in doc]
-    ids = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+    # verbose=False: sentences longer than model_max_length are expected here (pairs truncate them later)
+    ids = tokenizer(flat, add_special_tokens=False, verbose=False)["input_ids"] if flat else []
     tokenized, start = [], 0
     for doc in documents:
         tokenized.append(ids[start : start + len(doc)])
