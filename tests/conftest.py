@@ -68,13 +68,12 @@ for _name in (
 @pytest.fixture(scope="session")
 def hub_server():
     """The session's offline Hub (tests/hub_server.py) on HF_ENDPOINT. Prefer `hub`: it resets per test."""
-    import huggingface_hub
+    # constants is a lazy submodule of huggingface_hub: import it rather than rely on another test having done so
     from hub_server import HubServer
+    from huggingface_hub import constants
 
-    if huggingface_hub.constants.ENDPOINT != HUB_URL:
-        pytest.fail(
-            f"huggingface_hub talks to {huggingface_hub.constants.ENDPOINT}, not the test Hub {HUB_URL}"
-        )
+    if constants.ENDPOINT != HUB_URL:
+        pytest.fail(f"huggingface_hub talks to {constants.ENDPOINT}, not the test Hub {HUB_URL}")
     server = HubServer(port=HUB_PORT, token=TEST_TOKEN).start()
     yield server
     server.stop()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kiln_testing import reset_accelerate
 
 REPO = Path(__file__).resolve().parent.parent
 DEBUG = str(REPO / "configs/pretrain/debug.yaml")
@@ -21,20 +22,12 @@ DECODER = [
 FAST = ["--logging.logging_steps", "1"]
 
 
-def _reset_accelerate():
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
 def run_main(main, *args):
-    _reset_accelerate()
+    reset_accelerate()
     try:
         return main([str(arg) for arg in args])
     finally:
-        _reset_accelerate()
+        reset_accelerate()
 
 
 def classify(*args):
@@ -459,12 +452,12 @@ def cli_error(script, capsys, *args) -> str:
 
     module = {"classify": "finetune.classify", "tag": "finetune.tag", "seq2seq": "finetune.seq2seq"}[script]
     main = __import__(module, fromlist=["main"]).main
-    _reset_accelerate()
+    reset_accelerate()
     try:
         with pytest.raises(SystemExit) as exit_info:
             cli(main, [str(arg) for arg in args])
     finally:
-        _reset_accelerate()
+        reset_accelerate()
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err and err[-1].startswith("error: "), err
