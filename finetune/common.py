@@ -21,14 +21,13 @@ import logging
 import math
 import os
 import re
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import ConfigError, TrainingConfig, resolve_path, save_config
+from pretrain.config import ConfigError, TrainingConfig, resolve_path, run_cli, validate_run_sections
 
 logger = logging.getLogger("kiln")
 
@@ -93,23 +92,10 @@ def finetune_training(output_dir: str, **overrides) -> TrainingConfig:
 def validate_common(config) -> None:
     """Checks every fine-tuning config needs; task checks live in the scripts."""
     training, data = config.training, config.data
-    if training.per_device_train_batch_size <= 0 or training.per_device_eval_batch_size <= 0:
-        raise ConfigError(
-            "training.per_device_train_batch_size and per_device_eval_batch_size must be positive"
-        )
-    if training.gradient_accumulation_steps <= 0:
-        raise ConfigError("training.gradient_accumulation_steps must be positive")
+    validate_run_sections(config)
     if training.metric_for_best_model in ("loss", "eval/loss") and training.greater_is_better:
         raise ConfigError(
             "metric_for_best_model loss needs --training.greater_is_better false (lower loss is better)"
-        )
-    if config.hub.push_to_hub and not config.hub.model_id:
-        raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
-    if config.hub.strategy not in ("end", "every_save", "checkpoint"):
-        raise ConfigError(f"hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}")
-    if config.logging.report_to not in ("none", "wandb", "tensorboard", "all"):
-        raise ConfigError(
-            f"logging.report_to must be wandb, tensorboard, all or none, got {config.logging.report_to!r}"
         )
     if config.eval.predictions_format not in PREDICTIONS_FORMATS:
         raise ConfigError(
@@ -451,38 +437,17 @@ class FinetuneResult:
 
 
 def setup_run(config):
-    """Accelerator, logging and seed: everything before the data and the model are built."""
-    from accelerate.utils import set_seed
-
-    from pretrain.trainer import build_accelerator
+    """Accelerator, logging and seed (pretrain.trainer.start_run): everything before the data and the model."""
+    from pretrain.trainer import start_run
 
     # EncoderDecoderModel warns on every forward that it computes the loss itself: we know, and want it
     warnings.filterwarnings(
         "ignore", message="Version v4.12.0 introduces a better way", category=FutureWarning
     )
-    accelerator = build_accelerator(config.training, config.logging)
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        level=logging.INFO if accelerator.is_main_process else logging.WARNING,
-    )
+    accelerator = start_run(config.training, config.logging)
     # rouge_score logs "Using default tokenizer" at INFO on every call
     logging.getLogger("absl").setLevel(logging.WARNING)
-    set_seed(config.training.seed)
     return accelerator
-
-
-def prepare_output(config, accelerator) -> Path:
-    """The output folder, refusing to mix two runs (as pretraining does), with the resolved config.yaml.
-    Called once data and model are known to be fine, so a bad-input error leaves no half-made run behind."""
-    from pretrain.run import prepare_output_dir
-
-    out = Path(config.training.output_dir)
-    prepare_output_dir(config, accelerator.is_main_process)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(config, out / "config.yaml")
-    return out
 
 
 def _evaluator(job: FinetuneJob):
@@ -574,10 +539,11 @@ def _is_eval(entry: dict) -> bool:
 def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
     """Train `job.model` with the shared loop, keep the best model, predict the test split, export, push."""
     from pretrain.export import HubSync, export_model, save_model_files
-    from pretrain.trainer import Trainer
+    from pretrain.trainer import Trainer, prepare_output
 
     training = config.training
     _set_epoch_evaluation(config, job, accelerator.num_processes)
+    # only now, once data and model are known to be fine: a bad-input error leaves no half-made run behind
     out = prepare_output(config, accelerator)
     best_dir = out / "best"
 
@@ -604,11 +570,7 @@ def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
         on_best=save_best,
         download_checkpoint=hub.download_checkpoint,
     )
-    hub.attach(trainer.model)
-    if config.logging.report_to != "none":
-        accelerator.init_trackers(
-            config.logging.project, config=hub.tracker_config(), init_kwargs=hub.tracker_init_kwargs()
-        )
+    hub.start(trainer.model)
     state = trainer.train()
     if state.stop_reason == "signal":
         accelerator.print(
@@ -688,11 +650,7 @@ def cli(main: Callable, argv: list[str] | None = None):
     from finetune.data import FinetuneDataError
     from pretrain.data import DataError
 
-    try:
-        return main(argv)
-    except (ConfigError, FinetuneDataError, DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return run_cli(main, argv, (FinetuneDataError, DataError))
 
 
 __all__ = [
@@ -712,7 +670,6 @@ __all__ = [
     "pop_flags",
     "positions_limit",
     "predict_files",
-    "prepare_output",
     "quiet_transformers",
     "replace_card_usage",
     "report_loading",

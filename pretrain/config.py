@@ -12,6 +12,7 @@ import os
 import sys
 import textwrap
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -453,6 +454,39 @@ def build_config(cls: type, argv: list[str] | None = None, prog: str = "run.py",
         _apply(config, load_yaml(config_path))
     _apply(config, overrides)
     return config
+
+
+def validate_run_sections(config: Any) -> None:
+    """Checks of the sections every Kiln entry point shares (training, logging, hub); each script adds its own."""
+    training = config.training
+    sizes = (
+        training.per_device_train_batch_size,
+        training.per_device_eval_batch_size,
+        training.gradient_accumulation_steps,
+    )
+    if min(sizes) <= 0:
+        raise ConfigError(
+            "training.per_device_train_batch_size, per_device_eval_batch_size and gradient_accumulation_steps "
+            f"must be positive, got {', '.join(map(str, sizes))}"
+        )
+    if config.hub.push_to_hub and not config.hub.model_id:
+        raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
+    if config.hub.strategy not in ("end", "every_save", "checkpoint"):
+        raise ConfigError(f"hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}")
+    if config.logging.report_to not in ("none", "wandb", "tensorboard", "all"):
+        raise ConfigError(
+            f"logging.report_to must be wandb, tensorboard, all or none, got {config.logging.report_to!r}"
+        )
+
+
+def run_cli(main: Callable, argv: list[str] | None, user_errors: tuple[type[Exception], ...] = ()):
+    """Run an entry point's main(argv); user errors (ConfigError and `user_errors`) print one line
+    `error: ...` naming the fix and exit with status 2, without a traceback."""
+    try:
+        return main(argv)
+    except (ConfigError, *user_errors) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def config_from_dict(cls: type, values: dict[str, Any]):

@@ -125,7 +125,7 @@ class HubSync:
         self.config = config
         self.accelerator = accelerator
         self.tokenizer = tokenizer
-        self.model = None  # set by attach(); needed to export weights at save time
+        self.model = None  # set by start(); needed to export weights at save time
         self.pusher = None
         hub = config.hub
         if hub.push_to_hub:
@@ -135,8 +135,15 @@ class HubSync:
                 hub.model_id, private=hub.private, revision=hub.revision, enabled=accelerator.is_main_process
             )
 
-    def attach(self, model) -> None:
+    def start(self, model) -> None:
+        """Call once the Trainer has prepared `model` (it is what gets pushed), before training: also starts the
+        trackers of `logging.report_to` with the run's redacted config."""
         self.model = model
+        logging_cfg = self.config.logging
+        if logging_cfg.report_to != "none":
+            self.accelerator.init_trackers(
+                logging_cfg.project, config=self.tracker_config(), init_kwargs=self.tracker_init_kwargs()
+            )
 
     # --- loop hooks -----------------------------------------------------------------------------------
 

@@ -13,12 +13,8 @@ if __package__ in (None, ""):  # run as a script (accelerate launch pretrain/run
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import logging  # noqa: E402
-import shutil  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-from accelerate.utils import set_seed  # noqa: E402
-
-from pretrain.config import ConfigError, RunConfig, build_config, save_config  # noqa: E402
+from pretrain.config import ConfigError, RunConfig, build_config, run_cli, validate_run_sections  # noqa: E402
 
 logger = logging.getLogger("kiln")
 
@@ -31,38 +27,14 @@ ENCODER_OBJECTIVES = ("mlm+nsp", "mlm+sop", "mlm")
 
 
 def validate(config: RunConfig) -> None:
-    model, training = config.model, config.training
+    model = config.model
     if model.kind not in ("encoder", "decoder"):
         raise ConfigError(f"model.kind must be 'encoder' or 'decoder', got {model.kind!r}")
     if model.kind == "decoder":
         model.objective = "clm"
     elif model.objective not in ENCODER_OBJECTIVES:
         raise ConfigError(f"model.objective for an encoder must be one of {ENCODER_OBJECTIVES}, got {model.objective!r}")
-    if training.per_device_train_batch_size <= 0 or training.gradient_accumulation_steps <= 0:
-        raise ConfigError("training.per_device_train_batch_size and gradient_accumulation_steps must be positive")
-    if config.hub.push_to_hub and not config.hub.model_id:
-        raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
-    if config.hub.strategy not in ("end", "every_save", "checkpoint"):
-        raise ConfigError(f"hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}")
-    if config.logging.report_to not in ("none", "wandb", "tensorboard", "all"):
-        raise ConfigError(f"logging.report_to must be wandb, tensorboard, all or none, got {config.logging.report_to!r}")
-
-
-def prepare_output_dir(config: RunConfig, is_main: bool) -> None:
-    """Refuse to mix two runs in one folder unless asked to overwrite or resume."""
-    out = Path(config.training.output_dir)
-    holds_run = (out / "checkpoints").is_dir() or (out / "final").is_dir() or (out / "config.yaml").is_file()
-    if not holds_run or config.training.resume_from_checkpoint:
-        return
-    if not config.training.overwrite_output_dir:
-        raise ConfigError(
-            f"output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint latest, "
-            "start over with --training.overwrite_output_dir, or pick another --training.output_dir"
-        )
-    if is_main:
-        for name in ("checkpoints", "final", "best", "logs", "metrics.jsonl", "config.yaml", "tokenizer"):
-            path = out / name
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    validate_run_sections(config)
 
 
 def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
@@ -148,30 +120,18 @@ def main(argv: list[str] | None = None):
     from pretrain.modeling import count_flops_per_token
     from pretrain.trainer import (
         Trainer,
-        build_accelerator,
         check_checkpoint_metadata,
-        resolve_batch_size,
+        prepare_output,
         resolve_checkpoint,
+        start_run,
     )
 
     metadata = {"model_kind": config.model.kind, "objective": config.model.objective}
     resume = config.training.resume_from_checkpoint
     if resume and not resume.startswith("hub:"):  # fail before any tokenizer or data work
         check_checkpoint_metadata(resolve_checkpoint(resume, config.training.output_dir), metadata)
-    accelerator = build_accelerator(config.training, config.logging)
-    resolve_batch_size(config.training, accelerator.num_processes)
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        level=logging.INFO if accelerator.is_main_process else logging.WARNING,
-    )
-    logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file checkpoint chatter
-    prepare_output_dir(config, accelerator.is_main_process)
-    accelerator.wait_for_everyone()
-    out = Path(config.training.output_dir)
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(config, out / "config.yaml")
-    set_seed(config.training.seed)
+    accelerator = start_run(config.training, config.logging)
+    out = prepare_output(config, accelerator)
 
     tokenizer = prepare_tokenizer(
         config.tokenizer, config.data, config.model.kind, str(out / "tokenizer"), accelerator=accelerator
@@ -214,11 +174,7 @@ def main(argv: list[str] | None = None):
         download_checkpoint=hub.download_checkpoint,
         num_workers=config.data.num_workers,
     )
-    hub.attach(trainer.model)
-    if config.logging.report_to != "none":
-        accelerator.init_trackers(
-            config.logging.project, config=hub.tracker_config(), init_kwargs=hub.tracker_init_kwargs()
-        )
+    hub.start(trainer.model)
     state = trainer.train()
     if state.stop_reason == "signal":
         accelerator.print(f"stopped by signal at step {state.global_step}; checkpoint saved in {out}/checkpoints")
@@ -236,11 +192,7 @@ def main(argv: list[str] | None = None):
 def cli(argv: list[str] | None = None):
     from pretrain.data import DataError
 
-    try:
-        return main(argv)
-    except (ConfigError, DataError) as err:  # user errors: one line naming the fix, no traceback
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return run_cli(main, argv, (DataError,))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from .config import ConfigError, LoggingConfig, TrainingConfig
+from .config import ConfigError, LoggingConfig, TrainingConfig, save_config
 
 logger = logging.getLogger("kiln")
 
@@ -97,6 +97,45 @@ def resolve_batch_size(training: TrainingConfig, num_processes: int) -> None:
             f"{training.gradient_accumulation_steps} accumulation step(s); use a multiple of {parts}"
         )
     training.per_device_train_batch_size = total // parts
+
+
+def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerator:
+    """What every Kiln entry point does first: the Accelerator, the per-device batch size derived from
+    total_train_batch_size, the log format (main process at INFO), and the seed."""
+    from accelerate.utils import set_seed
+
+    accelerator = build_accelerator(training, logging_cfg)
+    resolve_batch_size(training, accelerator.num_processes)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO if accelerator.is_main_process else logging.WARNING,
+    )
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file checkpoint chatter
+    set_seed(training.seed)
+    return accelerator
+
+
+def prepare_output(config: Any, accelerator: Accelerator) -> Path:
+    """The run folder `config.training.output_dir` with the resolved config.yaml in it. A folder that already
+    holds a run is refused unless resuming or asked to overwrite (then the old run's files are removed)."""
+    training = config.training
+    out = Path(training.output_dir)
+    holds_run = (out / "checkpoints").is_dir() or (out / "final").is_dir() or (out / "config.yaml").is_file()
+    if holds_run and not training.resume_from_checkpoint:
+        if not training.overwrite_output_dir:
+            raise ConfigError(
+                f"output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint "
+                "latest, start over with --training.overwrite_output_dir, or pick another --training.output_dir"
+            )
+        if accelerator.is_main_process:
+            for name in ("checkpoints", "final", "best", "logs", "metrics.jsonl", "config.yaml", "tokenizer"):
+                path = out / name
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(config, out / "config.yaml")
+    return out
 
 
 def build_optimizer(model: torch.nn.Module, training: TrainingConfig) -> torch.optim.Optimizer:
@@ -581,8 +620,10 @@ __all__ = [
     "build_accelerator",
     "build_optimizer",
     "check_checkpoint_metadata",
-    "resolve_batch_size",
     "find_checkpoints",
     "guess_peak_flops",
+    "prepare_output",
+    "resolve_batch_size",
     "resolve_checkpoint",
+    "start_run",
 ]

@@ -34,3 +34,38 @@ def run(output_dir, *overrides):
 def losses(output_dir) -> dict[int, float]:
     rows = [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
     return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
+
+
+def tiny_encoder_config(**overrides):
+    """A KilnEncoderConfig small enough for unit tests (hidden 32, 2 layers, 4 heads), without dropout."""
+    from pretrain.modeling import KilnEncoderConfig
+
+    settings = dict(
+        vocab_size=256,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return KilnEncoderConfig(**{**settings, **overrides})
+
+
+def tiny_decoder_config(**overrides):
+    """A KilnDecoderConfig small enough for unit tests (hidden 32, 2 layers, 4 heads), without dropout."""
+    from pretrain.modeling import KilnDecoderConfig
+
+    settings = dict(
+        vocab_size=256,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=48,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        pad_token_id=0,
+    )
+    return KilnDecoderConfig(**{**settings, **overrides})

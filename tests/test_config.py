@@ -10,7 +10,9 @@ from pretrain.config import (
     field_docs,
     format_help,
     load_yaml,
+    run_cli,
     save_config,
+    validate_run_sections,
 )
 
 
@@ -102,3 +104,34 @@ def test_default_run_equals_encoder_tiny_config():
     tiny = build_config(RunConfig, ["--config", "configs/pretrain/encoder-tiny.yaml"])
     assert default == tiny
     assert format_help(RunConfig, "p", "d").count("--") > 60
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["--training.per_device_eval_batch_size", "0"], "per_device_eval_batch_size .* must be positive, got 32, 0, 1"),
+        (["--training.gradient_accumulation_steps", "-1"], "must be positive, got 32, 64, -1"),
+        (["--hub.push_to_hub"], "needs --hub.model_id"),
+        (["--hub.strategy", "always"], "hub.strategy must be end, every_save or checkpoint, got 'always'"),
+        (["--logging.report_to", "mlflow"], "logging.report_to must be .* got 'mlflow'"),
+    ],
+)
+def test_shared_sections_are_checked_for_every_entry_point(override, message):
+    validate_run_sections(build_config(RunConfig, []))  # the defaults pass
+    with pytest.raises(ConfigError, match=message):
+        validate_run_sections(build_config(RunConfig, override))
+
+
+def test_run_cli_prints_user_errors_on_one_line_and_lets_bugs_through(capsys):
+    class TaskError(ValueError):
+        pass
+
+    def main(argv):
+        raise {"config": ConfigError("bad key; use --x"), "task": TaskError("bad data"), "bug": KeyError("k")}[argv[0]]
+
+    for kind, line in (("config", "error: bad key; use --x"), ("task", "error: bad data")):
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(main, [kind], (TaskError,))
+        assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == line
+    with pytest.raises(KeyError):
+        run_cli(main, ["bug"], (TaskError,))

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from accelerate import Accelerator
+from kiln_testing import tiny_decoder_config, tiny_encoder_config
 
 from pretrain.evaluation import evaluate_decoder
 from pretrain.modeling import (
@@ -112,19 +113,7 @@ def test_linear_cross_entropy_under_bf16_autocast_matches_the_autocast_plain_pat
 
 
 def decoder_config(**overrides) -> KilnDecoderConfig:
-    settings = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=32,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        pad_token_id=0,
-    )
-    settings.update(overrides)
-    return KilnDecoderConfig(**settings)
+    return tiny_decoder_config(**{"vocab_size": VOCAB, "max_position_embeddings": 32, **overrides})
 
 
 def decoder_batch():
@@ -193,19 +182,7 @@ def test_gelu_new_runs_as_the_fused_tanh_gelu_with_transformers_values():
 
 # -------------------------------------------------------------------------------------- sparse last block
 def encoder_config(**overrides) -> KilnEncoderConfig:
-    settings = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=40,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        initializer_range=0.1,
-    )
-    settings.update(overrides)
-    return KilnEncoderConfig(**settings)
+    return tiny_encoder_config(**{"vocab_size": VOCAB, "initializer_range": 0.1, **overrides})
 
 
 def encoder_batch():

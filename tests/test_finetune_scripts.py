@@ -11,14 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from kiln_testing import reset_accelerate
+from kiln_testing import DEBUG, DECODER, REPO, reset_accelerate
 
-REPO = Path(__file__).resolve().parent.parent
-DEBUG = str(REPO / "configs/pretrain/debug.yaml")
-DECODER = [
-    "--model.kind", "decoder", "--model.hidden_act", "gelu_new", "--model.layer_norm_eps", "1e-5",
-    "--data.data_files", str(REPO / "data/tinystories/*.txt"),
-]  # fmt: skip
 FAST = ["--logging.logging_steps", "1"]
 
 
@@ -252,7 +246,9 @@ def test_classify_sentence_pairs_with_float_labels_is_regression(kiln_checkpoint
         "--data.validation_split_percentage", 25, "--training.num_train_epochs", 5, "--training.lr", 0,
         "--training.metric_for_best_model", "loss", "--training.greater_is_better", "false",
         "--training.early_stopping_patience", 1,
-        "--training.per_device_train_batch_size", 16, "--training.per_device_eval_batch_size", 8,
+        # 16 per optimizer step = 8 per device x 2 accumulated micro-steps (ignored, 32 per device: 1 step/epoch)
+        "--training.total_train_batch_size", 16, "--training.gradient_accumulation_steps", 2,
+        "--training.per_device_eval_batch_size", 8,
     )  # fmt: skip
     assert result.state.stop_reason == "early_stopping" and result.state.global_step == 2 * (72 // 16)
     evals = eval_rows(out)
@@ -481,6 +477,9 @@ def test_bad_input_gives_one_line_errors(kiln_checkpoints, tmp_path, capsys):
     assert "is a kiln_encoder checkpoint" in message and "kiln_decoder" in message
     message = cli_error("classify", capsys, "--model.checkpoint", decoder, *out, *data)
     assert "kiln_decoder checkpoint" in message
+    message = cli_error("tag", capsys, "--model.checkpoint", encoder, *out,
+                        "--training.total_train_batch_size", 6, "--training.gradient_accumulation_steps", 4)  # fmt: skip
+    assert "total_train_batch_size 6" in message and "multiple of 4" in message
 
     message = cli_error(
         "classify", capsys, "--model.checkpoint", encoder, *out, *data, "--data.label_column", "author"

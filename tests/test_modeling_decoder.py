@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from kiln_testing import tiny_decoder_config
 from transformers import DynamicCache, EncoderDecoderModel
 
 from pretrain.modeling import (
@@ -22,21 +23,7 @@ PAD, BOS, EOS = 0, 1, 2
 
 
 def make_config(**overrides) -> KilnDecoderConfig:
-    settings = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=48,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-    )
-    settings.update(overrides)
-    return KilnDecoderConfig(**settings)
+    return tiny_decoder_config(**{"vocab_size": VOCAB, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, **overrides})
 
 
 def left_padded_prompts(seed=0):

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from kiln_testing import tiny_encoder_config
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from pretrain.modeling import (
@@ -24,18 +25,7 @@ VOCAB = 301
 
 
 def make_config(**overrides) -> KilnEncoderConfig:
-    settings = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=40,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    settings.update(overrides)
-    return KilnEncoderConfig(**settings)
+    return tiny_encoder_config(**{"vocab_size": VOCAB, **overrides})
 
 
 def make_batch(batch_size=3, length=12, seed=0):
