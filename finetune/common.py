@@ -463,13 +463,15 @@ def _evaluator(job: FinetuneJob):
 
 def _set_epoch_evaluation(config, job: FinetuneJob, num_processes: int) -> None:
     training = config.training
+    from pretrain.trainer import optimizer_steps_per_epoch
+
     batches = len(job.train_dataset) // (training.per_device_train_batch_size * num_processes)
-    steps_per_epoch = batches // training.gradient_accumulation_steps
+    steps_per_epoch = optimizer_steps_per_epoch(batches, training.gradient_accumulation_steps)
     if steps_per_epoch == 0:
         raise ConfigError(
-            f"the training split ({len(job.train_dataset)} examples) is smaller than one optimizer step "
-            f"({training.per_device_train_batch_size} x {num_processes} processes x "
-            f"{training.gradient_accumulation_steps} accumulation); lower the batch size or add data"
+            f"the training split ({len(job.train_dataset)} examples) is smaller than one batch "
+            f"({training.per_device_train_batch_size} x {num_processes} processes); "
+            "lower the batch size or add data"
         )
     if config.eval.each_epoch:
         training.eval_steps = steps_per_epoch

@@ -8,6 +8,8 @@ wall-clock budget and clean SIGTERM/SIGINT handling.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import math
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Subset
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -34,6 +36,28 @@ CHECKPOINT_PREFIX = "step-"
 TRAINER_STATE_FILE = "trainer_state.json"
 
 Evaluator = Callable[[torch.nn.Module, DataLoader, Accelerator], dict[str, float]]
+LossItems = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor | int]]
+"""Given a batch, how many items each loss part averages over: {"mlm_loss": masked tokens, "nsp_loss": rows}.
+The keys name fields of the model output (`loss`, or parts such as `mlm_loss`); see `Trainer`."""
+
+
+def count_loss_items(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | int]:
+    """Default: the loss is a mean over labelled tokens when labels are token-level integer ids (token
+    classification, seq2seq targets; -100 = ignored), else a mean over the batch's rows (sequence labels)."""
+    labels = batch.get("labels")
+    if torch.is_tensor(labels) and labels.dim() >= 2 and not labels.is_floating_point():
+        return {"loss": (labels != -100).sum()}
+    return {"loss": _batch_rows(batch)}
+
+
+def _batch_rows(batch: dict[str, torch.Tensor]) -> int:
+    return int(next(v for v in batch.values() if torch.is_tensor(v)).shape[0])
+
+
+def optimizer_steps_per_epoch(micro_batches: int, gradient_accumulation_steps: int) -> int:
+    """An epoch of n micro-batches holds ceil(n / accumulation) optimizer steps: a partial last window is
+    stepped too (as transformers' Trainer and accelerate do), its loss normalised by what it really holds."""
+    return math.ceil(micro_batches / gradient_accumulation_steps)
 
 
 @dataclass
@@ -138,8 +162,13 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
     return out
 
 
-def build_optimizer(model: torch.nn.Module, training: TrainingConfig) -> torch.optim.Optimizer:
-    """AdamW without weight decay on biases and normalisation weights (every 1-D parameter)."""
+def build_optimizer(
+    model: torch.nn.Module, training: TrainingConfig, device: torch.device | None = None
+) -> torch.optim.Optimizer:
+    """AdamW without weight decay on biases and normalisation weights (every 1-D parameter).
+
+    `device` is where the parameters will live once accelerate has prepared the model (the optimizer is built
+    before `prepare` moves them): fused AdamW on CUDA, foreach elsewhere."""
     decay, no_decay = [], []
     for _name, param in model.named_parameters():
         if not param.requires_grad:
@@ -149,7 +178,8 @@ def build_optimizer(model: torch.nn.Module, training: TrainingConfig) -> torch.o
         {"params": decay, "weight_decay": training.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    fused = all(p.device.type == "cuda" for p in decay + no_decay) and bool(decay)
+    target = torch.device(device) if device is not None else next(iter(decay + no_decay)).device
+    fused = target.type == "cuda" and bool(decay)
     return torch.optim.AdamW(
         groups,
         lr=training.lr,
@@ -211,6 +241,13 @@ class Trainer:
 
     The model must return an output with `.loss` when called on a batch. `metadata` is stored in every
     checkpoint and compared on resume (e.g. the model kind), so a checkpoint of another run is refused early.
+
+    Loss normalisation: `loss_items(batch)` says how many items (labelled tokens, rows) each loss part of the
+    model output averages over. Each optimizer step then minimises the per-item mean over everything its
+    window holds, summed over accumulation steps and processes (what transformers' Trainer does with
+    `num_items_in_batch`): accumulation 4 x batch 2, accumulation 1 x batch 8 and 2 processes x batch 4 take
+    the same step, also when micro-batches hold different numbers of masked tokens, and a partial window at an
+    epoch's end is one step over what it holds.
     """
 
     def __init__(
@@ -231,6 +268,7 @@ class Trainer:
         on_best: Callable[[torch.nn.Module, TrainState], None] | None = None,
         download_checkpoint: Callable[[str, str], str] | None = None,
         num_workers: int = 0,
+        loss_items: LossItems | None = None,
     ):
         self.accelerator = accelerator
         self.training = training
@@ -246,11 +284,15 @@ class Trainer:
         self.on_best = on_best
         self.download_checkpoint = download_checkpoint
         self.num_workers = num_workers
+        # the collator that builds the labels knows what each loss part averages over (MLM: masked tokens)
+        self.loss_items = loss_items or getattr(collator, "loss_items", None) or count_loss_items
         self.output_dir = Path(training.output_dir)
         self.state = TrainState()
         self._stop_signal: int | None = None
         self._eval_loader = None
         self._train_loader = None
+        self._epoch_batches: int | None = None
+        self.steps_per_epoch: int | None = None
 
         if training.max_steps == 0:
             raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
@@ -260,7 +302,7 @@ class Trainer:
         if training.gradient_checkpointing:
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()
-        optimizer = build_optimizer(model, training)
+        optimizer = build_optimizer(model, training, accelerator.device)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         self.total_steps = self._total_steps()
         warmup = training.warmup_steps or math.ceil(training.warmup_ratio * self.total_steps)
@@ -302,19 +344,23 @@ class Trainer:
         return len(dataset) // global_batch
 
     def _total_steps(self) -> int:
+        micro = self._micro_batches_per_epoch()
+        self.steps_per_epoch = (
+            optimizer_steps_per_epoch(micro, self.training.gradient_accumulation_steps) if micro else None
+        )
         if self.training.max_steps > 0:
             return self.training.max_steps
-        micro = self._micro_batches_per_epoch()
         if micro is None:
             raise ConfigError("a streaming dataset has no length: set --training.max_steps")
-        per_epoch = micro // self.training.gradient_accumulation_steps
-        if per_epoch == 0:
+        if micro == 0:
             raise ConfigError(
-                f"the training set is smaller than one optimizer step ({micro} micro-batches, "
-                f"gradient_accumulation_steps {self.training.gradient_accumulation_steps}); "
-                "lower the batch size or accumulation, or add data"
+                f"the training set is smaller than one batch ({self.training.per_device_train_batch_size} per device "
+                f"x {self.accelerator.num_processes} process(es)); lower the batch size or add data"
             )
-        return math.ceil(per_epoch * self.training.num_train_epochs)
+        epochs = self.training.num_train_epochs
+        whole = int(epochs)
+        # a fractional epoch (e.g. 1.5) trains the whole epochs, then that fraction of the next one's steps
+        return whole * self.steps_per_epoch + math.ceil((epochs - whole) * self.steps_per_epoch)
 
     # --- checkpoints --------------------------------------------------------------------------------------
 
@@ -358,17 +404,21 @@ class Trainer:
         if reset is not None and self.eval_collator is not self.collator:
             reset(0)  # the same masks at every evaluation, so numbers are comparable across steps
         if self._eval_loader is None:  # prepared once: every evaluation reads the same shards in the same order
+            dataset = self.eval_dataset
+            if self.training.max_eval_batches:
+                # a prefix of the eval set rather than breaking out of the loader: a loader left half-read stays
+                # on accelerate's stack of active loaders and `gather_for_metrics` would not see its end
+                per_step = self.training.per_device_eval_batch_size * self.accelerator.num_processes
+                dataset = Subset(dataset, range(min(len(dataset), self.training.max_eval_batches * per_step)))
             self._eval_loader = self.accelerator.prepare(
                 DataLoader(
-                    self.eval_dataset,
+                    dataset,
                     batch_size=self.training.per_device_eval_batch_size,
-                    sampler=SequentialSampler(self.eval_dataset),
+                    sampler=SequentialSampler(dataset),
                     collate_fn=self.eval_collator,
                 )
             )
         loader = self._eval_loader
-        if self.training.max_eval_batches:
-            loader = _take(loader, self.training.max_eval_batches)
         was_training = self.model.training
         self.model.eval()
         # evaluation must not disturb the training RNG stream (dropout, masking) or resumed runs would diverge
@@ -452,6 +502,7 @@ class Trainer:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         if training.resume_from_checkpoint:
             self.resume(training.resume_from_checkpoint)
+        self._print_summary()
         previous_handlers = self._install_signal_handlers()
         progress = tqdm(
             total=self.total_steps,
@@ -460,100 +511,40 @@ class Trainer:
             desc="train",
             dynamic_ncols=True,
         )
-        model, optimizer, scheduler = self.model, self.optimizer, self.scheduler
-        model.train()
-        # running sums of the loss and its parts (e.g. mlm_loss, nsp_loss), summed over a logging window
-        window_sums: dict[str, torch.Tensor] = {}
-        window_steps, window_tokens = 0, 0
-        window_start = time.perf_counter()
+        self.model.train()
+        window = _LogWindow()
         run_start = time.perf_counter() - state.train_time_s
         done = state.global_step >= self.total_steps
 
         while not done:
-            loader = self._train_dataloader(state.epoch)
-            epoch_batches = _length(loader)
-            set_epoch = getattr(self.collator, "set_epoch", None)
-            if set_epoch is not None:
-                # map-style skipping never fetches the skipped batches; iterable skipping collates then drops them,
-                # which advances the collator's batch counter by itself
-                streaming = isinstance(loader.dataset, torch.utils.data.IterableDataset)
-                set_epoch(state.epoch, start_batch=0 if streaming else state.batches_in_epoch)
-            if state.batches_in_epoch:
-                loader = acc.skip_first_batches(loader, state.batches_in_epoch)
-            for batch in loader:
-                with acc.accumulate(model):
-                    outputs = model(**batch)
-                    loss = outputs.loss
-                    acc.backward(loss)
-                    for name, value in _loss_parts(outputs).items():
-                        part = value.detach() / training.gradient_accumulation_steps
-                        window_sums[name] = window_sums[name] + part if name in window_sums else part
-                    if acc.sync_gradients:
-                        max_norm = training.max_grad_norm if training.max_grad_norm > 0 else float("inf")
-                        grad_norm = acc.clip_grad_norm_(model.parameters(), max_norm)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                state.batches_in_epoch += 1
-                window_tokens += batch["input_ids"].numel()
-                if not acc.sync_gradients:
-                    continue
-
-                scheduler.step()
+            loader = self._epoch_loader()
+            batches = iter(loader)
+            while not done:
+                micro_batches = list(itertools.islice(batches, training.gradient_accumulation_steps))
+                if not micro_batches:
+                    break  # end of the epoch
+                parts, grad_norm, tokens = self._optimizer_step(micro_batches)
+                state.batches_in_epoch += len(micro_batches)
                 state.global_step += 1
-                window_steps += 1
+                state.tokens_seen += tokens
+                window.add(parts, tokens)
                 progress.update(1)
-
                 if state.global_step % self.logging_cfg.logging_steps == 0 or state.global_step >= self.total_steps:
-                    elapsed = time.perf_counter() - window_start
-                    tokens = window_tokens * acc.num_processes
-                    state.tokens_seen += tokens
-                    names = list(window_sums)
-                    means = acc.reduce(torch.stack([window_sums[n] for n in names]), reduction="mean") / window_steps
-                    metrics = {f"train/{name}": value for name, value in zip(names, means.tolist())}
-                    metrics.update({
-                        "train/lr": scheduler.get_last_lr()[0],
-                        "train/grad_norm": float(grad_norm),
-                        "train/tokens_per_s": tokens / max(elapsed, 1e-9),
-                        "train/epoch": state.epoch + state.batches_in_epoch / epoch_batches
-                        if epoch_batches
-                        else state.epoch,
-                    })
-                    mfu = self._mfu(metrics["train/tokens_per_s"])
-                    if mfu is not None:
-                        metrics["train/mfu"] = mfu
+                    metrics = self._train_metrics(window, grad_norm, self._epoch_batches)
                     self._log(metrics)
                     progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
-                    window_sums = {}
-                    window_steps, window_tokens = 0, 0
-                    window_start = time.perf_counter()
-
+                    window = _LogWindow()
                 state.train_time_s = time.perf_counter() - run_start
-                done = state.global_step >= self.total_steps
-                stop = self._agreed_stop(state.train_time_s)
-                if training.eval_steps and state.global_step % training.eval_steps == 0 and not done:
-                    eval_metrics = self.evaluate()
-                    if eval_metrics:
-                        self._log(eval_metrics)
-                        progress.write(_format_metrics(state.global_step, eval_metrics))
-                        if self._track_best(eval_metrics):
-                            state.stop_reason = "early_stopping"
-                            done = True
-                if done or stop or (training.save_steps and state.global_step % training.save_steps == 0):
-                    if stop:
-                        state.stop_reason = stop
-                        done = True
-                    elif done and not state.stop_reason:
-                        state.stop_reason = "max_steps" if training.max_steps > 0 else "epochs"
-                    if training.save_steps or stop:
-                        self.save_checkpoint()
-                if done:
-                    break
+                done = self._after_step(progress)
             else:
-                state.epoch += 1
-                state.batches_in_epoch = 0
-                if training.max_steps < 0 and state.epoch >= math.ceil(training.num_train_epochs):
-                    state.stop_reason = state.stop_reason or "epochs"
-                    done = True
+                # stopped inside the epoch: take its loader off accelerate's stack of active loaders
+                getattr(loader, "end", lambda: None)()
+                break
+            state.epoch += 1
+            state.batches_in_epoch = 0
+            if training.max_steps < 0 and state.epoch >= math.ceil(training.num_train_epochs):
+                state.stop_reason = state.stop_reason or "epochs"
+                done = True
         progress.close()
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
@@ -566,6 +557,135 @@ class Trainer:
                     print(_format_metrics(state.global_step, final_metrics))
                 self._track_best(final_metrics)
         return state
+
+    def _epoch_loader(self):
+        """This epoch's prepared loader, positioned after the batches a resumed run already consumed."""
+        state = self.state
+        loader = self._train_dataloader(state.epoch)
+        self._epoch_batches = _length(loader)
+        set_epoch = getattr(self.collator, "set_epoch", None)
+        if set_epoch is not None:
+            # map-style skipping never fetches the skipped batches; iterable skipping collates then drops them,
+            # which advances the collator's batch counter by itself
+            streaming = isinstance(loader.dataset, torch.utils.data.IterableDataset)
+            set_epoch(state.epoch, start_batch=0 if streaming else state.batches_in_epoch)
+        if state.batches_in_epoch:
+            loader = self.accelerator.skip_first_batches(loader, state.batches_in_epoch)
+        return loader
+
+    def _optimizer_step(self, micro_batches: list[dict]) -> tuple[dict[str, torch.Tensor], Any, int]:
+        """One optimizer step over an accumulation window (possibly partial, at an epoch's end).
+
+        The window is read in full first, so the number of items (e.g. masked tokens) every loss part averages
+        over is known for the whole window across all processes before the first backward: each micro-batch
+        contributes sum(its per-item losses) / (items in the window), and the gradients add up to the gradient
+        of the window's per-item mean. Returns the window's loss parts (global means), the gradient norm and
+        the number of real (non-padding) tokens it trained on, summed over processes.
+        """
+        acc, model = self.accelerator, self.model
+        local = [{name: float(count) for name, count in self.loss_items(b).items()} for b in micro_batches]
+        names = sorted({name for counts in local for name in counts})
+        real_tokens = sum(_real_tokens(b) for b in micro_batches)
+        window_counts = [sum(counts.get(name, 0.0) for counts in local) for name in names]
+        # one small all-reduce per step: the items of the whole window on every process, and its real tokens
+        totals = acc.reduce(torch.tensor([*window_counts, float(real_tokens)], device=acc.device), reduction="sum")
+        global_counts = dict(zip(names, totals[:-1].tolist()))
+        # accelerate divides by its accumulation steps and DDP/FSDP/DeepSpeed average over processes: undo both,
+        # so the gradient is that of the global per-item mean
+        scale = acc.gradient_accumulation_steps * acc.num_processes
+        parts = {n: torch.zeros((), device=acc.device) for n in names}
+        for i, (batch, counts) in enumerate(zip(micro_batches, local)):
+            last = i == len(micro_batches) - 1
+            acc.sync_gradients = last
+            with contextlib.nullcontext() if last else acc.no_sync(model):
+                outputs = model(**batch)
+                objective = None
+                for name in names:
+                    items = counts.get(name, 0.0)
+                    value = outputs.get(name) if hasattr(outputs, "get") else getattr(outputs, name, None)
+                    if not items or value is None:
+                        continue  # e.g. no masked token in this micro-batch: its mean would be NaN
+                    term = value * (items / global_counts[name])
+                    parts[name] = parts[name] + term.detach()
+                    objective = term if objective is None else objective + term
+                if objective is None:  # nothing to learn from here; keep every process's backward in step
+                    objective = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+                acc.backward(objective * scale)
+        max_norm = self.training.max_grad_norm if self.training.max_grad_norm > 0 else float("inf")
+        grad_norm = acc.clip_grad_norm_(model.parameters(), max_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if not acc.optimizer_step_was_skipped:  # fp16 overflow: no step taken, so the schedule does not move
+            self.scheduler.step()
+        if "loss" not in parts and parts:
+            parts["loss"] = sum(parts.values())  # e.g. MLM + NSP: the total the model optimises
+        return parts, grad_norm, int(totals[-1])
+
+    def _train_metrics(self, window: _LogWindow, grad_norm, epoch_batches: int | None) -> dict[str, float]:
+        acc, state = self.accelerator, self.state
+        names = sorted(window.sums)
+        # each process holds its share of every step's global mean: the sum over processes is the mean
+        means = acc.reduce(torch.stack([window.sums[n] for n in names]), reduction="sum") / window.steps
+        elapsed = max(time.perf_counter() - window.start, 1e-9)
+        metrics = {f"train/{name}": value for name, value in zip(names, means.tolist())}
+        metrics.update({
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/grad_norm": float(grad_norm),
+            "train/tokens_per_s": window.tokens / elapsed,
+            "train/epoch": state.epoch + state.batches_in_epoch / epoch_batches if epoch_batches else state.epoch,
+        })
+        mfu = self._mfu(metrics["train/tokens_per_s"])
+        if mfu is not None:
+            metrics["train/mfu"] = mfu
+        return metrics
+
+    def _after_step(self, progress) -> bool:
+        """Evaluate, stop and checkpoint as the step count, the clock and signals say; True when done."""
+        training, state = self.training, self.state
+        done = state.global_step >= self.total_steps
+        stop = self._agreed_stop(state.train_time_s)
+        if training.eval_steps and state.global_step % training.eval_steps == 0 and not done:
+            eval_metrics = self.evaluate()
+            if eval_metrics:
+                self._log(eval_metrics)
+                progress.write(_format_metrics(state.global_step, eval_metrics))
+                if self._track_best(eval_metrics):
+                    state.stop_reason = "early_stopping"
+                    done = True
+        if done or stop or (training.save_steps and state.global_step % training.save_steps == 0):
+            if stop:
+                state.stop_reason = stop
+                done = True
+            elif done and not state.stop_reason:
+                state.stop_reason = "max_steps" if training.max_steps > 0 else "epochs"
+            if training.save_steps or stop:
+                self.save_checkpoint()
+        return done
+
+    def _print_summary(self) -> None:
+        """What transformers' Trainer prints before training: enough to review how a run was set up."""
+        acc, training = self.accelerator, self.training
+        if not acc.is_main_process:
+            return
+        dataset = self.train_dataset(self.state.epoch)
+        examples = "streaming" if isinstance(dataset, torch.utils.data.IterableDataset) else f"{len(dataset):,}"
+        global_batch = training.per_device_train_batch_size * acc.num_processes * training.gradient_accumulation_steps
+        seq_len = getattr(dataset, "max_seq_length", None) or getattr(self, "max_seq_length", None)
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        epochs = training.num_train_epochs if training.max_steps < 0 else "until max_steps"
+        lines = [
+            f"examples = {examples}",
+            f"epochs = {epochs}" + (f" ({self.steps_per_epoch} optimizer steps each)" if self.steps_per_epoch else ""),
+            f"per-device batch = {training.per_device_train_batch_size}",
+            f"processes = {acc.num_processes} ({acc.distributed_type.value}, mixed precision {acc.mixed_precision})",
+            f"gradient accumulation = {training.gradient_accumulation_steps}",
+            f"global batch = {global_batch} sequences"
+            + (f" (<= {global_batch * seq_len:,} tokens)" if seq_len else ""),
+            f"optimizer steps = {self.total_steps}"
+            + (f" (resuming at {self.state.global_step})" if self.state.global_step else ""),
+            f"trainable parameters = {trainable:,}",
+        ]
+        logger.info("training:\n  " + "\n  ".join(lines))
 
     def _mfu(self, tokens_per_s: float) -> float | None:
         peak = self.logging_cfg.peak_flops or guess_peak_flops(self.accelerator.device, self.training.mixed_precision)
@@ -581,19 +701,29 @@ def _length(loader) -> int | None:
         return None
 
 
-def _loss_parts(outputs) -> dict[str, torch.Tensor]:
-    """The total loss plus any named parts the model reports (mlm_loss, nsp_loss, ...), for logging."""
-    parts = {"loss": outputs.loss}
-    if hasattr(outputs, "items"):
-        parts.update({k: v for k, v in outputs.items() if k.endswith("_loss") and torch.is_tensor(v) and v.ndim == 0})
-    return parts
+def _real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens that are not padding (tokens/s, tokens_seen and MFU count these)."""
+    mask = batch.get("attention_mask")
+    if torch.is_tensor(mask):
+        return int(mask.sum())
+    ids = batch.get("input_ids")
+    return int(ids.numel()) if torch.is_tensor(ids) else 0
 
 
-def _take(loader, n: int):
-    for i, batch in enumerate(loader):
-        if i >= n:
-            break
-        yield batch
+class _LogWindow:
+    """Loss parts, steps and real tokens summed over the optimizer steps of one logging interval."""
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor] = {}
+        self.steps = 0
+        self.tokens = 0
+        self.start = time.perf_counter()
+
+    def add(self, parts: dict[str, torch.Tensor], tokens: int) -> None:
+        for name, value in parts.items():
+            self.sums[name] = self.sums[name] + value if name in self.sums else value
+        self.steps += 1
+        self.tokens += tokens
 
 
 def _format_metrics(step: int, metrics: dict[str, float]) -> str:
@@ -617,6 +747,8 @@ def guess_peak_flops(device: torch.device, mixed_precision: str) -> float | None
 __all__ = [
     "TrainState",
     "Trainer",
+    "count_loss_items",
+    "optimizer_steps_per_epoch",
     "build_accelerator",
     "build_optimizer",
     "check_checkpoint_metadata",

@@ -163,6 +163,15 @@ class MLMCollator:
         batch["input_ids"], batch["labels"] = self.mask_tokens(batch["input_ids"], batch["attention_mask"])
         return batch
 
+    @staticmethod
+    def loss_items(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What the pretraining loss parts average over: the MLM loss over masked tokens, NSP/SOP over pairs
+        (the trainer normalises by these counts over a whole accumulation window and all processes)."""
+        items = {"mlm_loss": (batch["labels"] != -100).sum()}
+        if "next_sentence_label" in batch:
+            items["nsp_loss"] = batch["next_sentence_label"].numel()
+        return items
+
     def mask_tokens(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,6 +242,11 @@ class CLMCollator:
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         pass
+
+    @staticmethod
+    def loss_items(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The causal-LM loss averages over the predicted tokens: labels shifted by one, padding excluded."""
+        return {"loss": (batch["labels"][:, 1:] != -100).sum()}
 
     def __call__(self, features: Sequence[Mapping]) -> dict[str, torch.Tensor]:
         batch = pad_batch(features, self.pad_id, self.pad_to_multiple_of)

@@ -1,0 +1,141 @@
+"""The loop is exact off the easy path: accumulation windows (full and partial), per-token loss normalisation
+across accumulation and processes, truncated evaluations, and resume at every step across epoch boundaries."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from kiln_testing import REPO, reset_accelerate
+from transformers.utils import ModelOutput
+
+WINDOW_SCRIPT = REPO / "tests" / "window_gradients.py"
+
+
+def _window(kind, accumulation, batch, out, processes=1):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+    if processes == 1:
+        command = [sys.executable, str(WINDOW_SCRIPT)]
+    else:
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+                   str(processes), "--main_process_port", str(29600 + (os.getpid() % 200)), str(WINDOW_SCRIPT)]
+    result = subprocess.run([*command, kind, str(accumulation), str(batch), str(out)], cwd=out.parent, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_accumulation_and_processes_take_the_same_step(tmp_path, kind):
+    """accumulation 4 x batch 2 == accumulation 1 x batch 8 == 2 processes x batch 4: the same gradient, although
+    the 8 sequences hold 1..9 masked tokens (encoder) or 1..10 predicted tokens (decoder, padded)."""
+    one_batch = _window(kind, 1, 8, tmp_path / "a1b8.pt")
+    accumulated = _window(kind, 4, 2, tmp_path / "a4b2.pt")
+    two_procs = _window(kind, 1, 4, tmp_path / "p2b4.pt", processes=2)
+    for other in (accumulated, two_procs):
+        assert other["loss"] == pytest.approx(one_batch["loss"], abs=1e-5)
+        assert other["grads"].keys() == one_batch["grads"].keys()
+        for name, grad in one_batch["grads"].items():
+            torch.testing.assert_close(other["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    # not vacuous: per-micro-batch means (the old loop) would have given another gradient
+    assert any(g.abs().max() > 1e-3 for g in one_batch["grads"].values())
+
+
+class _CountingModel(torch.nn.Module):
+    """loss = -mean(w * x) with x = 1 and w = 1: -1 for any batch, gradient -1 for any exact normalisation."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(()))
+        self.forwards = 0
+
+    def forward(self, x, **_):
+        self.forwards += int(self.training)
+        return ModelOutput(loss=-(self.w * x).mean())
+
+
+def _toy_trainer(tmp_path, micro_batches=10, **overrides):
+    from pretrain.config import LoggingConfig, TrainingConfig
+    from pretrain.trainer import Trainer, start_run
+
+    reset_accelerate()
+    settings = dict(output_dir=str(tmp_path / "toy"), per_device_train_batch_size=2, per_device_eval_batch_size=2,
+                    gradient_accumulation_steps=4, max_steps=-1, num_train_epochs=2, lr=0.0, eval_steps=0,
+                    save_steps=0, lr_scheduler_type="constant", seed=0)  # fmt: skip
+    training = TrainingConfig(**{**settings, **overrides})
+    logging_cfg = LoggingConfig(logging_steps=1, report_to="none")
+    accelerator = start_run(training, logging_cfg)
+    rows = [{"x": torch.ones(3)} for _ in range(2 * micro_batches)]
+    model = _CountingModel()
+
+    def collate(features):
+        return {"x": torch.stack([f["x"] for f in features])}
+
+    def evaluator(model, loader, accelerator):
+        return {"batches": float(sum(1 for _ in loader))}
+
+    trainer = Trainer(accelerator, model, training=training, logging_cfg=logging_cfg,
+                      train_dataset=lambda epoch: rows, collator=collate, eval_dataset=rows[:12],
+                      evaluator=evaluator)  # fmt: skip
+    steps_at = []
+    inner = trainer.optimizer.optimizer
+    real_step = inner.step
+
+    def record_step(*args, **kwargs):
+        steps_at.append(model.forwards)
+        return real_step(*args, **kwargs)
+
+    inner.step = record_step
+    return trainer, steps_at
+
+
+def test_partial_window_at_epoch_end_is_a_full_step(tmp_path):
+    """10 micro-batches, accumulation 4, 2 epochs: 3 steps an epoch (4 + 4 + 2), each with loss -1, grad 1."""
+    trainer, steps_at = _toy_trainer(tmp_path)
+    try:
+        assert trainer.total_steps == 6 and trainer.steps_per_epoch == 3
+        state = trainer.train()
+    finally:
+        reset_accelerate()
+    assert steps_at == [4, 8, 10, 14, 18, 20]
+    train_rows = [row for row in state.history if "train/loss" in row]
+    assert [row["step"] for row in train_rows] == [1, 2, 3, 4, 5, 6]
+    assert all(row["train/loss"] == pytest.approx(-1.0) for row in train_rows)
+    assert all(row["train/grad_norm"] == pytest.approx(1.0) for row in train_rows)
+    assert train_rows[-1]["train/epoch"] == pytest.approx(2.0)
+    assert state.stop_reason == "epochs" and state.global_step == 6
+
+
+def test_truncated_evaluation_does_not_move_the_steps(tmp_path):
+    """An evaluation cut short by max_eval_batches after every step leaves the windows as they were."""
+    trainer, steps_at = _toy_trainer(tmp_path, eval_steps=1, max_eval_batches=2)
+    try:
+        state = trainer.train()
+    finally:
+        reset_accelerate()
+    assert steps_at == [4, 8, 10, 14, 18, 20]
+    evals = [row for row in state.history if "eval/batches" in row]
+    assert len(evals) == 6 and all(row["eval/batches"] == 2 for row in evals)
+
+
+def test_fractional_epochs_and_step_count(tmp_path):
+    trainer, steps_at = _toy_trainer(tmp_path, num_train_epochs=1.5)
+    try:
+        assert trainer.total_steps == 5  # 3 + ceil(1.5)
+        state = trainer.train()
+    finally:
+        reset_accelerate()
+    assert state.global_step == 5 and steps_at == [4, 8, 10, 14, 18]
+
+
+def test_fused_adamw_follows_the_accelerator_device():
+    from pretrain.config import TrainingConfig
+    from pretrain.trainer import build_optimizer
+
+    model = torch.nn.Linear(4, 4)
+    # the decision is read from the device accelerate will put the model on, not from where it is now (CPU)
+    assert build_optimizer(model, TrainingConfig(), torch.device("cpu")).defaults["fused"] is None
+    assert build_optimizer(model, TrainingConfig(), torch.device("cuda")).defaults["fused"] is True
