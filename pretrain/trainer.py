@@ -319,6 +319,8 @@ class Trainer:
         # and no draw from the global RNG (which drives dropout) is spent on it
         generator = torch.Generator().manual_seed(self.training.seed * 1000 + epoch)
         is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        if not is_iterable:
+            dataset = _with_example_index(dataset, self.collator)
         sampler = None if is_iterable else RandomSampler(dataset, generator=generator)
         loader = DataLoader(
             dataset,
@@ -404,7 +406,7 @@ class Trainer:
         if reset is not None and self.eval_collator is not self.collator:
             reset(0)  # the same masks at every evaluation, so numbers are comparable across steps
         if self._eval_loader is None:  # prepared once: every evaluation reads the same shards in the same order
-            dataset = self.eval_dataset
+            dataset = _with_example_index(self.eval_dataset, self.eval_collator)
             if self.training.max_eval_batches:
                 # a prefix of the eval set rather than breaking out of the loader: a loader left half-read stays
                 # on accelerate's stack of active loaders and `gather_for_metrics` would not see its end
@@ -699,6 +701,29 @@ def _length(loader) -> int | None:
         return len(loader)
     except TypeError:  # iterable (streaming) datasets have no length
         return None
+
+
+class _ExampleIndexed(torch.utils.data.Dataset):
+    """Rows of `dataset` with their position added as `example_index`, for collators whose randomness is per
+    example (the MLM collator: masks from (seed, epoch, example index), the same on any number of processes)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        return {**self.dataset[index], "example_index": index}
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        getitems = getattr(self.dataset, "__getitems__", None)
+        rows = getitems(indices) if getitems is not None else [self.dataset[i] for i in indices]
+        return [{**row, "example_index": index} for row, index in zip(rows, indices)]
+
+
+def _with_example_index(dataset, collator):
+    return _ExampleIndexed(dataset) if getattr(collator, "wants_example_index", False) else dataset
 
 
 def _real_tokens(batch: dict[str, torch.Tensor]) -> int:

@@ -208,3 +208,36 @@ def test_clm_collator_labels_are_inputs_with_padding_ignored(tokenizer):
     assert batch["input_ids"].shape == (2, 8)
     assert batch["labels"].tolist() == [[5, 6, 7, 8, 9, -100, -100, -100], [10, 11] + [-100] * 6]
     assert batch["attention_mask"].sum(1).tolist() == [5, 2]
+
+
+def test_masks_depend_on_the_example_not_on_batch_or_process(tokenizer):
+    """With example_index (the trainer adds it), a sequence's masks are the same whatever batch it is in, however
+    long its batch mates are and whatever the process rank: 1 and N processes see identical masks."""
+    features = [{**f, "example_index": 100 + i} for i, f in enumerate(pair_features(tokenizer, 16, seed=3))]
+    collator = MLMCollator(tokenizer, seed=7)
+    collator.set_epoch(2)
+    whole = collator(features)
+    halves = [collator(features[8:]), collator(features[:8])]  # other order, other padded widths
+    for start, part in ((8, halves[0]), (0, halves[1])):
+        for row in range(8):
+            length = int(part["attention_mask"][row].sum())
+            assert torch.equal(part["labels"][row, :length], whole["labels"][start + row, :length])
+            assert torch.equal(part["input_ids"][row, :length], whole["input_ids"][start + row, :length])
+    assert "example_index" not in whole
+    collator.set_epoch(3)  # another epoch: other masks for the same examples
+    assert not torch.equal(collator(features)["labels"], whole["labels"])
+
+
+def test_whole_word_cap_skips_a_word_that_overflows_and_keeps_later_ones(tokenizer):
+    """Budget 3, words in random order of sizes 2, 2, 1: the second word does not fit and is skipped, the third
+    still does (Google's create_pretraining_data.py); the first version dropped every word after an overflow."""
+    collator = MLMCollator(tokenizer, whole_word_mask=True, max_predictions_per_seq=3, seed=0)
+    selected = torch.tensor([[False, True, True, True, True, True, False]])
+    word_start = torch.tensor([[0, 1, 1, 3, 3, 5, 6]])  # words at 1-2, 3-4 and 5
+    score = torch.tensor([[0.0, 0.1, 0.1, 0.2, 0.2, 0.3, 0.0]])  # kept in this order
+    kept = collator._cap(selected, word_start, score)
+    assert kept.tolist() == [[False, True, True, False, False, True, False]]
+    token_level = MLMCollator(tokenizer, max_predictions_per_seq=3, seed=0)
+    assert token_level._cap(selected, None, torch.tensor([[0, 5, 1, 4, 2, 3, 0.0]])).tolist() == [
+        [False, False, True, False, True, True, False]
+    ]

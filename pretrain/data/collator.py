@@ -4,12 +4,15 @@ Both follow the transformers DataCollator convention: called on a list of featur
 tensors. Masking is vectorised in torch (no Python loop over tokens).
 
 Randomness and exact resume: with `seed=None` the MLM collator draws from the global torch RNG, like
-transformers' DataCollatorForLanguageModeling. With a seed, every call builds its own
-`torch.Generator` from (seed, epoch, batch index, process rank), so a batch's masks depend only on its position
-in the run, never on how far a prefetching dataloader has run ahead. Call `set_epoch(epoch)` at the start of
-each epoch and `set_epoch(epoch, start_batch=n)` after skipping n batches on resume. With DataLoader workers
-the batch index is `start_batch + calls_in_this_worker * num_workers + worker_id`, which matches the order in
-which a DataLoader hands out batches (non-persistent workers: they must see each set_epoch).
+transformers' DataCollatorForLanguageModeling. With a seed, every sequence's masks come from its own
+`torch.Generator` seeded by (seed, epoch, example index) when the features carry `example_index` (Kiln's trainer
+adds it: the example's position in the epoch's dataset). A sequence's masks then depend neither on which batch,
+process or DataLoader worker it lands in nor on how long the other sequences of its batch are: 1 and N processes
+train and evaluate on identical masks, and a resumed run masks exactly as an uninterrupted one. Features without
+an index (streaming data, direct calls) fall back to one generator per batch from (seed, epoch, batch index,
+process rank); call `set_epoch(epoch)` at the start of each epoch and `set_epoch(epoch, start_batch=n)` after
+skipping n batches on resume. With DataLoader workers that batch index is `start_batch + calls_in_this_worker *
+num_workers + worker_id`, the order in which a DataLoader hands out batches (non-persistent workers).
 """
 
 from __future__ import annotations
@@ -70,6 +73,11 @@ class _SeededCalls:
             _process_rank(),
             0,
         )
+
+    def example_generator(self, example_index: int) -> torch.Generator:
+        """The generator of one example: (seed, epoch, example index), independent of batch and process."""
+        state = np.random.SeedSequence([self.seed, self.epoch, int(example_index)]).generate_state(2, dtype=np.uint32)
+        return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
     def next_generator(self) -> torch.Generator | None:
         if self.seed is None:
@@ -155,13 +163,26 @@ class MLMCollator:
         """Start of an epoch (start_batch: batches already consumed when resuming mid-epoch)."""
         self._rng.set_epoch(epoch, start_batch)
 
+    wants_example_index = True
+    """Tells Kiln's trainer to add `example_index` to every feature (see the module docstring)."""
+
     def __call__(self, features: Sequence[Mapping]) -> dict[str, torch.Tensor]:
         keys = ["input_ids"] + (["token_type_ids"] if "token_type_ids" in features[0] else [])
         batch = pad_batch(features, self.pad_id, self.pad_to_multiple_of, keys)
         if "next_sentence_label" in features[0]:
             batch["next_sentence_label"] = torch.tensor([int(f["next_sentence_label"]) for f in features])
-        batch["input_ids"], batch["labels"] = self.mask_tokens(batch["input_ids"], batch["attention_mask"])
+        draws = None
+        if self.seed is not None and "example_index" in features[0]:
+            draws = self._example_draws([int(f["example_index"]) for f in features], batch["attention_mask"])
+        batch["input_ids"], batch["labels"] = self.mask_tokens(batch["input_ids"], batch["attention_mask"], draws=draws)
         return batch
+
+    def _example_draws(self, example_indices: list[int], attention_mask: torch.Tensor) -> torch.Tensor:
+        """(4, B, T) uniforms, row b drawn from example b's own generator over its real (unpadded) length."""
+        draws = torch.ones((4, *attention_mask.shape))  # padding: never selected (and never a candidate)
+        for row, (index, length) in enumerate(zip(example_indices, attention_mask.sum(1).tolist())):
+            draws[:, row, :length] = torch.rand(4, length, generator=self._rng.example_generator(index))
+        return draws
 
     @staticmethod
     def loss_items(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -173,58 +194,67 @@ class MLMCollator:
         return items
 
     def mask_tokens(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        generator: torch.Generator | None = None,
+        draws: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(masked input_ids, labels) for a padded batch; uses the collator's seeded generator when not given."""
-        g = generator if generator is not None else self._rng.next_generator()
+        """(masked input_ids, labels) for a padded batch.
+
+        `draws`: (4, B, T) uniforms in [0, 1) for selection, the cap's order, the 80/10/10 choice and the random
+        token; drawn here (from `generator`, else the collator's seeded generator, else the global RNG) if not given.
+        """
+        if draws is None:
+            g = generator if generator is not None else self._rng.next_generator()
+            draws = torch.rand((4, *input_ids.shape), generator=g)
+        select_draw, cap_draw, replace_draw, token_draw = draws
         candidates = attention_mask.bool() & ~self.is_special[input_ids]
-        if self.whole_word_mask:
-            selected, word_start = self._select_words(input_ids, candidates, g)
-        else:
-            selected, word_start = (
-                (torch.rand(input_ids.shape, generator=g) < self.mlm_probability) & candidates,
-                None,
-            )
+        word_start = self._word_starts(input_ids, candidates) if self.whole_word_mask else None
+        if word_start is not None:
+            select_draw, cap_draw = select_draw.gather(1, word_start), cap_draw.gather(1, word_start)  # one per word
+        selected = (select_draw < self.mlm_probability) & candidates
         if self.max_predictions_per_seq is not None:
-            selected = self._cap(selected, word_start, g)
+            selected = self._cap(selected, word_start, cap_draw)
         labels = input_ids.masked_fill(~selected, -100)
-        draw = torch.rand(input_ids.shape, generator=g)
-        to_mask = selected & (draw < self.mask_replace_prob)
-        to_random = selected & ~to_mask & (draw < self.mask_replace_prob + self.random_replace_prob)
-        random_tokens = self.random_ids[torch.randint(len(self.random_ids), input_ids.shape, generator=g)]
+        to_mask = selected & (replace_draw < self.mask_replace_prob)
+        to_random = selected & ~to_mask & (replace_draw < self.mask_replace_prob + self.random_replace_prob)
+        pick = (token_draw * len(self.random_ids)).long().clamp_(max=len(self.random_ids) - 1)
         masked = input_ids.masked_fill(to_mask, self.mask_id)
-        masked = torch.where(to_random, random_tokens, masked)
+        masked = torch.where(to_random, self.random_ids[pick], masked)
         return masked, labels
 
-    def _select_words(self, input_ids, candidates, g):
-        """Select whole words: a word is its first piece plus the `##` pieces that follow it."""
+    def _word_starts(self, input_ids, candidates) -> torch.Tensor:
+        """For each position, the position of its word's first piece (a word: a piece plus the `##` pieces after it)."""
         positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
         starts = candidates & ~(self.is_continuation[input_ids] & torch.roll(candidates, 1, dims=1))
         starts[:, 0] = candidates[:, 0]
-        word_start = torch.where(starts, positions, torch.zeros_like(positions)).cummax(dim=1).values
-        draw = torch.rand(input_ids.shape, generator=g).gather(1, word_start)  # one draw per word
-        return (draw < self.mlm_probability) & candidates, word_start
+        return torch.where(starts, positions, torch.zeros_like(positions)).cummax(dim=1).values
 
-    def _cap(self, selected, word_start, g):
-        """Keep a random subset of at most max_predictions_per_seq selected tokens per row (whole words together)."""
+    def _cap(self, selected, word_start, score):
+        """At most max_predictions_per_seq selected tokens per row, kept in random order (`score`). Whole words
+        are kept or dropped together, and a word that would overflow the budget is skipped while later, shorter
+        words still fit (as Google's create_pretraining_data.py does)."""
         cap = self.max_predictions_per_seq
-        score = torch.rand(selected.shape, generator=g)
-        if word_start is not None:
-            score = score.gather(1, word_start)  # all pieces of a word share its score
-        score = score.masked_fill(~selected, 2.0)  # unselected positions sort last
-        order = torch.sort(score, dim=1, stable=True).indices
-        rank_count = torch.cumsum(
-            selected.gather(1, order).long(), dim=1
-        )  # selected tokens up to here, in order
-        count_at = torch.empty_like(rank_count).scatter_(1, order, rank_count)
-        if word_start is None:
-            return selected & (count_at <= cap)
-        # a word fits when its last piece (in the sorted order) is still within the cap
-        flat_word = word_start + torch.arange(selected.shape[0])[:, None] * selected.shape[1]
-        word_max = torch.zeros(selected.numel(), dtype=torch.long).scatter_reduce(
-            0, flat_word.flatten(), count_at.masked_fill(~selected, 0).flatten(), reduce="amax"
-        )
-        return selected & (word_max[flat_word] <= cap)
+        over = (selected.sum(1) > cap).nonzero().flatten().tolist()
+        if not over:
+            return selected
+        selected = selected.clone()
+        for row in over:
+            positions = selected[row].nonzero().flatten()
+            groups = word_start[row, positions] if word_start is not None else positions
+            order = torch.argsort(score[row, positions], stable=True)
+            sizes = torch.bincount(groups, minlength=selected.shape[1])
+            budget, kept = cap, []
+            for group in dict.fromkeys(groups[order].tolist()):  # each word once, in score order
+                size = int(sizes[group])
+                if size <= budget:
+                    kept.append(group)
+                    budget -= size
+                    if budget == 0:
+                        break
+            selected[row, positions] = torch.isin(groups, torch.tensor(kept, dtype=groups.dtype))
+        return selected
 
 
 class CLMCollator:
