@@ -173,8 +173,10 @@ class TrainingConfig:
     """Warmup steps (takes precedence over warmup_ratio when > 0)."""
     warmup_ratio: float = 0.06
     """Warmup as a fraction of the total steps."""
-    mixed_precision: str = "no"
-    """`no`, `bf16` or `fp16` (through accelerate)."""
+    mixed_precision: str | None = None
+    """`no`, `bf16` or `fp16` (through accelerate). None: whatever accelerate was launched with (the accelerate
+    config's `mixed_precision` or `accelerate launch --mixed_precision`; `no` without either). A value given here
+    overrides the accelerate config; the run's config.yaml records the precision actually used."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     torch_compile: bool = False

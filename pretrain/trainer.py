@@ -109,6 +109,54 @@ def build_accelerator(training: TrainingConfig, logging_cfg: LoggingConfig) -> A
     )
 
 
+def configure_deepspeed(plugin: Any, training: TrainingConfig) -> None:
+    """Give DeepSpeed Kiln's accumulation, clipping and per-device batch in place of its `auto` values.
+
+    Left `auto`, accelerate fills DeepSpeed's clipping with 1.0 whatever `--training.max_grad_norm` says, and a
+    model and optimizer prepared without a dataloader (as the trainer does) have no micro-batch size at all. An
+    explicit value that disagrees with Kiln's is refused: DeepSpeed would silently win while Kiln counted steps,
+    scheduled the learning rate and logged with its own.
+    """
+    ds = plugin.deepspeed_config
+    wanted = {
+        "gradient_accumulation_steps": ("gradient_accumulation_steps", training.gradient_accumulation_steps),
+        "gradient_clipping": ("max_grad_norm", float(max(training.max_grad_norm, 0.0))),  # DeepSpeed: 0 = off
+        "train_micro_batch_size_per_gpu": ("per_device_train_batch_size", training.per_device_train_batch_size),
+    }
+    mismatches = []
+    for key, (kiln_name, value) in wanted.items():
+        current = ds.get(key, "auto")
+        if current == "auto":
+            ds[key] = value
+        elif float(current) != float(value):
+            mismatches.append(f"DeepSpeed {key}={current} but --training.{kiln_name} {value}")
+    if mismatches:
+        raise ConfigError(
+            "the DeepSpeed config disagrees with Kiln's: " + "; ".join(mismatches) + ". Remove these keys from the "
+            "accelerate config (or set them to \"auto\" in a deepspeed_config_file): Kiln fills them from --training.*"
+        )
+    plugin.gradient_accumulation_steps = ds["gradient_accumulation_steps"]
+    plugin.gradient_clipping = ds["gradient_clipping"]
+
+
+def align_engine(accelerator: Accelerator, training: TrainingConfig) -> None:
+    """After the Accelerator is built: record the precision it runs with (the accelerate config's when Kiln's is
+    None), refuse an accumulation count that `accelerate launch` overrode, and align DeepSpeed with Kiln."""
+    if training.mixed_precision is None:
+        training.mixed_precision = str(accelerator.mixed_precision)
+    if accelerator.gradient_accumulation_steps != training.gradient_accumulation_steps:
+        # accelerate reads ACCELERATE_GRADIENT_ACCUMULATION_STEPS (set by `accelerate launch` from a DeepSpeed
+        # section's gradient_accumulation_steps or --gradient_accumulation_steps) over the value Kiln passes
+        raise ConfigError(
+            f"accelerate was launched with gradient_accumulation_steps {accelerator.gradient_accumulation_steps} but "
+            f"--training.gradient_accumulation_steps is {training.gradient_accumulation_steps}; remove it from the "
+            "accelerate config / launch command and set it with --training.gradient_accumulation_steps"
+        )
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        configure_deepspeed(plugin, training)
+
+
 def resolve_batch_size(training: TrainingConfig, num_processes: int) -> None:
     """Derive the per-device batch size from total_train_batch_size, refusing a split that is not even."""
     total = training.total_train_batch_size
@@ -125,11 +173,13 @@ def resolve_batch_size(training: TrainingConfig, num_processes: int) -> None:
 
 def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerator:
     """What every Kiln entry point does first: the Accelerator, the per-device batch size derived from
-    total_train_batch_size, the log format (main process at INFO), and the seed."""
+    total_train_batch_size, the engine aligned with Kiln's settings, the log format (main process at INFO), and
+    the seed."""
     from accelerate.utils import set_seed
 
     accelerator = build_accelerator(training, logging_cfg)
     resolve_batch_size(training, accelerator.num_processes)
+    align_engine(accelerator, training)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if accelerator.is_main_process else logging.WARNING,
@@ -690,7 +740,7 @@ class Trainer:
         logger.info("training:\n  " + "\n  ".join(lines))
 
     def _mfu(self, tokens_per_s: float) -> float | None:
-        peak = self.logging_cfg.peak_flops or guess_peak_flops(self.accelerator.device, self.training.mixed_precision)
+        peak = self.logging_cfg.peak_flops or guess_peak_flops(self.accelerator.device, self.accelerator.mixed_precision)
         if not peak or not self.flops_per_token:
             return None
         return tokens_per_s * self.flops_per_token / (peak * self.accelerator.num_processes)
@@ -777,6 +827,7 @@ __all__ = [
     "build_accelerator",
     "build_optimizer",
     "check_checkpoint_metadata",
+    "configure_deepspeed",
     "find_checkpoints",
     "guess_peak_flops",
     "prepare_output",

@@ -148,7 +148,9 @@ class KilnEncoderPreTrainedModel(PreTrainedModel):
     config: KilnEncoderConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["KilnEmbeddings", "KilnEncoderLayer"]
+    # one block per unit: also FSDP's wrap units (configs/accelerate/fsdp.yaml names none). Not the embeddings:
+    # their word table is tied to the MLM decoder, and a separate FSDP unit for it breaks the tie
+    _no_split_modules = ["KilnEncoderLayer"]
     _supports_sdpa = True
 
     @torch.no_grad()

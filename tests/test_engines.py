@@ -1,0 +1,290 @@
+"""The shipped FSDP and DeepSpeed accelerate configs, read the way `accelerate launch` reads them.
+
+accelerate falls back to CPU DDP under ACCELERATE_USE_CPU=1, so a CPU run proves nothing about these engines.
+These tests take the environment accelerate's own launcher code builds from each shipped YAML, build the
+FSDP / DeepSpeed plugin objects from it, and check what each engine would do with Kiln's models and settings:
+FSDP2's wrap units resolve on both model families (and accelerate's FSDP2 preparation runs on a one-process
+gloo world), DeepSpeed's accumulation, clipping, micro-batch and precision are Kiln's. DeepSpeed itself is not
+installed for the tests (its PyPI release is a source distribution that builds against the installed torch):
+the plugin and its `auto` filling are accelerate's own code and need no DeepSpeed; the real runs on a GPU are
+in the README.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from kiln_testing import REPO, reset_accelerate, tiny_decoder_config, tiny_encoder_config
+
+FSDP_YAML = REPO / "configs/accelerate/fsdp.yaml"
+DEEPSPEED_YAML = REPO / "configs/accelerate/deepspeed-zero2.yaml"
+
+
+def launch_env(config_file) -> dict[str, str]:
+    """The ACCELERATE_*/FSDP_* environment `accelerate launch --config_file FILE` gives the training script."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(config_file), "pretrain/run.py"])
+    args, defaults, mp_from_config = _validate_launch_command(args)
+    if args.use_deepspeed:  # what launch_command adds before calling the DeepSpeed launcher
+        fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+        _, env = prepare_deepspeed_cmd_env(args)
+    else:
+        assert args.use_fsdp
+        env = prepare_multi_gpu_env(args)
+    return {k: v for k, v in env.items() if k.startswith(("ACCELERATE_", "FSDP_"))}
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Put the launch environment of an accelerate config into os.environ (undone after the test)."""
+    for key in list(os.environ):
+        if key.startswith(("ACCELERATE_", "FSDP_")):
+            monkeypatch.delenv(key)
+
+    def apply(config_file):
+        env = launch_env(config_file)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        return env
+
+    return apply
+
+
+def _models():
+    from pretrain.modeling import KilnDecoderForCausalLM, KilnEncoderForPreTraining
+
+    return {
+        "encoder": (KilnEncoderForPreTraining, tiny_encoder_config, "KilnEncoderLayer"),
+        "decoder": (KilnDecoderForCausalLM, tiny_decoder_config, "KilnDecoderLayer"),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# FSDP
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_fsdp_config_wraps_one_block_per_unit_on_both_families(launched, kind):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+
+    env = launched(FSDP_YAML)
+    assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2
+    cls, config, block = _models()[kind]
+    model = cls(config())
+    # what accelerate's FSDP2 preparation calls: raises for a listed class the model does not have
+    plugin.set_auto_wrap_policy(model)
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    wrapped = [name for name, module in model.named_modules() if policy(module)]
+    assert {type(model.get_submodule(name)).__name__ for name in wrapped} == {block}
+    assert len(wrapped) == model.config.num_hidden_layers
+
+
+_FSDP2_SCRIPT = textwrap.dedent(
+    """
+    import sys, types
+    import torch, torch.distributed as dist
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+    from torch.distributed.fsdp import FSDPModule
+    sys.path.insert(0, "tests")
+    from kiln_testing import tiny_decoder_config, tiny_encoder_config
+    from pretrain.modeling import KilnDecoderForCausalLM, KilnEncoderForPreTraining
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    for cls, config in [(KilnEncoderForPreTraining, tiny_encoder_config), (KilnDecoderForCausalLM, tiny_decoder_config)]:
+        torch.manual_seed(0)
+        model = cls(config())
+        ids = torch.randint(5, 250, (2, 16), generator=torch.Generator().manual_seed(1))
+        if cls is KilnDecoderForCausalLM:
+            batch = dict(input_ids=ids, labels=ids)
+        else:
+            labels = torch.full_like(ids, -100)
+            labels[:, 2::5] = ids[:, 2::5]
+            batch = dict(input_ids=ids, labels=labels, next_sentence_label=torch.tensor([0, 1]))
+        ref_loss = model(**batch).loss
+        ref_loss.backward()
+        ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        # the plugin from the shipped config's environment (cpu_ram_efficient_loading on: the model goes to meta
+        # and is re-loaded from the main process's weights, tied weights re-tied)
+        plugin = FullyShardedDataParallelPlugin()
+        accelerator = types.SimpleNamespace(
+            state=types.SimpleNamespace(fsdp_plugin=plugin), mixed_precision="no", is_main_process=True,
+            device=torch.device("cpu"), torch_device_mesh=None, parallelism_config=None,
+        )
+        sharded = fsdp2_prepare_model(accelerator, model)
+        units = sorted(type(m).__name__ for m in sharded.modules() if isinstance(m, FSDPModule))
+        loss = sharded(**batch).loss
+        loss.backward()
+        grads = {n: p.grad.full_tensor() for n, p in sharded.named_parameters()}
+        assert set(grads) == set(ref_grads), set(grads) ^ set(ref_grads)
+        worst = max(float((grads[n] - ref_grads[n]).abs().max()) for n in grads)
+        print(cls.__name__, float(ref_loss), float(loss), worst, ",".join(units))
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_fsdp2_preparation_runs_on_both_families(tmp_path):
+    """accelerate's own FSDP2 preparation with the shipped config, one gloo process on CPU: the wrap units
+    resolve, the tied embeddings survive sharding, and loss and gradients equal the unsharded model's."""
+    script = tmp_path / "fsdp2_cpu.py"
+    script.write_text(_FSDP2_SCRIPT)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
+    env = {**keep, **launch_env(FSDP_YAML), "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(port)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("Kiln")]
+    assert [row[0] for row in rows] == ["KilnEncoderForPreTraining", "KilnDecoderForCausalLM"]
+    for name, ref_loss, loss, worst, units in rows:
+        assert float(loss) == pytest.approx(float(ref_loss), abs=1e-6), name
+        assert float(worst) < 1e-5, name
+        block = "KilnEncoderLayer" if "Encoder" in name else "KilnDecoderLayer"
+        assert units.split(",").count("FSDP" + block) == 2, units  # one unit per block (2 layers)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# DeepSpeed
+
+
+def _accelerate_prepare_fill(plugin, accelerator_accumulation: int, num_processes: int = 1):
+    """What Accelerator._prepare_deepspeed does to the config when Kiln prepares model + optimizer (no dataloader):
+    fill `gradient_accumulation_steps` with the Accelerator's, every other `auto` with accelerate's defaults."""
+    plugin.fill_match(
+        "gradient_accumulation_steps", must_match=False, gradient_accumulation_steps=accelerator_accumulation
+    )
+    if plugin.is_auto("train_micro_batch_size_per_gpu"):
+        raise ValueError("accelerate refuses a DeepSpeed prepare without a dataloader or a micro-batch size")
+    micro = plugin.get_value("train_micro_batch_size_per_gpu")
+    plugin.deepspeed_config_process(
+        must_match=False,
+        gradient_clipping=1.0,
+        train_micro_batch_size_per_gpu=micro,
+        train_batch_size=micro * plugin.get_value("gradient_accumulation_steps") * num_processes,
+    )
+    return plugin.deepspeed_config
+
+
+def test_deepspeed_config_takes_kiln_accumulation_clipping_batch_and_precision(launched):
+    from accelerate.utils import DeepSpeedPlugin
+
+    from pretrain.config import TrainingConfig
+    from pretrain.trainer import configure_deepspeed
+
+    env = launched(DEEPSPEED_YAML)
+    assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "2"
+    # nothing that the Accelerator would read over Kiln's own arguments
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in env and "ACCELERATE_GRADIENT_CLIPPING" not in env
+    plugin = DeepSpeedPlugin()
+    training = TrainingConfig(gradient_accumulation_steps=4, max_grad_norm=0.5, per_device_train_batch_size=8)
+    configure_deepspeed(plugin, training)
+    plugin.set_mixed_precision(env["ACCELERATE_MIXED_PRECISION"])  # as AcceleratorState does
+    ds = _accelerate_prepare_fill(plugin, training.gradient_accumulation_steps, num_processes=2)
+    assert ds["gradient_accumulation_steps"] == 4
+    assert ds["gradient_clipping"] == 0.5  # accelerate alone would fill 1.0
+    assert ds["train_micro_batch_size_per_gpu"] == 8
+    assert ds["train_batch_size"] == 8 * 4 * 2
+    assert ds["bf16"]["enabled"] is True and ds["fp16"]["enabled"] is False
+    assert ds["zero_optimization"]["stage"] == 2
+
+
+def test_deepspeed_clipping_off_in_kiln_is_off_in_deepspeed(launched):
+    from accelerate.utils import DeepSpeedPlugin
+
+    from pretrain.config import TrainingConfig
+    from pretrain.trainer import configure_deepspeed
+
+    launched(DEEPSPEED_YAML)
+    plugin = DeepSpeedPlugin()
+    configure_deepspeed(plugin, TrainingConfig(max_grad_norm=0.0, per_device_train_batch_size=4))
+    assert _accelerate_prepare_fill(plugin, 1)["gradient_clipping"] == 0.0
+
+
+def test_deepspeed_values_that_would_override_kiln_are_refused(launched, tmp_path):
+    """The config as it shipped before: accumulation 1 and clipping 1.0 written into the accelerate config."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    from pretrain.config import ConfigError, TrainingConfig
+    from pretrain.trainer import configure_deepspeed
+
+    old = tmp_path / "deepspeed-old.yaml"
+    old.write_text(
+        DEEPSPEED_YAML.read_text().replace(
+            "  zero_stage: 2\n", "  zero_stage: 2\n  gradient_accumulation_steps: 1\n  gradient_clipping: 1.0\n"
+        )
+    )
+    env = launched(old)
+    assert env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "1"
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps=1 but --training.gradient_accumulation_steps 4"):
+        configure_deepspeed(DeepSpeedPlugin(), TrainingConfig(gradient_accumulation_steps=4))
+    with pytest.raises(ConfigError, match="gradient_clipping=1.0 but --training.max_grad_norm 0.25"):
+        configure_deepspeed(DeepSpeedPlugin(), TrainingConfig(max_grad_norm=0.25))
+    # values that agree with Kiln's are accepted as they are
+    plugin = DeepSpeedPlugin()
+    configure_deepspeed(plugin, TrainingConfig(gradient_accumulation_steps=1, max_grad_norm=1.0))
+    assert plugin.deepspeed_config["gradient_accumulation_steps"] == 1
+
+
+def test_accumulation_overridden_by_accelerate_launch_is_refused(monkeypatch, tmp_path):
+    """`accelerate launch --gradient_accumulation_steps N` (or the key in a DeepSpeed section) sets an environment
+    variable the Accelerator reads over Kiln's argument; Kiln would count optimizer steps wrongly."""
+    from pretrain.config import ConfigError, LoggingConfig, TrainingConfig
+    from pretrain.trainer import start_run
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")
+    reset_accelerate()
+    try:
+        training = TrainingConfig(gradient_accumulation_steps=4, output_dir=str(tmp_path))
+        with pytest.raises(ConfigError, match="launched with gradient_accumulation_steps 1"):
+            start_run(training, LoggingConfig())
+    finally:
+        reset_accelerate()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# precision
+
+
+@pytest.mark.parametrize(
+    ("launched_with", "kiln", "expected"),
+    [("bf16", None, "bf16"), (None, None, "no"), ("bf16", "no", "no"), ("no", "bf16", "bf16")],
+)
+def test_mixed_precision_defers_to_accelerate_launch(monkeypatch, tmp_path, launched_with, kiln, expected):
+    from pretrain.config import LoggingConfig, TrainingConfig
+    from pretrain.trainer import start_run
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    if launched_with is not None:  # what `accelerate launch` sets from the config's mixed_precision
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launched_with)
+    reset_accelerate()
+    try:
+        training = TrainingConfig(mixed_precision=kiln, output_dir=str(tmp_path))
+        accelerator = start_run(training, LoggingConfig())
+        assert accelerator.mixed_precision == expected
+        assert training.mixed_precision == expected  # recorded in config.yaml and the model card
+    finally:
+        reset_accelerate()
+
+
+def test_default_mixed_precision_is_the_accelerate_configs():
+    from pretrain.config import TrainingConfig
+
+    assert TrainingConfig().mixed_precision is None
