@@ -599,6 +599,7 @@ def main(argv: list[str] | None = None) -> None:
         "--preset", action="append", choices=sorted(PRESETS), help="repeatable; default encoder-l4"
     )
     parser.add_argument("--rounds", type=int, help="timed rounds (default: the preset's)")
+    parser.add_argument("--warmup", type=int, help="untimed steps per model first (default: the preset's)")
     parser.add_argument("--batch-size", type=int, help="override the preset's batch size")
     parser.add_argument("--seq-len", type=int, help="override the preset's sequence length")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
@@ -649,6 +650,7 @@ def main(argv: list[str] | None = None) -> None:
             preset,
             batch_size=args.batch_size or preset.batch_size,
             seq_len=args.seq_len or preset.seq_len,
+            warmup=args.warmup or preset.warmup,
         )
         results.append(run_preset(name, preset, args, device))
         gc.collect()
