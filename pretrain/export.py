@@ -6,6 +6,7 @@ Shared by pretraining and fine-tuning: the trainer calls `HubSync.on_save` after
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -40,12 +41,35 @@ def latest_metrics(history: list[dict[str, float]]) -> dict[str, float]:
     return latest
 
 
+@contextlib.contextmanager
+def plain_class(model):
+    """The model as an instance of its own class for the length of the block.
+
+    FSDP2's `fully_shard` turns the model into an instance of `FSDP<Name>`, a class made on the fly in torch's
+    FSDP module (unwrapping does not undo it). Saved as it is, transformers would copy torch's FSDP files into
+    the folder as the model's code and point auto_map at them, so the folder would not load."""
+    cls = type(model)
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without FSDP2
+        FSDPModule = ()  # noqa: N806
+    if not FSDPModule or not isinstance(model, FSDPModule):
+        yield model
+        return
+    model.__class__ = next(c for c in cls.__mro__ if not issubclass(c, FSDPModule))
+    try:
+        yield model
+    finally:
+        model.__class__ = cls
+
+
 def save_model_files(accelerator: Accelerator, model, tokenizer, save_dir: Path) -> None:
     """save_pretrained (safetensors, with auto_map and code files) + tokenizer; main process writes."""
     state_dict = accelerator.get_state_dict(model)  # gathers FSDP/DeepSpeed shards
     if accelerator.is_main_process:
         save_dir.mkdir(parents=True, exist_ok=True)
-        accelerator.unwrap_model(model).save_pretrained(save_dir, state_dict=state_dict, safe_serialization=True)
+        with plain_class(accelerator.unwrap_model(model)) as unwrapped:
+            unwrapped.save_pretrained(save_dir, state_dict=state_dict, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(save_dir)
     accelerator.wait_for_everyone()

@@ -10,11 +10,11 @@ the plugin and its `auto` filling are accelerate's own code and need no DeepSpee
 in the README.
 """
 
+import json
 import os
 import socket
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from kiln_testing import REPO, reset_accelerate, tiny_decoder_config, tiny_encoder_config
@@ -89,74 +89,98 @@ def test_fsdp_config_wraps_one_block_per_unit_on_both_families(launched, kind):
     assert len(wrapped) == model.config.num_hidden_layers
 
 
-_FSDP2_SCRIPT = textwrap.dedent(
-    """
-    import sys, types
-    import torch, torch.distributed as dist
-    from accelerate.utils import FullyShardedDataParallelPlugin
-    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
-    from torch.distributed.fsdp import FSDPModule
-    sys.path.insert(0, "tests")
-    from kiln_testing import tiny_decoder_config, tiny_encoder_config
-    from pretrain.modeling import KilnDecoderForCausalLM, KilnEncoderForPreTraining
+_FSDP2_SCRIPT = """\
+import os, sys, types, json
+import torch, torch.distributed as dist
+from accelerate.utils import FullyShardedDataParallelPlugin
+from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from transformers import AutoModelForCausalLM, AutoModelForPreTraining
+sys.path.insert(0, "tests")
+from kiln_testing import tiny_decoder_config, tiny_encoder_config
+from pretrain.export import save_model_files
+from pretrain.modeling import KilnDecoderForCausalLM, KilnEncoderForPreTraining
 
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    for cls, config in [(KilnEncoderForPreTraining, tiny_encoder_config), (KilnDecoderForCausalLM, tiny_decoder_config)]:
-        torch.manual_seed(0)
-        model = cls(config())
-        ids = torch.randint(5, 250, (2, 16), generator=torch.Generator().manual_seed(1))
-        if cls is KilnDecoderForCausalLM:
-            batch = dict(input_ids=ids, labels=ids)
-        else:
-            labels = torch.full_like(ids, -100)
-            labels[:, 2::5] = ids[:, 2::5]
-            batch = dict(input_ids=ids, labels=labels, next_sentence_label=torch.tensor([0, 1]))
-        ref_loss = model(**batch).loss
-        ref_loss.backward()
-        ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        # the plugin from the shipped config's environment (cpu_ram_efficient_loading on: the model goes to meta
-        # and is re-loaded from the main process's weights, tied weights re-tied)
-        plugin = FullyShardedDataParallelPlugin()
-        accelerator = types.SimpleNamespace(
-            state=types.SimpleNamespace(fsdp_plugin=plugin), mixed_precision="no", is_main_process=True,
-            device=torch.device("cpu"), torch_device_mesh=None, parallelism_config=None,
-        )
-        sharded = fsdp2_prepare_model(accelerator, model)
-        units = sorted(type(m).__name__ for m in sharded.modules() if isinstance(m, FSDPModule))
-        loss = sharded(**batch).loss
-        loss.backward()
-        grads = {n: p.grad.full_tensor() for n, p in sharded.named_parameters()}
-        assert set(grads) == set(ref_grads), set(grads) ^ set(ref_grads)
-        worst = max(float((grads[n] - ref_grads[n]).abs().max()) for n in grads)
-        print(cls.__name__, float(ref_loss), float(loss), worst, ",".join(units))
-    dist.destroy_process_group()
-    """
-)
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+out_root = sys.argv[1]
+for cls, config, auto in [(KilnEncoderForPreTraining, tiny_encoder_config, AutoModelForPreTraining),
+                          (KilnDecoderForCausalLM, tiny_decoder_config, AutoModelForCausalLM)]:
+    torch.manual_seed(0)
+    model = cls(config())
+    ids = torch.randint(5, 250, (4, 16), generator=torch.Generator().manual_seed(1))
+    if cls is KilnDecoderForCausalLM:
+        batch = dict(input_ids=ids, labels=ids)
+    else:  # the same number of MLM labels in every row, so the mean of the ranks' means is the batch mean
+        labels = torch.full_like(ids, -100)
+        labels[:, 2::5] = ids[:, 2::5]
+        batch = dict(input_ids=ids, labels=labels, next_sentence_label=torch.tensor([0, 1, 1, 0]))
+    ref_loss = model(**batch).loss
+    ref_loss.backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    plugin = FullyShardedDataParallelPlugin()  # from the shipped config's launch environment
+    accelerator = types.SimpleNamespace(
+        state=types.SimpleNamespace(fsdp_plugin=plugin), mixed_precision="no", is_main_process=rank == 0,
+        device=torch.device("cpu"), torch_device_mesh=None, parallelism_config=None,
+        get_state_dict=lambda m: get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True)),
+        unwrap_model=lambda m: m, wait_for_everyone=dist.barrier,
+    )
+    sharded = fsdp2_prepare_model(accelerator, model)
+    units = sorted(type(m).__name__ for m in sharded.modules() if isinstance(m, FSDPModule))
+    rows = slice(rank * 4 // world, (rank + 1) * 4 // world)
+    loss = sharded(**{k: v[rows] for k, v in batch.items()}).loss
+    loss.backward()
+    mean_loss = loss.detach().clone()
+    dist.all_reduce(mean_loss)
+    grads = {n: p.grad.full_tensor() for n, p in sharded.named_parameters()}
+    assert set(grads) == set(ref_grads), set(grads) ^ set(ref_grads)
+    worst = max(float((grads[n] - ref_grads[n]).abs().max()) for n in grads)
+    folder = os.path.join(out_root, cls.__name__)
+    save_model_files(accelerator, sharded, None, __import__("pathlib").Path(folder))
+    if rank == 0:
+        loaded = auto.from_pretrained(folder, trust_remote_code=True)
+        loaded_loss = float(loaded(**batch).loss)
+        print("RESULT", json.dumps(dict(name=cls.__name__, world=world, ref=float(ref_loss), sharded=float(mean_loss) / world,
+              worst=worst, units=units, loaded=loaded_loss, loaded_class=type(loaded).__name__,
+              files=sorted(os.listdir(folder)), auto_map=loaded.config.auto_map, arch=loaded.config.architectures)))
+dist.destroy_process_group()
+"""
 
 
-def test_fsdp2_preparation_runs_on_both_families(tmp_path):
-    """accelerate's own FSDP2 preparation with the shipped config, one gloo process on CPU: the wrap units
-    resolve, the tied embeddings survive sharding, and loss and gradients equal the unsharded model's."""
+def test_fsdp2_on_two_processes_matches_one_and_saves_a_loadable_folder(tmp_path):
+    """accelerate's own FSDP2 preparation with the shipped config, 2 gloo processes on CPU, half the batch each:
+    the wrap units resolve on both families, the tied embeddings survive sharding, loss and gradients equal the
+    unsharded model's on the whole batch, and Kiln's export writes a folder that loads with trust_remote_code
+    (FSDP2 swaps the model's class for one made in torch's FSDP module)."""
     script = tmp_path / "fsdp2_cpu.py"
     script.write_text(_FSDP2_SCRIPT)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
-    env = {**keep, **launch_env(FSDP_YAML), "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1"}
-    env["MASTER_PORT"] = str(port)
+    env = {**keep, **launch_env(FSDP_YAML), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
     done = subprocess.run(
-        [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
+        [*command, str(script), str(tmp_path / "saved")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("Kiln")]
-    assert [row[0] for row in rows] == ["KilnEncoderForPreTraining", "KilnDecoderForCausalLM"]
-    for name, ref_loss, loss, worst, units in rows:
-        assert float(loss) == pytest.approx(float(ref_loss), abs=1e-6), name
-        assert float(worst) < 1e-5, name
-        block = "KilnEncoderLayer" if "Encoder" in name else "KilnDecoderLayer"
-        assert units.split(",").count("FSDP" + block) == 2, units  # one unit per block (2 layers)
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    assert [r["name"] for r in results] == ["KilnEncoderForPreTraining", "KilnDecoderForCausalLM"]
+    for r in results:
+        assert r["world"] == 2
+        assert r["sharded"] == pytest.approx(r["ref"], abs=1e-5), r["name"]
+        assert r["worst"] < 1e-5, r["name"]
+        block = "KilnEncoderLayer" if "Encoder" in r["name"] else "KilnDecoderLayer"
+        assert r["units"].count("FSDP" + block) == 2, r["units"]  # one unit per block (2 layers)
+        # the saved folder: Kiln's own code, not torch's FSDP files, and the same function
+        modeling = "modeling_kiln_encoder" if "Encoder" in r["name"] else "modeling_kiln_decoder"
+        assert f"{modeling}.py" in r["files"] and not any(f.startswith("_fsdp") for f in r["files"]), r["files"]
+        assert all(v.startswith((modeling, "configuration_kiln")) for v in r["auto_map"].values()), r["auto_map"]
+        assert r["loaded_class"] == r["name"] and r["arch"] == [r["name"]]
+        assert r["loaded"] == pytest.approx(r["ref"], abs=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------------------
