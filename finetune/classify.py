@@ -24,6 +24,7 @@ from finetune.common import (  # noqa: E402
     data_files,
     dataset_names,
     finetune_training,
+    initialisation,
     is_fine_tuned,
     only_test_split,
     pop_flags,
@@ -35,6 +36,7 @@ from finetune.common import (  # noqa: E402
     resolve_checkpoint,
     run_finetuning,
     run_prediction,
+    scratch_model,
     setup_run,
     subsample,
     validate_common,
@@ -182,6 +184,8 @@ def build_model(path: str, model_cfg, labels: Labels, keep_head: bool):
         if not labels.regression:
             kwargs["id2label"] = {i: str(name) for i, name in labels.names.items()}
             kwargs["label2id"] = {str(name): i for i, name in labels.names.items()}
+    if model_cfg.from_scratch:
+        return scratch_model(AutoModelForSequenceClassification, path, model_cfg, **kwargs)
     with quiet_transformers():
         model, info = AutoModelForSequenceClassification.from_pretrained(
             path, output_loading_info=True, **kwargs
@@ -355,6 +359,7 @@ def main(argv: list[str] | None = None):
         datasets=dataset_names(data),
         extra_summary={
             "base model": model_cfg.checkpoint,
+            "initialisation": initialisation(model_cfg),
             "labels": "regression" if labels.regression else ", ".join(map(str, labels.names.values())),
             "max sequence length": max_length,
         },

@@ -56,6 +56,8 @@ class EncoderModelConfig:
     """Hub revision (branch, tag or commit) of the checkpoint."""
     reset_head: bool = False
     """Train a new, randomly initialised head even when the checkpoint was already fine-tuned with another label set."""
+    from_scratch: bool = False
+    """Random weights with the shape and the tokenizer of `checkpoint` (its weights are not read): the baseline that shows what pretraining buys."""
     classifier_dropout: float | None = None
     """Dropout before the classification head (None: the checkpoint's hidden_dropout_prob)."""
     attn_implementation: str = "sdpa"
@@ -93,6 +95,10 @@ def validate_common(config) -> None:
     """Checks every fine-tuning config needs; task checks live in the scripts."""
     training, data = config.training, config.data
     validate_run_sections(config)
+    if getattr(config, "predict", False) and getattr(config.model, "from_scratch", False):
+        raise ConfigError(
+            "--model.from_scratch starts from random weights, so it cannot --predict; drop one of them"
+        )
     if training.metric_for_best_model in ("loss", "eval/loss") and training.greater_is_better:
         raise ConfigError(
             "metric_for_best_model loss needs --training.greater_is_better false (lower loss is better)"
@@ -169,6 +175,29 @@ def resolve_checkpoint(spec: str, option: str, expected: Sequence[str], revision
             f"{option} {spec} is a {config.model_type} checkpoint, but a {wanted} checkpoint is needed here{example}"
         )
     return path, config
+
+
+def scratch_model(auto_class, path: str, model_cfg, **from_pretrained_kwargs):
+    """`auto_class` (e.g. AutoModelForSequenceClassification) with the checkpoint's architecture and random
+    weights (--model.from_scratch): the config is read from `path`, its weights are not. Takes the keyword
+    arguments the script would give `from_pretrained` (config overrides such as num_labels). Weights are drawn
+    from the seeded torch generator, so each training.seed gives its own initialisation."""
+    from transformers import AutoConfig
+
+    loading = ("revision", "attn_implementation", "ignore_mismatched_sizes")
+    config_overrides = {k: v for k, v in from_pretrained_kwargs.items() if k not in loading}
+    with quiet_transformers():
+        config = AutoConfig.from_pretrained(path, revision=model_cfg.revision, **config_overrides)
+        model = auto_class.from_config(config, attn_implementation=model_cfg.attn_implementation)
+    logger.info("%s: shape and tokenizer only, all weights randomly initialised (--model.from_scratch)", path)
+    return model
+
+
+def initialisation(model_cfg) -> str:
+    """How the weights started, for the model card and the start-up summary."""
+    if getattr(model_cfg, "from_scratch", False):
+        return f"random (from scratch, shape and tokenizer of {model_cfg.checkpoint})"
+    return f"pretrained ({model_cfg.checkpoint})"
 
 
 def is_fine_tuned(config, head: str) -> bool:
@@ -666,6 +695,7 @@ __all__ = [
     "dataset_names",
     "finetune_training",
     "hub_base_models",
+    "initialisation",
     "is_fine_tuned",
     "make_loader",
     "only_test_split",
@@ -678,6 +708,7 @@ __all__ = [
     "report_truncation",
     "resolve_checkpoint",
     "run_finetuning",
+    "scratch_model",
     "run_prediction",
     "setup_run",
     "subsample",

@@ -25,6 +25,7 @@ from finetune.common import (  # noqa: E402
     data_files,
     dataset_names,
     finetune_training,
+    initialisation,
     is_fine_tuned,
     only_test_split,
     pop_flags,
@@ -36,6 +37,7 @@ from finetune.common import (  # noqa: E402
     resolve_checkpoint,
     run_finetuning,
     run_prediction,
+    scratch_model,
     setup_run,
     subsample,
     validate_common,
@@ -161,6 +163,8 @@ def build_model(path: str, model_cfg, label2id: dict, id2label: dict, keep_head:
         kwargs.update(
             num_labels=len(id2label), id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True
         )
+    if model_cfg.from_scratch:
+        return scratch_model(AutoModelForTokenClassification, path, model_cfg, **kwargs)
     with quiet_transformers():
         model, info = AutoModelForTokenClassification.from_pretrained(
             path, output_loading_info=True, **kwargs
@@ -346,6 +350,7 @@ def main(argv: list[str] | None = None):
         datasets=dataset_names(data),
         extra_summary={
             "base model": model_cfg.checkpoint,
+            "initialisation": initialisation(model_cfg),
             "tags": ", ".join(id2label[i] for i in sorted(id2label)),
             "label all pieces": data.label_all_tokens,
             "max sequence length": max_length,

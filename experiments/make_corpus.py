@@ -1,0 +1,126 @@
+"""Build the pretraining corpus of the Kiln experiments from the offline copies in ../shared/data.
+
+    python experiments/make_corpus.py [--out runs/corpus] [--shared ../shared/data]
+
+Writes plain text files the runner reads with `data.document_separator: blank_line` (one paragraph per line,
+a blank line between documents), one folder per source, so a config picks its mix with globs:
+
+  gutenberg/<book>.txt   28 public-domain books; Project Gutenberg header, footer and credit lines removed,
+                         hard-wrapped lines joined, split into documents of about 1,500 words at paragraph ends
+  wikitext/<split>.txt   WikiText-2 raw valid + test (CC BY-SA); one article per document, headings dropped,
+                         the ` @-@ `, ` @,@ `, ` @.@ ` escapes undone
+  tinystories/*.txt      the TinyStories training excerpts (CDLA-Sharing-1.0); one story per document
+  tinystories-valid/valid.txt  the TinyStories validation excerpt (one paragraph per document), for the decoder
+
+Takes a few seconds; the 30-minute experiment counts it (experiments/encoder_30min.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOC_WORDS = 1500
+
+
+def book_paragraphs(raw: str) -> list[str]:
+    text = raw.replace("\r\n", "\n").lstrip("\ufeff")
+    start = re.search(r"^\*\*\* ?START OF (THE|THIS) PROJECT GUTENBERG.*$", text, flags=re.M)
+    end = re.search(r"^\*\*\* ?END OF (THE|THIS) PROJECT GUTENBERG.*$", text, flags=re.M)
+    text = text[start.end() if start else 0 : end.start() if end else len(text)]
+    credits = ("gutenberg", "produced by", "html version by", "transcriber")
+    text = "\n".join(line for line in text.split("\n") if not any(c in line.lower() for c in credits))
+    paragraphs = []
+    for block in re.split(r"\n\s*\n", text):
+        block = re.sub(r"\[Illustration[^\]]*\]", "", block).replace("_", "")
+        block = " ".join(block.split())
+        if len(block.split()) >= 4:  # headings, chapter numbers, ornaments
+            paragraphs.append(block)
+    return paragraphs
+
+
+def chunk(paragraphs: list[str], words: int = DOC_WORDS) -> list[list[str]]:
+    documents, current, count = [], [], 0
+    for paragraph in paragraphs:
+        current.append(paragraph)
+        count += len(paragraph.split())
+        if count >= words:
+            documents.append(current)
+            current, count = [], 0
+    if current:
+        documents.append(current)
+    return documents
+
+
+def write_documents(path: Path, documents: list[list[str]]) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n", encoding="utf-8")
+    return sum(len(p.split()) for doc in documents for p in doc)
+
+
+_TOP = re.compile(r"^ = [^=].*[^=] = $")
+_SUB = re.compile(r"^ (= )+[^=].*[^=] (= )+$")
+
+
+def wikitext_articles(raw: str) -> list[list[str]]:
+    articles, current = [], []
+    for line in raw.split("\n"):
+        if _TOP.match(line):
+            if current:
+                articles.append(current)
+            current = []
+            continue
+        if not line.strip() or _SUB.match(line):
+            continue
+        line = line.replace(" @-@ ", "-").replace(" @,@ ", ",").replace(" @.@ ", ".")
+        current.append(" ".join(line.split()))
+    if current:
+        articles.append(current)
+    return articles
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shared", default=str(REPO.parent / "shared" / "data"))
+    parser.add_argument("--out", default=str(REPO / "runs" / "corpus"))
+    args = parser.parse_args()
+    shared, out = Path(args.shared), Path(args.out)
+
+    words = {}
+    for path in sorted((shared / "gutenberg").glob("pg*.txt.gz")):
+        with gzip.open(path, "rt", encoding="utf-8-sig") as f:
+            docs = chunk(book_paragraphs(f.read()))
+        name = path.name.removesuffix(".txt.gz")
+        words["gutenberg"] = words.get("gutenberg", 0) + write_documents(out / "gutenberg" / f"{name}.txt", docs)
+
+    for split in ("valid", "test"):
+        raw = (shared / "wikitext-2-raw" / f"wiki.{split}.raw").read_text(encoding="utf-8")
+        words["wikitext"] = words.get("wikitext", 0) + write_documents(
+            out / "wikitext" / f"{split}.txt", wikitext_articles(raw)
+        )
+
+    ts = shared / "tinystories"
+    with gzip.open(ts / "tinystories_sample3000.json.gz", "rt", encoding="utf-8") as f:
+        stories = [s if isinstance(s, str) else s.get("text", s.get("story", "")) for s in json.load(f)["texts"]]
+    with gzip.open(ts / "tinystoriesV2_gpt4_train_head10k.txt.gz", "rt", encoding="utf-8") as f:
+        stories += f.read().split("<|endoftext|>")
+    with gzip.open(ts / "tinystories_train_first1000.one_per_line.txt.gz", "rt", encoding="utf-8") as f:
+        stories += f.read().split("\n")
+    docs = []
+    for story in stories:
+        paragraphs = [" ".join(p.split()) for p in story.split("\n") if p.strip()]
+        if paragraphs:
+            docs.append(paragraphs)
+    words["tinystories"] = write_documents(out / "tinystories" / "train.txt", docs)
+    with gzip.open(ts / "tinystories_valid_head.txt.gz", "rt", encoding="utf-8") as f:
+        valid = [[" ".join(p.split())] for p in re.split(r"\n\s*\n", f.read()) if p.strip()]
+    words["tinystories-valid"] = write_documents(out / "tinystories-valid" / "valid.txt", valid)
+    print(json.dumps({"out": str(out), "words": words}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""--model.from_scratch on finetune/classify.py and finetune/tag.py: the checkpoint's shape and tokenizer with
+random weights (the baseline of the pretraining-vs-scratch experiments, configs/experiments/), on the shipped
+samples (authorship, UD English-EWT)."""
+
+import json
+
+import pytest
+import torch
+from kiln_testing import DEBUG, REPO, reset_accelerate
+
+
+def run_main(main, *args):
+    reset_accelerate()
+    try:
+        return main([str(arg) for arg in args])
+    finally:
+        reset_accelerate()
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    """A tiny pretrained Kiln encoder (debug config, 8 steps)."""
+    from pretrain.run import main as pretrain
+
+    out = tmp_path_factory.mktemp("scratch-enc")
+    run_main(pretrain, "--config", DEBUG, "--training.max_steps", 8, "--training.lr", 3e-3,
+             "--training.save_steps", 0, "--training.eval_steps", 0, "--training.output_dir", out,
+             "--training.overwrite_output_dir")  # fmt: skip
+    return out / "final"
+
+
+def body(model) -> dict[str, torch.Tensor]:
+    """The encoder's weights (without the task head), by name."""
+    return {k: v for k, v in model.state_dict().items() if not k.startswith("classifier.")}
+
+
+def built(script: str, checkpoint, from_scratch: bool, seed: int = 0):
+    from finetune.classify import Labels
+    from finetune.classify import build_model as build_classifier
+    from finetune.common import EncoderModelConfig
+    from finetune.tag import build_model as build_tagger
+
+    torch.manual_seed(seed)
+    cfg = EncoderModelConfig(checkpoint=str(checkpoint), from_scratch=from_scratch)
+    if script == "classify":
+        labels = Labels(False, {"a": 0, "b": 1, "c": 2}, {0: "a", 1: "b", 2: "c"})
+        return build_classifier(str(checkpoint), cfg, labels, keep_head=False)
+    tags = ["O", "B-PER", "I-PER"]
+    return build_tagger(str(checkpoint), cfg, {t: i for i, t in enumerate(tags)}, dict(enumerate(tags)), False)
+
+
+@pytest.mark.parametrize("script", ["classify", "tag"])
+def test_from_scratch_has_the_checkpoint_shapes_and_config_but_other_weights(encoder, script):
+    pretrained, scratch = built(script, encoder, False), built(script, encoder, True)
+    a, b = body(pretrained), body(scratch)
+    assert a.keys() == b.keys() and len(a) > 10
+    assert all(a[k].shape == b[k].shape for k in a)
+    differing = [k for k in a if not torch.equal(a[k], b[k])]
+    # every weight matrix and embedding differs (LayerNorms start at 1/0, so they may match after 8 steps)
+    matrices = [k for k in a if a[k].dim() == 2]
+    assert set(matrices) <= set(differing)
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                 "max_position_embeddings", "num_labels"):  # fmt: skip
+        assert getattr(pretrained.config, name) == getattr(scratch.config, name), name
+    assert scratch.config.id2label == pretrained.config.id2label
+    # the random weights come from the seeded generator: a seed reproduces them, another seed changes them
+    again, other = body(built(script, encoder, True, seed=0)), body(built(script, encoder, True, seed=1))
+    assert all(torch.equal(b[k], again[k]) for k in b)
+    assert not all(torch.equal(b[k], other[k]) for k in matrices)
+
+
+def test_classify_and_tag_from_scratch_train_on_the_shipped_samples(encoder, tmp_path):
+    from safetensors.torch import load_file
+
+    from finetune.classify import main as classify
+    from finetune.tag import main as tag
+
+    pretrained = load_file(encoder / "model.safetensors")
+    common = ["--model.checkpoint", encoder, "--model.from_scratch", "--training.max_steps", 2,
+              "--training.per_device_train_batch_size", 8, "--data.max_train_samples", 32,
+              "--data.max_eval_samples", 16, "--data.max_predict_samples", 8, "--data.truncation", "quiet"]  # fmt: skip
+    for name, main in (("classify", classify), ("tag", tag)):
+        out = tmp_path / name
+        result = run_main(main, *common, "--training.output_dir", out)
+        assert result.test_metrics["accuracy"] >= 0
+        final = out / "final"
+        card = (final / "README.md").read_text()
+        assert "random (from scratch" in card
+        assert "base_model:" not in card  # only the shape came from the checkpoint
+        weights = load_file(final / "model.safetensors")
+        embeddings = [k for k in weights if k.endswith("word_embeddings.weight")]
+        assert len(embeddings) == 1
+        [key] = embeddings
+        source = next(v for k, v in pretrained.items() if k.endswith("word_embeddings.weight"))
+        assert weights[key].shape == source.shape
+        # two steps at a small learning rate cannot turn random weights into the checkpoint's
+        assert (weights[key] - source).abs().mean() > 1e-3
+        config = json.loads((final / "config.json").read_text())
+        assert config["hidden_size"] == json.loads((encoder / "config.json").read_text())["hidden_size"]
+
+
+def test_from_scratch_cannot_predict(encoder, tmp_path):
+    from finetune.classify import main as classify
+    from pretrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--model.from_scratch"):
+        run_main(classify, "--predict", "--model.from_scratch", "--model.checkpoint", encoder,
+                 "--training.output_dir", tmp_path / "p")  # fmt: skip
+
+
+def test_experiment_configs_parse():
+    from finetune.classify import ClassifyConfig
+    from finetune.tag import TagConfig
+    from pretrain.config import RunConfig, build_config
+
+    folder = REPO / "configs/experiments"
+    for name, cls in (("sst2", ClassifyConfig), ("ud-pos", TagConfig), ("conll2003", TagConfig)):
+        config = build_config(cls, ["--config", str(folder / f"{name}.yaml")])
+        assert config.model.checkpoint == "runs/encoder-30min/final"
+        assert not config.model.from_scratch
+    for name in ("encoder-30min", "decoder-30min"):
+        config = build_config(RunConfig, ["--config", str(folder / f"{name}.yaml")])
+        assert config.training.max_train_time_s and config.training.max_train_time_s <= 1800
