@@ -600,6 +600,7 @@ def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
         on_save=hub.on_save,
         on_best=save_best,
         download_checkpoint=hub.download_checkpoint,
+        run_config=config,
     )
     hub.start(trainer.model)
     state = trainer.train()
@@ -640,8 +641,9 @@ def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
         )
     hub.push_final(final_dir)
     accelerator.print(f"final model saved in {final_dir}")
-    hub.wait()
+    pushed = hub.wait()
     accelerator.end_training()
+    hub.raise_if_required_push_failed(pushed)
     return FinetuneResult(state, final_dir, test_metrics, predictions_file)
 
 

@@ -26,6 +26,11 @@ class ConfigError(ValueError):
     """A configuration problem the user can fix; the message names the fix."""
 
 
+class RunError(RuntimeError):
+    """A run that could not finish as asked (e.g. a required Hub push that did not complete, a diverged loss);
+    what was saved is kept and the message says where. The command line prints it as one line, exit status 1."""
+
+
 @dataclass
 class ModelConfig:
     kind: str = "encoder"
@@ -187,10 +192,12 @@ class TrainingConfig:
     """Evaluate on at most this many batches (None: the whole validation split)."""
     save_steps: int = 200
     """Save a resumable checkpoint every N optimizer steps (0: never)."""
-    save_total_limit: int = 2
-    """Keep at most this many checkpoints (oldest removed)."""
+    save_total_limit: int | None = 2
+    """Keep at most this many checkpoints (oldest removed); None or 0: keep all. The newest is never removed."""
     resume_from_checkpoint: str | None = None
     """`latest`, a checkpoint folder, or `hub:user/name` to continue a run exactly."""
+    allow_config_change: bool = False
+    """Resume even though settings that make resuming inexact (batch size, sequence length, seed, max_steps, ...) differ from the checkpoint's run."""
     metric_for_best_model: str | None = None
     """Eval metric that picks the best model (e.g. `accuracy`, `loss`); the best weights are kept in output_dir/best."""
     greater_is_better: bool = True
@@ -227,6 +234,10 @@ class HubConfig:
     """Branch to push to (created when missing; default: main)."""
     license: str = "apache-2.0"
     """License written into the model card."""
+    timeout_s: float = 60.0
+    """Seconds a Hub request may wait for the server to answer before it counts as failed (then retried)."""
+    final_push_timeout_s: float = 1800.0
+    """Seconds to wait for the final push at the end of training; after that the run fails (exit status 1) with the model saved locally."""
 
 
 @dataclass
@@ -471,8 +482,14 @@ def validate_run_sections(config: Any) -> None:
             "training.per_device_train_batch_size, per_device_eval_batch_size and gradient_accumulation_steps "
             f"must be positive, got {', '.join(map(str, sizes))}"
         )
+    check_training_values(training)
+    if config.logging.logging_steps <= 0:
+        raise ConfigError(f"logging.logging_steps must be positive, got {config.logging.logging_steps}")
     if config.hub.push_to_hub and not config.hub.model_id:
         raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
+    for name in ("timeout_s", "final_push_timeout_s"):
+        if not getattr(config.hub, name) > 0:
+            raise ConfigError(f"hub.{name} must be a positive number of seconds, got {getattr(config.hub, name)}")
     if config.hub.strategy not in ("end", "every_save", "checkpoint"):
         raise ConfigError(f"hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}")
     if config.logging.report_to not in ("none", "wandb", "tensorboard", "all"):
@@ -481,14 +498,100 @@ def validate_run_sections(config: Any) -> None:
         )
 
 
+def check_training_values(training: Any) -> None:
+    """Signs and ranges of the training section, each a one-line ConfigError naming the fix."""
+    out = training.output_dir
+    if not str(out).strip():
+        raise ConfigError("training.output_dir is empty; name a folder, e.g. --training.output_dir runs/my-run")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"training.output_dir {out} is a file, not a folder; remove it or pick another output_dir")
+    if training.max_steps < -1:
+        raise ConfigError(
+            f"training.max_steps must be positive, or -1 to train by num_train_epochs; got {training.max_steps}"
+        )
+    if training.max_steps == 0:
+        raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
+    if training.max_steps == -1 and not training.num_train_epochs > 0:
+        raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
+    if not (training.lr >= 0 and training.lr < float("inf")):
+        raise ConfigError(f"training.lr must be a non-negative number, got {training.lr}")
+    if training.save_total_limit is not None and training.save_total_limit < 0:
+        raise ConfigError(
+            f"training.save_total_limit must be a positive number of checkpoints to keep (0 or none: keep all), "
+            f"got {training.save_total_limit}"
+        )
+    for name in ("eval_steps", "save_steps", "warmup_steps", "max_grad_norm", "weight_decay"):
+        if getattr(training, name) < 0:
+            raise ConfigError(f"training.{name} must not be negative, got {getattr(training, name)}")
+    if not 0 <= training.warmup_ratio <= 1:
+        raise ConfigError(f"training.warmup_ratio must be in [0, 1], got {training.warmup_ratio}")
+    if training.max_train_time_s is not None and training.max_train_time_s < 0:
+        raise ConfigError(f"training.max_train_time_s must not be negative, got {training.max_train_time_s}")
+
+
 def run_cli(main: Callable, argv: list[str] | None, user_errors: tuple[type[Exception], ...] = ()):
     """Run an entry point's main(argv); user errors (ConfigError and `user_errors`) print one line
-    `error: ...` naming the fix and exit with status 2, without a traceback."""
+    `error: ...` naming the fix and exit with status 2, without a traceback; a RunError (the run could not
+    finish as asked, what was saved is kept) prints one line and exits with status 1."""
+    stop_with_launcher()
     try:
         return main(argv)
     except (ConfigError, *user_errors) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RunError as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as err:
+        message = disk_error_message(err)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def stop_with_launcher() -> None:
+    """Under `accelerate launch`, ask Linux for a SIGTERM when the launcher dies.
+
+    accelerate's single-process launcher does not forward signals: a SIGTERM sent to it (by a scheduler,
+    `kill`, a container runtime) ends it at once and leaves this process running on, orphaned. With this, the
+    training process gets the SIGTERM too, so it saves a checkpoint and exits cleanly. Only under a launcher
+    (accelerate sets ACCELERATE_* variables for its child): a plain `python` run under `nohup` must outlive
+    its shell."""
+    if not sys.platform.startswith("linux") or not any(k.startswith("ACCELERATE_") for k in os.environ):
+        return
+    try:
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # no libc prctl: keep the default behaviour
+        pass
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def disk_error_message(err: OSError) -> str | None:
+    """A one-line message for the disk faults a user fixes outside Kiln (full disk, read-only or forbidden
+    folder, a file where a folder belongs); None for other OS errors."""
+    import errno
+
+    where = err.filename or "the output folder"
+    fixes = {
+        errno.ENOSPC: f"no space left on the device holding {where}; free some space or pick another "
+        "--training.output_dir (a run resumes with --training.resume_from_checkpoint latest)",
+        errno.EDQUOT: f"disk quota exceeded writing {where}; free some space or pick another --training.output_dir",
+        errno.EROFS: f"{where} is on a read-only file system; pick a writable --training.output_dir",
+        errno.EACCES: f"permission denied writing {where}; pick a writable --training.output_dir",
+        errno.EPERM: f"permission denied writing {where}; pick a writable --training.output_dir",
+        errno.ENOTDIR: f"{where}: a file stands where a folder is needed; remove it or pick another "
+        "--training.output_dir",
+        errno.EEXIST: f"{where} exists and is not a folder; remove it or pick another --training.output_dir",
+    }
+    return fixes.get(err.errno)
 
 
 def config_from_dict(cls: type, values: dict[str, Any]):

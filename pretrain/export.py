@@ -156,8 +156,13 @@ class HubSync:
             from .hub import HubPusher
 
             self.pusher = HubPusher(
-                hub.model_id, private=hub.private, revision=hub.revision, enabled=accelerator.is_main_process
+                hub.model_id,
+                private=hub.private,
+                revision=hub.revision,
+                enabled=accelerator.is_main_process,
+                timeout_s=hub.timeout_s,
             )
+        self.final_dir: Path | None = None
 
     def start(self, model) -> None:
         """Call once the Trainer has prepared `model` (it is what gets pushed), before training: also starts the
@@ -199,16 +204,35 @@ class HubSync:
         return path
 
     def push_final(self, final_dir: Path) -> None:
+        self.final_dir = Path(final_dir)
         if self.pusher is not None and self.accelerator.is_main_process:
             self.pusher.push(final_dir, commit_message="Final model")
 
     def wait(self) -> bool:
+        """Wait (at most hub.final_push_timeout_s) for the queued pushes; False when one did not complete."""
         if self.pusher is None or not self.accelerator.is_main_process:
             return True
-        ok = self.pusher.wait()
+        ok = self.pusher.wait(timeout=self.config.hub.final_push_timeout_s)
         if not ok:
-            logger.error("the final push to %s did not complete; the model is saved locally", self.config.hub.model_id)
+            logger.error(
+                "the push to %s did not complete (%s); the model is saved locally",
+                self.config.hub.model_id,
+                self.pusher.last_error or f"no answer within hub.final_push_timeout_s={self.config.hub.final_push_timeout_s:g}",
+            )
         return ok
+
+    def raise_if_required_push_failed(self, pushed: bool) -> None:
+        """After `wait`: a final push that was asked for and did not complete fails the run (RunError)."""
+        if pushed or self.pusher is None or self.final_dir is None or not self.accelerator.is_main_process:
+            return
+        from .config import RunError
+
+        model_id = self.config.hub.model_id
+        reason = self.pusher.last_error or f"no answer within {self.config.hub.final_push_timeout_s:g} s"
+        raise RunError(
+            f"the final model is saved locally in {self.final_dir}, but the push to {model_id} did not complete "
+            f"({reason}); push it later with `hf upload {model_id} {self.final_dir}`"
+        )
 
     # --- trackers and cards -------------------------------------------------------------------------
 

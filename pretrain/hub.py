@@ -65,6 +65,34 @@ def redact(text: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- pushing
+def check_push_settings(model_id: str | None, token: str | None = None) -> None:
+    """Before a run starts: a repo id of the form user/name and a token to push with (no network)."""
+    from .config import ConfigError
+
+    if not isinstance(model_id, str) or not _REPO_ID.match(model_id):
+        raise ConfigError(f"hub.model_id must look like 'user/name' (letters, digits, '-', '_', '.'), got {model_id!r}")
+    if token is None and huggingface_hub.get_token() is None:
+        raise ConfigError("no Hugging Face token to push with: set HF_TOKEN or run `hf auth login` first")
+
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+
+
+def set_request_timeout(timeout_s: float) -> None:
+    """Bound how long any Hub request of this process waits for the server (huggingface_hub's own client has
+    no timeout, so a server that accepts the connection and never answers would hang a push forever). A stalled
+    request fails with a timeout error after `timeout_s` seconds without data, and is retried like any failure."""
+    import httpx2
+    from huggingface_hub.utils import _http
+
+    def factory():
+        client = _http.default_client_factory()  # the library's own client (headers, hooks, redirects) ...
+        client.timeout = httpx2.Timeout(timeout_s)  # ... with a timeout
+        return client
+
+    huggingface_hub.set_client_factory(factory)
+
+
 @dataclass
 class _PushRequest:
     snapshot: Path
@@ -100,6 +128,7 @@ class HubPusher:
         token: str | None = None,
         enabled: bool = True,
         staging_dir: str | None = None,
+        timeout_s: float | None = None,
     ):
         self.model_id, self.private, self.revision, self.enabled = model_id, private, revision, enabled
         self.last_error: str | None = None
@@ -112,6 +141,8 @@ class HubPusher:
             raise ValueError("No Hugging Face token to push with: set HF_TOKEN or run `hf auth login`")
         if token:
             _registered_tokens.add(token)
+        if timeout_s is not None:
+            set_request_timeout(timeout_s)
         self._api = HfApi(token=token)
         self._staging_dir = staging_dir
         self._staging_root: Path | None = None
@@ -501,6 +532,8 @@ def download_checkpoint(
 __all__ = [
     "CHECKPOINT_FOLDER",
     "HubPusher",
+    "check_push_settings",
+    "set_request_timeout",
     "download_checkpoint",
     "plot_loss_curve",
     "redact",

@@ -34,7 +34,22 @@ def validate(config: RunConfig) -> None:
         model.objective = "clm"
     elif model.objective not in ENCODER_OBJECTIVES:
         raise ConfigError(f"model.objective for an encoder must be one of {ENCODER_OBJECTIVES}, got {model.objective!r}")
+    if model.hidden_size % model.num_attention_heads:
+        raise ConfigError(
+            f"model.hidden_size {model.hidden_size} is not divisible by model.num_attention_heads "
+            f"{model.num_attention_heads}; pick a head count that divides it (e.g. {_divisor_near(model)})"
+        )
+    if not model.init_from and config.data.max_seq_length > model.max_position_embeddings:
+        raise ConfigError(
+            f"data.max_seq_length={config.data.max_seq_length} exceeds model.max_position_embeddings="
+            f"{model.max_position_embeddings}: lower data.max_seq_length or raise model.max_position_embeddings"
+        )
     validate_run_sections(config)
+
+
+def _divisor_near(model) -> int:
+    heads = [h for h in range(1, model.hidden_size + 1) if model.hidden_size % h == 0]
+    return min(heads, key=lambda h: abs(h - model.num_attention_heads))
 
 
 def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
@@ -129,7 +144,7 @@ def main(argv: list[str] | None = None):
     metadata = {"model_kind": config.model.kind, "objective": config.model.objective}
     resume = config.training.resume_from_checkpoint
     if resume and not resume.startswith("hub:"):  # fail before any tokenizer or data work
-        check_checkpoint_metadata(resolve_checkpoint(resume, config.training.output_dir), metadata)
+        check_checkpoint_metadata(resolve_checkpoint(resume, config.training.output_dir, quiet=True), metadata)
     accelerator = start_run(config.training, config.logging)
     out = prepare_output(config, accelerator)
 
@@ -173,6 +188,7 @@ def main(argv: list[str] | None = None):
         on_save=hub.on_save,
         download_checkpoint=hub.download_checkpoint,
         num_workers=config.data.num_workers,
+        run_config=config,
     )
     hub.start(trainer.model)
     state = trainer.train()
@@ -184,8 +200,9 @@ def main(argv: list[str] | None = None):
         )
         hub.push_final(final_dir)
         accelerator.print(f"final model saved in {final_dir}")
-    hub.wait()
+    pushed = hub.wait()
     accelerator.end_training()
+    hub.raise_if_required_push_failed(pushed)
     return state
 
 

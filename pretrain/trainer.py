@@ -189,26 +189,56 @@ def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerat
     return accelerator
 
 
+def check_scheduler(training: TrainingConfig) -> None:
+    from transformers.trainer_utils import SchedulerType
+
+    names = [t.value for t in SchedulerType]
+    if training.lr_scheduler_type not in names:
+        raise ConfigError(
+            f"training.lr_scheduler_type {training.lr_scheduler_type!r} is unknown; use one of {', '.join(names)}"
+        )
+
+
+RUN_FILES = ("checkpoints", "final", "best", "logs", "metrics.jsonl", "config.yaml", "tokenizer", "hub-export")
+"""What a run leaves in its output_dir (removed by overwrite_output_dir, or when nothing resumable is there)."""
+
+
 def prepare_output(config: Any, accelerator: Accelerator) -> Path:
-    """The run folder `config.training.output_dir` with the resolved config.yaml in it. A folder that already
-    holds a run is refused unless resuming or asked to overwrite (then the old run's files are removed)."""
+    """The run folder `config.training.output_dir` with the resolved config.yaml in it.
+
+    Everything that can be checked is checked before the folder is touched. A folder that holds a run (a
+    checkpoint or a final model) is refused unless resuming or asked to overwrite (then the old run's files are
+    removed); a folder left by a run that failed before its first checkpoint is simply reused. When resuming,
+    the checkpoint's config is compared with this one (see `check_config_change`) and config.yaml is only
+    rewritten once the resume has succeeded (Trainer.resume)."""
     training = config.training
+    check_scheduler(training)
+    hub_cfg = getattr(config, "hub", None)
+    if hub_cfg is not None and hub_cfg.push_to_hub:
+        from .hub import check_push_settings
+
+        check_push_settings(hub_cfg.model_id)
     out = Path(training.output_dir)
-    holds_run = (out / "checkpoints").is_dir() or (out / "final").is_dir() or (out / "config.yaml").is_file()
-    if holds_run and not training.resume_from_checkpoint:
-        if not training.overwrite_output_dir:
-            raise ConfigError(
-                f"output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint "
-                "latest, start over with --training.overwrite_output_dir, or pick another --training.output_dir"
-            )
-        if accelerator.is_main_process:
-            for name in ("checkpoints", "final", "best", "logs", "metrics.jsonl", "config.yaml", "tokenizer"):
-                path = out / name
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    resume = training.resume_from_checkpoint
+    if resume and not resume.startswith("hub:"):
+        check_config_change(resolve_checkpoint(resume, str(out), quiet=True), config)
+    holds_run = bool(find_checkpoints(out)) or (out / "final").is_dir()
+    if holds_run and not resume and not training.overwrite_output_dir:
+        raise ConfigError(
+            f"output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint "
+            "latest, start over with --training.overwrite_output_dir, or pick another --training.output_dir"
+        )
+    if accelerator.is_main_process and not resume and out.is_dir():
+        # start over, or a folder with nothing resumable in it: stale files of the failed run must not mix in
+        for name in RUN_FILES:
+            path = out / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        save_config(config, out / "config.yaml")
+        if not resume or not (out / "config.yaml").is_file():
+            save_config(config, out / "config.yaml")
+    accelerator.wait_for_everyone()
     return out
 
 
@@ -248,8 +278,66 @@ def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
 
 
-def resolve_checkpoint(spec: str, output_dir: str, download: Callable[[str, str], str] | None = None) -> Path:
-    """`latest`, a folder, or `hub:user/name` (downloaded through `download(spec, local_dir)`)."""
+MANIFEST_FILE = "checksums.json"
+"""Written last into every checkpoint: the size and sha256 of each file, verified before a resume loads it."""
+CONFIG_FILE = "kiln_config.yaml"
+"""The run's resolved config, saved with every checkpoint and compared with the new one on resume."""
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+    manifest = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    tmp = folder / f"{MANIFEST_FILE}.tmp"
+    tmp.write_text(json.dumps({"files": manifest}, indent=1))
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, folder / MANIFEST_FILE)
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why the checkpoint `folder` cannot be resumed from (missing, truncated or changed files), or None.
+    Checkpoints written before manifests existed are only checked for a readable trainer_state.json."""
+    folder = Path(folder)
+    try:
+        json.loads((folder / TRAINER_STATE_FILE).read_text())
+    except (OSError, ValueError) as err:
+        return f"{TRAINER_STATE_FILE} is unreadable ({type(err).__name__})"
+    manifest_path = folder / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST_FILE} is unreadable"
+    for name, expected in manifest.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != expected["size"]:
+            return f"{name} has {size} bytes instead of {expected['size']} (truncated?)"
+        if _sha256(path) != expected["sha256"]:
+            return f"{name} does not match its checksum (changed on disk)"
+    return None
+
+
+def resolve_checkpoint(
+    spec: str, output_dir: str, download: Callable[[str, str], str] | None = None, quiet: bool = False
+) -> Path:
+    """`latest`, a folder, or `hub:user/name` (downloaded through `download(spec, local_dir)`).
+
+    The checkpoint's files are verified against its manifest; `latest` skips damaged checkpoints (newest
+    first) and says which one it falls back to; a damaged explicit checkpoint is a one-line error."""
     if spec == "latest":
         checkpoints = find_checkpoints(output_dir)
         if not checkpoints:
@@ -257,18 +345,102 @@ def resolve_checkpoint(spec: str, output_dir: str, download: Callable[[str, str]
                 f"--training.resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; "
                 "start without it, or point it at a checkpoint folder"
             )
-        return checkpoints[-1]
+        damaged = []
+        for candidate in reversed(checkpoints):
+            problem = checkpoint_problem(candidate)
+            if problem is None:
+                if damaged and not quiet:
+                    logger.warning(
+                        "skipping damaged checkpoint(s) %s; resuming from %s, the newest valid one",
+                        "; ".join(damaged), candidate.name,
+                    )
+                return candidate
+            damaged.append(f"{candidate.name}: {problem}")
+        raise ConfigError(
+            f"no valid checkpoint in {output_dir}/checkpoints ({'; '.join(damaged)}); "
+            "start over with --training.overwrite_output_dir"
+        )
     if spec.startswith("hub:"):
         if download is None:
             raise ConfigError("resuming from the Hub needs the hub module")
-        return Path(download(spec, os.path.join(output_dir, "hub-checkpoint")))
-    path = Path(spec)
-    if not (path / TRAINER_STATE_FILE).is_file():
+        path = Path(download(spec, os.path.join(output_dir, "hub-checkpoint")))
+    else:
+        path = Path(spec)
+        if not (path / TRAINER_STATE_FILE).is_file():
+            raise ConfigError(
+                f"--training.resume_from_checkpoint {spec}: not a Kiln checkpoint (no {TRAINER_STATE_FILE}); "
+                f"use 'latest' or a folder like {output_dir}/checkpoints/step-00000200"
+            )
+    problem = checkpoint_problem(path)
+    if problem is not None:
         raise ConfigError(
-            f"--training.resume_from_checkpoint {spec}: not a Kiln checkpoint (no {TRAINER_STATE_FILE}); "
-            f"use 'latest' or a folder like {output_dir}/checkpoints/step-00000200"
+            f"checkpoint {spec} is damaged: {problem}; resume from an older checkpoint "
+            "(--training.resume_from_checkpoint latest picks the newest valid one)"
         )
     return path
+
+
+# settings that may change between a run and its resume without changing what is trained
+_RESUME_FREE_KEYS = (
+    "training.output_dir", "training.resume_from_checkpoint", "training.overwrite_output_dir",
+    "training.allow_config_change", "training.eval_steps", "training.save_steps", "training.save_total_limit",
+    "training.max_eval_batches", "training.per_device_eval_batch_size", "training.max_train_time_s",
+    "training.metric_for_best_model", "training.greater_is_better", "training.early_stopping_patience",
+    "data.num_workers", "data.num_proc", "data.cache_dir", "data.max_eval_documents",
+    "tokenizer.name_or_path", "predict", "logging.", "hub.", "eval.",
+)  # fmt: skip
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def saved_run_config(checkpoint: Path) -> dict[str, Any] | None:
+    """The config a checkpoint was written with (its own copy, else its run folder's config.yaml)."""
+    import yaml
+
+    checkpoint = Path(checkpoint)
+    for path in (checkpoint / CONFIG_FILE, checkpoint.parent.parent / "config.yaml"):
+        if path.is_file():
+            try:
+                return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            except (OSError, yaml.YAMLError):
+                return None
+    return None
+
+
+def check_config_change(checkpoint: Path, config: Any) -> None:
+    """Refuse a resume whose settings differ from the checkpoint's run where that makes resuming inexact
+    (batch size, sequence length, seed, data, model shape, steps, ...), unless --training.allow_config_change."""
+    import dataclasses
+
+    saved = saved_run_config(checkpoint)
+    if saved is None:
+        return
+    old, new = _flat(saved), _flat(dataclasses.asdict(config))
+    changed = [
+        key
+        for key in sorted(set(old) | set(new))
+        if not key.startswith(_RESUME_FREE_KEYS) and key not in _RESUME_FREE_KEYS and key in old and key in new
+        and old[key] != new[key]
+        and not (isinstance(old[key], (int, float)) and isinstance(new[key], (int, float)) and old[key] == new[key])
+    ]
+    if not changed:
+        return
+    diff = ", ".join(f"{key} {old[key]!r} -> {new[key]!r}" for key in changed)
+    if config.training.allow_config_change:
+        logger.warning("resuming with changed settings (%s): the run is no longer an exact continuation", diff)
+        return
+    raise ConfigError(
+        f"resuming {checkpoint} with changed settings: {diff}; keep the saved values, or pass "
+        "--training.allow_config_change to resume anyway (the result then differs from an uninterrupted run)"
+    )
 
 
 def check_checkpoint_metadata(path: Path, metadata: dict[str, Any]) -> None:
@@ -319,6 +491,7 @@ class Trainer:
         download_checkpoint: Callable[[str, str], str] | None = None,
         num_workers: int = 0,
         loss_items: LossItems | None = None,
+        run_config: Any = None,
     ):
         self.accelerator = accelerator
         self.training = training
@@ -336,6 +509,8 @@ class Trainer:
         self.num_workers = num_workers
         # the collator that builds the labels knows what each loss part averages over (MLM: masked tokens)
         self.loss_items = loss_items or getattr(collator, "loss_items", None) or count_loss_items
+        self.run_config = run_config
+        """The run's whole config (saved with each checkpoint, compared on resume); None: neither."""
         self.output_dir = Path(training.output_dir)
         self.state = TrainState()
         self._stop_signal: int | None = None
@@ -417,7 +592,9 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
-        """accelerate.save_state into a temp folder, renamed into place: a crash never leaves half a checkpoint."""
+        """accelerate.save_state into a temp folder, renamed into place: a crash never leaves half a checkpoint.
+        The run's config and a manifest (sizes + sha256 of every file) are written last, so a resume can tell a
+        complete checkpoint from a damaged one."""
         acc = self.accelerator
         root = self.output_dir / "checkpoints"
         final = root / f"{CHECKPOINT_PREFIX}{self.state.global_step:08d}"
@@ -431,19 +608,36 @@ class Trainer:
         if acc.is_main_process:
             meta = {"global_step": self.state.global_step, "epoch": self.state.epoch, **self.metadata}
             (tmp / TRAINER_STATE_FILE).write_text(json.dumps(meta, indent=2))
+            if self.run_config is not None:
+                save_config(self.run_config, tmp / CONFIG_FILE)
+            write_manifest(tmp)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
-            for old in find_checkpoints(self.output_dir)[: -self.training.save_total_limit or None]:
-                shutil.rmtree(old, ignore_errors=True)
+            self._rotate_checkpoints(keep=final)
         acc.wait_for_everyone()
         if self.on_save is not None:
             self.on_save(final, self.state)
         return final
 
+    def _rotate_checkpoints(self, keep: Path) -> None:
+        """Remove the oldest checkpoints beyond save_total_limit (None or 0: keep all); never `keep`."""
+        limit = self.training.save_total_limit
+        if not limit or limit < 1:
+            return
+        for old in find_checkpoints(self.output_dir)[:-limit]:
+            if old != keep:
+                shutil.rmtree(old, ignore_errors=True)
+
     def resume(self, spec: str) -> Path:
         path = resolve_checkpoint(spec, str(self.output_dir), self.download_checkpoint)
         check_checkpoint_metadata(path, self.metadata)
+        if self.run_config is not None:
+            check_config_change(path, self.run_config)
         self.accelerator.load_state(str(path))
+        # why the saved run stopped (a signal, the time budget) is no reason for this one to stop
+        self.state.stop_reason = None
+        if self.run_config is not None and self.accelerator.is_main_process:
+            save_config(self.run_config, self.output_dir / "config.yaml")  # only now that the resume succeeded
         logger.info("resumed from %s at step %d", path, self.state.global_step)
         return path
 
@@ -827,6 +1021,8 @@ __all__ = [
     "build_accelerator",
     "build_optimizer",
     "check_checkpoint_metadata",
+    "check_config_change",
+    "checkpoint_problem",
     "configure_deepspeed",
     "find_checkpoints",
     "guess_peak_flops",

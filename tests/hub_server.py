@@ -9,6 +9,7 @@ Test helpers:
   - `fail(...)` / `recover()`: answer HTTP 500 (or another status) to every request, or only to some kinds of
     requests (e.g. "commit"), for a number of seconds or requests;
   - `hold(...)`: park requests of some kinds until the test releases them (a deterministic "slow server");
+  - `stall(...)`: accept requests (of some kinds) and never answer them, like a dead proxy, until `reset()`;
   - `requests(...)`: the request log; `files(...)` / `commits(...)`: the repository state.
 
 `huggingface_hub` reads `HF_ENDPOINT` once, at import: point it here before anything imports it
@@ -190,6 +191,7 @@ class HubServer:
     def stop(self) -> None:
         for gate in self._gates:
             gate.release()
+        self._stall_released.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -215,6 +217,10 @@ class HubServer:
             self._fault: _Fault | None = None
             self._gates: list[Gate] = []
             self._commit_counter = 0
+            if getattr(self, "_stall_released", None) is not None:
+                self._stall_released.set()  # let the stalled handlers of the previous test go
+            self._stall_released = threading.Event()
+            self._stall_kinds: set[str] | None = set()
 
     # ---------------------------------------------------------------------------------- fault injection
     def fail(
@@ -235,6 +241,19 @@ class HubServer:
     def recover(self) -> None:
         with self._lock:
             self._fault = None
+
+    def stall(self, only: str | set[str] | None = None) -> None:
+        """Accept every request (or those of the kinds in `only`) and never answer: the connection stays open,
+        silent, until `reset()` or `stop()` (then it is closed without a response)."""
+        with self._lock:
+            self._stall_kinds = None if only is None else ({only} if isinstance(only, str) else set(only))
+
+    def _stalls(self, kind: str) -> threading.Event | None:
+        with self._lock:
+            kinds = self._stall_kinds
+            if kinds is None or kind in kinds:
+                return self._stall_released
+            return None
 
     def hold(self, only: str | set[str] = "commit") -> Gate:
         """Park requests of these kinds until `gate.release()` (or the end of a `with` block)."""
@@ -444,6 +463,12 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         segments = [s for s in url.path.split("/") if s]
         kind, args = _classify(self.command, segments)
+        stalled = self.hub._stalls(kind)
+        if stalled is not None:
+            self.hub._record(LoggedRequest(self.command, url.path, kind, 0, "Authorization" in self.headers))
+            stalled.wait()
+            self.close_connection = True  # hang up without an answer
+            return
         try:
             self.hub._wait_at_gates(kind)
             injected = self.hub._injected_status(kind)
