@@ -160,3 +160,42 @@ def test_one_document_needs_sop_and_too_short_sequences_fail():
     assert sop and all(ex["input_ids"].count(tokenizer.sep_token_id) == 2 for ex in sop)
     with pytest.raises(DataError, match="max_seq_length=4"):
         build_pair_instances(synthetic_documents(3), 4)
+
+
+def test_notnext_segments_come_from_across_a_corpus_sorted_by_source(monkeypatch):
+    """A corpus of 4 books, 8 chapters each, in order, with pools of 4 documents: without the per-epoch document
+    shuffle every pool is one book and every NotNext B segment comes from A's own book."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from pretrain.config import DataConfig
+    from pretrain.data import pipeline
+
+    monkeypatch.setattr(pipeline, "DOCUMENT_POOL", 4)
+    book_of = {}
+    documents = []
+    for book in range(4):
+        for _chapter in range(8):
+            ids = list(range(1000 * (book + 1), 1000 * (book + 1) + 60))
+            for token in ids:
+                book_of[token] = book
+            documents.append([ids[i : i + 6] for i in range(0, 60, 6)])  # 10 sentences of 6 tokens
+    tokens = Dataset.from_dict({"sentence_ids": documents})
+    shaper = pipeline._PairShaper(DataConfig(max_seq_length=32), SimpleNamespace(cls_token_id=1, sep_token_id=2),
+                                  "nsp", seed=0)  # fmt: skip
+    same_book = not_next = 0
+    orders = []
+    for epoch in (0, 1):
+        examples = shaper.train_examples(tokens, epoch)
+        orders.append(examples["input_ids"][:5])
+        for row in examples:
+            if row["next_sentence_label"] != 1:
+                continue
+            sep = row["input_ids"].index(2)
+            a_book, b_book = book_of[row["input_ids"][1]], book_of[row["input_ids"][sep + 1]]
+            not_next += 1
+            same_book += a_book == b_book
+    assert not_next > 50
+    assert same_book / not_next < 0.6  # 1/4 expected when pools are random; 1.0 when they are single books
+    assert orders[0] != orders[1]  # another shuffle each epoch

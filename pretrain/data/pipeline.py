@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from datasets import Dataset, IterableDataset
 from datasets.distributed import split_dataset_by_node
 from datasets.fingerprint import Hasher
@@ -36,7 +37,10 @@ logger = logging.getLogger(__name__)
 
 OBJECTIVES = {"encoder": ("mlm+nsp", "mlm+sop", "mlm"), "decoder": ("clm",)}
 PAIR_TASK = {"mlm+nsp": "nsp", "mlm+sop": "sop", "mlm": "none"}
-DOCUMENT_POOL = 1000  # documents per map batch: NotNext segments are drawn from the same batch
+DOCUMENT_POOL = 1000
+"""Documents per map batch: NotNext segments are drawn from the same batch. The training documents are
+shuffled (seeded, per epoch) first, as Google's create_pretraining_data.py does, so a pool is a random sample of
+the whole corpus even when the corpus is sorted by source (one book or topic after another)."""
 EVAL_EPOCH = "eval"  # the pairs of the validation set use this in place of an epoch number
 
 
@@ -288,7 +292,11 @@ class _PairShaper:
 
     def train_examples(self, tokens, epoch: int):
         if isinstance(tokens, IterableDataset):
+            tokens = tokens.shuffle(seed=self.seed, buffer_size=max(self.cfg.shuffle_buffer_size, DOCUMENT_POOL))
+            tokens.set_epoch(epoch)
             return self._examples(tokens, epoch, DOCUMENT_POOL)
+        if len(tokens) > DOCUMENT_POOL:  # smaller corpora are one pool anyway
+            tokens = tokens.shuffle(seed=int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0]))
         batches = math.ceil(len(tokens) / DOCUMENT_POOL)
         pool = math.ceil(len(tokens) / batches)  # even batches: no lone document at the end
         desc = (
