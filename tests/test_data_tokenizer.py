@@ -121,3 +121,49 @@ def test_vocabulary_and_tokenizer_errors_name_the_fix(wordpiece, bpe):
         load_tokenizer("/no/such/tokenizer/folder")
     with pytest.raises(DataError, match="too small"):
         train_tokenizer(BOOK[:10], kind="bpe", vocab_size=200)
+
+
+def _tie_heavy_corpus(folder):
+    """Every 3-letter word over 16 letters, each exactly twice: nearly every merge candidate ties with others."""
+    import itertools
+    import random
+
+    words = ["".join(p) for p in itertools.product("abcdefghijklmnop", repeat=3)]
+    random.Random(0).shuffle(words)
+    folder.mkdir(parents=True, exist_ok=True)
+    for part in range(2):
+        lines = [" ".join(words[i : i + 50]) for i in range(0, len(words), 50)]
+        (folder / f"part{part}.txt").write_text("\n\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_the_same_command_twice_gives_the_same_tokenizer_and_losses(tmp_path):
+    """Two fresh processes (Rust hash maps seeded differently in each) train byte-identical WordPiece files
+    and then log identical losses; tokenizers alone numbers ## pieces in hash order (tokenizers#1794)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from kiln_testing import DEBUG, REPO
+
+    corpus = _tie_heavy_corpus(tmp_path / "corpus")
+    outputs = []
+    for attempt in range(2):
+        out = tmp_path / f"run{attempt}"
+        result = subprocess.run(
+            [sys.executable, str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(out),
+             "--data.data_files", str(corpus / "*.txt"), "--tokenizer.vocab_size", "600",
+             "--training.max_steps", "3", "--training.save_steps", "0", "--training.eval_steps", "0"],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        outputs.append(out)
+    first, second = ((out / "tokenizer" / "tokenizer.json").read_bytes() for out in outputs)
+    assert first == second
+    rows = [
+        [json.loads(line)["train/loss"] for line in (out / "metrics.jsonl").read_text().splitlines()
+         if "train/loss" in line]
+        for out in outputs
+    ]  # fmt: skip
+    assert len(rows[0]) == 3 and rows[0] == rows[1]

@@ -7,9 +7,11 @@ the `[CLS] A [SEP] B [SEP]` post-processor that also writes token_type_ids.
 
 from __future__ import annotations
 
-import itertools
+import json
 import logging
+import re
 import string
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,7 +38,7 @@ WORDPIECE_SPECIAL_TOKENS = {
 }
 EOS = "<|endoftext|>"
 KIND_FOR_MODEL = {"encoder": "wordpiece", "decoder": "bpe"}
-# Always in the WordPiece alphabet (also as ## pieces), so ASCII text never needs [UNK], whatever the corpus.
+# Always in the WordPiece alphabet (letters and digits also as ## pieces), so ASCII text never needs [UNK].
 ASCII_ALPHABET = sorted(set(string.ascii_letters + string.digits + string.punctuation))
 
 
@@ -66,10 +68,17 @@ def train_tokenizer(
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         backend.decoder = decoders.WordPiece(prefix="##")
         alphabet = sorted({c.lower() for c in ASCII_ALPHABET}) if lowercase else ASCII_ALPHABET
+        texts = list(_flatten(texts))  # read twice: the continuation alphabet first, then the training
+        # Every `##c` piece registered up front, in sorted order. Left to the trainer, they are numbered in the
+        # order of a Rust hash map (seeded per process), and merges of equal count are then ordered by those ids:
+        # two trainings on the same text gave different vocabularies (huggingface/tokenizers#1794). With these
+        # ids fixed, every tie is broken the same way. ASCII letters and digits are always included, so no
+        # ASCII word ever becomes [UNK].
+        continuing = sorted(_continuation_chars(texts, backend.normalizer) | {c for c in alphabet if c.isalnum()})
         trainer = trainers.WordPieceTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
-            special_tokens=specials,
+            special_tokens=specials + ["##" + c for c in continuing],
             initial_alphabet=alphabet,
             continuing_subword_prefix="##",
         )
@@ -91,12 +100,7 @@ def train_tokenizer(
     else:
         raise DataError(f"tokenizer kind {kind!r} is unknown; use 'wordpiece' (encoder) or 'bpe' (decoder)")
 
-    extra = []
-    if (
-        kind == "wordpiece"
-    ):  # one word per letter/digit as a `##` continuation, so no ASCII word becomes [UNK]
-        extra = [" ".join("a" + c for c in alphabet if c.isalnum())]
-    backend.train_from_iterator(itertools.chain(_flatten(texts), extra), trainer=trainer)
+    backend.train_from_iterator(_flatten(texts), trainer=trainer)
     if backend.get_vocab_size() < vocab_size:
         logger.warning(
             "the corpus supports only %d tokens (asked for %d); the vocabulary is smaller",
@@ -104,7 +108,7 @@ def train_tokenizer(
             vocab_size,
         )
     if kind == "wordpiece":
-        _sort_wordpiece_vocab(backend)
+        backend = _sort_wordpiece_vocab(backend)
         cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
         backend.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]",
@@ -128,20 +132,41 @@ def train_tokenizer(
     )
 
 
-def _sort_wordpiece_vocab(backend: Tokenizer) -> None:
-    """Give the trained WordPiece vocabulary a canonical order: special tokens, words, then ## pieces, each sorted.
+def _continuation_chars(texts: list[str], normalizer) -> set[str]:
+    """Characters that can continue a word after normalisation: any non-space character that follows another
+    one, except punctuation (BertPreTokenizer makes every punctuation mark a word of its own)."""
+    found: set[str] = set()
+    for text in texts:
+        found.update(_AFTER_NON_SPACE.findall(normalizer.normalize_str(text)))
+    return {c for c in found if not _is_punctuation(c)}
 
-    The trainer returns the same tokens every time but numbers them in hash-map order, so two trainings on the
-    same text would disagree on ids. WordPiece matching does not depend on the ids, only on the set.
-    """
+
+_AFTER_NON_SPACE = re.compile(r"(?<=\S)\S")
+
+
+def _is_punctuation(char: str) -> bool:
+    """BERT's definition: ASCII symbols and every Unicode punctuation category."""
+    code = ord(char)
+    if 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126:
+        return True
+    return unicodedata.category(char).startswith("P")
+
+
+def _sort_wordpiece_vocab(backend: Tokenizer) -> Tokenizer:
+    """The trained WordPiece with a canonical id order (special tokens, words, then ## pieces, each sorted) and
+    only the five real special tokens as added tokens (the ## pieces registered for training are ordinary
+    vocabulary). WordPiece matching depends on the set of tokens only, not on their ids."""
     vocab = backend.get_vocab(with_added_tokens=False)
     specials = list(WORDPIECE_SPECIAL_TOKENS.values())
     rest = sorted((token for token in vocab if token not in specials), key=lambda t: (t.startswith("##"), t))
-    backend.model = models.WordPiece(
-        vocab={token: i for i, token in enumerate(specials + rest)},
-        unk_token="[UNK]",
-        continuing_subword_prefix="##",
-    )
+    state = json.loads(backend.to_str())
+    state["added_tokens"] = [
+        {**added, "id": specials.index(added["content"])}
+        for added in state["added_tokens"]
+        if added["content"] in specials
+    ]
+    state["model"]["vocab"] = {token: i for i, token in enumerate(specials + rest)}
+    return Tokenizer.from_str(json.dumps(state))
 
 
 def _flatten(texts):
