@@ -1,0 +1,128 @@
+"""Resume at every step of runs that cross epoch boundaries with partial accumulation windows and truncated
+evaluations: the resumed run logs bit-identical losses and evaluations and ends with bit-identical weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from kiln_testing import DEBUG, DECODER, REPO, run
+from safetensors.torch import load_file
+
+from pretrain.trainer import find_checkpoints
+
+ENCODER_SMALL = ["--data.max_train_documents", 2, "--training.per_device_train_batch_size", 32]  # 12 micro-batches
+DECODER_SMALL = [*DECODER, "--data.max_train_documents", 12, "--training.per_device_train_batch_size", 8]
+RUNS = {
+    # (extra args, accumulation, optimizer steps): each crosses at least one epoch end with a partial window
+    "encoder-acc5": (ENCODER_SMALL, 5, 6),
+    "decoder-acc3": (DECODER_SMALL, 3, 6),
+    "encoder-acc1": (ENCODER_SMALL, 1, 14),
+}
+
+
+def _rows(out):
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+    evals = {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows if any(
+        k.startswith("eval/") for k in r)}  # fmt: skip
+    epochs = [r["train/epoch"] for r in rows if "train/epoch" in r]
+    return train, evals, epochs
+
+
+def _common(extra, accumulation, steps):
+    return [*extra, "--training.gradient_accumulation_steps", accumulation, "--training.max_steps", steps,
+            "--training.eval_steps", 2, "--training.max_eval_batches", 1, "--training.save_total_limit", 100]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_resume_at_every_step_is_bit_identical(tmp_path, name):
+    extra, accumulation, steps = RUNS[name]
+    common = _common(extra, accumulation, steps)
+    full = tmp_path / "full"
+    run(full, *common, "--training.save_steps", 1)
+    reference, reference_evals, epochs = _rows(full)
+    assert sorted(reference) == list(range(1, steps + 1))
+    assert max(epochs) > 1, "the run must cross an epoch boundary"
+    reference_weights = load_file(full / "final" / "model.safetensors")
+    resume_points = range(1, steps) if name != "encoder-acc1" else (6, 13)  # in an epoch; at its end
+    for step in resume_points:
+        out = tmp_path / f"from-{step}"
+        checkpoint = full / "checkpoints" / f"step-{step:08d}"
+        run(out, *common, "--training.save_steps", 0, "--training.resume_from_checkpoint", checkpoint,
+            "--tokenizer.name_or_path", full / "tokenizer")  # fmt: skip
+        again, again_evals, _ = _rows(out)
+        assert again == {s: reference[s] for s in range(step + 1, steps + 1)}, step
+        assert again_evals == {s: v for s, v in reference_evals.items() if s > step}, step
+        weights = load_file(out / "final" / "model.safetensors")
+        assert all((weights[k] == v).all() for k, v in reference_weights.items()), step
+
+
+def _launch(args, port, **kwargs):
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+         "--main_process_port", str(port), str(REPO / "pretrain/run.py"), "--config", DEBUG, *map(str, args)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
+    )  # fmt: skip
+
+
+def test_two_processes_resume_across_an_epoch_end_bit_identically(tmp_path):
+    extra, accumulation, steps = RUNS["encoder-acc5"]
+    extra = [*extra[:-1], 16]  # 2 processes x 16 = the same 32 sequences a micro-step
+    common = _common(extra, accumulation, steps)
+    full = tmp_path / "full"
+    proc = _launch([*common, "--training.output_dir", full, "--training.save_steps", 1], 29581)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    reference, reference_evals, _ = _rows(full)
+    for step in (2, 3):  # in the middle of epoch 1; just after its partial window
+        out = tmp_path / f"from-{step}"
+        proc = _launch([*common, "--training.output_dir", out, "--training.save_steps", 0,
+                        "--training.resume_from_checkpoint", full / "checkpoints" / f"step-{step:08d}"], 29582 + step)  # fmt: skip
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, output[-3000:]
+        again, again_evals, _ = _rows(out)
+        assert again == {s: reference[s] for s in range(step + 1, steps + 1)}
+        assert again_evals == {s: v for s, v in reference_evals.items() if s > step}
+        weights, reference_weights = load_file(out / "final/model.safetensors"), load_file(full / "final/model.safetensors")
+        assert all((weights[k] == v).all() for k, v in reference_weights.items())
+
+
+def test_kill_9_then_resume_latest_continues_identically(tmp_path):
+    """SIGKILL at a random moment after the first checkpoints (possibly inside a checkpoint write): `latest` picks
+    the newest complete checkpoint and the run ends as the uninterrupted one did."""
+    extra, accumulation, _ = RUNS["encoder-acc5"]
+    steps = 14
+    common = [str(a) for a in _common(extra, accumulation, steps)]
+    full = tmp_path / "full"
+    run(full, *common, "--training.save_steps", 1)
+    reference, _, _ = _rows(full)
+
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(out),
+         *common, "--training.save_steps", "1"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 180
+    while time.time() < deadline and len(find_checkpoints(out)) < 2:
+        time.sleep(0.01)
+    time.sleep(float(os.getpid() % 7) / 50)  # a varying moment: often inside the next save_state
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert find_checkpoints(out), "no checkpoint was written before the kill"
+    newest = int(find_checkpoints(out)[-1].name.split("-")[1])
+    assert newest < steps, "the run finished before it was killed; the test did not test anything"
+    run(out, *common, "--training.save_steps", 1, "--training.resume_from_checkpoint", "latest")
+    again, _, _ = _rows(out)
+    for step in range(newest + 1, steps + 1):
+        assert again[step] == reference[step], step
+    weights, reference_weights = load_file(out / "final/model.safetensors"), load_file(full / "final/model.safetensors")
+    assert all((weights[k] == v).all() for k, v in reference_weights.items())
