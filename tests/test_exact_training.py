@@ -139,3 +139,30 @@ def test_fused_adamw_follows_the_accelerator_device():
     # the decision is read from the device accelerate will put the model on, not from where it is now (CPU)
     assert build_optimizer(model, TrainingConfig(), torch.device("cpu")).defaults["fused"] is None
     assert build_optimizer(model, TrainingConfig(), torch.device("cuda")).defaults["fused"] is True
+
+
+def test_skipped_fp16_step_holds_the_schedule_and_tokens_count_real_ones(tmp_path, monkeypatch, caplog):
+    """When the fp16 scaler skips an optimizer step, the learning-rate schedule must not move; tokens_seen
+    counts the tokens under the attention mask, not the padding; the start-up summary says how it trains."""
+    import logging
+
+    from accelerate import Accelerator
+
+    trainer, _ = _toy_trainer(tmp_path, max_steps=3, num_train_epochs=1)
+    rows = [{"x": torch.ones(3), "attention_mask": torch.tensor([1] * (1 + i % 4) + [0] * (4 - i % 4))}
+            for i in range(20)]  # fmt: skip
+    trainer.train_dataset = lambda epoch: rows
+    trainer.collator = lambda features: {key: torch.stack([f[key] for f in features]) for key in features[0]}
+    monkeypatch.setattr(Accelerator, "optimizer_step_was_skipped", property(lambda self: True))
+    try:
+        with caplog.at_level(logging.INFO, logger="kiln"):
+            state = trainer.train()
+    finally:
+        reset_accelerate()
+    assert trainer.scheduler.last_epoch == 0  # never stepped: every step was "skipped"
+    # 3 steps (4 + 4 + 2 micro-batches of 2) = the whole epoch of 20 rows: 50 real tokens among 100 positions
+    assert state.global_step == 3 and state.tokens_seen == 50
+    summary = caplog.text
+    for part in ("examples = 20", "processes = 1", "gradient accumulation = 4", "optimizer steps = 3",
+                 "trainable parameters = 1"):  # fmt: skip
+        assert part in summary, summary
