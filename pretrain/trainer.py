@@ -923,7 +923,7 @@ class Trainer:
             f"examples = {examples}",
             f"epochs = {epochs}" + (f" ({self.steps_per_epoch} optimizer steps each)" if self.steps_per_epoch else ""),
             f"per-device batch = {training.per_device_train_batch_size}",
-            f"processes = {acc.num_processes} ({acc.distributed_type.value}, mixed precision {acc.mixed_precision})",
+            f"processes = {acc.num_processes} ({_distribution(acc)}, mixed precision {acc.mixed_precision})",
             f"gradient accumulation = {training.gradient_accumulation_steps}",
             f"global batch = {global_batch} sequences"
             + (f" (<= {global_batch * seq_len:,} tokens)" if seq_len else ""),
@@ -945,6 +945,11 @@ def _length(loader) -> int | None:
         return len(loader)
     except TypeError:  # iterable (streaming) datasets have no length
         return None
+
+
+def _distribution(accelerator: Accelerator) -> str:
+    kind = accelerator.distributed_type.value
+    return "no data parallelism" if kind == "NO" else kind
 
 
 class _ExampleIndexed(torch.utils.data.Dataset):
