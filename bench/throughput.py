@@ -43,6 +43,7 @@ import transformers
 
 from pretrain.convert import from_transformers
 from pretrain.modeling import count_flops_per_token
+from pretrain.run import PRETRAINING_FAST_PATHS
 
 MASK_PROBABILITY = 0.15  # share of positions with an MLM label in the synthetic encoder batches
 NUM_BATCHES = 4  # distinct batches cycled through, so the number of masked positions varies as in training
@@ -158,7 +159,9 @@ def build_reference(preset: Preset, vocab_multiple: int, seed: int, device) -> t
 def build_kiln(reference: torch.nn.Module, variant: str, kind: str) -> torch.nn.Module:
     model = from_transformers(reference)  # same weights, device, train mode and attention kernel
     if kind == "encoder":
-        model.config.chunked_mlm_loss = True  # what pretraining uses (off by default: see the config)
+        # what pretraining uses (pretrain.run.PRETRAINING_FAST_PATHS; off by default: see the config)
+        for name, value in PRETRAINING_FAST_PATHS.items():
+            setattr(model.config, name, value)
     if variant != "kiln":
         ABLATIONS[kind][variant](model)
     return model

@@ -1,7 +1,9 @@
 """Convert transformers BERT / GPT-2 models to Kiln and back: the proof that Kiln computes the same function.
 
-    from_transformers(BertForPreTraining | BertModel | BertForMaskedLM | BertForSequenceClassification
-                      | BertForTokenClassification | GPT2LMHeadModel | GPT2Model) -> matching Kiln model
+    from_transformers(BertModel | BertForPreTraining | BertForMaskedLM | BertForNextSentencePrediction
+                      | BertForSequenceClassification | BertForMultipleChoice | BertForTokenClassification
+                      | BertForQuestionAnswering | GPT2Model | GPT2LMHeadModel | GPT2ForSequenceClassification
+                      | GPT2ForTokenClassification) -> matching Kiln model
     to_transformers(Kiln model) -> matching transformers model
 
 Layouts differ in two places only: Kiln fuses the query/key/value projections into one `qkv` Linear (BERT's
@@ -25,10 +27,15 @@ from transformers import BertConfig, GPT2Config
 from pretrain.modeling import (
     KilnDecoderConfig,
     KilnDecoderForCausalLM,
+    KilnDecoderForSequenceClassification,
+    KilnDecoderForTokenClassification,
     KilnDecoderModel,
     KilnEncoderConfig,
     KilnEncoderForMaskedLM,
+    KilnEncoderForMultipleChoice,
+    KilnEncoderForNextSentencePrediction,
     KilnEncoderForPreTraining,
+    KilnEncoderForQuestionAnswering,
     KilnEncoderForSequenceClassification,
     KilnEncoderForTokenClassification,
     KilnEncoderModel,
@@ -41,8 +48,16 @@ ENCODER_CLASSES = {
     "BertForMaskedLM": KilnEncoderForMaskedLM,
     "BertForSequenceClassification": KilnEncoderForSequenceClassification,
     "BertForTokenClassification": KilnEncoderForTokenClassification,
+    "BertForNextSentencePrediction": KilnEncoderForNextSentencePrediction,
+    "BertForMultipleChoice": KilnEncoderForMultipleChoice,
+    "BertForQuestionAnswering": KilnEncoderForQuestionAnswering,
 }
-DECODER_CLASSES = {"GPT2Model": KilnDecoderModel, "GPT2LMHeadModel": KilnDecoderForCausalLM}
+DECODER_CLASSES = {
+    "GPT2Model": KilnDecoderModel,
+    "GPT2LMHeadModel": KilnDecoderForCausalLM,
+    "GPT2ForSequenceClassification": KilnDecoderForSequenceClassification,
+    "GPT2ForTokenClassification": KilnDecoderForTokenClassification,
+}
 TO_KILN = {**ENCODER_CLASSES, **DECODER_CLASSES}
 TO_TRANSFORMERS = {kiln_class: name for name, kiln_class in TO_KILN.items()}
 
@@ -161,8 +176,9 @@ def bert_to_kiln_state(bert: dict, num_layers: int, name: str) -> dict:
             out[f"mlm_head.layer_norm.{p}"] = bert[f"cls.predictions.transform.LayerNorm.{p}"]
         if f"cls.seq_relationship.{p}" in bert:
             out[f"nsp_head.{p}"] = bert[f"cls.seq_relationship.{p}"]
-        if f"classifier.{p}" in bert:
-            out[f"classifier.{p}"] = bert[f"classifier.{p}"]
+        for head in ("classifier", "qa_outputs"):  # same names in both
+            if f"{head}.{p}" in bert:
+                out[f"{head}.{p}"] = bert[f"{head}.{p}"]
     if "cls.predictions.bias" in bert:
         out["mlm_head.decoder.weight"] = out[f"{k}embeddings.word_embeddings.weight"]  # tied
         out["mlm_head.decoder.bias"] = bert["cls.predictions.bias"]
@@ -199,8 +215,9 @@ def kiln_to_bert_state(kiln: dict, num_layers: int, name: str, position_table: t
             out[f"cls.predictions.transform.LayerNorm.{p}"] = kiln[f"mlm_head.layer_norm.{p}"]
         if f"nsp_head.{p}" in kiln:
             out[f"cls.seq_relationship.{p}"] = kiln[f"nsp_head.{p}"]
-        if f"classifier.{p}" in kiln:
-            out[f"classifier.{p}"] = kiln[f"classifier.{p}"]
+        for head in ("classifier", "qa_outputs"):
+            if f"{head}.{p}" in kiln:
+                out[f"{head}.{p}"] = kiln[f"{head}.{p}"]
     if "mlm_head.decoder.bias" in kiln:
         out["cls.predictions.bias"] = kiln["mlm_head.decoder.bias"]
         out["cls.predictions.decoder.bias"] = kiln["mlm_head.decoder.bias"]  # tied to cls.predictions.bias
@@ -236,8 +253,9 @@ def gpt2_to_kiln_state(gpt2: dict, num_layers: int, name: str) -> dict:
                     out[f"{dst}{ours}.{p}"] = gpt2[f"{src}{theirs}.{p}"]
     for p in ("weight", "bias"):
         out[f"{k}final_norm.{p}"] = gpt2[f"{g}ln_f.{p}"]
-    if "lm_head.weight" in gpt2:
-        out["lm_head.weight"] = gpt2["lm_head.weight"]
+    for head in ("lm_head.weight", "score.weight", "classifier.weight", "classifier.bias"):  # same names
+        if head in gpt2:
+            out[head] = gpt2[head]
     return out
 
 
@@ -269,8 +287,9 @@ def kiln_to_gpt2_state(kiln: dict, num_layers: int, name: str) -> dict:
                     out[f"{dst}{theirs}.{p}"] = kiln[f"{src}{ours}.{p}"]
     for p in ("weight", "bias"):
         out[f"{g}ln_f.{p}"] = kiln[f"{k}final_norm.{p}"]
-    if "lm_head.weight" in kiln:
-        out["lm_head.weight"] = kiln["lm_head.weight"]
+    for head in ("lm_head.weight", "score.weight", "classifier.weight", "classifier.bias"):
+        if head in kiln:
+            out[head] = kiln[head]
     return out
 
 

@@ -63,13 +63,26 @@ def plain_class(model):
         model.__class__ = cls
 
 
+# Training-only fast paths a run may switch on (pretrain.run.PRETRAINING_FAST_PATHS): saved folders get the
+# defaults, so a pushed or exported checkpoint returns transformers' output shapes, as BERT does
+SAVED_CONFIG_DEFAULTS = {"sparse_prediction": False, "chunked_mlm_loss": False}
+
+
 def save_model_files(accelerator: Accelerator, model, tokenizer, save_dir: Path) -> None:
     """save_pretrained (safetensors, with auto_map and code files) + tokenizer; main process writes."""
     state_dict = accelerator.get_state_dict(model)  # gathers FSDP/DeepSpeed shards
     if accelerator.is_main_process:
         save_dir.mkdir(parents=True, exist_ok=True)
         with plain_class(accelerator.unwrap_model(model)) as unwrapped:
-            unwrapped.save_pretrained(save_dir, state_dict=state_dict, safe_serialization=True)
+            config = unwrapped.config
+            in_training = {name: getattr(config, name) for name in SAVED_CONFIG_DEFAULTS if hasattr(config, name)}
+            try:
+                for name in in_training:
+                    setattr(config, name, SAVED_CONFIG_DEFAULTS[name])
+                unwrapped.save_pretrained(save_dir, state_dict=state_dict, safe_serialization=True)
+            finally:
+                for name, value in in_training.items():
+                    setattr(config, name, value)
         if tokenizer is not None:
             tokenizer.save_pretrained(save_dir)
     accelerator.wait_for_everyone()

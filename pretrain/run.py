@@ -52,6 +52,12 @@ def _divisor_near(model) -> int:
     return min(heads, key=lambda h: abs(h - model.num_attention_heads))
 
 
+# Encoder fast paths pretraining turns on (off in the config by default, so the model classes keep transformers'
+# output shapes; `save_model_files` writes them off again): MLM logits only at the masked positions, and a
+# training-step loss that never holds them (pretraining never reads the training-step MLM logits)
+PRETRAINING_FAST_PATHS = {"sparse_prediction": True, "chunked_mlm_loss": True}
+
+
 def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
     m = config.model
     common = dict(
@@ -73,8 +79,7 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
             type_vocab_size=m.type_vocab_size,
             layer_norm_eps=m.layer_norm_eps,
             position_embedding_type=m.position_embedding_type,
-            # pretraining never reads the training-step MLM logits: the chunked loss skips holding them
-            chunked_mlm_loss=True,
+            **PRETRAINING_FAST_PATHS,
         )
     return dict(
         common,
@@ -109,6 +114,9 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
             )
         auto = AutoModelForPreTraining if m.kind == "encoder" else AutoModelForCausalLM
         model = auto.from_pretrained(m.init_from, attn_implementation=m.attn_implementation)
+        if m.kind == "encoder":
+            for name, value in PRETRAINING_FAST_PATHS.items():
+                setattr(model.config, name, value)
         if len(tokenizer) > model.config.vocab_size:
             raise ConfigError(
                 f"the tokenizer has {len(tokenizer)} tokens but {m.init_from} has vocab_size "

@@ -119,8 +119,9 @@ def test_bert_to_kiln_and_back(hf_class, shape):
     hf_model = hf_class(config).eval()
     kiln_model = from_transformers(hf_model)
     assert type(kiln_model) is BERT_TO_KILN[hf_class] and not kiln_model.training
-    assert kiln_model.config.sparse_prediction  # the fast path is the one proven equal
     batch, labels = encoder_batch(shape["vocab_size"])
+    assert_same_function(hf_model, kiln_model, batch, task_labels(hf_class, batch, labels, 3))
+    kiln_model.config.sparse_prediction = True  # the fast path pretraining uses computes the same losses
     assert_same_function(hf_model, kiln_model, batch, task_labels(hf_class, batch, labels, 3))
     assert_same_state(to_transformers(kiln_model).state_dict(), hf_model.state_dict())
 
@@ -140,7 +141,7 @@ def test_dense_mlm_path_matches_bert_too():
     config = transformers.BertConfig(max_position_embeddings=32, **ENCODER_SHAPES[0])
     hf_model = transformers.BertForPreTraining(config).eval()
     kiln_model = from_transformers(hf_model)
-    kiln_model.config.sparse_prediction = False
+    assert not kiln_model.config.sparse_prediction  # transformers' output shapes by default
     batch, labels = encoder_batch(config.vocab_size, seed=2)
     extra = dict(labels=labels, next_sentence_label=torch.tensor([1, 0, 1]))
     hf_out, kiln_out = hf_model(**batch, **extra), kiln_model(**batch, **extra)
@@ -225,8 +226,8 @@ def test_kiln_decoder_to_gpt2_and_back():
 
 
 def test_unsupported_models_are_refused():
-    with pytest.raises(ValueError, match="Cannot convert BertForQuestionAnswering; supported: BertModel"):
-        from_transformers(transformers.BertForQuestionAnswering(transformers.BertConfig(**ENCODER_SHAPES[1])))
+    with pytest.raises(ValueError, match="Cannot convert BertLMHeadModel; supported: BertModel"):
+        from_transformers(transformers.BertLMHeadModel(transformers.BertConfig(is_decoder=True, **ENCODER_SHAPES[1])))
     config = transformers.GPT2Config(
         n_positions=32, scale_attn_by_inverse_layer_idx=True, **DECODER_SHAPES[1]
     )
@@ -266,3 +267,68 @@ def test_cli_refuses_an_unknown_model_type(tmp_path):
     (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "t5"}))
     with pytest.raises(SystemExit, match="`t5` model; only bert, gpt2, kiln_encoder, kiln_decoder convert"):
         main([str(tmp_path / "src"), str(tmp_path / "dst")])
+
+
+# ------------------------------------------------------------------------------- the rest of the head family
+def head_inputs(model_class_name, vocab_size, num_labels=3, seed=5):
+    """(inputs, labels, the output fields that prove the function) for each BERT / GPT-2 head."""
+    batch, labels = encoder_batch(vocab_size, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    if "MultipleChoice" in model_class_name:  # 3 questions x 2 choices: (B, C, T)
+        batch = {name: value[:2].unsqueeze(1).expand(-1, 2, -1).clone() for name, value in batch.items()}
+        batch["input_ids"][:, 1, 3:6] = torch.randint(1, vocab_size, (2, 3), generator=generator)
+        return batch, dict(labels=torch.tensor([1, 0])), ("logits",)
+    if "QuestionAnswering" in model_class_name:
+        # one start beyond the sequence: ignored, as BERT clamps it
+        return batch, dict(start_positions=torch.tensor([2, 5, 40]), end_positions=torch.tensor([4, 9, 13])), (
+            "start_logits", "end_logits"
+        )
+    if "NextSentence" in model_class_name:
+        return batch, dict(labels=torch.tensor([1, 0, 1])), ("logits",)
+    gpt2 = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    if "ForSequenceClassification" in model_class_name:  # GPT-2: read at the last non-padding token
+        return gpt2, dict(labels=torch.tensor([0, 2, 1])), ("logits",)
+    token_labels = (batch["input_ids"] % num_labels).masked_fill(batch["attention_mask"] == 0, -100)
+    return gpt2, dict(labels=token_labels), ("logits",)
+
+
+NEW_HEADS = [
+    (transformers.BertForNextSentencePrediction, transformers.BertConfig, ENCODER_SHAPES[0]),
+    (transformers.BertForMultipleChoice, transformers.BertConfig, ENCODER_SHAPES[1]),
+    (transformers.BertForQuestionAnswering, transformers.BertConfig, ENCODER_SHAPES[0]),
+    (transformers.GPT2ForSequenceClassification, transformers.GPT2Config, DECODER_SHAPES[0]),
+    (transformers.GPT2ForTokenClassification, transformers.GPT2Config, DECODER_SHAPES[1]),
+]
+
+
+@pytest.mark.parametrize("hf_class, config_class, shape", NEW_HEADS, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize("direction", ["from_transformers", "to_transformers"])
+def test_every_bert_and_gpt2_head_converts_with_equal_logits_and_loss(hf_class, config_class, shape, direction):
+    extra = dict(pad_token_id=0) if config_class is transformers.GPT2Config else {}
+    num_labels = 2 if hf_class is transformers.BertForQuestionAnswering else 3  # QA: start and end
+    config = config_class(num_labels=num_labels, **extra, **shape)
+    if config_class is transformers.BertConfig:
+        config.max_position_embeddings = 32
+    if direction == "from_transformers":
+        hf_model = hf_class(config).eval()
+        kiln_model = from_transformers(hf_model)
+    else:
+        kiln_class = from_transformers(hf_class(config)).__class__  # the Kiln twin, built from its own config
+        kiln_config = from_transformers(hf_class(config)).config
+        kiln_model = kiln_class(kiln_config).eval()
+        hf_model = to_transformers(kiln_model)
+    assert type(hf_model) is hf_class and type(kiln_model).__name__.startswith("Kiln")
+    assert type(kiln_model).__name__.removeprefix("KilnEncoder").removeprefix("KilnDecoder") in hf_class.__name__
+    vocab_size = shape["vocab_size"]
+    batch, labels, fields = head_inputs(hf_class.__name__, vocab_size)
+    hf_out, kiln_out = hf_model(**batch, **labels), kiln_model(**batch, **labels)
+    for field in fields:
+        expected, actual = hf_out[field], kiln_out[field]
+        assert actual.shape == expected.shape
+        if hf_class is transformers.GPT2ForTokenClassification:  # padded positions carry no meaning
+            real = batch["attention_mask"].bool()
+            expected, actual = expected[real], actual[real]
+        torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(kiln_out.loss, hf_out.loss, atol=1e-5, rtol=1e-6)
+    assert_same_state(to_transformers(kiln_model).state_dict(), hf_model.state_dict())
+    assert_same_state(from_transformers(hf_model).state_dict(), kiln_model.state_dict())

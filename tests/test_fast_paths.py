@@ -182,7 +182,7 @@ def test_gelu_new_runs_as_the_fused_tanh_gelu_with_transformers_values():
 
 # -------------------------------------------------------------------------------------- sparse last block
 def encoder_config(**overrides) -> KilnEncoderConfig:
-    return tiny_encoder_config(**{"vocab_size": VOCAB, "initializer_range": 0.1, **overrides})
+    return tiny_encoder_config(**{"vocab_size": VOCAB, "initializer_range": 0.1, "sparse_prediction": True, **overrides})
 
 
 def encoder_batch():

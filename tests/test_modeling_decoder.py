@@ -54,7 +54,7 @@ def test_config_accepts_gpt2_names_and_exposes_generic_ones():
     assert (encoder_names.resid_pdrop, encoder_names.embd_pdrop, encoder_names.attn_pdrop) == (0.0, 0.0, 0.05)
     assert KilnDecoderConfig().activation_function == "gelu_new"
     with pytest.raises(ValueError, match="hidden_size=64 is not divisible by num_attention_heads=6"):
-        KilnDecoderConfig(hidden_size=64, num_attention_heads=6)
+        KilnDecoderForCausalLM(KilnDecoderConfig(hidden_size=64, num_attention_heads=6, num_hidden_layers=1))
 
 
 def test_bad_input_gives_clear_errors(tmp_path):

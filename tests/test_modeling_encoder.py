@@ -48,9 +48,10 @@ def _seed():
 
 
 # --------------------------------------------------------------------------------------------- config & input
-def test_config_rejects_head_count_that_does_not_divide_hidden_size():
+def test_model_build_rejects_head_count_that_does_not_divide_hidden_size():
+    config = KilnEncoderConfig(hidden_size=48, num_attention_heads=5, num_hidden_layers=1)  # checked at build
     with pytest.raises(ValueError, match="not divisible by num_attention_heads=5.*e.g. 4 or 6"):
-        KilnEncoderConfig(hidden_size=48, num_attention_heads=5)
+        KilnEncoderModel(config)
 
 
 def test_config_rejects_unknown_position_embedding_type():

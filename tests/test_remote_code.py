@@ -55,6 +55,17 @@ with torch.no_grad():
     causal_lm = transformers.AutoModelForCausalLM.from_pretrained(decoder_dir, **load).eval()
     results["causal_lm"] = causal_lm(input_ids, attention_mask=attention_mask).logits
     results["generated"] = causal_lm.generate(input_ids[:1, :5], max_new_tokens=6, do_sample=False)
+    heads = [  # the rest of BERT's / GPT-2's head family, through the same remote code
+        getattr(transformers, auto_name).from_pretrained(folder, **load)
+        for folder, auto_names in (
+            (encoder_dir, ("AutoModelForQuestionAnswering", "AutoModelForMultipleChoice",
+                           "AutoModelForNextSentencePrediction")),
+            (decoder_dir, ("AutoModelForSequenceClassification", "AutoModelForTokenClassification")),
+        )
+        for auto_name in auto_names
+    ]
+    results["heads"] = [type(head).__name__ for head in heads]
+    results["decoder_classifier"] = heads[3].eval()(input_ids, attention_mask=attention_mask).logits
 models = (pretraining, masked_lm, classifier, causal_lm)
 results["classes"] = [type(model).__module__ + "." + type(model).__name__ for model in models]
 results["imported_pretrain"] = "pretrain" in sys.modules
@@ -152,3 +163,11 @@ def test_checkpoints_load_with_trust_remote_code_without_pretrain(tmp_path):
         )
         expected_tokens = decoder.generate(input_ids[:1, :5], max_new_tokens=6, do_sample=False)
     assert torch.equal(results["generated"], expected_tokens)
+    assert results["heads"] == [
+        "KilnEncoderForQuestionAnswering",
+        "KilnEncoderForMultipleChoice",
+        "KilnEncoderForNextSentencePrediction",
+        "KilnDecoderForSequenceClassification",
+        "KilnDecoderForTokenClassification",
+    ]
+    assert results["decoder_classifier"].shape == (2, 2)  # read at each sequence's last token

@@ -1,8 +1,9 @@
 """Kiln models: a BERT-style encoder and a GPT-2-style decoder as transformers `PreTrainedModel`s.
 
 Importing this package registers both model types with transformers' Auto classes (AutoConfig, AutoModel,
-AutoModelForPreTraining, AutoModelForMaskedLM, AutoModelForSequenceClassification,
-AutoModelForTokenClassification, AutoModelForCausalLM) and marks the classes with `register_for_auto_class`,
+AutoModelForPreTraining, AutoModelForMaskedLM, AutoModelForNextSentencePrediction,
+AutoModelForSequenceClassification, AutoModelForMultipleChoice, AutoModelForTokenClassification,
+AutoModelForQuestionAnswering, AutoModelForCausalLM) and marks the classes with `register_for_auto_class`,
 so `save_pretrained` writes `auto_map` and the modeling files: the checkpoint then loads anywhere with
 `AutoModelFor*.from_pretrained(dir, trust_remote_code=True)`, without this package.
 """
@@ -13,14 +14,19 @@ from .configuration_kiln import KilnDecoderConfig, KilnEncoderConfig
 from .modeling_kiln_decoder import (
     DECODER_AUTO_CLASSES,
     KilnDecoderForCausalLM,
+    KilnDecoderForSequenceClassification,
+    KilnDecoderForTokenClassification,
     KilnDecoderModel,
     KilnDecoderPreTrainedModel,
 )
 from .modeling_kiln_encoder import (
     ENCODER_AUTO_CLASSES,
     KilnEncoderForMaskedLM,
+    KilnEncoderForMultipleChoice,
+    KilnEncoderForNextSentencePrediction,
     KilnEncoderForPreTraining,
     KilnEncoderForPreTrainingOutput,
+    KilnEncoderForQuestionAnswering,
     KilnEncoderForSequenceClassification,
     KilnEncoderForTokenClassification,
     KilnEncoderModel,
@@ -65,12 +71,17 @@ def count_flops_per_token(config, seq_len: int, lm_head_fraction: float = 0.0) -
 __all__ = [
     "KilnDecoderConfig",
     "KilnDecoderForCausalLM",
+    "KilnDecoderForSequenceClassification",
+    "KilnDecoderForTokenClassification",
     "KilnDecoderModel",
     "KilnDecoderPreTrainedModel",
     "KilnEncoderConfig",
     "KilnEncoderForMaskedLM",
+    "KilnEncoderForMultipleChoice",
+    "KilnEncoderForNextSentencePrediction",
     "KilnEncoderForPreTraining",
     "KilnEncoderForPreTrainingOutput",
+    "KilnEncoderForQuestionAnswering",
     "KilnEncoderForSequenceClassification",
     "KilnEncoderForTokenClassification",
     "KilnEncoderModel",

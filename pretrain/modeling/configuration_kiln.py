@@ -9,7 +9,8 @@ from transformers.configuration_utils import PreTrainedConfig
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 
 
-def _check_heads(hidden_size: int, num_attention_heads: int) -> None:
+def check_heads(hidden_size: int, num_attention_heads: int) -> None:
+    """Raised when a model is built (as BERT does), not by the config: a config may hold any single field."""
     if num_attention_heads <= 0 or hidden_size % num_attention_heads != 0:
         divisors = [d for d in range(1, hidden_size + 1) if hidden_size % d == 0]
         nearest = sorted(divisors, key=lambda d: abs(d - num_attention_heads))[:2]
@@ -42,7 +43,8 @@ class KilnEncoderConfig(_KilnConfig):
 
     Args:
         vocab_size: number of token ids.
-        hidden_size: width of the residual stream; must be divisible by `num_attention_heads`.
+        hidden_size: width of the residual stream; must be divisible by `num_attention_heads` (checked when a
+            model is built, as in BERT).
         num_hidden_layers: number of transformer blocks.
         num_attention_heads: attention heads per block.
         intermediate_size: width of the feed-forward layer.
@@ -57,9 +59,11 @@ class KilnEncoderConfig(_KilnConfig):
         position_embedding_type: `learned` (a trained table) or `sinusoidal` (the fixed sin/cos table of
             "Attention Is All You Need"; a buffer, not a parameter).
         sparse_prediction: when MLM labels are given, compute vocabulary logits only at the labelled positions
-            (`labels != -100`); the MLM logits then have shape (num_masked, vocab_size). The last block, too,
-            then computes only the rows that are read (labelled positions and the first token), unless hidden
-            states or attentions are requested. Same loss and gradients, far fewer FLOPs.
+            (`labels != -100`); the MLM logits then have shape (num_masked, vocab_size) instead of BERT's
+            (batch, seq_len, vocab_size). The last block, too, then computes only the rows that are read
+            (labelled positions and the first token), unless hidden states or attentions are requested. Same
+            loss and gradients, far fewer FLOPs. Off by default (transformers' output shapes); the pretraining
+            runner turns it on, and saved checkpoints have it off again.
         classifier_dropout: dropout before the classification heads (None: `hidden_dropout_prob`).
         chunked_mlm_loss: when training (train mode, gradients on) with MLM labels, compute the MLM loss with a
             chunked vocabulary projection + cross-entropy that never holds the logits; the MLM logits are then
@@ -85,13 +89,12 @@ class KilnEncoderConfig(_KilnConfig):
         initializer_range: float = 0.02,
         pad_token_id: int | None = 0,
         position_embedding_type: str = "learned",
-        sparse_prediction: bool = True,
+        sparse_prediction: bool = False,
         classifier_dropout: float | None = None,
         chunked_mlm_loss: bool = False,
         tie_word_embeddings: bool = True,
         **kwargs,
     ):
-        _check_heads(hidden_size, num_attention_heads)
         if position_embedding_type not in POSITION_EMBEDDING_TYPES:
             raise ValueError(
                 f"Unknown position_embedding_type={position_embedding_type!r}; "
@@ -129,7 +132,8 @@ class KilnDecoderConfig(_KilnConfig):
     Args:
         vocab_size: number of token ids.
         max_position_embeddings: longest sequence (prompt + generated tokens) the model accepts.
-        hidden_size: width of the residual stream; must be divisible by `num_attention_heads`.
+        hidden_size: width of the residual stream; must be divisible by `num_attention_heads` (checked when a
+            model is built, as in GPT-2).
         num_hidden_layers: number of transformer blocks.
         num_attention_heads: attention heads per block.
         intermediate_size: width of the feed-forward layer (None: 4 * hidden_size).
@@ -204,7 +208,6 @@ class KilnDecoderConfig(_KilnConfig):
         self.chunked_lm_loss = chunked_lm_loss
         for alias, value in aliases.items():
             setattr(self, alias, value)  # attribute_map routes it to the canonical field
-        _check_heads(self.hidden_size, self.num_attention_heads)
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
         super().__init__(

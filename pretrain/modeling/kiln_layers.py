@@ -4,7 +4,9 @@ Uploaded to the Hub next to the checkpoints (trust_remote_code): it imports only
 its sibling files (relative imports).
 
 Masks are boolean (True = may attend) and `None` whenever the kernel can do without one: no padding in the
-batch (encoder), or no padding and no cached prefix (decoder, which then uses SDPA's `is_causal`).
+batch (encoder), or no padding and no cached prefix (decoder, which then uses SDPA's `is_causal`). A query row
+whose mask is all False (an all-padding sequence in the encoder or in cross-attention) gets a zero attention
+output from both kernels, as SDPA gives and transformers' BERT/GPT-2 return: padded tokens never leak into it.
 """
 
 import torch
@@ -13,6 +15,26 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration_kiln import check_heads
+
+try:  # model-agnostic keyword arguments transformers' own models take through `**kwargs`
+    from transformers.utils.generic import TransformersKwargs
+
+    PASSTHROUGH_KWARGS = frozenset(TransformersKwargs.__annotations__)
+except ImportError:  # pragma: no cover - older transformers
+    PASSTHROUGH_KWARGS = frozenset({"num_items_in_batch", "output_attentions", "output_hidden_states"})
+
+
+def check_kwargs(model: nn.Module, kwargs: dict) -> None:
+    """`forward(**kwargs)` takes what transformers' wrappers pass to every model (Trainer's `num_items_in_batch`,
+    generate's and EncoderDecoderModel's shared arguments); anything else is a typo and an error, not ignored."""
+    unknown = sorted(set(kwargs) - PASSTHROUGH_KWARGS)
+    if unknown:
+        raise TypeError(
+            f"{type(model).__name__}.forward() got unexpected keyword argument(s) {', '.join(unknown)}; "
+            f"check the spelling against the documented arguments of {type(model).__name__}.forward."
+        )
 
 
 class _CpuDropout(torch.autograd.Function):
@@ -83,6 +105,8 @@ def eager_attention_forward(
     if attention_mask is not None:
         scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    if attention_mask is not None:  # a row that may attend to nothing attends to nothing (SDPA gives 0 too)
+        probs = probs.masked_fill(~attention_mask.any(-1, keepdim=True), 0.0)
     probs = apply_dropout(probs, dropout, module.training, getattr(module, "fast_cpu_mask", True))
     output = torch.matmul(probs, value).transpose(1, 2)  # (B, T, nh, hs)
     return output, probs
@@ -119,6 +143,7 @@ class KilnSelfAttention(nn.Module):
 
     def __init__(self, config, hidden_size, num_heads, dropout, is_causal, layer_idx):
         super().__init__()
+        check_heads(hidden_size, num_heads)
         self.config = config
         self.num_heads = num_heads
         self.head_size = hidden_size // num_heads
@@ -165,6 +190,7 @@ class KilnCrossAttention(nn.Module):
 
     def __init__(self, config, hidden_size, num_heads, dropout, layer_idx):
         super().__init__()
+        check_heads(hidden_size, num_heads)
         self.config = config
         self.num_heads = num_heads
         self.head_size = hidden_size // num_heads
@@ -219,7 +245,8 @@ class KilnMLP(nn.Module):
 
 
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, S) 0/1 mask -> None when nothing is padded, else (B, 1, 1, S) bool."""
+    """(B, S) 0/1 mask -> None when nothing is padded, else (B, 1, 1, S) bool (an all-padding row stays all
+    False: its queries attend to nothing and get a zero attention output)."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2:
@@ -229,8 +256,7 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
         )
     if bool(attention_mask.all()):
         return None
-    mask = attention_mask[:, None, None, :].bool()
-    return mask | ~mask.any(-1, keepdim=True)  # an all-padding row attends everywhere instead of giving NaN
+    return attention_mask[:, None, None, :].bool()
 
 
 def causal_mask(
@@ -358,6 +384,27 @@ def linear_cross_entropy(
     return _LinearCrossEntropy.apply(hidden, weight, bias, targets, chunk_rows, compute_dtype)
 
 
+def sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """BERT's / GPT-2's rules: `config.problem_type` inferred from the labels when unset; regression (MSE),
+    single-label (cross-entropy) or multi-label (BCE with logits). logits (B, num_labels)."""
+    num_labels = config.num_labels
+    if config.problem_type is None:
+        if num_labels == 1:
+            config.problem_type = "regression"
+        elif num_labels > 1 and labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    labels = labels.to(logits.device)
+    if config.problem_type == "regression":
+        if num_labels == 1:
+            return F.mse_loss(logits.squeeze(), labels.squeeze())
+        return F.mse_loss(logits, labels)
+    if config.problem_type == "single_label_classification":
+        return F.cross_entropy(logits.view(-1, num_labels), labels.view(-1))
+    return F.binary_cross_entropy_with_logits(logits, labels)
+
+
 def check_input_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
     # Checked on CPU only: on accelerators the reduction would force a host sync every step
     if input_ids.device.type != "cpu" or input_ids.numel() == 0:
@@ -402,8 +449,10 @@ __all__ = [
     "auto_map_for",
     "causal_mask",
     "check_input_ids",
+    "check_kwargs",
     "check_sequence_length",
     "eager_attention_forward",
     "linear_cross_entropy",
     "padding_mask",
+    "sequence_classification_loss",
 ]

@@ -1,4 +1,4 @@
-"""Kiln decoder: a GPT-2-style causal transformer and its language-model head.
+"""Kiln decoder: a GPT-2-style causal transformer, its language-model head, and GPT-2's classification heads.
 
 token + learned position embeddings -> dropout -> N pre-LN blocks
 (x = x + attn(LN(x)); [x = x + cross_attn(LN(x), encoder)]; x = x + mlp(LN(x)))
@@ -22,6 +22,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPastAndCrossAttentions,
     CausalLMOutputWithCrossAttentions,
+    SequenceClassifierOutputWithPast,
+    TokenClassifierOutput,
 )
 from transformers.modeling_utils import PreTrainedModel
 
@@ -34,9 +36,11 @@ from .kiln_layers import (
     auto_map_for,
     causal_mask,
     check_input_ids,
+    check_kwargs,
     check_sequence_length,
     linear_cross_entropy,
     padding_mask,
+    sequence_classification_loss,
 )
 
 
@@ -153,6 +157,7 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         past_key_values=None,
         attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
@@ -161,12 +166,15 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,  # accepted and ignored, so wrappers (EncoderDecoderModel, generate) may pass extras
+        **kwargs,  # transformers' shared arguments (Trainer's num_items_in_batch, ...); anything else raises
     ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
         r"""
         past_key_values: a `DynamicCache` (`EncoderDecoderCache` with cross-attention) from a previous call;
             `input_ids` then holds only the new tokens and `attention_mask` covers past + new tokens.
+        token_type_ids: (B, T) ids whose token embeddings are added to the inputs, as in GPT-2 (which has no
+            separate segment table).
         """
+        check_kwargs(self, kwargs)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         config = self.config
@@ -197,7 +205,10 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
             if position_ids.device.type == "cpu" and position_ids.numel():
                 check_sequence_length(int(position_ids.max()) + 1, config.max_position_embeddings)
             position_embeds = self.position_embeddings(position_ids)  # (B, T, C)
-        hidden_states = self.dropout(inputs_embeds + position_embeds)
+        hidden_states = inputs_embeds + position_embeds
+        if token_type_ids is not None:
+            hidden_states = hidden_states + self.word_embeddings(token_type_ids)
+        hidden_states = self.dropout(hidden_states)
 
         self_mask = causal_mask(attention_mask, T, past_length, hidden_states.device)  # None|(B|1, 1, T, S)
         cross_mask = padding_mask(encoder_attention_mask) if encoder_hidden_states is not None else None
@@ -267,6 +278,7 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         past_key_values=None,
         attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
@@ -277,20 +289,29 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        shift_labels: torch.LongTensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithCrossAttentions | tuple:
         r"""
         labels: (B, T), usually `input_ids`; position t is scored against token t+1, -100 is ignored. When
             training with `config.chunked_lm_loss`, the loss comes from a chunked head and `logits` is None.
         logits_to_keep: if > 0, compute logits for the last `logits_to_keep` positions only (generation).
+        shift_labels: (B, T) targets already shifted (position t is scored against `shift_labels[:, t]`), as
+            sequence/context parallelism passes them; they replace the shift of `labels`, as in transformers.
+        num_items_in_batch: the loss is the sum over scored tokens divided by this (transformers' Trainer passes
+            the number of target tokens of the whole accumulation window) instead of their mean.
         """
+        check_kwargs(self, kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if labels is not None and use_cache is None:
+        has_targets = labels is not None or shift_labels is not None
+        if has_targets and use_cache is None:
             use_cache = False
         outputs = self.model(
             input_ids,
             past_key_values=past_key_values,
             attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             encoder_hidden_states=encoder_hidden_states,
@@ -304,17 +325,24 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
         if logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]
         loss = logits = None
-        if labels is not None:
+        if shift_labels is not None:
+            targets = shift_labels.to(hidden_states.device)  # (B, T)
+        elif labels is not None:
             # Shift the labels, not the logits: no copy of the (B, T, V) tensor
             targets = F.pad(labels, (0, 1), value=-100)[:, 1:].to(hidden_states.device)  # (B, T)
-        if labels is not None and self._uses_chunked_loss():
+        if has_targets and logits_to_keep > 0:
+            targets = targets[:, -logits_to_keep:]
+        if has_targets and self._uses_chunked_loss():
             loss = linear_cross_entropy(hidden_states, self.lm_head.weight, targets)
         else:
             logits = self.lm_head(hidden_states)  # (B, T, V)
-            if labels is not None:
+            if has_targets:
                 loss = F.cross_entropy(
                     logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
                 )
+        if loss is not None and num_items_in_batch is not None:  # mean over the scored tokens -> their sum / N
+            scored = (targets != -100).sum()
+            loss = loss * scored.to(loss.dtype) / torch.as_tensor(num_items_in_batch, device=loss.device)
         output = CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,
@@ -326,16 +354,140 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
         return output if return_dict else output.to_tuple()
 
 
+class KilnDecoderForSequenceClassification(KilnDecoderPreTrainedModel):
+    """Decoder + a bias-free linear score read at each sequence's last non-padding token (GPT-2's head: the
+    rightmost token that is not `config.pad_token_id`, so left and right padding both work)."""
+
+    def __init__(self, config: KilnDecoderConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = KilnDecoderModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        r"""labels: (B,) class ids, (B, num_labels) floats (multi-label) or (B,) floats (regression); logits:
+        (B, num_labels). A batch of more than one sequence needs `config.pad_token_id`."""
+        check_kwargs(self, kwargs)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.score(outputs.last_hidden_state)  # (B, T, num_labels)
+        batch_size = logits.shape[0]
+        pad_token_id = self.config.pad_token_id
+        if pad_token_id is None and batch_size != 1:
+            raise ValueError(
+                "A batch of several sequences needs config.pad_token_id to find each one's last token; set it "
+                "(e.g. model.config.pad_token_id = tokenizer.pad_token_id)."
+            )
+        if pad_token_id is None or input_ids is None:  # with inputs_embeds padding cannot be seen: read the end
+            last_token = torch.full((batch_size,), -1, device=logits.device, dtype=torch.long)
+        else:
+            not_pad = (input_ids != pad_token_id).to(logits.device, torch.int32)
+            positions = torch.arange(input_ids.shape[-1], device=logits.device, dtype=torch.int32)
+            last_token = (positions * not_pad).argmax(-1)  # the rightmost non-padding token
+        pooled_logits = logits[torch.arange(batch_size, device=logits.device), last_token]  # (B, num_labels)
+        loss = sequence_classification_loss(self.config, pooled_logits, labels) if labels is not None else None
+        output = SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=pooled_logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class KilnDecoderForTokenClassification(KilnDecoderPreTrainedModel):
+    """Decoder + dropout + linear classifier on every token (GPT-2's token-classification head)."""
+
+    def __init__(self, config: KilnDecoderConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = KilnDecoderModel(config)
+        dropout = getattr(config, "classifier_dropout", None)
+        self.dropout = KilnDropout(dropout if dropout is not None else 0.1)  # GPT-2's default
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        r"""labels: (B, T) class ids, -100 where nothing is scored. logits: (B, T, num_labels)."""
+        check_kwargs(self, kwargs)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1).to(logits.device))
+        output = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
 # Auto class -> Kiln class: registered by `pretrain.modeling`, written into each saved checkpoint's auto_map
 DECODER_AUTO_CLASSES = {
     "AutoModel": KilnDecoderModel,
     "AutoModelForCausalLM": KilnDecoderForCausalLM,
     "AutoModelForPreTraining": KilnDecoderForCausalLM,
+    "AutoModelForSequenceClassification": KilnDecoderForSequenceClassification,
+    "AutoModelForTokenClassification": KilnDecoderForTokenClassification,
 }
 
 __all__ = [
     "DECODER_AUTO_CLASSES",
     "KilnDecoderForCausalLM",
+    "KilnDecoderForSequenceClassification",
+    "KilnDecoderForTokenClassification",
     "KilnDecoderModel",
     "KilnDecoderPreTrainedModel",
 ]

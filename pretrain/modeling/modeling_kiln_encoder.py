@@ -2,7 +2,8 @@
 
 embeddings (token + position + segment -> LayerNorm -> dropout) -> N post-LN blocks
 (x = LN(x + attn(x)); x = LN(x + mlp(x))) -> tanh pooler on the first token.
-Heads: pretraining (MLM + NSP/SOP), masked LM, sequence classification, token classification.
+Heads: pretraining (MLM + NSP/SOP), masked LM, next-sentence prediction, sequence classification, multiple
+choice, token classification, extractive question answering: BERT's head family, same weights layout per head.
 
 Uploaded to the Hub next to the checkpoints (trust_remote_code): it imports only torch, transformers and
 its sibling files (relative imports).
@@ -19,6 +20,9 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    NextSentencePredictorOutput,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
@@ -33,9 +37,11 @@ from .kiln_layers import (
     activation_module,
     auto_map_for,
     check_input_ids,
+    check_kwargs,
     check_sequence_length,
     linear_cross_entropy,
     padding_mask,
+    sequence_classification_loss,
 )
 
 
@@ -205,7 +211,7 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         query_positions: torch.LongTensor | None = None,
-        **kwargs,  # accepted and ignored, so wrappers (EncoderDecoderModel, Trainer) may pass extras
+        **kwargs,  # transformers' shared arguments (Trainer's num_items_in_batch, ...); anything else raises
     ) -> BaseModelOutputWithPooling | tuple:
         r"""
         query_positions: (B, P) positions whose final states are needed (the MLM heads pass the labelled ones).
@@ -213,6 +219,7 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
             `last_hidden_state` (and the last `hidden_states` entry) is (B, P, C), in the order given. The pooler
             reads row 0: put position 0 first when `pooler_output` is used.
         """
+        check_kwargs(self, kwargs)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         output_attentions = (
@@ -367,6 +374,7 @@ class KilnEncoderForPreTraining(_MaskedLMMixin, KilnEncoderPreTrainedModel):
         labels: (B, T) token ids to predict, -100 where nothing is predicted.
         next_sentence_label: (B,) 0 = B follows A (or: in order), 1 = random B (or: swapped).
         """
+        check_kwargs(self, kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         positions = self._sparse_positions(labels, output_attentions, output_hidden_states)
         outputs = self.model(
@@ -425,6 +433,7 @@ class KilnEncoderForMaskedLM(_MaskedLMMixin, KilnEncoderPreTrainedModel):
         r"""labels: (B, T), -100 where nothing is predicted. With labels and `config.sparse_prediction`,
         `logits` is (M, V) for the M labelled positions in the order of `labels.view(-1)`; else (B, T, V);
         None when training with `config.chunked_mlm_loss`."""
+        check_kwargs(self, kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         positions = self._sparse_positions(labels, output_attentions, output_hidden_states)
         outputs = self.model(
@@ -474,6 +483,7 @@ class KilnEncoderForSequenceClassification(KilnEncoderPreTrainedModel):
     ) -> SequenceClassifierOutput | tuple:
         r"""labels: (B,) class ids (single-label), (B, num_labels) floats (multi-label) or (B,) floats
         (regression, num_labels == 1); `config.problem_type` is inferred from them when unset, as in BERT."""
+        check_kwargs(self, kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids,
@@ -486,24 +496,7 @@ class KilnEncoderForSequenceClassification(KilnEncoderPreTrainedModel):
             return_dict=True,
         )
         logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, num_labels)
-        loss = None
-        if labels is not None:
-            if self.config.problem_type is None:
-                if self.num_labels == 1:
-                    self.config.problem_type = "regression"
-                elif self.num_labels > 1 and labels.dtype in (torch.long, torch.int):
-                    self.config.problem_type = "single_label_classification"
-                else:
-                    self.config.problem_type = "multi_label_classification"
-            if self.config.problem_type == "regression":
-                if self.num_labels == 1:
-                    loss = F.mse_loss(logits.squeeze(), labels.squeeze())
-                else:
-                    loss = F.mse_loss(logits, labels)
-            elif self.config.problem_type == "single_label_classification":
-                loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
-            elif self.config.problem_type == "multi_label_classification":
-                loss = F.binary_cross_entropy_with_logits(logits, labels)
+        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
         output = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -538,6 +531,7 @@ class KilnEncoderForTokenClassification(KilnEncoderPreTrainedModel):
         **kwargs,
     ) -> TokenClassifierOutput | tuple:
         r"""labels: (B, T) class ids, -100 where no prediction is scored (padding, non-first word pieces)."""
+        check_kwargs(self, kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids,
@@ -559,6 +553,163 @@ class KilnEncoderForTokenClassification(KilnEncoderPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+class KilnEncoderForNextSentencePrediction(KilnEncoderPreTrainedModel):
+    """Encoder + the NSP head alone (BertForNextSentencePrediction): does segment B follow segment A?"""
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__(config)
+        self.model = KilnEncoderModel(config)
+        self.nsp_head = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> NextSentencePredictorOutput | tuple:
+        r"""labels: (B,) 0 = B follows A, 1 = B is random. logits: (B, 2)."""
+        check_kwargs(self, kwargs)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.nsp_head(outputs.pooler_output)  # (B, 2)
+        loss = F.cross_entropy(logits, labels.view(-1).to(logits.device)) if labels is not None else None
+        output = NextSentencePredictorOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class KilnEncoderForMultipleChoice(KilnEncoderPreTrainedModel):
+    """Encoder + dropout + one score per (context, choice) pair from the pooled output (SWAG, RACE)."""
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__(config)
+        self.model = KilnEncoderModel(config)
+        dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        )
+        self.dropout = KilnDropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput | tuple:
+        r"""Inputs are (B, num_choices, T) (`inputs_embeds` (B, num_choices, T, C)); labels: (B,) the index of
+        the right choice. logits: (B, num_choices)."""
+        check_kwargs(self, kwargs)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        reference = input_ids if input_ids is not None else inputs_embeds
+        num_choices = reference.shape[1] if reference is not None else None
+
+        def flat(tensor, dims=2):  # (B, num_choices, ...) -> (B * num_choices, ...)
+            return tensor.reshape(-1, *tensor.shape[dims:]) if tensor is not None else None
+
+        outputs = self.model(
+            flat(input_ids),
+            attention_mask=flat(attention_mask),
+            token_type_ids=flat(token_type_ids),
+            position_ids=flat(position_ids),
+            inputs_embeds=flat(inputs_embeds),
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, choices)
+        loss = F.cross_entropy(logits, labels.to(logits.device)) if labels is not None else None
+        output = MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class KilnEncoderForQuestionAnswering(KilnEncoderPreTrainedModel):
+    """Encoder + a linear layer giving start and end logits per token (extractive QA, SQuAD)."""
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = KilnEncoderModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        r"""start_positions / end_positions: (B,) token indices of the answer span; positions outside the
+        sequence are ignored (BERT's rule). start_logits / end_logits: (B, T)."""
+        check_kwargs(self, kwargs)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, num_labels)
+        start_logits, end_logits = logits.split(1, dim=-1)
+        start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            ignored = start_logits.shape[1]  # clamped out-of-sequence positions are ignored
+            start_positions = start_positions.reshape(-1).clamp(0, ignored).to(logits.device)
+            end_positions = end_positions.reshape(-1).clamp(0, ignored).to(logits.device)
+            loss = (
+                F.cross_entropy(start_logits, start_positions, ignore_index=ignored)
+                + F.cross_entropy(end_logits, end_positions, ignore_index=ignored)
+            ) / 2
+        output = QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
 # Auto class -> Kiln class: registered by `pretrain.modeling`, written into each saved checkpoint's auto_map
 ENCODER_AUTO_CLASSES = {
     "AutoModel": KilnEncoderModel,
@@ -566,13 +717,19 @@ ENCODER_AUTO_CLASSES = {
     "AutoModelForMaskedLM": KilnEncoderForMaskedLM,
     "AutoModelForSequenceClassification": KilnEncoderForSequenceClassification,
     "AutoModelForTokenClassification": KilnEncoderForTokenClassification,
+    "AutoModelForNextSentencePrediction": KilnEncoderForNextSentencePrediction,
+    "AutoModelForMultipleChoice": KilnEncoderForMultipleChoice,
+    "AutoModelForQuestionAnswering": KilnEncoderForQuestionAnswering,
 }
 
 __all__ = [
     "ENCODER_AUTO_CLASSES",
     "KilnEncoderForMaskedLM",
+    "KilnEncoderForMultipleChoice",
+    "KilnEncoderForNextSentencePrediction",
     "KilnEncoderForPreTraining",
     "KilnEncoderForPreTrainingOutput",
+    "KilnEncoderForQuestionAnswering",
     "KilnEncoderForSequenceClassification",
     "KilnEncoderForTokenClassification",
     "KilnEncoderModel",
