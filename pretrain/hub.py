@@ -284,6 +284,8 @@ class HubPusher:
 
 
 # ------------------------------------------------------------------------------------------ model card
+# pipeline tag -> the Auto class a card's usage code loads; a card claims only these tasks, each one a Kiln head
+# (tests/test_dropin.py checks every entry against the registered Kiln classes)
 _AUTO_CLASS = {
     "fill-mask": "AutoModelForMaskedLM",
     "text-generation": "AutoModelForCausalLM",
@@ -292,6 +294,7 @@ _AUTO_CLASS = {
     "question-answering": "AutoModelForQuestionAnswering",
     "multiple-choice": "AutoModelForMultipleChoice",
     "feature-extraction": "AutoModel",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
 }
 _USAGE_TAIL = {
     "fill-mask": 'inputs = tokenizer(f"Paris is the {tokenizer.mask_token} of France.", '
@@ -371,6 +374,8 @@ def write_model_card(
     `loss_plot`: an image path; copied into `save_dir` when it lies elsewhere, and embedded by relative path.
     `task`: the pipeline tag (fill-mask, text-generation, text-classification, token-classification, ...).
     """
+    if task not in _AUTO_CLASS:
+        raise ValueError(f"No Kiln head serves the task {task!r}; a model card can claim one of {sorted(_AUTO_CLASS)}.")
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     model_name = (model_id or save_dir.resolve().name).split("/")[-1]
@@ -439,7 +444,7 @@ def write_model_card(
         lines += [f"| {name} | {_format_value(float(value))} |" for name, value in metrics.items()]
     if plot_ref:
         lines += ["", "## Loss curve", "", f"![Training loss]({plot_ref})"]
-    auto_class = _AUTO_CLASS.get(task, "AutoModel")
+    auto_class = _AUTO_CLASS[task]
     repo = model_id or str(save_dir)
     usage = [
         f"from transformers import {auto_class}, AutoTokenizer",

@@ -209,3 +209,20 @@ def test_an_all_padding_encoder_row_gives_no_cross_attention_as_in_gpt2(implemen
     batch["encoder_hidden_states"] = encoder_hidden_states + torch.randn(2, 6, GPT2["n_embd"])
     again = kiln_model(input_ids, **batch).logits
     torch.testing.assert_close(again[1], kiln_logits[1], atol=1e-6, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------ model cards
+def test_model_cards_claim_only_tasks_a_kiln_head_serves(tmp_path):
+    from pretrain.hub import _AUTO_CLASS, write_model_card
+    from pretrain.modeling import DECODER_AUTO_CLASSES, ENCODER_AUTO_CLASSES
+
+    registered = {*ENCODER_AUTO_CLASSES, *DECODER_AUTO_CLASSES, "AutoModelForSeq2SeqLM"}
+    assert set(_AUTO_CLASS.values()) <= registered
+    for auto_name in ("AutoModelForQuestionAnswering", "AutoModelForMultipleChoice"):
+        assert auto_name in ENCODER_AUTO_CLASSES
+    card = dict(model_id=None, model_kind="encoder", summary={}, metrics={}, datasets=[], license="mit", tags=[],
+                loss_plot=None)  # fmt: skip
+    readme = write_model_card(tmp_path / "qa", task="question-answering", **card)
+    assert "AutoModelForQuestionAnswering.from_pretrained(" in open(readme).read()
+    with pytest.raises(ValueError, match="No Kiln head serves the task 'image-classification'"):
+        write_model_card(tmp_path / "image", task="image-classification", **card)
