@@ -175,6 +175,8 @@ def build_model(path: str, model_cfg, labels: Labels, keep_head: bool):
     kwargs = dict(revision=model_cfg.revision, attn_implementation=model_cfg.attn_implementation)
     if model_cfg.classifier_dropout is not None:
         kwargs["classifier_dropout"] = model_cfg.classifier_dropout
+    if model_cfg.dropout is not None:
+        kwargs.update(hidden_dropout_prob=model_cfg.dropout, attention_probs_dropout_prob=model_cfg.dropout)
     if not keep_head:
         kwargs.update(
             num_labels=labels.num_labels,

@@ -60,6 +60,8 @@ class EncoderModelConfig:
     """Random weights with the shape and the tokenizer of `checkpoint` (its weights are not read): the baseline that shows what pretraining buys."""
     classifier_dropout: float | None = None
     """Dropout before the classification head (None: the checkpoint's hidden_dropout_prob)."""
+    dropout: float | None = None
+    """Dropout inside the encoder while fine-tuning (hidden and attention; None: the checkpoint's). Useful when the checkpoint was pretrained without dropout."""
     attn_implementation: str = "sdpa"
     """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
 

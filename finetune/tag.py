@@ -159,6 +159,8 @@ def build_model(path: str, model_cfg, label2id: dict, id2label: dict, keep_head:
     kwargs = dict(revision=model_cfg.revision, attn_implementation=model_cfg.attn_implementation)
     if model_cfg.classifier_dropout is not None:
         kwargs["classifier_dropout"] = model_cfg.classifier_dropout
+    if model_cfg.dropout is not None:
+        kwargs.update(hidden_dropout_prob=model_cfg.dropout, attention_probs_dropout_prob=model_cfg.dropout)
     if not keep_head:
         kwargs.update(
             num_labels=len(id2label), id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True

@@ -42,14 +42,14 @@ def body(model) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if not k.startswith("classifier.")}
 
 
-def built(script: str, checkpoint, from_scratch: bool, seed: int = 0):
+def built(script: str, checkpoint, from_scratch: bool, seed: int = 0, dropout=None):
     from finetune.classify import Labels
     from finetune.classify import build_model as build_classifier
     from finetune.common import EncoderModelConfig
     from finetune.tag import build_model as build_tagger
 
     torch.manual_seed(seed)
-    cfg = EncoderModelConfig(checkpoint=str(checkpoint), from_scratch=from_scratch)
+    cfg = EncoderModelConfig(checkpoint=str(checkpoint), from_scratch=from_scratch, dropout=dropout)
     if script == "classify":
         labels = Labels(False, {"a": 0, "b": 1, "c": 2}, {0: "a", 1: "b", 2: "c"})
         return build_classifier(str(checkpoint), cfg, labels, keep_head=False)
@@ -75,6 +75,15 @@ def test_from_scratch_has_the_checkpoint_shapes_and_config_but_other_weights(enc
     again, other = body(built(script, encoder, True, seed=0)), body(built(script, encoder, True, seed=1))
     assert all(torch.equal(b[k], again[k]) for k in b)
     assert not all(torch.equal(b[k], other[k]) for k in matrices)
+
+
+@pytest.mark.parametrize("from_scratch", [False, True])
+def test_dropout_override_reaches_the_encoder(encoder, from_scratch):
+    """--model.dropout: the fine-tuning dropout of a checkpoint pretrained without (or with another) dropout."""
+    for script in ("classify", "tag"):
+        model = built(script, encoder, from_scratch, dropout=0.25)
+        assert model.config.hidden_dropout_prob == model.config.attention_probs_dropout_prob == 0.25
+        assert built(script, encoder, from_scratch).config.hidden_dropout_prob == 0.1  # the checkpoint's
 
 
 def test_classify_and_tag_from_scratch_train_on_the_shipped_samples(encoder, tmp_path):
