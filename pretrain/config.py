@@ -190,6 +190,9 @@ class TrainingConfig:
     """Evaluate every N optimizer steps (0: only at the end)."""
     max_eval_batches: int | None = None
     """Evaluate on at most this many batches (None: the whole validation split)."""
+    group_by_length: bool = False
+    """Batch examples of similar length together (transformers' LengthGroupedSampler: random mega-batches of 50
+    batches, sorted by length inside), so little of a batch is padding; the order stays seeded by (seed, epoch)."""
     save_steps: int = 200
     """Save a resumable checkpoint every N optimizer steps (0: never)."""
     save_total_limit: int | None = 2

@@ -517,6 +517,7 @@ class Trainer:
         self._eval_loader = None
         self._train_loader = None
         self._epoch_batches: int | None = None
+        self._lengths_cache: tuple[Any, list[int]] | None = None
         self.steps_per_epoch: int | None = None
 
         if training.max_steps == 0:
@@ -546,7 +547,7 @@ class Trainer:
         is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
         if not is_iterable:
             dataset = _with_example_index(dataset, self.collator)
-        sampler = None if is_iterable else RandomSampler(dataset, generator=generator)
+        sampler = None if is_iterable else self._train_sampler(dataset, generator)
         loader = DataLoader(
             dataset,
             batch_size=self.training.per_device_train_batch_size,
@@ -562,6 +563,26 @@ class Trainer:
             self.accelerator._dataloaders.remove(stale)
         self._train_loader = self.accelerator.prepare(loader)
         return self._train_loader
+
+    def _train_sampler(self, dataset, generator: torch.Generator):
+        if not self.training.group_by_length:
+            return RandomSampler(dataset, generator=generator)
+        from transformers.trainer_pt_utils import LengthGroupedSampler
+
+        return LengthGroupedSampler(
+            self.training.per_device_train_batch_size, lengths=self._lengths(dataset), generator=generator
+        )
+
+    def _lengths(self, dataset) -> list[int]:
+        """Tokens per example (cached per dataset: fine-tuning trains on the same one every epoch)."""
+        inner = getattr(dataset, "dataset", dataset)  # the example-indexed wrapper
+        if self._lengths_cache is None or self._lengths_cache[0] is not inner:
+            if hasattr(inner, "column_names") and "input_ids" in inner.column_names:
+                ids = inner.with_format(None)["input_ids"]  # one column read, no per-row Python access
+            else:
+                ids = [row["input_ids"] for row in inner]
+            self._lengths_cache = (inner, [len(row) for row in ids])
+        return self._lengths_cache[1]
 
     def _micro_batches_per_epoch(self) -> int | None:
         dataset = self.train_dataset(0)

@@ -166,3 +166,53 @@ def test_skipped_fp16_step_holds_the_schedule_and_tokens_count_real_ones(tmp_pat
     for part in ("examples = 20", "processes = 1", "gradient accumulation = 4", "optimizer steps = 3",
                  "trainable parameters = 1"):  # fmt: skip
         assert part in summary, summary
+
+
+class _PaddingModel(_CountingModel):
+    def __init__(self):
+        super().__init__()
+        self.padding, self.positions = 0, 0
+
+    def forward(self, input_ids, attention_mask, **_):
+        if self.training:
+            self.padding += int((attention_mask == 0).sum())
+            self.positions += attention_mask.numel()
+        return super().forward(torch.ones(1))
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_group_by_length_batches_similar_lengths_and_stays_seeded(tmp_path, group):
+    from pretrain.config import LoggingConfig, TrainingConfig
+    from pretrain.data.collator import pad_batch
+    from pretrain.trainer import Trainer, start_run
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.ones(int(n), dtype=torch.long)} for n in torch.randint(1, 60, (400,), generator=g)]
+    fractions, orders = [], []
+    for attempt in range(2):
+        reset_accelerate()
+        training = TrainingConfig(output_dir=str(tmp_path / f"r{attempt}"), per_device_train_batch_size=8, max_steps=-1,
+                                  num_train_epochs=1, save_steps=0, eval_steps=0, lr=0.0, group_by_length=group)  # fmt: skip
+        logging_cfg = LoggingConfig(logging_steps=10, report_to="none")
+        accelerator = start_run(training, logging_cfg)
+        model = _PaddingModel()
+        seen = []
+
+        def collate(features, seen=seen):
+            seen.append(tuple(len(f["input_ids"]) for f in features))
+            return pad_batch(features, 0, None)
+
+        trainer = Trainer(accelerator, model, training=training, logging_cfg=logging_cfg,
+                          train_dataset=lambda epoch: rows, collator=collate)  # fmt: skip
+        try:
+            trainer.train()
+        finally:
+            reset_accelerate()
+        fractions.append(model.padding / model.positions)
+        orders.append(seen)
+    assert orders[0] == orders[1]  # the same order in a second run
+    assert sum(len(batch) for batch in orders[0]) == 400
+    if group:
+        assert fractions[0] < 0.1  # random batches of lengths 1..59 are about half padding
+    else:
+        assert fractions[0] > 0.3
