@@ -88,7 +88,6 @@ def finetune_training(output_dir: str, **overrides) -> TrainingConfig:
         eval_steps=0,
         save_steps=0,
         save_total_limit=1,
-        group_by_length=True,  # short sentences of very different lengths: random batches are mostly padding
     )
     values.update(overrides)
     return TrainingConfig(**values)
