@@ -309,6 +309,8 @@ def _read_file(path: str, reader=None) -> Dataset:
     """One local file -> Dataset: `reader(path)` when given, else the datasets builder for its extension."""
     if not os.path.isfile(path):
         raise FinetuneDataError(f"file not found: {path}")
+    if os.path.getsize(path) == 0:
+        raise FinetuneDataError(f"{path} is empty (0 bytes): give a file with a header and data rows")
     if reader is not None:
         return reader(path)
     stem = path[: -len(".gz")] if path.endswith(".gz") else path

@@ -640,6 +640,18 @@ class Trainer:
             self.on_save(final, self.state)
         return final
 
+    def _forget_metrics_after(self, step: int) -> None:
+        """metrics.jsonl rows of steps after the resumed checkpoint are replayed by this run: drop them."""
+        path = self.output_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        lines = path.read_text().splitlines()
+        kept = [line for line in lines if not line.strip() or json.loads(line).get("step", 0) <= step]
+        if len(kept) != len(lines):
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
+
     def _rotate_checkpoints(self, keep: Path) -> None:
         """Remove the oldest checkpoints beyond save_total_limit (None or 0: keep all); never `keep`."""
         limit = self.training.save_total_limit
@@ -654,11 +666,19 @@ class Trainer:
         check_checkpoint_metadata(path, self.metadata)
         if self.run_config is not None:
             check_config_change(path, self.run_config)
-        self.accelerator.load_state(str(path))
+        try:
+            self.accelerator.load_state(str(path))
+        except (RuntimeError, ValueError, KeyError) as err:  # e.g. a checkpoint of another model shape
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise ConfigError(
+                f"checkpoint {path} does not fit this run ({first}); resume it with the config it was written with"
+            ) from None
         # why the saved run stopped (a signal, the time budget) is no reason for this one to stop
         self.state.stop_reason = None
         if self.run_config is not None and self.accelerator.is_main_process:
             save_config(self.run_config, self.output_dir / "config.yaml")  # only now that the resume succeeded
+        if self.accelerator.is_main_process:
+            self._forget_metrics_after(self.state.global_step)
         logger.info("resumed from %s at step %d", path, self.state.global_step)
         return path
 

@@ -166,3 +166,193 @@ def _state(pid: int) -> str:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 8: validate before touching the output folder; a folder without a checkpoint can be reused
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model.hidden_size", 30, "--model.num_attention_heads", 4], "not divisible by model.num_attention_heads"),
+        (["--training.lr_scheduler_type", "triangular"], "lr_scheduler_type 'triangular' is unknown"),
+        (["--training.lr", -0.001], "training.lr must be a non-negative number"),
+        (["--training.max_steps", -5], "or -1 to train by num_train_epochs"),
+        (["--data.max_seq_length", 128], "exceeds model.max_position_embeddings=64"),
+        (["--hub.push_to_hub", "--hub.model_id", "no-slash"], "hub.model_id must look like 'user/name'"),
+        (["--hub.push_to_hub", "--hub.model_id", "kiln-test/x", "--hub.timeout_s", 0], "hub.timeout_s must be a positive"),
+    ],
+)
+def test_bad_settings_fail_before_the_output_folder_is_touched(tmp_path, args, message):
+    out = tmp_path / "untouched"
+    with pytest.raises(ConfigError, match=message):
+        run(out, *args)
+    assert not out.exists()
+
+
+def test_missing_hub_token_fails_before_the_output_folder_is_touched(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    out = tmp_path / "no-token"
+    with pytest.raises(ConfigError, match="no Hugging Face token"):
+        run(out, "--hub.push_to_hub", "--hub.model_id", "kiln-test/x")
+    assert not out.exists()
+
+
+def test_a_folder_left_by_a_failed_run_is_reused_by_the_fixed_run(tmp_path):
+    from pretrain.data import DataError
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    out = tmp_path / "retry"
+    with pytest.raises(DataError, match="empty"):  # found once the corpus is read, after the folder exists
+        run(out, "--data.data_files", empty)
+    state = run(out, "--training.max_steps", 2, "--training.save_steps", 0, *QUICK)
+    assert state.global_step == 2 and (out / "final").is_dir()
+    assert "data_files:\n  - data/pretrain/*.txt" in (out / "config.yaml").read_text()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 6: resume compares the new config with the saved one and never overwrites it before succeeding
+
+
+def test_resume_refuses_changed_settings_and_keeps_the_saved_config(tmp_path):
+    out = tmp_path / "run"
+    run(out, "--training.max_steps", 3, "--training.save_steps", 3, *QUICK)
+    saved = (out / "config.yaml").read_text()
+    latest = ["--training.resume_from_checkpoint", "latest", *QUICK]
+    with pytest.raises(ConfigError, match=r"training.per_device_train_batch_size 8 -> 4, training.seed 42 -> 7"):
+        run(out, *latest, "--training.max_steps", 3, "--training.per_device_train_batch_size", 4, "--training.seed", 7)
+    with pytest.raises(ConfigError, match=r"training.max_steps 3 -> 5.*--training.allow_config_change"):
+        run(out, *latest, "--training.max_steps", 5)
+    assert (out / "config.yaml").read_text() == saved
+    # a deliberate change that then fails to load (another model shape) still leaves config.yaml alone
+    with pytest.raises(ConfigError, match="does not fit this run"):
+        run(out, *latest, "--training.max_steps", 3, "--model.intermediate_size", 96, "--training.allow_config_change")
+    assert (out / "config.yaml").read_text() == saved
+    # harmless changes pass; a deliberate one passes with the flag, and becomes the run's config
+    state = run(out, *latest, "--training.max_steps", 5, "--training.allow_config_change", "--logging.logging_steps", 2)
+    assert state.global_step == 5
+    assert "max_steps: 5" in (out / "config.yaml").read_text()
+    assert "max_steps: 5" in (find_checkpoints(out)[-1] / "kiln_config.yaml").read_text()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 5: checkpoint integrity
+
+
+def test_damaged_checkpoints_are_detected_and_latest_falls_back(tmp_path, caplog):
+    common = ["--training.max_steps", 4, "--training.save_steps", 2, "--training.save_total_limit", 0, *QUICK]
+    out = tmp_path / "run"
+    run(out, *common)
+    reference = losses(out)
+    step2, step4 = find_checkpoints(out)
+    assert (step4 / "checksums.json").is_file()
+    weights = step4 / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated
+
+    optimizer = step2 / "optimizer.bin"
+    pristine = optimizer.read_bytes()
+    flipped = bytearray(pristine)
+    flipped[len(flipped) // 2] ^= 0xFF  # silent bit rot: same size, other content
+    optimizer.write_bytes(bytes(flipped))
+    with pytest.raises(ConfigError, match=r"step-00000002 is damaged: optimizer.bin does not match its checksum"):
+        run(tmp_path / "other", *common, "--training.resume_from_checkpoint", step2)
+    with pytest.raises(ConfigError, match=r"no valid checkpoint.*step-00000004: model.safetensors has \d+ bytes"):
+        run(out, *common, "--training.resume_from_checkpoint", "latest")
+    optimizer.write_bytes(pristine)
+
+    with caplog.at_level("WARNING", logger="kiln"):
+        state = run(out, *common, "--training.resume_from_checkpoint", "latest")
+    assert "resuming from step-00000002, the newest valid one" in caplog.text
+    assert state.global_step == 4
+    again = losses(out)
+    # metrics.jsonl holds each step once: the rows of the replayed steps 3-4 were replaced, not repeated
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4]
+    assert sorted(again) == [1, 2, 3, 4] and all(again[s] == reference[s] for s in again)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 9: one-line errors, exit status 2
+
+
+def _cli_in_process(capsys, *args):
+    from kiln_testing import reset_accelerate
+
+    from pretrain.run import cli
+
+    reset_accelerate()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            cli(["--config", DEBUG, *map(str, args)])
+    finally:
+        reset_accelerate()
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    return exit_info.value.code, err.splitlines()[-1]
+
+
+def test_user_mistakes_are_one_line_errors_with_exit_status_2(tmp_path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text('{"text": 123}\n{"text": 456}\n')
+    cases = [
+        (["--training.output_dir", a_file], f"error: training.output_dir {a_file} is a file"),
+        (["--training.output_dir", ""], "error: training.output_dir is empty"),
+        (["--training.output_dir", tmp_path / "n", "--data.data_files", numbers], "error: column 'text' holds int"),
+        (["--training.output_dir", tmp_path / "s", "--training.lr_scheduler_type", "x"], "error: training.lr_sch"),
+        (["--training.output_dir", tmp_path / "h", "--model.num_attention_heads", 3], "error: model.hidden_size 32"),
+    ]
+    for args, start in cases:
+        code, last = _cli_in_process(capsys, *args)
+        assert code == 2 and last.startswith(start), (args, last)
+
+
+def test_disk_faults_are_one_line_errors(capsys):
+    import errno
+
+    from pretrain.config import run_cli
+
+    def full_disk(argv):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/run/checkpoints/step-00000200.tmp")
+
+    def read_only(argv):
+        raise OSError(errno.EROFS, "Read-only file system", "/mnt/ro/run")
+
+    for main, expected in ((full_disk, "error: no space left on the device holding /data/run/checkpoints"),
+                           (read_only, "error: /mnt/ro/run is on a read-only file system")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(main, [])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip().startswith(expected)
+
+
+def test_quiet_accelerate_launch_ends_on_the_one_line_error(tmp_path):
+    proc = _cli(["--training.output_dir", tmp_path / "q", "--training.lr", -1], launcher=(*ACCELERATE, "--quiet"))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert output.strip().splitlines()[-1] == "error: training.lr must be a non-negative number, got -1.0", output
+    assert "Traceback" not in output and "CalledProcessError" not in output
+
+
+# ----------------------------------------------------------------------------------------------------------
+# items 9/10: a corpus too small for a validation split trains without evaluating, and says so
+
+
+@pytest.mark.parametrize("kind", ["mlm+sop", "decoder"])
+def test_no_validation_examples_is_a_warning_not_a_crash(tmp_path, kind, caplog):
+    from kiln_testing import DECODER
+
+    one = tmp_path / "one.txt"
+    one.write_text("It was a dark night. The rain fell hard on the old roof. " * 200)
+    extra = ["--model.objective", "mlm+sop"] if kind == "mlm+sop" else DECODER[:-2]
+    with caplog.at_level("WARNING"):
+        state = run(tmp_path / "run", *extra, "--data.data_files", one, "--training.max_steps", 2,
+                    "--training.save_steps", 0, "--training.eval_steps", 1)  # fmt: skip
+    assert state.global_step == 2
+    assert "no validation examples" in caplog.text and "will not evaluate" in caplog.text
+    assert not any(key.startswith("eval/") for entry in state.history for key in entry)

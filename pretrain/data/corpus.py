@@ -131,6 +131,12 @@ def _is_abbreviation(text: str, period: int) -> bool:
 
 def _documents_batch(batch, text_column: str, separator: str, join_rows: bool):
     texts = [t for t in batch[text_column] if t]
+    wrong = next((t for t in texts if not isinstance(t, str)), None)
+    if wrong is not None:
+        raise DataError(
+            f"column {text_column!r} holds {type(wrong).__name__} values (e.g. {str(wrong)[:40]!r}), not text; "
+            "point data.text_column at a column of strings"
+        )
     if join_rows:
         texts = ["\n".join(texts)]
     return {"text": [doc for text in texts for doc in split_documents(text, separator)]}

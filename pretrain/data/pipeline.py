@@ -136,7 +136,20 @@ def build_pretraining_data(
             validation = splits.validation
             if isinstance(validation, IterableDataset):  # the eval set is held in memory
                 validation = Dataset.from_dict({"text": [row["text"] for row in validation]})
-            eval_dataset = shaper.eval_examples(shaper.tokenize(validation))
+            eval_tokens = shaper.tokenize(validation) if len(validation) else validation
+            eval_dataset = shaper.eval_examples(eval_tokens) if len(eval_tokens) else None
+            if eval_dataset is not None and len(eval_dataset) == 0:
+                eval_dataset = None
+        if eval_dataset is None:
+            logger.warning(
+                "no validation examples (%s): this run will not evaluate; give data.validation_files, "
+                "raise data.validation_split_percentage, or add documents",
+                "no validation split"
+                if splits.validation is None
+                else "the validation split is empty"
+                if not len(validation)
+                else f"{len(validation)} validation document(s), too short for one example",
+            )
 
     streaming = isinstance(train_tokens, IterableDataset)
     if streaming:
