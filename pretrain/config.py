@@ -199,6 +199,8 @@ class TrainingConfig:
     """Keep at most this many checkpoints (oldest removed); None or 0: keep all. The newest is never removed."""
     resume_from_checkpoint: str | None = None
     """`latest`, a checkpoint folder, or `hub:user/name` to continue a run exactly."""
+    max_nonfinite_steps: int = 3
+    """Optimizer steps in a row whose loss or gradient norm is NaN/inf that are skipped (not applied) before the run stops with an error; 0: stop at the first."""
     allow_config_change: bool = False
     """Resume even though settings that make resuming inexact (batch size, sequence length, seed, max_steps, ...) differ from the checkpoint's run."""
     metric_for_best_model: str | None = None
@@ -523,7 +525,7 @@ def check_training_values(training: Any) -> None:
             f"training.save_total_limit must be a positive number of checkpoints to keep (0 or none: keep all), "
             f"got {training.save_total_limit}"
         )
-    for name in ("eval_steps", "save_steps", "warmup_steps", "max_grad_norm", "weight_decay"):
+    for name in ("eval_steps", "save_steps", "warmup_steps", "max_grad_norm", "weight_decay", "max_nonfinite_steps"):
         if getattr(training, name) < 0:
             raise ConfigError(f"training.{name} must not be negative, got {getattr(training, name)}")
     if not 0 <= training.warmup_ratio <= 1:
@@ -540,9 +542,11 @@ def run_cli(main: Callable, argv: list[str] | None, user_errors: tuple[type[Exce
     try:
         return main(argv)
     except (ConfigError, *user_errors) as err:
+        _close_progress_bars()
         print(f"error: {_one_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
     except RunError as err:
+        _close_progress_bars()
         print(f"error: {_one_line(err)}", file=sys.stderr)
         raise SystemExit(1) from None
     except OSError as err:
@@ -571,6 +575,15 @@ def stop_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):  # no libc prctl: keep the default behaviour
         pass
+
+
+def _close_progress_bars() -> None:
+    """An error raised mid-loop leaves tqdm bars open; closed later, they would print after the error line."""
+    if "tqdm" in sys.modules:
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
 
 
 def _one_line(err: BaseException) -> str:

@@ -88,6 +88,24 @@ def save_model_files(accelerator: Accelerator, model, tokenizer, save_dir: Path)
     accelerator.wait_for_everyone()
 
 
+def check_finite_weights(model, save_dir: Path) -> None:
+    """Never export NaN/inf weights: a RunError names the first bad parameter instead."""
+    import torch
+
+    from .config import RunError
+
+    for name, param in model.named_parameters():
+        try:
+            finite = bool(torch.isfinite(param.detach()).all())
+        except (RuntimeError, TypeError):  # a sharded or meta parameter that cannot be checked here
+            continue
+        if not finite:
+            raise RunError(
+                f"the model's weights hold NaN/inf values ({name}); {save_dir} was not written; resume from the "
+                "last good checkpoint with a lower --training.lr"
+            )
+
+
 def export_model(
     accelerator: Accelerator,
     model,
@@ -108,6 +126,7 @@ def export_model(
     from .hub import plot_loss_curve, redact, write_model_card
 
     save_dir = Path(save_dir)
+    check_finite_weights(accelerator.unwrap_model(model), save_dir)
     save_model_files(accelerator, model, tokenizer, save_dir)
     if accelerator.is_main_process:
         save_config(config, save_dir / "kiln_config.yaml")

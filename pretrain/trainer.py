@@ -612,11 +612,14 @@ class Trainer:
 
     # --- checkpoints --------------------------------------------------------------------------------------
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
         """accelerate.save_state into a temp folder, renamed into place: a crash never leaves half a checkpoint.
         The run's config and a manifest (sizes + sha256 of every file) are written last, so a resume can tell a
         complete checkpoint from a damaged one."""
         acc = self.accelerator
+        if getattr(self, "_nonfinite_run", None):  # the weights are not to be trusted: keep the last good one
+            logger.warning("step %d: no checkpoint while the loss is not finite", self.state.global_step)
+            return None
         root = self.output_dir / "checkpoints"
         final = root / f"{CHECKPOINT_PREFIX}{self.state.global_step:08d}"
         tmp = root / f"{final.name}.tmp"
@@ -900,6 +903,11 @@ class Trainer:
                 acc.backward(objective * scale)
         max_norm = self.training.max_grad_norm if self.training.max_grad_norm > 0 else float("inf")
         grad_norm = acc.clip_grad_norm_(model.parameters(), max_norm)
+        if self._skip_nonfinite(parts, grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            if "loss" not in parts and parts:
+                parts["loss"] = sum(parts.values())
+            return parts, grad_norm, int(totals[-1])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if not acc.optimizer_step_was_skipped:  # fp16 overflow: no step taken, so the schedule does not move
@@ -907,6 +915,39 @@ class Trainer:
         if "loss" not in parts and parts:
             parts["loss"] = sum(parts.values())  # e.g. MLM + NSP: the total the model optimises
         return parts, grad_norm, int(totals[-1])
+
+    def _skip_nonfinite(self, parts: dict[str, torch.Tensor], grad_norm) -> bool:
+        """True when this step's loss or gradient norm is NaN/inf: the step is then not applied (the weights stay
+        finite). After training.max_nonfinite_steps such steps in a row the run stops with a RunError; the last
+        checkpoint stays the last good one and no final model is exported."""
+        acc = self.accelerator
+        values = [v.detach().float().reshape(()) for v in parts.values()]
+        if acc.mixed_precision != "fp16":  # fp16: an overflowing gradient is the loss scaler's business
+            values.append(torch.as_tensor(grad_norm, device=acc.device).detach().float().reshape(()))
+        bad = torch.stack(values).isfinite().all().logical_not().float() if values else torch.zeros(())
+        if acc.num_processes > 1:  # every process must take (or skip) the same steps
+            bad = acc.reduce(bad.to(acc.device), reduction="sum")
+        if not bool(bad):
+            self._nonfinite_run = []
+            return False
+        step = self.state.global_step + 1
+        self._nonfinite_run = [*getattr(self, "_nonfinite_run", []), step]
+        limit = self.training.max_nonfinite_steps
+        logger.warning(
+            "step %d: the loss or gradient norm is not finite (%s); step skipped (%d in a row, limit %d)",
+            step, ", ".join(f"{n} {float(v):.4g}" for n, v in parts.items()), len(self._nonfinite_run), limit,
+        )
+        if len(self._nonfinite_run) > limit:
+            from .config import RunError
+
+            checkpoints = find_checkpoints(self.output_dir)
+            kept = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
+            raise RunError(
+                f"training diverged: the loss or gradient norm was NaN/inf at steps "
+                f"{self._nonfinite_run[0]}-{step}; {kept}; no final model was exported; lower --training.lr, "
+                "raise --training.warmup_steps or keep --training.max_grad_norm on, then resume or start over"
+            )
+        return True
 
     def _train_metrics(self, window: _LogWindow, grad_norm, epoch_batches: int | None) -> dict[str, float]:
         acc, state = self.accelerator, self.state

@@ -356,3 +356,50 @@ def test_no_validation_examples_is_a_warning_not_a_crash(tmp_path, kind, caplog)
     assert state.global_step == 2
     assert "no validation examples" in caplog.text and "will not evaluate" in caplog.text
     assert not any(key.startswith("eval/") for entry in state.history for key in entry)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 4: non-finite loss or gradients
+
+
+def test_a_diverged_run_stops_with_one_line_keeps_the_last_good_checkpoint_and_exports_nothing(tmp_path):
+    from safetensors.torch import load_file
+
+    from pretrain.config import RunError
+
+    out = tmp_path / "diverged"
+    with pytest.raises(RunError, match=r"training diverged: the loss or gradient norm was NaN/inf at steps 3-6; "
+                                       r"the last good checkpoint is .*step-00000002"):  # fmt: skip
+        run(out, "--training.lr", 1e6, "--training.max_steps", 20, "--training.save_steps", 2, *QUICK)
+    assert not (out / "final").exists()
+    assert [p.name for p in find_checkpoints(out)] == ["step-00000002"]
+    weights = load_file(str(find_checkpoints(out)[0] / "model.safetensors"))
+    assert all(bool(t.isfinite().all()) for t in weights.values())
+
+
+def test_an_isolated_non_finite_step_is_skipped_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    import pretrain.run as run_module
+
+    original, calls = run_module.build_model, []
+
+    def build_model_with_one_nan_loss(*args, **kwargs):
+        model = original(*args, **kwargs)
+
+        def poison_third_forward(module, args, kwargs, output):
+            calls.append(1)
+            if len(calls) == 3:
+                for key in [k for k in output.keys() if k.endswith("loss")]:
+                    output[key] = output[key] * float("nan")
+            return output
+
+        model.register_forward_hook(poison_third_forward, with_kwargs=True)
+        return model
+
+    monkeypatch.setattr(run_module, "build_model", build_model_with_one_nan_loss)
+    out = tmp_path / "one-nan"
+    with caplog.at_level("WARNING", logger="kiln"):
+        state = run(out, "--training.max_steps", 6, "--training.save_steps", 0, *QUICK)
+    assert "step 3: the loss or gradient norm is not finite" in caplog.text and "(1 in a row, limit 3)" in caplog.text
+    assert state.global_step == 6 and (out / "final" / "model.safetensors").is_file()
+    curve = losses(out)
+    assert curve[3] != curve[3] and all(curve[s] == curve[s] for s in (1, 2, 4, 5, 6))  # only step 3 is NaN
