@@ -682,10 +682,13 @@ def run_prediction(config, accelerator, job: FinetuneJob) -> FinetuneResult:
 
 def cli(main: Callable, argv: list[str] | None = None):
     """Run a script's main(); user errors print one line `error: ...` and exit with status 2."""
-    from finetune.data import FinetuneDataError
-    from pretrain.data import DataError
+    def user_errors():
+        from finetune.data import FinetuneDataError
+        from pretrain.data import DataError
 
-    return run_cli(main, argv, (FinetuneDataError, DataError))
+        return (FinetuneDataError, DataError)
+
+    return run_cli(main, argv, user_errors)
 
 
 __all__ = [

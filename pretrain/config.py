@@ -403,8 +403,8 @@ def parse_overrides(argv: list[str], bool_keys: set[str]) -> tuple[str | None, d
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             if key in bool_keys and (nxt is None or nxt.startswith("--")):
                 value = "true"
-            elif nxt is None:
-                raise ConfigError(f"--{key} needs a value")
+            elif nxt is None or nxt.startswith("--"):
+                raise ConfigError(f"--{key} needs a value (e.g. --{key} VALUE or --{key}=VALUE)")
             else:
                 value = nxt
                 i += 1
@@ -453,7 +453,8 @@ def format_help(cls: type, prog: str, description: str) -> str:
         if head != section:
             section = head
             lines += ["", f"{section}:"]
-        lines.append(f"  --{key} ({_type_name(tp)}, default: {default!r})")
+        how = "; several as a,b or [a, b]" if "list" in _type_name(tp) else ""
+        lines.append(f"  --{key} ({_type_name(tp)}, default: {default!r}{how})")
         if doc:
             lines += ["      " + line for line in textwrap.wrap(doc, 96)]
     return "\n".join(lines)
@@ -534,27 +535,32 @@ def check_training_values(training: Any) -> None:
         raise ConfigError(f"training.max_train_time_s must not be negative, got {training.max_train_time_s}")
 
 
-def run_cli(main: Callable, argv: list[str] | None, user_errors: tuple[type[Exception], ...] = ()):
+def run_cli(
+    main: Callable,
+    argv: list[str] | None,
+    user_errors: tuple[type[Exception], ...] | Callable[[], tuple[type[Exception], ...]] = (),
+):
     """Run an entry point's main(argv); user errors (ConfigError and `user_errors`) print one line
     `error: ...` naming the fix and exit with status 2, without a traceback; a RunError (the run could not
-    finish as asked, what was saved is kept) prints one line and exits with status 1."""
+    finish as asked, what was saved is kept) prints one line and exits with status 1. `user_errors` may be a
+    function returning the classes, so that their (heavy) modules are imported only once an error occurs and
+    `--help` stays fast."""
     stop_with_launcher()
     try:
         return main(argv)
-    except (ConfigError, *user_errors) as err:
-        _close_progress_bars()
-        print(f"error: {_one_line(err)}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except RunError as err:
-        _close_progress_bars()
-        print(f"error: {_one_line(err)}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except OSError as err:
-        message = disk_error_message(err)
-        if message is None:
+    except Exception as err:
+        known = (ConfigError, *(user_errors() if callable(user_errors) else user_errors))
+        if isinstance(err, known):
+            message, status = _one_line(err), 2
+        elif isinstance(err, RunError):
+            message, status = _one_line(err), 1
+        elif isinstance(err, OSError) and disk_error_message(err) is not None:
+            message, status = disk_error_message(err), 2
+        else:
             raise
+        _close_progress_bars()
         print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(status) from None
 
 
 def stop_with_launcher() -> None:

@@ -378,7 +378,10 @@ def write_model_card(
         raise ValueError(f"No Kiln head serves the task {task!r}; a model card can claim one of {sorted(_AUTO_CLASS)}.")
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
-    model_name = (model_id or save_dir.resolve().name).split("/")[-1]
+    local = save_dir.resolve()
+    # runs/<run>/final and runs/<run>/best are named after their run, not "final"
+    local_name = local.parent.name if local.name in ("final", "best") and local.parent.name else local.name
+    model_name = (model_id or local_name).split("/")[-1]
     hub_datasets = [d for d in datasets if _is_hub_dataset(d)]
     finite = {name: float(value) for name, value in metrics.items() if math.isfinite(float(value))}
     eval_dataset = hub_datasets[0] if hub_datasets else "custom"
@@ -427,7 +430,7 @@ def write_model_card(
     lines = [
         f"# {model_name}",
         "",
-        f"A {model_kind} {origin} with Kiln on {trained_on}.",
+        f"{'An' if model_kind[:1].lower() in 'aeiou' else 'A'} {model_kind} {origin} with Kiln on {trained_on}.",
         "",
         "## Training",
         "",

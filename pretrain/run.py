@@ -215,9 +215,12 @@ def main(argv: list[str] | None = None):
 
 
 def cli(argv: list[str] | None = None):
-    from pretrain.data import DataError
+    def user_errors():
+        from pretrain.data import DataError
 
-    return run_cli(main, argv, (DataError,))
+        return (DataError,)
+
+    return run_cli(main, argv, user_errors)
 
 
 if __name__ == "__main__":

@@ -403,3 +403,33 @@ def test_an_isolated_non_finite_step_is_skipped_and_training_goes_on(tmp_path, m
     assert state.global_step == 6 and (out / "final" / "model.safetensors").is_file()
     curve = losses(out)
     assert curve[3] != curve[3] and all(curve[s] == curve[s] for s in (1, 2, 4, 5, 6))  # only step 3 is NaN
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 10: smaller ones
+
+
+def test_help_is_light_and_shows_list_values_and_a_missing_value_names_its_option():
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['pretrain/run.py', '--help']\n"
+        "try:\n    runpy.run_path('pretrain/run.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('IMPORTED', sorted(m for m in ('torch', 'datasets', 'transformers') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert result.stdout.strip().splitlines()[-1] == "IMPORTED []", result.stdout[-2000:] + result.stderr[-2000:]
+    assert "--data.data_files (list[str], default: ['data/pretrain/*.txt']; several as a,b or [a, b])" in result.stdout
+
+    from pretrain.config import RunConfig, build_config
+
+    with pytest.raises(ConfigError, match=r"^--training.lr needs a value"):
+        build_config(RunConfig, ["--training.lr", "--training.max_steps", "5"])
+
+
+def test_model_card_names_the_run_and_uses_the_right_article(tmp_path):
+    out = tmp_path / "my-encoder"
+    run(out, "--training.max_steps", 1, "--training.save_steps", 0, *QUICK)
+    card = (out / "final" / "README.md").read_text()
+    assert "# my-encoder\n" in card and "# final\n" not in card
+    assert "An encoder pretrained with Kiln" in card and "A encoder" not in card
