@@ -570,9 +570,11 @@ def stop_with_launcher() -> None:
     `kill`, a container runtime) ends it at once and leaves this process running on, orphaned. With this, the
     training process gets the SIGTERM too, so it saves a checkpoint and exits cleanly. Only under a launcher
     (accelerate sets ACCELERATE_* variables for its child): a plain `python` run under `nohup` must outlive
-    its shell."""
+    its shell. Multi-process launches go through torchrun, whose agent forwards signals itself."""
     if not sys.platform.startswith("linux") or not any(k.startswith("ACCELERATE_") for k in os.environ):
         return
+    if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
+        return  # torchrun's agent (multi-process launches) forwards signals to its workers itself
     try:
         import ctypes
         import signal
