@@ -23,6 +23,7 @@ RUNS = {
     "encoder-acc5": (ENCODER_SMALL, 5, 6),
     "decoder-acc3": (DECODER_SMALL, 3, 6),
     "encoder-acc1": (ENCODER_SMALL, 1, 14),
+    "decoder-acc1": (DECODER_SMALL, 1, 10),
 }
 
 
@@ -50,7 +51,7 @@ def test_resume_at_every_step_is_bit_identical(tmp_path, name):
     assert sorted(reference) == list(range(1, steps + 1))
     assert max(epochs) > 1, "the run must cross an epoch boundary"
     reference_weights = load_file(full / "final" / "model.safetensors")
-    resume_points = range(1, steps) if name != "encoder-acc1" else (6, 13)  # in an epoch; at its end
+    resume_points = {"encoder-acc1": (6, 13), "decoder-acc1": (4, 8)}.get(name, range(1, steps))
     for step in resume_points:
         out = tmp_path / f"from-{step}"
         checkpoint = full / "checkpoints" / f"step-{step:08d}"
@@ -72,26 +73,29 @@ def _launch(args, port, **kwargs):
     )  # fmt: skip
 
 
-def test_two_processes_resume_across_an_epoch_end_bit_identically(tmp_path):
-    extra, accumulation, steps = RUNS["encoder-acc5"]
-    extra = [*extra[:-1], 16]  # 2 processes x 16 = the same 32 sequences a micro-step
+@pytest.mark.parametrize("name", ["encoder-acc5", "decoder-acc3"])
+def test_two_processes_resume_across_an_epoch_end_bit_identically(tmp_path, name):
+    extra, accumulation, steps = RUNS[name]
+    extra = [*extra[:-1], extra[-1] // 2]  # 2 processes x half the batch = the same sequences a micro-step
     common = _common(extra, accumulation, steps)
     full = tmp_path / "full"
-    proc = _launch([*common, "--training.output_dir", full, "--training.save_steps", 1], 29581)
+    port = 29581 + 10 * (name == "decoder-acc3")
+    proc = _launch([*common, "--training.output_dir", full, "--training.save_steps", 1], port)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
-    reference, reference_evals, _ = _rows(full)
-    for step in (2, 3):  # in the middle of epoch 1; just after its partial window
-        out = tmp_path / f"from-{step}"
-        proc = _launch([*common, "--training.output_dir", out, "--training.save_steps", 0,
-                        "--training.resume_from_checkpoint", full / "checkpoints" / f"step-{step:08d}"], 29582 + step)  # fmt: skip
-        output, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, output[-3000:]
-        again, again_evals, _ = _rows(out)
-        assert again == {s: reference[s] for s in range(step + 1, steps + 1)}
-        assert again_evals == {s: v for s, v in reference_evals.items() if s > step}
-        weights, reference_weights = load_file(out / "final/model.safetensors"), load_file(full / "final/model.safetensors")
-        assert all((weights[k] == v).all() for k, v in reference_weights.items())
+    reference, reference_evals, epochs = _rows(full)
+    assert max(epochs) > 1
+    step = 3  # just after epoch 1's partial window (encoder: 5 + 5 + 2 micro-batches; decoder: 3 + 3 + 2)
+    out = tmp_path / f"from-{step}"
+    proc = _launch([*common, "--training.output_dir", out, "--training.save_steps", 0,
+                    "--training.resume_from_checkpoint", full / "checkpoints" / f"step-{step:08d}"], port + 1)  # fmt: skip
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    again, again_evals, _ = _rows(out)
+    assert again == {s: reference[s] for s in range(step + 1, steps + 1)}
+    assert again_evals == {s: v for s, v in reference_evals.items() if s > step}
+    weights, reference_weights = load_file(out / "final/model.safetensors"), load_file(full / "final/model.safetensors")
+    assert all((weights[k] == v).all() for k, v in reference_weights.items())
 
 
 def test_kill_9_then_resume_latest_continues_identically(tmp_path):
