@@ -17,7 +17,11 @@ load) and peak memory per step:
   is deterministic: parameters + gradients + optimizer state + the bytes autograd saves for backward.
 MFU is printed where the device's peak FLOP/s is known (a table of NVIDIA GPUs, or --peak-tflops); the model
 FLOPs are `count_flops_per_token` with the LM head counted at the masked share (encoder) or every token
-(decoder), the same for both models.
+(decoder), the same for both models. On a CPU the peak is measured in the same run: every round also times a
+large square fp32 `torch.mm` (best of --matmul-repeats at the benchmark's thread count, `matmul_peak`), and
+`mfu` is the median over rounds of the model's achieved FLOP/s divided by that round's matmul rate, so a
+machine shared with other jobs slows both sides of the fraction alike (`mfu_best` divides the best step by the
+best matmul of the whole run).
 
 Runs unchanged on CUDA (`--bf16` for bf16 autocast). With `--compile`, Kiln's model is compiled with
 torch.compile before the warm-up steps, so compile time stays out of the timed steps.
@@ -367,6 +371,32 @@ def cpu_peak_memory(name: str, preset: Preset, args) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------------- timing
+class MatmulPeak:
+    """The device's dense matmul rate, measured: `sample()` times a square (size x size) fp32 `torch.mm` a few
+    times and keeps the best (2 * size^3 FLOPs each), at torch's current thread count."""
+
+    def __init__(self, device, size: int = 2048, repeats: int = 3, dtype=torch.float32):
+        generator = torch.Generator().manual_seed(0)
+        self.a = torch.randn(size, size, generator=generator, dtype=dtype).to(device)
+        self.b = torch.randn(size, size, generator=generator, dtype=dtype).to(device)
+        self.out = torch.empty(size, size, dtype=dtype, device=device)
+        self.size, self.repeats, self.device = size, repeats, device
+        self.samples: list[float] = []  # FLOP/s, best of `repeats`, one per call of sample()
+
+    def sample(self) -> float:
+        best = math.inf
+        for _ in range(self.repeats):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            torch.mm(self.a, self.b, out=self.out)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+        self.samples.append(2 * self.size**3 / best)
+        return self.samples[-1]
+
+
 def peak_flops(device, bf16: bool, override_tflops: float | None) -> float | None:
     if override_tflops:
         return override_tflops * 1e12
@@ -396,6 +426,84 @@ def machine_info(device) -> dict:
             )
         info["cpu"] = model
     return info
+
+
+# --------------------------------------------------------------------------------------------------- profile
+# torch.profiler op name -> where the time goes (self CPU time of the op; anything not listed is "other")
+OP_CATEGORIES = [
+    ("attention (SDPA kernels)", ("scaled_dot_product", "_flash_attention", "_efficient_attention")),
+    ("softmax", ("softmax",)),
+    ("layer norm", ("layer_norm",)),
+    ("GELU", ("gelu",)),
+    ("dropout / random masks", ("bernoulli", "dropout", "random_", "uniform_", "bitwise", "rand")),
+    ("matmul (linear layers, LM head)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
+                                         "aten::linear", "aten::_addmm_activation")),  # fmt: skip
+    ("loss (cross-entropy)", ("nll_loss", "log_softmax", "cross_entropy")),
+    ("embedding", ("embedding",)),
+    ("optimizer (AdamW)", ("_fused_adam", "_foreach_", "adamw")),
+    ("copies / layout", ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::index",
+                         "aten::masked", "aten::nonzero", "aten::where", "aten::fill_", "aten::zero_")),  # fmt: skip
+    ("elementwise (add, mul, ...)", ("aten::add", "aten::mul", "aten::div", "aten::sub", "aten::sum",
+                                     "aten::tanh", "aten::pow", "aten::sqrt")),  # fmt: skip
+]
+PHASES = ("forward", "backward", "optimizer")
+
+
+def _category(op_name: str) -> str:
+    for category, keys in OP_CATEGORIES:
+        if any(key in op_name for key in keys):
+            return category
+    return "other"
+
+
+def profile_step(runner: StepRunner) -> dict:
+    """One training step under torch.profiler: wall time per phase, self CPU time per op category."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    batch = runner.batches[runner.calls % len(runner.batches)]
+    runner.calls += 1
+    phases = {}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        with record_function("forward"):
+            loss = runner.loss(batch)
+        phases["forward"] = time.perf_counter() - start
+        start = time.perf_counter()
+        with record_function("backward"):
+            loss.backward()
+        phases["backward"] = time.perf_counter() - start
+        start = time.perf_counter()
+        with record_function("optimizer"):
+            runner.optimizer.step()
+            runner.optimizer.zero_grad(set_to_none=True)
+        phases["optimizer"] = time.perf_counter() - start
+    categories: dict[str, float] = {}
+    ops: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.key in PHASES or event.key.startswith(("ProfilerStep", "autograd::engine", "Optimizer.")):
+            continue
+        self_s = event.self_cpu_time_total / 1e6
+        categories[_category(event.key)] = categories.get(_category(event.key), 0.0) + self_s
+        ops[event.key] = self_s
+    total = sum(categories.values())
+    top = sorted(ops.items(), key=lambda item: -item[1])[:15]
+    return {
+        "phases_s": phases,
+        "categories_s": dict(sorted(categories.items(), key=lambda item: -item[1])),
+        "categories_share": {k: v / total for k, v in sorted(categories.items(), key=lambda item: -item[1])},
+        "top_ops_s": dict(top),
+        "profiled_self_cpu_s": total,
+    }
+
+
+def print_profile(name: str, profiles: dict) -> None:
+    for model, result in profiles.items():
+        label = "transformers" if model == "reference" else model
+        phases = ", ".join(f"{k} {v:.2f}s" for k, v in result["phases_s"].items())
+        print(f"\n[{name}] profile of one step, {label}: {phases}")
+        for category, share in result["categories_share"].items():
+            print(f"  {category:<34} {100 * share:5.1f}%  ({result['categories_s'][category]:.2f}s self CPU)")
+        print("  top ops: " + ", ".join(f"{op} {t:.2f}s" for op, t in list(result["top_ops_s"].items())[:8]))
 
 
 def run_preset(name: str, preset: Preset, args, device) -> dict:
@@ -434,20 +542,41 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
             runner.step()
         print(f"[{name}] warm-up {runner_name}: {time.perf_counter() - start:.1f}s", flush=True)
 
+    if args.profile:  # one profiled step per model instead of the timed rounds
+        profiles = {runner_name: profile_step(runners[runner_name]) for runner_name in order}
+        print_profile(name, profiles)
+        return {"preset": name, "shape": asdict(preset), "profile": profiles, "check": check,
+                "load_average": [os.getloadavg()[0]], "machine": machine_info(device)}  # fmt: skip
+
     rounds = args.rounds or preset.rounds
+    matmul = MatmulPeak(device, args.matmul_size, args.matmul_repeats) if args.matmul_repeats else None
+    if matmul:
+        matmul.sample()  # warm-up (thread pool, pages); not used
+        matmul.samples.clear()
     load = [os.getloadavg()[0]]
     for index in range(rounds):
         for runner_name in order if index % 2 == 0 else order[::-1]:
             runners[runner_name].timed_step()
+        if matmul:
+            matmul.sample()
         load.append(os.getloadavg()[0])
         times = "  ".join(f"{n} {runners[n].times[-1]:.2f}s" for n in order)
-        print(f"[{name}] round {index + 1}/{rounds}: {times}  (load {load[-1]:.2f})", flush=True)
+        peak_note = f"  matmul {matmul.samples[-1] / 1e9:.1f} GFLOP/s" if matmul else ""
+        print(f"[{name}] round {index + 1}/{rounds}: {times}{peak_note}  (load {load[-1]:.2f})", flush=True)
 
     tokens = preset.batch_size * preset.seq_len
     lm_share = MASK_PROBABILITY if preset.kind == "encoder" else 1.0
     kiln_config = runners["kiln"].model.config
     flops_per_token = count_flops_per_token(kiln_config, preset.seq_len, lm_head_fraction=lm_share)
     peak = peak_flops(device, args.bf16, args.peak_tflops)
+    measured = matmul.samples if matmul else []
+    measured_for_mfu = None  # per-round matmul rates MFU divides by, when the peak is the measured one
+    if peak is None and measured and device.type == "cpu" and not args.bf16:
+        measured_for_mfu = measured
+        peak = max(measured)
+        peak_source = f"measured: fp32 torch.mm {args.matmul_size}^2, best of {args.matmul_repeats} per round"
+    else:
+        peak_source = "--peak-tflops" if args.peak_tflops else ("GPU table" if peak else None)
     reference_times = runners["reference"].times
     models = {}
     for runner_name in order:
@@ -461,6 +590,7 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
             "best_tokens_per_s": tokens / min(runner.times),
             "model_tflops_per_s": tokens / median_time * flops_per_token / 1e12,
             "mfu": tokens / median_time * flops_per_token / peak if peak else None,
+            "mfu_best": tokens / min(runner.times) * flops_per_token / peak if peak else None,
             "saved_mb": saved_mb[runner_name],
             "peak_mb": max(runner.peak_bytes) / 2**20 if runner.peak_bytes else None,
         }
@@ -473,6 +603,10 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
             result["speedup_cpu_time"] = statistics.median(
                 runners["reference"].cpu_times
             ) / statistics.median(runner.cpu_times)
+        if measured_for_mfu:  # per round: achieved FLOP/s over that round's matmul rate, median
+            per_round = [tokens * flops_per_token / t / p for t, p in zip(runner.times, measured_for_mfu)]
+            result["mfu"] = statistics.median(per_round)
+            result["mfu_rounds"] = per_round
         models[runner_name] = result
     if device.type == "cpu" and not args.no_memory:
         del runners, reference  # the probes need the memory (the reference at GPT-2 small peaks at >15 GB)
@@ -496,6 +630,8 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
         },
         "flops_per_token": flops_per_token,
         "peak_flops": peak,
+        "peak_source": peak_source,
+        "matmul_flops_per_round": measured,
         "check": check,
         "load_average": load,
         "machine": machine_info(device),
@@ -543,6 +679,13 @@ def print_table(results: list[dict]) -> None:
         f"1-min load average during timing {min(loads):.2f}-{max(loads):.2f}"
     )
     print("speedup: median over rounds of reference step time / Kiln step time (min-max over rounds)")
+    for result in results:
+        if result.get("peak_source"):
+            print(
+                f"MFU [{result['preset']}]: model FLOP/s / peak {result['peak_flops'] / 1e12:.3f} TFLOP/s "
+                f"({result['peak_source']}; per-round matmul rates "
+                f"{', '.join(f'{p / 1e9:.0f}' for p in result.get('matmul_flops_per_round') or [])} GFLOP/s)"
+            )
 
 
 def plot(paths: list[str], png: str) -> None:
@@ -623,6 +766,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--peak-tflops", type=float, help="device peak TFLOP/s for MFU (known GPUs: automatic)"
     )
+    parser.add_argument(
+        "--matmul-size", type=int, default=2048, help="square fp32 matmul timed every round (the CPU peak)"
+    )
+    parser.add_argument(
+        "--matmul-repeats", type=int, default=3, help="matmuls per round, best kept (0: do not measure)"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="profile one step per model (torch.profiler) instead of timing"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--plot", nargs="+", metavar="JSON", help="bar chart from result files (with --png)")
@@ -657,8 +809,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         results.append(run_preset(name, preset, args, device))
         gc.collect()
-    print()
-    print_table(results)
+    if not args.profile:
+        print()
+        print_table(results)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as file:

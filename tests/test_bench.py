@@ -103,3 +103,139 @@ def test_vocab_padding_pads_the_reference_and_kiln_alike(throughput, tiny_preset
     reference = throughput.build_reference(preset, 64, 0, torch.device("cpu"))
     kiln = throughput.build_kiln(reference, "kiln", "decoder")
     assert reference.config.vocab_size == kiln.config.vocab_size == 512
+
+
+def test_throughput_measures_the_matmul_peak_and_a_cpu_mfu(throughput, tiny_presets, tmp_path):
+    out = tmp_path / "result.json"
+    throughput.main(
+        ["--preset", "encoder-test", "--no-memory", "--matmul-size", "64", "--matmul-repeats", "2",
+         "--json", str(out)]
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    rates = result["matmul_flops_per_round"]
+    assert len(rates) == 2 and all(rate > 0 for rate in rates)
+    assert result["peak_flops"] == max(rates) and result["peak_source"].startswith("measured")
+    for model in result["models"].values():
+        per_round = [
+            result["flops_per_token"] * 4 * 32 / time / rate for time, rate in zip(model["step_times_s"], rates)
+        ]
+        assert model["mfu_rounds"] == pytest.approx(per_round)
+        assert model["mfu"] == pytest.approx(statistics.median(per_round))
+
+
+# ------------------------------------------------------------------------------------------------- inference
+SST2 = Path("/work/shared/data/sst2")
+
+
+@pytest.fixture(scope="module")
+def inference():
+    return load_bench("inference")
+
+
+@pytest.fixture
+def tiny_sst2(tmp_path):
+    """A few SST-2-shaped rows (the real folder is not shipped with the repository)."""
+    words = "a film of great charm and wit , but the plot is thin and dull in its second half".split()
+    rows = ["sentence\tlabel"] + [f"{' '.join(words[i:] + words[:i])}\t{i % 2}" for i in range(len(words))]
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    return tmp_path
+
+
+def test_inference_checks_equal_outputs_and_times_both_models(inference, tiny_sst2, tmp_path, capsys):
+    out = tmp_path / "inference.json"
+    report = inference.main(
+        ["--shape", "tiny", "--rounds", "2", "--latency-inputs", "2", "--batch", "1", "--batch", "3",
+         "--new-tokens", "5", "--vocab-size", "300", "--sst2", str(tiny_sst2), "--json", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    cases = {(r["task"], r["batch"]) for r in report["results"]}
+    assert cases == {(t, b) for t in ("fill-mask", "text-classification", "generate") for b in (1, 3)}
+    for r in report["results"]:
+        assert len(r["kiln_times_s"]) == len(r["reference_times_s"]) == 2
+        paired = [a / b for a, b in zip(r["reference_times_s"], r["kiln_times_s"])]
+        assert r["speedup"] == pytest.approx(statistics.median(paired))
+        assert r["check"]["max_score_diff"] <= 1e-4
+        if r["task"] == "generate":  # exactly new_tokens more than the (padded) prompt, for every row
+            assert r["check"]["tokens_compared"] > 0
+    assert "transformers" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["fill-mask", "text-classification", "generate"])
+def test_inference_pairs_are_the_same_function_and_a_different_one_is_refused(inference, tiny_sst2, kind):
+    sentences = inference.read_sentences(tiny_sst2, "dev")
+    wordpiece, bpe = inference.build_tokenizers(sentences, 300)
+    tokenizer = bpe if kind == "generate" else wordpiece
+    reference, kiln = inference.build_pair(kind, inference.SHAPES["tiny"], len(tokenizer), 0, tokenizer.pad_token_id)
+    assert type(kiln).__name__.startswith("Kiln") and not type(reference).__name__.startswith("Kiln")
+    inputs = sentences[:3]
+    if kind == "fill-mask":
+        inputs = inference.masked_inputs(inputs, wordpiece.mask_token)
+    tasks = [inference.Task(kind, model, tokenizer, inputs, 3, 6) for model in (reference, kiln)]
+    inference.compare_outputs(kind, tasks[0].run(), tasks[1].run(), 1e-4)
+    with torch.no_grad():  # a different function must be caught before anything is timed
+        generator = torch.Generator().manual_seed(0)
+        for parameter in kiln.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator))
+    with pytest.raises(SystemExit, match="not the same function|different"):
+        inference.compare_outputs(kind, tasks[0].run(), tasks[1].run(), 1e-4)
+
+
+# ------------------------------------------------------------------------------------------------- fine-tuning
+@pytest.fixture(scope="module")
+def finetune_bench():
+    return load_bench("finetune")
+
+
+def test_finetune_bench_trains_both_from_the_same_start_and_passes_kiln_options(
+    finetune_bench, tiny_sst2, tmp_path
+):
+    out = tmp_path / "finetune.json"
+    report = finetune_bench.main(
+        ["--shape", "test", "--train-samples", "12", "--batch-size", "4", "--eval-batch-size", "8",
+         "--vocab-size", "300", "--rounds", "2", "--sst2", str(tiny_sst2), "--json", str(out),
+         "--", "--training.max_steps", "2"]
+    )  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert report["check"]["max_logit_diff"] <= 1e-4
+    assert report["settings"]["kiln_options"] == ["--training.max_steps", "2"]
+    assert len(report["kiln"]) == len(report["reference"]) == 2
+    for kiln, reference in zip(report["kiln"], report["reference"]):
+        assert kiln["optimizer_steps"] == 2 and kiln["examples_trained"] == 8  # the option reached classify.py
+        assert reference["optimizer_steps"] == 3 and reference["examples_trained"] == 12
+        assert 0 <= kiln["dev_accuracy"] <= 1 and 0 <= reference["dev_accuracy"] <= 1
+        assert "--training.max_steps" in kiln["argv"]
+    paired = [k["examples_per_s"] / r["examples_per_s"] for k, r in zip(report["kiln"], report["reference"])]
+    assert report["speedup"] == pytest.approx(statistics.median(paired))
+
+
+def test_finetune_bench_refuses_a_start_that_is_not_the_same_function(finetune_bench, tiny_sst2):
+    import transformers
+
+    from pretrain.convert import from_transformers
+    from pretrain.data.tokenizer import train_tokenizer
+
+    sentences = [row["sentence"] for row in finetune_bench.read_tsv(tiny_sst2 / "dev.tsv")]
+    tokenizer = train_tokenizer(sentences, "wordpiece", 300)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, num_labels=2,
+    )  # fmt: skip
+    reference = transformers.BertForSequenceClassification(config).eval()
+    kiln = from_transformers(reference).eval()
+    assert finetune_bench.same_start(reference, kiln, tokenizer, sentences)["max_logit_diff"] <= 1e-4
+    with torch.no_grad():
+        kiln.classifier.bias.add_(1.0)
+    with pytest.raises(SystemExit, match="not the same function"):
+        finetune_bench.same_start(reference, kiln, tokenizer, sentences)
+
+
+def test_throughput_profile_splits_a_step_into_phases_and_op_categories(throughput, tiny_presets, tmp_path):
+    out = tmp_path / "profile.json"
+    throughput.main(["--preset", "encoder-test", "--profile", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert set(result["profile"]) == {"kiln", "reference"}
+    for profile in result["profile"].values():
+        assert set(profile["phases_s"]) == {"forward", "backward", "optimizer"}
+        assert sum(profile["categories_share"].values()) == pytest.approx(1.0)
+        assert "matmul (linear layers, LM head)" in profile["categories_s"]

@@ -1,0 +1,358 @@
+"""Fine-tuning on real SST-2: Kiln's finetune/classify.py against transformers' Trainer, same start, same settings.
+
+    python bench/finetune.py --json bench/results/finetune-sst2.json
+    python bench/finetune.py --rounds 2 -- --training.group_by_length true     # Kiln options after `--`
+
+Both sides start from the same weights: a BertForSequenceClassification (2 labels, head included) is built from
+a seed and saved, then converted with `pretrain.convert.from_transformers` and saved as a Kiln checkpoint; the
+WordPiece tokenizer (`pretrain.data.tokenizer.train_tokenizer`, trained on the subset's sentences) is saved with
+both. Before training, both models must give the same logits on the first dev sentences.
+
+- Kiln: `finetune.classify.main` (the script's own machinery: data loading, tokenization, collator, the shared
+  accelerate loop) with `--config configs/finetune/classify-sst2.yaml`, evaluation only after training, and any
+  options given after `--` (e.g. `--training.group_by_length true`). Training examples/s = examples trained /
+  the loop's `train_time_s`; dev accuracy from its final evaluation.
+- transformers: `Trainer` + `BertForSequenceClassification` with the same batch size, learning rate, epochs,
+  seed, linear schedule with the same warmup share, weight decay, Adam betas/epsilon, gradient clipping and
+  maximum length, `DataCollatorWithPadding`, no evaluation during training; its other settings are its defaults
+  (fused AdamW, random sampler). Examples/s = examples trained / `train_runtime`; dev accuracy from
+  `Trainer.predict`.
+
+Rounds alternate the two (Kiln first in odd rounds) in one process; the speed-up is the median over rounds of
+the paired examples/s ratio (Kiln / transformers), which cancels slow drifts of the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # python bench/finetune.py: import the repository's packages
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+DEFAULT_SST2 = Path(os.environ.get("KILN_SST2", "/work/shared/data/sst2"))
+SHAPES = {  # layers, hidden, heads
+    "test": (1, 32, 2),
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "base": (12, 768, 12),
+}
+# Kiln's fine-tuning defaults that the transformers side is given too (finetune.common.finetune_training and
+# pretrain.config.TrainingConfig); batch size, lr, epochs and seed come from the command line
+MATCHED = dict(weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-6, max_grad_norm=1.0)
+WARMUP_RATIO = 0.1
+
+
+def read_tsv(path: Path, limit: int | None = None) -> list[dict]:
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file, delimiter="\t", quoting=csv.QUOTE_NONE))
+    return rows[:limit] if limit else rows
+
+
+def write_tsv(rows: list[dict], path: Path) -> Path:
+    with open(path, "w") as file:
+        file.write("sentence\tlabel\n")
+        for row in rows:
+            file.write(f"{row['sentence']}\t{row['label']}\n")
+    return path
+
+
+def reset_accelerate() -> None:
+    """accelerate keeps process-wide singletons; each in-process run must start from a clean state."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+# ------------------------------------------------------------------------------------------------ the start
+def prepare(work: Path, args) -> dict:
+    """Subset files, tokenizer, and the same initial weights saved for transformers and for Kiln."""
+    from pretrain.convert import from_transformers
+    from pretrain.data.tokenizer import train_tokenizer
+
+    train_rows = read_tsv(args.sst2 / "train.tsv", args.train_samples)
+    dev_rows = read_tsv(args.sst2 / "dev.tsv", args.eval_samples)
+    files = {"train": write_tsv(train_rows, work / "train.tsv"), "dev": write_tsv(dev_rows, work / "dev.tsv")}
+    tokenizer = train_tokenizer([row["sentence"] for row in train_rows], "wordpiece", args.vocab_size)
+    layers, hidden, heads = SHAPES[args.shape]
+    torch.manual_seed(args.seed)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=4 * hidden, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+        num_labels=2, id2label={0: "0", 1: "1"}, label2id={"0": 0, "1": 1},
+    )  # fmt: skip
+    reference = transformers.BertForSequenceClassification(config)
+    kiln = from_transformers(reference)
+    folders = {"reference": work / "start-transformers", "kiln": work / "start-kiln"}
+    for name, model in (("reference", reference), ("kiln", kiln)):
+        model.save_pretrained(folders[name])
+        tokenizer.save_pretrained(folders[name])
+    check = same_start(reference.eval(), kiln.eval(), tokenizer, [row["sentence"] for row in dev_rows[:64]])
+    return {"files": files, "folders": folders, "tokenizer": tokenizer, "check": check,
+            "train_rows": len(train_rows), "dev_rows": len(dev_rows)}  # fmt: skip
+
+
+def same_start(reference, kiln, tokenizer, sentences: list[str], atol: float = 1e-4) -> dict:
+    batch = tokenizer(sentences, padding=True, truncation=True, max_length=128, return_tensors="pt")
+    with torch.no_grad():
+        a, b = reference(**batch).logits, kiln(**batch).logits
+    difference = (a - b).abs().max().item()
+    if difference > atol:
+        raise SystemExit(
+            f"the starting models differ (max |logit difference| {difference:.2e}): not the same function"
+        )
+    return {"max_logit_diff": difference, "sentences": len(sentences)}
+
+
+# ------------------------------------------------------------------------------------------------- the runs
+def run_kiln(start: dict, work: Path, args, extra: list[str]) -> dict:
+    from finetune import classify
+
+    out = work / "kiln-run"
+    argv = [
+        "--config", str(REPO / "configs/finetune/classify-sst2.yaml"),
+        "--model.checkpoint", str(start["folders"]["kiln"]),
+        "--data.train_file", str(start["files"]["train"]),
+        "--data.validation_file", str(start["files"]["dev"]),
+        "--data.test_file", "none",
+        "--data.max_seq_length", str(args.max_length),
+        "--training.output_dir", str(out), "--training.overwrite_output_dir", "true",
+        "--training.per_device_train_batch_size", str(args.batch_size),
+        "--training.per_device_eval_batch_size", str(args.eval_batch_size),
+        "--training.lr", str(args.lr),
+        "--training.num_train_epochs", str(args.epochs),
+        "--training.seed", str(args.seed),
+        "--training.warmup_ratio", str(WARMUP_RATIO),
+        "--training.eval_steps", "0",
+        "--eval.each_epoch", "false",
+        "--logging.logging_steps", "50",
+        *extra,
+    ]  # fmt: skip
+    reset_accelerate()
+    try:
+        result = classify.main(argv)
+    finally:
+        reset_accelerate()
+    state = result.state
+    evaluations = [entry for entry in state.history if any(key.startswith("eval/") for key in entry)]
+    trained = min(state.global_step * args.batch_size, start["train_rows"] * args.epochs)
+    shutil.rmtree(out, ignore_errors=True)
+    return {
+        "train_time_s": state.train_time_s,
+        "examples_trained": trained,
+        "examples_per_s": trained / state.train_time_s,
+        "tokens_seen": state.tokens_seen,
+        "optimizer_steps": state.global_step,
+        "dev_accuracy": evaluations[-1]["eval/accuracy"],
+        "dev_loss": evaluations[-1].get("eval/loss"),
+        "argv": argv,
+    }
+
+
+def run_reference(start: dict, work: Path, args) -> dict:
+    from datasets import Dataset
+
+    tokenizer = start["tokenizer"]
+
+    def encode(path: Path) -> Dataset:
+        rows = read_tsv(path)
+        encoding = tokenizer([r["sentence"] for r in rows], truncation=True, max_length=args.max_length)
+        return Dataset.from_dict({**encoding, "labels": [int(r["label"]) for r in rows]})
+
+    train, dev = encode(start["files"]["train"]), encode(start["files"]["dev"])
+    model = transformers.BertForSequenceClassification.from_pretrained(start["folders"]["reference"])
+    steps = -(-len(train) // args.batch_size) * args.epochs
+    reset_accelerate()  # TrainingArguments builds accelerate's state afresh
+    training_args = transformers.TrainingArguments(
+        output_dir=str(work / "transformers-run"),
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.eval_batch_size,
+        learning_rate=args.lr,
+        num_train_epochs=args.epochs,
+        seed=args.seed,
+        lr_scheduler_type="linear",
+        warmup_steps=round(WARMUP_RATIO * steps),
+        eval_strategy="no",
+        save_strategy="no",
+        logging_steps=50,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        train_sampling_strategy="group_by_length" if args.reference_group_by_length else "random",
+        **MATCHED,
+    )
+    trainer = transformers.Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        data_collator=transformers.DataCollatorWithPadding(tokenizer),
+    )
+    try:
+        output = trainer.train()
+        start_eval = time.perf_counter()
+        predictions = trainer.predict(dev)
+        eval_time = time.perf_counter() - start_eval
+    finally:
+        reset_accelerate()
+    accuracy = float((predictions.predictions.argmax(-1) == predictions.label_ids).mean())
+    shutil.rmtree(work / "transformers-run", ignore_errors=True)
+    trained = len(train) * args.epochs
+    return {
+        "train_time_s": output.metrics["train_runtime"],
+        "examples_trained": trained,
+        "examples_per_s": trained / output.metrics["train_runtime"],
+        "optimizer_steps": output.global_step,
+        "dev_accuracy": accuracy,
+        "dev_loss": predictions.metrics.get("test_loss"),
+        "eval_time_s": eval_time,
+        "optim": str(training_args.optim),
+    }
+
+
+def run(args, kiln_extra: list[str]) -> dict:
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    transformers.logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-finetune-") as tmp:
+        work = Path(tmp)
+        start = prepare(work, args)
+        print(f"same start: {start['check']}", flush=True)
+        rounds = {"kiln": [], "reference": []}
+        load = [os.getloadavg()[0]]
+        for index in range(args.rounds):
+            order = ["kiln", "reference"] if index % 2 == 0 else ["reference", "kiln"]
+            for name in order:
+                if name == "kiln":
+                    result = run_kiln(start, work, args, kiln_extra)
+                else:
+                    result = run_reference(start, work, args)
+                rounds[name].append(result)
+                load.append(os.getloadavg()[0])
+                print(
+                    f"round {index + 1}/{args.rounds} {name}: {result['examples_per_s']:.1f} examples/s "
+                    f"({result['train_time_s']:.1f}s), dev accuracy {result['dev_accuracy']:.4f}  "
+                    f"(load {load[-1]:.2f})",
+                    flush=True,
+                )
+    paired = [k["examples_per_s"] / r["examples_per_s"] for k, r in zip(rounds["kiln"], rounds["reference"])]
+    layers, hidden, heads = SHAPES[args.shape]
+    return {
+        "task": "sst2",
+        "shape": {
+            "name": args.shape,
+            "layers": layers,
+            "hidden": hidden,
+            "heads": heads,
+            "vocab": len(start["tokenizer"]),
+        },  # fmt: skip
+        "data": {
+            "train_examples": start["train_rows"],
+            "dev_examples": start["dev_rows"],
+            "source": str(args.sst2),
+        },
+        "settings": {
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "epochs": args.epochs,
+            "seed": args.seed,
+            "max_length": args.max_length,
+            "warmup_ratio": WARMUP_RATIO,
+            **MATCHED,
+            "kiln_options": kiln_extra,
+            "reference_group_by_length": args.reference_group_by_length,
+        },  # fmt: skip
+        "check": start["check"],
+        "kiln": rounds["kiln"],
+        "reference": rounds["reference"],
+        "speedup": statistics.median(paired),
+        "speedup_rounds": paired,
+        "load_average": load,
+        "machine": {
+            "cpu": _cpu_name(),
+            "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },  # fmt: skip
+    }
+
+
+def _cpu_name() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next(
+                (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), None
+            )
+    except OSError:
+        return None
+
+
+def print_report(report: dict) -> None:
+    print(f"\n{'':<14} {'examples/s (median)':>20} {'dev accuracy per round':>30}")
+    for name, label in (("kiln", "Kiln"), ("reference", "transformers")):
+        runs = report[name]
+        rate = statistics.median(r["examples_per_s"] for r in runs)
+        accuracy = ", ".join(f"{r['dev_accuracy']:.4f}" for r in runs)
+        print(f"{label:<14} {rate:>20.1f} {accuracy:>30}")
+    loads = report["load_average"]
+    print(
+        f"speed-up (median of paired Kiln/transformers examples/s): {report['speedup']:.2f} "
+        f"(rounds: {', '.join(f'{x:.2f}' for x in report['speedup_rounds'])}); "
+        f"{report['machine']['cpu']}, {report['machine']['threads']} threads, load {min(loads):.1f}-{max(loads):.1f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kiln_extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Options after `--` go to finetune/classify.py unchanged.",
+    )
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="mini")
+    parser.add_argument("--train-samples", type=int, default=8000, help="first N SST-2 training sentences")
+    parser.add_argument("--eval-samples", type=int, help="first N dev sentences (default: all 872)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--eval-batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--rounds", type=int, default=1, help="alternating Kiln/transformers runs")
+    parser.add_argument(
+        "--reference-group-by-length", action="store_true", help="transformers' length-grouped sampler"
+    )
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--sst2", type=Path, default=DEFAULT_SST2)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    report = run(args, kiln_extra)
+    print_report(report)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as file:
+            json.dump(report, file, indent=1)
+        print(f"wrote {args.json}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
