@@ -1,0 +1,58 @@
+"""Summarise docs/results/runs.jsonl into docs/results/finetune.md and docs/results/finetune.json: per task,
+initialisation and learning rate, the dev metric over seeds (mean, std, n), the median wall clock, and the test
+metric where a --predict pass on the test file was recorded (tag `<task>-test`).
+
+    python experiments/summarize.py
+"""
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+METRIC = {"sst2": "eval/accuracy", "ud-pos": "eval/accuracy", "conll2003": "eval/f1"}
+TEST_METRIC = {"sst2": "accuracy", "ud-pos": "accuracy", "conll2003": "f1"}
+
+
+def main() -> None:
+    rows = [json.loads(line) for line in (REPO / "docs/results/runs.jsonl").read_text().splitlines() if line.strip()]
+    groups = defaultdict(list)
+    tests = defaultdict(list)
+    for row in rows:
+        tag = row["tag"]
+        if tag in METRIC and "eval_last" in row:
+            note = row["note"].split()
+            init, lr = note[1], note[2].split("=")[1]
+            groups[(tag, init, lr)].append(row)
+        elif tag.endswith("-test") and "test" in row:
+            task = tag.removesuffix("-test")
+            note = row["note"].split()
+            tests[(task, note[1], note[2].split("=")[1])].append(row["test"][TEST_METRIC[task]])
+    summary = []
+    for (task, init, lr), runs in sorted(groups.items()):
+        values = [r["eval_last"][METRIC[task]] for r in runs]
+        seeds = [r["note"].split()[3] for r in runs]
+        entry = {
+            "task": task, "init": init, "lr": lr, "n": len(values), "seeds": seeds,
+            "dev_mean": statistics.mean(values), "dev_std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "dev_values": values, "wall_s_median": statistics.median(r["wall_s"] for r in runs),
+            "commits": sorted({r["commit"] for r in runs}),
+        }
+        if (task, init, lr) in tests:
+            t = tests[(task, init, lr)]
+            entry.update(test_mean=statistics.mean(t), test_std=statistics.stdev(t) if len(t) > 1 else 0.0, test_n=len(t))
+        summary.append(entry)
+    (REPO / "docs/results/finetune.json").write_text(json.dumps(summary, indent=2))
+    lines = ["| task | init | lr | seeds | dev (mean ± std) | test (mean ± std) | median wall clock |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for e in summary:
+        test = f"{100 * e['test_mean']:.2f} ± {100 * e['test_std']:.2f} (n={e['test_n']})" if "test_mean" in e else ""
+        lines.append(f"| {e['task']} | {e['init']} | {e['lr']} | {e['n']} | {100 * e['dev_mean']:.2f} ± "
+                     f"{100 * e['dev_std']:.2f} | {test} | {e['wall_s_median'] / 60:.1f} min |")
+    (REPO / "docs/results/finetune.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
