@@ -1,5 +1,6 @@
 """Fine-tune an encoder-decoder made of a pretrained Kiln encoder and a pretrained Kiln decoder (cross-attention
-newly initialised) for summarization or translation, with transformers' `EncoderDecoderModel`.
+newly initialised) for summarization or translation, as a `KilnEncoderDecoderModel` (transformers'
+`EncoderDecoderModel` with Kiln's own config class, so the saved folder carries its code).
 
     accelerate launch finetune/seq2seq.py                               # SciTLDR sample: abstract -> TL;DR
     accelerate launch finetune/seq2seq.py --model.from_scratch          # same shapes, random weights
@@ -8,10 +9,9 @@ newly initialised) for summarization or translation, with transformers' `Encoder
 
 The saved folder holds the model plus both tokenizers (encoder_tokenizer/, decoder_tokenizer/):
 
-    import pretrain.modeling  # registers the Kiln model types
-    from transformers import EncoderDecoderModel
+    from transformers import AutoModelForSeq2SeqLM
     from finetune.seq2seq import Seq2SeqTokenizers
-    model = EncoderDecoderModel.from_pretrained("runs/seq2seq-scitldr/final")
+    model = AutoModelForSeq2SeqLM.from_pretrained("runs/seq2seq-scitldr/final", trust_remote_code=True)
     tokenizers = Seq2SeqTokenizers.from_pretrained("runs/seq2seq-scitldr/final")
     inputs = tokenizers.encoder(["An abstract ..."], return_tensors="pt", return_token_type_ids=False)
     print(tokenizers.decoder.batch_decode(model.generate(**inputs), skip_special_tokens=True))
@@ -61,10 +61,9 @@ Keeps the best model, writes test-split predictions and output_dir/final (model 
 decoder_tokenizer/, ready for `generate`), and can push it to the Hub."""
 
 CARD_USAGE = """
-import pretrain.modeling  # registers Kiln's encoder and decoder classes (the folder holds no model code)
-from transformers import AutoTokenizer, EncoderDecoderModel
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-model = EncoderDecoderModel.from_pretrained("{repo}")
+model = AutoModelForSeq2SeqLM.from_pretrained("{repo}", trust_remote_code=True)  # the model code ships with it
 source_tokenizer = AutoTokenizer.from_pretrained("{repo}", subfolder="encoder_tokenizer")
 target_tokenizer = AutoTokenizer.from_pretrained("{repo}", subfolder="decoder_tokenizer")
 inputs = source_tokenizer(["Your text ..."], return_tensors="pt", return_token_type_ids=False)
@@ -209,18 +208,18 @@ def freeze_pooler(encoder) -> None:
 
 
 def build_model(model_cfg, predict: bool):
-    """(EncoderDecoderModel, Seq2SeqTokenizers, summary facts for the model card)."""
-    from transformers import AutoTokenizer, EncoderDecoderModel
+    """(KilnEncoderDecoderModel, Seq2SeqTokenizers, summary facts for the model card)."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from pretrain.modeling import KilnDecoderForCausalLM, KilnEncoderModel
+    from pretrain.modeling import KilnDecoderForCausalLM, KilnEncoderDecoderModel, KilnEncoderModel
 
     revision, attn = model_cfg.revision, model_cfg.attn_implementation
     if model_cfg.checkpoint:
         path, _ = resolve_checkpoint(
-            model_cfg.checkpoint, "--model.checkpoint", ("encoder-decoder",), revision
+            model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder_decoder", "encoder-decoder"), revision
         )
-        with quiet_transformers():
-            model = EncoderDecoderModel.from_pretrained(path, revision=revision)
+        with quiet_transformers():  # a Kiln folder, or an older plain EncoderDecoderModel one
+            model = AutoModelForSeq2SeqLM.from_pretrained(path, revision=revision)
         freeze_pooler(model.encoder)
         return model, Seq2SeqTokenizers.from_pretrained(path, revision), {"base model": model_cfg.checkpoint}
     if predict:
@@ -255,7 +254,7 @@ def build_model(model_cfg, predict: bool):
         report_loading(decoder_info, decoder_path, allowed_missing=lambda key: ".cross_attention" in key)
     freeze_pooler(encoder)
     with quiet_transformers():
-        model = EncoderDecoderModel(encoder=encoder, decoder=decoder)
+        model = KilnEncoderDecoderModel(encoder=encoder, decoder=decoder)
         tokenizers = Seq2SeqTokenizers(
             AutoTokenizer.from_pretrained(encoder_path, revision=revision),
             AutoTokenizer.from_pretrained(decoder_path, revision=revision),

@@ -226,3 +226,69 @@ def test_model_cards_claim_only_tasks_a_kiln_head_serves(tmp_path):
     assert "AutoModelForQuestionAnswering.from_pretrained(" in open(readme).read()
     with pytest.raises(ValueError, match="No Kiln head serves the task 'image-classification'"):
         write_model_card(tmp_path / "image", task="image-classification", **card)
+
+
+# ------------------------------------------------------------------------------ seq2seq folder, remote code
+REMOTE_CHILD = r"""
+import importlib.abc, sys
+from pathlib import Path
+
+class RefuseRepoPackages(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("pretrain", "finetune"):
+            raise ImportError(f"remote code must not import {name}")
+
+sys.meta_path.insert(0, RefuseRepoPackages())
+repo_root = Path(sys.argv[1]).resolve()
+sys.path = [p for p in sys.path if p and Path(p).resolve() != repo_root]
+import torch, transformers
+
+folder, out_file = sys.argv[2:4]
+model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+input_ids = (torch.arange(12).view(2, 6) * 7 + 3) % 97
+with torch.no_grad():
+    generated = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=5)
+torch.save({"class": type(model).__module__ + "." + type(model).__name__, "generated": generated,
+            "imported_pretrain": "pretrain" in sys.modules}, out_file)
+"""
+
+
+def test_the_seq2seq_folder_carries_its_code_and_loads_with_trust_remote_code_in_a_fresh_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pretrain.modeling import KilnEncoderDecoderConfig, KilnEncoderDecoderModel
+
+    encoder = KilnEncoderModel(tiny_encoder_config(vocab_size=97))
+    decoder = KilnDecoderForCausalLM(
+        tiny_decoder_config(vocab_size=97, add_cross_attention=True, bos_token_id=1, eos_token_id=2)
+    )
+    model = KilnEncoderDecoderModel(encoder=encoder, decoder=decoder).eval()
+    assert isinstance(model.config, KilnEncoderDecoderConfig) and isinstance(model, transformers.EncoderDecoderModel)
+    model.config.decoder_start_token_id, model.config.pad_token_id = 1, 0
+    model.save_pretrained(tmp_path / "s2s")
+    saved = json.loads((tmp_path / "s2s" / "config.json").read_text())
+    assert saved["model_type"] == "kiln_encoder_decoder"
+    assert saved["auto_map"] == {
+        "AutoConfig": "configuration_kiln.KilnEncoderDecoderConfig",
+        "AutoModelForSeq2SeqLM": "modeling_kiln_encoder_decoder.KilnEncoderDecoderModel",
+    }
+    assert (tmp_path / "s2s" / "modeling_kiln_encoder_decoder.py").is_file()
+
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("HF_")}
+    environment.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-c", REMOTE_CHILD, str(repo), str(tmp_path / "s2s"), str(tmp_path / "out.pt")]
+    subprocess.run(command, cwd=tmp_path, env=environment, check=True, timeout=120, stdin=subprocess.DEVNULL)
+    result = torch.load(tmp_path / "out.pt")
+    assert result["imported_pretrain"] is False
+    assert result["class"].startswith("transformers_modules.") and result["class"].endswith("KilnEncoderDecoderModel")
+    input_ids = (torch.arange(12).view(2, 6) * 7 + 3) % 97
+    with torch.no_grad():
+        expected = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=5)
+    assert torch.equal(result["generated"], expected)
+    # an older plain EncoderDecoderModel folder (Kiln halves) still loads through the same Auto class
+    transformers.EncoderDecoderModel(encoder=encoder, decoder=decoder).save_pretrained(tmp_path / "plain")
+    assert type(transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "plain")).__name__ == "EncoderDecoderModel"

@@ -359,7 +359,7 @@ def test_tag_default_ud_sample_scores_pos_accuracy_and_writes_conll(kiln_checkpo
 def test_seq2seq_summarization_learns_saves_both_tokenizers_and_generates_the_same(
     kiln_checkpoints, tmp_path
 ):
-    from transformers import EncoderDecoderModel
+    from transformers import AutoModelForSeq2SeqLM
 
     from finetune.seq2seq import Seq2SeqTokenizers
 
@@ -385,7 +385,8 @@ def test_seq2seq_summarization_learns_saves_both_tokenizers_and_generates_the_sa
     rows = read_jsonl(out / "predictions_test.jsonl")
     assert len(rows) == 8 and set(rows[0]) == {"source", "prediction", "reference"}
 
-    model = EncoderDecoderModel.from_pretrained(final).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(final, trust_remote_code=True).eval()
+    assert type(model).__name__ == "KilnEncoderDecoderModel"  # the folder carries its code (test_dropin.py)
     tokenizers = Seq2SeqTokenizers.from_pretrained(str(final))
     assert model.config.decoder_start_token_id == tokenizers.decoder.eos_token_id
     assert model.generation_config.max_new_tokens == 8

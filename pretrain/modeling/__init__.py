@@ -10,7 +10,7 @@ so `save_pretrained` writes `auto_map` and the modeling files: the checkpoint th
 
 import transformers
 
-from .configuration_kiln import KilnDecoderConfig, KilnEncoderConfig
+from .configuration_kiln import KilnDecoderConfig, KilnEncoderConfig, KilnEncoderDecoderConfig
 from .modeling_kiln_decoder import (
     DECODER_AUTO_CLASSES,
     KilnDecoderForCausalLM,
@@ -32,12 +32,14 @@ from .modeling_kiln_encoder import (
     KilnEncoderModel,
     KilnEncoderPreTrainedModel,
 )
+from .modeling_kiln_encoder_decoder import ENCODER_DECODER_AUTO_CLASSES, KilnEncoderDecoderModel
 
 
 def _register() -> None:
     for config_class, auto_classes in (
         (KilnEncoderConfig, ENCODER_AUTO_CLASSES),
         (KilnDecoderConfig, DECODER_AUTO_CLASSES),
+        (KilnEncoderDecoderConfig, ENCODER_DECODER_AUTO_CLASSES),
     ):
         transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         config_class.register_for_auto_class()
@@ -76,6 +78,8 @@ __all__ = [
     "KilnDecoderModel",
     "KilnDecoderPreTrainedModel",
     "KilnEncoderConfig",
+    "KilnEncoderDecoderConfig",
+    "KilnEncoderDecoderModel",
     "KilnEncoderForMaskedLM",
     "KilnEncoderForMultipleChoice",
     "KilnEncoderForNextSentencePrediction",

@@ -4,7 +4,8 @@ This file is uploaded to the Hub next to the checkpoints (trust_remote_code): it
 transformers and its sibling files, by relative import.
 """
 
-from transformers.configuration_utils import PreTrainedConfig
+from transformers.configuration_utils import PreTrainedConfig, SubConfigSpec
+from transformers.models.encoder_decoder.configuration_encoder_decoder import EncoderDecoderConfig
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 
@@ -221,4 +222,19 @@ class KilnDecoderConfig(_KilnConfig):
         )
 
 
-__all__ = ["KilnDecoderConfig", "KilnEncoderConfig"]
+class KilnEncoderDecoderConfig(EncoderDecoderConfig):
+    r"""Configuration of [`KilnEncoderDecoderModel`]: transformers' `EncoderDecoderConfig` whose `encoder` and
+    `decoder` are a [`KilnEncoderConfig`] and a [`KilnDecoderConfig`] (cross-attention on). Unlike the plain
+    `EncoderDecoderConfig`, it builds both sub-configs from its own classes, so a saved folder loads with
+    `trust_remote_code=True` where Kiln is not installed."""
+
+    model_type = "kiln_encoder_decoder"
+    sub_configs_defaults = {
+        "encoder": SubConfigSpec(config_class=KilnEncoderConfig),
+        "decoder": SubConfigSpec(
+            config_class=KilnDecoderConfig, init_kwargs={"is_decoder": True, "add_cross_attention": True}
+        ),
+    }
+
+
+__all__ = ["KilnDecoderConfig", "KilnEncoderConfig", "KilnEncoderDecoderConfig"]
