@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import time
@@ -26,6 +27,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Subset
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
 
 from .config import ConfigError, LoggingConfig, TrainingConfig, save_config
@@ -185,8 +187,30 @@ def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerat
         level=logging.INFO if accelerator.is_main_process else logging.WARNING,
     )
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file checkpoint chatter
+    quiet_tied_weight_warning()
     set_seed(training.seed)
     return accelerator
+
+
+class _TiedWeightsFilter(logging.Filter):
+    """Drops accelerate's "Removed shared tensor {...} while saving" when every name is a tied output projection
+    (`mlm_head.decoder.weight`, `lm_head.weight`): safetensors stores tied weights once and loading re-ties them,
+    so the warning came with every checkpoint and meant nothing. Any other shared tensor still warns."""
+
+    TIED = ("mlm_head.decoder.weight", "lm_head.weight")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = re.search(r"Removed shared tensor \{(.*?)\} while saving", record.getMessage())
+        if match is None:
+            return True
+        names = [name.strip(" '\"") for name in match.group(1).split(",")]
+        return not all(name.endswith(self.TIED) for name in names)
+
+
+def quiet_tied_weight_warning() -> None:
+    target = logging.getLogger("accelerate.utils.other")
+    if not any(isinstance(f, _TiedWeightsFilter) for f in target.filters):
+        target.addFilter(_TiedWeightsFilter())
 
 
 def check_scheduler(training: TrainingConfig) -> None:
@@ -794,6 +818,8 @@ class Trainer:
             self.resume(training.resume_from_checkpoint)
         self._print_summary()
         previous_handlers = self._install_signal_handlers()
+        redirect = logging_redirect_tqdm(loggers=[logging.getLogger()])  # log lines above the bar, not on it
+        redirect.__enter__()
         progress = tqdm(
             total=self.total_steps,
             initial=state.global_step,
@@ -836,6 +862,7 @@ class Trainer:
                 state.stop_reason = state.stop_reason or "epochs"
                 done = True
         progress.close()
+        redirect.__exit__(None, None, None)
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
 

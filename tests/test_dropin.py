@@ -292,3 +292,30 @@ def test_the_seq2seq_folder_carries_its_code_and_loads_with_trust_remote_code_in
     # an older plain EncoderDecoderModel folder (Kiln halves) still loads through the same Auto class
     transformers.EncoderDecoderModel(encoder=encoder, decoder=decoder).save_pretrained(tmp_path / "plain")
     assert type(transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "plain")).__name__ == "EncoderDecoderModel"
+
+
+# ------------------------------------------------------------------------------------------------------ noise
+def test_checkpoints_do_not_warn_about_the_tied_output_projection(tmp_path, caplog):
+    import logging
+
+    from kiln_testing import run
+
+    with caplog.at_level(logging.WARNING):
+        run(tmp_path / "run", "--training.max_steps", 4, "--training.save_steps", 2, "--training.eval_steps", 0)
+    assert len(list((tmp_path / "run" / "checkpoints").iterdir())) >= 1
+    assert not [r for r in caplog.records if "Removed shared tensor" in r.getMessage()]
+
+
+def test_other_shared_tensors_still_warn():
+    import logging
+
+    from pretrain.trainer import _TiedWeightsFilter
+
+    def record(names):
+        message = f"Removed shared tensor {names} while saving. This should be OK"
+        return logging.LogRecord("accelerate.utils.other", logging.WARNING, __file__, 1, message, None, None)
+
+    keep = _TiedWeightsFilter().filter
+    assert not keep(record({"mlm_head.decoder.weight"})) and not keep(record({"lm_head.weight"}))
+    assert keep(record({"lm_head.weight", "model.layers.0.mlp.fc_in.weight"}))
+    assert keep(record({"encoder.embeddings.weight"}))
