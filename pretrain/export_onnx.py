@@ -1,0 +1,170 @@
+"""Export a saved Kiln model folder to ONNX for serving, and check it against PyTorch with onnxruntime.
+
+    python -m pretrain.export_onnx runs/encoder-tiny/final onnx/encoder-tiny       # the folder's own head
+    python -m pretrain.export_onnx runs/classify-authorship/final onnx/classify
+
+Writes OUT/model.onnx (inputs `input_ids`, `attention_mask`, plus `token_type_ids` for the encoder; batch and
+sequence axes dynamic; outputs named as the model's output fields, e.g. `logits`, `start_logits`/`end_logits`,
+`prediction_logits`/`seq_relationship_logits`) next to the folder's config and tokenizer files, then runs the
+graph with onnxruntime on a padded batch of another shape than the one traced and refuses the export (exit 1)
+if any output differs from PyTorch's by more than 1e-4. Every encoder head and the decoder's heads export; the
+decoder graph computes the whole sequence (no key/value cache inputs), and the seq2seq model does not export yet.
+Needs `pip install onnx onnxruntime` (in the dev extras).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+# Kiln class -> the output fields the graph returns
+OUTPUTS = {
+    "KilnEncoderModel": ("last_hidden_state", "pooler_output"),
+    "KilnEncoderForPreTraining": ("prediction_logits", "seq_relationship_logits"),
+    "KilnEncoderForMaskedLM": ("logits",),
+    "KilnEncoderForNextSentencePrediction": ("logits",),
+    "KilnEncoderForSequenceClassification": ("logits",),
+    "KilnEncoderForMultipleChoice": ("logits",),
+    "KilnEncoderForTokenClassification": ("logits",),
+    "KilnEncoderForQuestionAnswering": ("start_logits", "end_logits"),
+    "KilnDecoderModel": ("last_hidden_state",),
+    "KilnDecoderForCausalLM": ("logits",),
+    "KilnDecoderForSequenceClassification": ("logits",),
+    "KilnDecoderForTokenClassification": ("logits",),
+}
+COPIED = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+          "vocab.json", "merges.txt", "generation_config.json")  # fmt: skip
+ATOL = 1e-4
+
+
+class _Graph(torch.nn.Module):
+    """Positional tensors in, the head's output fields out (what the ONNX tracer needs)."""
+
+    def __init__(self, model, input_names, output_names):
+        super().__init__()
+        self.model, self.input_names, self.output_names = model, input_names, output_names
+
+    def forward(self, *inputs):
+        outputs = self.model(**dict(zip(self.input_names, inputs)), return_dict=True)
+        return tuple(outputs[name] for name in self.output_names)
+
+
+def example_inputs(model, batch_size: int, seq_len: int, seed: int) -> dict[str, torch.Tensor]:
+    """A batch with right padding in its first row (so the traced graph keeps the padding-mask path)."""
+    config = model.config
+    generator = torch.Generator().manual_seed(seed)
+    low = 3 if config.vocab_size > 3 else 0
+    shape = (batch_size, 2, seq_len) if type(model).__name__.endswith("MultipleChoice") else (batch_size, seq_len)
+    input_ids = torch.randint(low, config.vocab_size, shape, generator=generator)
+    pad = getattr(config, "pad_token_id", None)
+    input_ids[input_ids == pad] = low  # padding only where the mask says so
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, ..., seq_len - 2 :] = 0
+    if pad is not None:
+        input_ids[attention_mask == 0] = pad
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if config.model_type == "kiln_encoder":
+        token_type_ids = torch.zeros_like(input_ids)
+        token_type_ids[..., seq_len // 2 :] = 1
+        inputs["token_type_ids"] = token_type_ids
+    return inputs
+
+
+def load(folder: Path):
+    import transformers
+
+    import pretrain.modeling as modeling
+
+    config = json.loads((folder / "config.json").read_text())
+    architecture = (config.get("architectures") or [None])[0]
+    if architecture not in OUTPUTS:
+        supported = ", ".join(OUTPUTS)
+        raise ValueError(f"{folder} holds a {architecture or config.get('model_type')} model; ONNX export supports {supported}.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformers.logging.set_verbosity_error()
+        model = getattr(modeling, architecture).from_pretrained(folder, attn_implementation="eager")
+    return model.eval()
+
+
+def export(folder: str | Path, out: str | Path, opset: int = 17) -> dict[str, float]:
+    """Export FOLDER's model to OUT/model.onnx; returns the largest |ONNX - PyTorch| per output (checked)."""
+    folder, out = Path(folder), Path(out)
+    model = load(folder)
+    output_names = [name for name in OUTPUTS[type(model).__name__] if not (
+        name == "pooler_output" and getattr(model, "pooler", None) is None
+    )]  # fmt: skip
+    traced = example_inputs(model, batch_size=2, seq_len=8, seed=0)
+    input_names = list(traced)
+    sequence_axis = {0: "batch", 1: "choices", 2: "sequence"} if traced["input_ids"].dim() == 3 else {
+        0: "batch", 1: "sequence"
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on Python-side checks (sizes, vocabulary range)
+        torch.onnx.export(
+            _Graph(model, input_names, output_names).eval(),  # the exporter restores this mode afterwards
+            tuple(traced.values()),
+            str(out / "model.onnx"),
+            dynamo=False,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes={name: sequence_axis for name in input_names},
+            opset_version=opset,
+        )
+    for name in COPIED:
+        if (folder / name).is_file():
+            shutil.copy(folder / name, out / name)
+    return check(model, out / "model.onnx", output_names)
+
+
+def check(model, onnx_path: Path, output_names) -> dict[str, float]:
+    """Run the graph with onnxruntime on a batch of another shape than the traced one; compare with PyTorch."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    inputs = example_inputs(model, batch_size=3, seq_len=11, seed=1)
+    got = session.run(list(output_names), {name: tensor.numpy() for name, tensor in inputs.items()})
+    with torch.no_grad():
+        expected = model(**inputs, return_dict=True)
+    differences = {}
+    real = inputs["attention_mask"].bool()
+    for name, value in zip(output_names, got):
+        reference, actual = expected[name], torch.from_numpy(value)
+        if reference.shape[:real.dim()] == real.shape:  # per token: padded positions carry no meaning
+            reference, actual = reference[real], actual[real]
+        differences[name] = float((actual - reference).abs().max())
+    worst = max(differences.values())
+    if not worst <= ATOL:
+        raise ValueError(f"the ONNX graph differs from PyTorch by {worst:.2e} (> {ATOL}); please report this model.")
+    return differences
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m pretrain.export_onnx",
+        description="Export a saved Kiln model folder to OUT/model.onnx (with its config and tokenizer files) and "
+        "check it against PyTorch with onnxruntime.",
+    )
+    parser.add_argument("folder", metavar="FOLDER", help="a folder written by Kiln (save_pretrained)")
+    parser.add_argument("out", metavar="OUT", help="output folder (created)")
+    parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    args = parser.parse_args(argv)
+    try:
+        differences = export(args.folder, args.out, args.opset)
+    except ImportError as error:
+        sys.exit(f"error: {error.name} is missing; pip install onnx onnxruntime")
+    except (ValueError, OSError) as error:
+        sys.exit(f"error: {error}")
+    detail = ", ".join(f"{name} {value:.1e}" for name, value in differences.items())
+    print(f"wrote {Path(args.out) / 'model.onnx'}; onnxruntime vs PyTorch, largest difference: {detail}")
+
+
+if __name__ == "__main__":
+    main()
