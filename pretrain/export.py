@@ -184,15 +184,15 @@ class HubSync:
         self.model = None  # set by start(); needed to export weights at save time
         self.pusher = None
         hub = config.hub
+        if hub.push_to_hub or str(config.training.resume_from_checkpoint or "").startswith("hub:"):
+            from .hub import set_request_timeout
+
+            set_request_timeout(hub.timeout_s)  # a stalled Hub fails a request instead of hanging the run
         if hub.push_to_hub:
             from .hub import HubPusher
 
             self.pusher = HubPusher(
-                hub.model_id,
-                private=hub.private,
-                revision=hub.revision,
-                enabled=accelerator.is_main_process,
-                timeout_s=hub.timeout_s,
+                hub.model_id, private=hub.private, revision=hub.revision, enabled=accelerator.is_main_process
             )
         self.final_dir: Path | None = None
 
@@ -224,13 +224,25 @@ class HubSync:
                 )
 
     def download_checkpoint(self, spec: str, local_dir: str) -> str:
-        from .hub import download_checkpoint
+        from accelerate.utils import broadcast_object_list
 
-        path = None
+        from .config import ConfigError
+        from .hub import download_checkpoint, redact
+
+        path, error = None, None
         if self.accelerator.is_main_process:
             shutil.rmtree(local_dir, ignore_errors=True)
-            path = download_checkpoint(spec, local_dir, revision=self.config.hub.revision)
+            try:
+                hub = self.config.hub
+                path = download_checkpoint(spec, local_dir, revision=hub.revision, timeout=hub.timeout_s)
+            except Exception as err:  # unreachable Hub, missing repo, no access: one line, on every process
+                reason = " ".join(str(err).split()) or type(err).__name__
+                error = redact(f"cannot resume from {spec}: {reason[:300]}")
         self.accelerator.wait_for_everyone()
+        if self.accelerator.num_processes > 1:
+            error = broadcast_object_list([error])[0]
+        if error is not None:
+            raise ConfigError(f"{error}; check the repo id, your token and the network, or resume from a local checkpoint")
         if path is None:  # other processes: same shared filesystem, same layout
             path = str(next(Path(local_dir).rglob("trainer_state.json")).parent)
         return path

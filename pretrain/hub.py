@@ -507,11 +507,16 @@ def plot_loss_curve(history: list[dict], path: str | os.PathLike, title: str) ->
 
 # ---------------------------------------------------------------------------------------------- resume
 def download_checkpoint(
-    spec: str, local_dir: str | os.PathLike, revision: str | None = None, token: str | None = None
+    spec: str,
+    local_dir: str | os.PathLike,
+    revision: str | None = None,
+    token: str | None = None,
+    timeout: float | None = None,
 ) -> str:
     """Download `last-checkpoint/` of the Hub repo named by `spec` (`hub:user/name`) into `local_dir`.
 
-    Returns the path of the downloaded accelerate state folder (`local_dir/last-checkpoint`).
+    Returns the path of the downloaded accelerate state folder (`local_dir/last-checkpoint`). `timeout`: seconds
+    the repository lookup may wait for an answer (None: no limit; the file downloads use HF_HUB_DOWNLOAD_TIMEOUT).
     """
     repo_id = spec[len("hub:") :] if spec.startswith("hub:") else ""
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
@@ -519,7 +524,7 @@ def download_checkpoint(
     api = HfApi(token=token)
     try:
         commit = api.repo_info(
-            repo_id, revision=revision
+            repo_id, revision=revision, timeout=timeout
         ).sha  # pin one commit for the listing and the download
         files = api.list_repo_files(repo_id, revision=commit)
     except RepositoryNotFoundError:

@@ -433,3 +433,17 @@ def test_model_card_names_the_run_and_uses_the_right_article(tmp_path):
     card = (out / "final" / "README.md").read_text()
     assert "# my-encoder\n" in card and "# final\n" not in card
     assert "An encoder pretrained with Kiln" in card and "A encoder" not in card
+
+
+def test_resuming_from_a_missing_or_stalled_hub_repo_is_a_one_line_error(tmp_path, hub):
+    with pytest.raises(ConfigError, match=r"cannot resume from hub:kiln-test/nothing: Hub repo kiln-test/nothing not"):
+        run(tmp_path / "missing", "--training.resume_from_checkpoint", "hub:kiln-test/nothing")
+    hub.stall()
+    proc = _cli(["--training.output_dir", tmp_path / "stalled", "--hub.timeout_s", 1,
+                 "--training.resume_from_checkpoint", "hub:kiln-test/stalled"], launcher=(sys.executable,))  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, output
+    assert output.strip().splitlines()[-1].startswith("error: cannot resume from hub:kiln-test/stalled"), output
