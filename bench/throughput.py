@@ -382,18 +382,21 @@ class MatmulPeak:
         self.out = torch.empty(size, size, dtype=dtype, device=device)
         self.size, self.repeats, self.device = size, repeats, device
         self.samples: list[float] = []  # FLOP/s, best of `repeats`, one per call of sample()
+        self.cpu_samples: list[float] = []  # FLOP per CPU-second of this process, best of `repeats`
 
     def sample(self) -> float:
-        best = math.inf
+        best = best_cpu = math.inf
         for _ in range(self.repeats):
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            cpu_start, start = time.process_time(), time.perf_counter()
             torch.mm(self.a, self.b, out=self.out)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             best = min(best, time.perf_counter() - start)
+            best_cpu = min(best_cpu, max(time.process_time() - cpu_start, 1e-9))
         self.samples.append(2 * self.size**3 / best)
+        self.cpu_samples.append(2 * self.size**3 / best_cpu)
         return self.samples[-1]
 
 
@@ -542,17 +545,12 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
             runner.step()
         print(f"[{name}] warm-up {runner_name}: {time.perf_counter() - start:.1f}s", flush=True)
 
-    if args.profile:  # one profiled step per model instead of the timed rounds
-        profiles = {runner_name: profile_step(runners[runner_name]) for runner_name in order}
-        print_profile(name, profiles)
-        return {"preset": name, "shape": asdict(preset), "profile": profiles, "check": check,
-                "load_average": [os.getloadavg()[0]], "machine": machine_info(device)}  # fmt: skip
-
     rounds = args.rounds or preset.rounds
     matmul = MatmulPeak(device, args.matmul_size, args.matmul_repeats) if args.matmul_repeats else None
     if matmul:
         matmul.sample()  # warm-up (thread pool, pages); not used
         matmul.samples.clear()
+        matmul.cpu_samples.clear()
     load = [os.getloadavg()[0]]
     for index in range(rounds):
         for runner_name in order if index % 2 == 0 else order[::-1]:
@@ -563,6 +561,11 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
         times = "  ".join(f"{n} {runners[n].times[-1]:.2f}s" for n in order)
         peak_note = f"  matmul {matmul.samples[-1] / 1e9:.1f} GFLOP/s" if matmul else ""
         print(f"[{name}] round {index + 1}/{rounds}: {times}{peak_note}  (load {load[-1]:.2f})", flush=True)
+
+    profiles = None
+    if args.profile:  # one more step per model, under torch.profiler (not part of the timing)
+        profiles = {runner_name: profile_step(runners[runner_name]) for runner_name in order}
+        print_profile(name, profiles)
 
     tokens = preset.batch_size * preset.seq_len
     lm_share = MASK_PROBABILITY if preset.kind == "encoder" else 1.0
@@ -607,6 +610,13 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
             per_round = [tokens * flops_per_token / t / p for t, p in zip(runner.times, measured_for_mfu)]
             result["mfu"] = statistics.median(per_round)
             result["mfu_rounds"] = per_round
+            # the same fraction in CPU time: FLOPs per CPU-second of the step over those of the matmul. On a
+            # machine shared with other jobs, wall time counts the time other processes held the cores, CPU time
+            # does not (idle-spinning worker threads still count, so this errs low)
+            best_matmul_cpu = max(matmul.cpu_samples)
+            result["mfu_cpu_time"] = statistics.median(
+                tokens * flops_per_token / t / best_matmul_cpu for t in runner.cpu_times
+            )
         models[runner_name] = result
     if device.type == "cpu" and not args.no_memory:
         del runners, reference  # the probes need the memory (the reference at GPT-2 small peaks at >15 GB)
@@ -632,7 +642,9 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
         "peak_flops": peak,
         "peak_source": peak_source,
         "matmul_flops_per_round": measured,
+        "matmul_flops_per_cpu_s": matmul.cpu_samples if matmul else [],
         "check": check,
+        "profile": profiles,
         "load_average": load,
         "machine": machine_info(device),
         "models": models,
@@ -681,6 +693,13 @@ def print_table(results: list[dict]) -> None:
     print("speedup: median over rounds of reference step time / Kiln step time (min-max over rounds)")
     for result in results:
         if result.get("peak_source"):
+            cpu_mfu = ", ".join(
+                f"{'transformers' if n == 'reference' else n} {100 * m['mfu_cpu_time']:.1f}%"
+                for n, m in result["models"].items()
+                if m.get("mfu_cpu_time") is not None
+            )
+            if cpu_mfu:
+                print(f"MFU in CPU time [{result['preset']}] (FLOPs per CPU-second / the matmul's): {cpu_mfu}")
             print(
                 f"MFU [{result['preset']}]: model FLOP/s / peak {result['peak_flops'] / 1e12:.3f} TFLOP/s "
                 f"({result['peak_source']}; per-round matmul rates "
@@ -773,7 +792,7 @@ def main(argv: list[str] | None = None) -> None:
         "--matmul-repeats", type=int, default=3, help="matmuls per round, best kept (0: do not measure)"
     )
     parser.add_argument(
-        "--profile", action="store_true", help="profile one step per model (torch.profiler) instead of timing"
+        "--profile", action="store_true", help="after timing, profile one more step per model (torch.profiler)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results to this file")
@@ -809,9 +828,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         results.append(run_preset(name, preset, args, device))
         gc.collect()
-    if not args.profile:
-        print()
-        print_table(results)
+    print()
+    print_table(results)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as file:

@@ -121,7 +121,8 @@ def test_throughput_measures_the_matmul_peak_and_a_cpu_mfu(throughput, tiny_pres
         ]
         assert model["mfu_rounds"] == pytest.approx(per_round)
         assert model["mfu"] == pytest.approx(statistics.median(per_round))
-
+        assert model["mfu_cpu_time"] > 0
+    assert len(result["matmul_flops_per_cpu_s"]) == 2
 
 # ------------------------------------------------------------------------------------------------- inference
 SST2 = Path("/work/shared/data/sst2")
@@ -232,7 +233,7 @@ def test_finetune_bench_refuses_a_start_that_is_not_the_same_function(finetune_b
 
 def test_throughput_profile_splits_a_step_into_phases_and_op_categories(throughput, tiny_presets, tmp_path):
     out = tmp_path / "profile.json"
-    throughput.main(["--preset", "encoder-test", "--profile", "--json", str(out)])
+    throughput.main(["--preset", "encoder-test", "--profile", "--no-memory", "--json", str(out)])
     result = json.loads(out.read_text())
     assert set(result["profile"]) == {"kiln", "reference"}
     for profile in result["profile"].values():
