@@ -86,10 +86,14 @@ def load(folder: Path):
     if architecture not in OUTPUTS:
         supported = ", ".join(OUTPUTS)
         raise ValueError(f"{folder} holds a {architecture or config.get('model_type')} model; ONNX export supports {supported}.")
+    verbosity = transformers.logging.get_verbosity()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         transformers.logging.set_verbosity_error()
-        model = getattr(modeling, architecture).from_pretrained(folder, attn_implementation="eager")
+        try:
+            model = getattr(modeling, architecture).from_pretrained(folder, attn_implementation="eager")
+        finally:
+            transformers.logging.set_verbosity(verbosity)
     return model.eval()
 
 

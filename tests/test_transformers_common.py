@@ -148,7 +148,14 @@ _TWIN_TABLES = {
 }
 
 
+_VERBOSITY = []
+
+
 def setup_module(module):
+    # some mixin tests read transformers' warnings (e.g. "Reinit due to size mismatch"): whatever verbosity an
+    # earlier test module left behind in this process, run at transformers' default, and restore it afterwards
+    _VERBOSITY.append(transformers.logging.get_verbosity())
+    transformers.logging.set_verbosity_warning()
     for table_name, (encoder_class, decoder_class) in _TWIN_TABLES.items():
         table = getattr(modeling_auto, table_name)
         for model_type, model_class in (("kiln_encoder", encoder_class), ("kiln_decoder", decoder_class)):
@@ -157,6 +164,8 @@ def setup_module(module):
 
 
 def teardown_module(module):
+    if _VERBOSITY:
+        transformers.logging.set_verbosity(_VERBOSITY.pop())
     for table_name in _TWIN_TABLES:
         table = getattr(modeling_auto, table_name)
         for model_type in ("kiln_encoder", "kiln_decoder"):
