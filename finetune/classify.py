@@ -294,14 +294,15 @@ def make_scoring(labels: Labels):
 
 
 def main(argv: list[str] | None = None):
+    config = build_config(
+        ClassifyConfig, argv, prog="accelerate launch finetune/classify.py", description=DESCRIPTION
+    )
+    # imported after build_config, so that --help answers at once
     from transformers import AutoTokenizer, DataCollatorWithPadding
 
     from finetune.data import encode_labels, load_classification_data
     from pretrain.modeling import count_flops_per_token
 
-    config = build_config(
-        ClassifyConfig, argv, prog="accelerate launch finetune/classify.py", description=DESCRIPTION
-    )
     validate_common(config)
     data, model_cfg = config.data, config.model
     path, checkpoint_config = resolve_checkpoint(

@@ -447,11 +447,12 @@ def make_scoring(task: str):
 
 
 def main(argv: list[str] | None = None):
-    from finetune.data import load_seq2seq_data
-
     config = build_config(
         Seq2SeqConfig, argv, prog="accelerate launch finetune/seq2seq.py", description=DESCRIPTION
     )
+    # imported after build_config, so that --help answers at once
+    from finetune.data import load_seq2seq_data
+
     validate_common(config)
     data, generation = config.data, config.generation
     if data.task not in TASK_METRICS:

@@ -288,12 +288,13 @@ def make_scoring(id2label: dict):
 
 
 def main(argv: list[str] | None = None):
+    config = build_config(TagConfig, argv, prog="accelerate launch finetune/tag.py", description=DESCRIPTION)
+    # imported after build_config, so that --help answers at once
     from transformers import AutoTokenizer, DataCollatorForTokenClassification
 
     from finetune.data import encode_labels, load_tagging_data
     from pretrain.modeling import count_flops_per_token
 
-    config = build_config(TagConfig, argv, prog="accelerate launch finetune/tag.py", description=DESCRIPTION)
     validate_common(config)
     data, model_cfg = config.data, config.model
     path, checkpoint_config = resolve_checkpoint(
