@@ -29,7 +29,8 @@ import datasets
 import torch
 from torch.utils.data import DataLoader
 
-from pretrain.config import DataConfig, resolve_path
+from kiln.config import resolve_path
+from pretrain.config import DataConfig
 from pretrain.data import (
     MLMCollator,
     build_pair_instances,

@@ -52,7 +52,7 @@ SHAPES = {  # layers, hidden, heads
     "base": (12, 768, 12),
 }
 # Kiln's fine-tuning defaults that the transformers side is given too (finetune.common.finetune_training and
-# pretrain.config.TrainingConfig); batch size, lr, epochs and seed come from the command line
+# kiln.config.TrainingConfig); batch size, lr, epochs and seed come from the command line
 MATCHED = dict(weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-6, max_grad_norm=1.0)
 WARMUP_RATIO = 0.1
 

@@ -34,7 +34,8 @@ def main() -> None:
     import yaml
     from transformers import AutoTokenizer
 
-    from pretrain.config import RunConfig, config_from_dict
+    from kiln.config import config_from_dict
+    from pretrain.config import RunConfig
     from pretrain.data import padded_vocab_size
     from pretrain.run import build_model
 

@@ -41,7 +41,7 @@ from finetune.common import (  # noqa: E402
     subsample,
     validate_common,
 )
-from pretrain.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
+from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
 
 DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for sequence
 classification: single sentences or sentence pairs (GLUE-style), labels given as names or ints (saved as

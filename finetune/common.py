@@ -2,7 +2,7 @@
 
 A script turns its config into a `FinetuneJob` (model, tokenizer, tokenized splits, collator, and how to
 predict and score) and hands it to `run_finetuning`, which runs Kiln's one training loop
-(`pretrain.trainer.Trainer`) and does what every task needs around it:
+(`kiln.trainer.Trainer`) and does what every task needs around it:
 
     evaluation each epoch (or every training.eval_steps) -> best model kept in output_dir/best by
     training.metric_for_best_model (early stopping by training.early_stopping_patience) -> best model loaded
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import ConfigError, TrainingConfig, resolve_path, run_cli, validate_run_sections
+from kiln.config import ConfigError, TrainingConfig, resolve_path, run_cli, validate_run_sections
 
 logger = logging.getLogger("kiln")
 
@@ -468,8 +468,8 @@ class FinetuneResult:
 
 
 def setup_run(config):
-    """Accelerator, logging and seed (pretrain.trainer.start_run): everything before the data and the model."""
-    from pretrain.trainer import start_run
+    """Accelerator, logging and seed (kiln.trainer.start_run): everything before the data and the model."""
+    from kiln.trainer import start_run
 
     # EncoderDecoderModel warns on every forward that it computes the loss itself: we know, and want it
     warnings.filterwarnings(
@@ -494,7 +494,7 @@ def _evaluator(job: FinetuneJob):
 
 def _set_epoch_evaluation(config, job: FinetuneJob, num_processes: int) -> None:
     training = config.training
-    from pretrain.trainer import optimizer_steps_per_epoch
+    from kiln.trainer import optimizer_steps_per_epoch
 
     batches = len(job.train_dataset) // (training.per_device_train_batch_size * num_processes)
     steps_per_epoch = optimizer_steps_per_epoch(batches, training.gradient_accumulation_steps)
@@ -571,8 +571,8 @@ def _is_eval(entry: dict) -> bool:
 
 def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
     """Train `job.model` with the shared loop, keep the best model, predict the test split, export, push."""
-    from pretrain.export import HubSync, export_model, save_model_files
-    from pretrain.trainer import Trainer, prepare_output
+    from kiln.export import HubSync, export_model, save_model_files
+    from kiln.trainer import Trainer, prepare_output
 
     training = config.training
     _set_epoch_evaluation(config, job, accelerator.num_processes)

@@ -50,7 +50,7 @@ from finetune.common import (  # noqa: E402
     subsample,
     validate_common,
 )
-from pretrain.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
+from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
 
 DESCRIPTION = """Fine-tune an encoder-decoder built from a pretrained Kiln encoder and a pretrained Kiln decoder
 (local runs/.../final folders or Hub ids; the decoder's cross-attention is new), or the same shapes from

@@ -42,7 +42,7 @@ from finetune.common import (  # noqa: E402
     subsample,
     validate_common,
 )
-from pretrain.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
+from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
 
 DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for token
 classification: CoNLL-style column files (tag column chosen), CoNLL-U files (UPOS or XPOS), or a Hub dataset

@@ -14,7 +14,8 @@ if __package__ in (None, ""):  # run as a script (accelerate launch pretrain/run
 
 import logging  # noqa: E402
 
-from pretrain.config import ConfigError, RunConfig, build_config, run_cli, validate_run_sections  # noqa: E402
+from kiln.config import ConfigError, build_config, run_cli, validate_run_sections  # noqa: E402
+from pretrain.config import RunConfig  # noqa: E402
 
 logger = logging.getLogger("kiln")
 
@@ -137,17 +138,17 @@ def main(argv: list[str] | None = None):
     config = build_config(RunConfig, argv, prog="accelerate launch pretrain/run.py", description=DESCRIPTION)
     validate(config)
 
-    from pretrain.data import build_pretraining_data, padded_vocab_size, prepare_tokenizer
-    from pretrain.evaluation import evaluate_decoder, evaluate_encoder
-    from pretrain.export import HubSync, export_model
-    from pretrain.modeling import count_flops_per_token
-    from pretrain.trainer import (
+    from kiln.export import HubSync, export_model
+    from kiln.trainer import (
         Trainer,
         check_checkpoint_metadata,
         prepare_output,
         resolve_checkpoint,
         start_run,
     )
+    from pretrain.data import build_pretraining_data, padded_vocab_size, prepare_tokenizer
+    from pretrain.evaluation import evaluate_decoder, evaluate_encoder
+    from pretrain.modeling import count_flops_per_token
 
     metadata = {"model_kind": config.model.kind, "objective": config.model.objective}
     resume = config.training.resume_from_checkpoint

@@ -3,9 +3,8 @@ import dataclasses
 import pytest
 import yaml
 
-from pretrain.config import (
+from kiln.config import (
     ConfigError,
-    RunConfig,
     build_config,
     field_docs,
     format_help,
@@ -14,6 +13,7 @@ from pretrain.config import (
     save_config,
     validate_run_sections,
 )
+from pretrain.config import RunConfig
 
 
 def test_dotted_overrides_are_typed():

@@ -10,7 +10,8 @@ import pytest
 from datasets import Dataset, DatasetDict, IterableDataset
 from datasets.distributed import split_dataset_by_node
 
-from pretrain.config import REPO_ROOT, DataConfig
+from kiln.config import REPO_ROOT
+from pretrain.config import DataConfig
 from pretrain.data import DataError, corpus, load_documents, split_documents, split_sentences
 from pretrain.data.corpus import find_invalid_utf8
 

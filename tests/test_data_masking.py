@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from pretrain.config import REPO_ROOT
+from kiln.config import REPO_ROOT
 from pretrain.data import CLMCollator, DataError, MLMCollator, train_tokenizer
 
 BOOK = (REPO_ROOT / "data/pretrain/alice_in_wonderland.txt").read_text(encoding="utf-8").split("\n")

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from pretrain.config import REPO_ROOT
+from kiln.config import REPO_ROOT
 from pretrain.data import (
     DataError,
     build_pair_instances,

@@ -7,7 +7,8 @@ import pytest
 import torch
 from datasets import IterableDataset
 
-from pretrain.config import REPO_ROOT, DataConfig
+from kiln.config import REPO_ROOT
+from pretrain.config import DataConfig
 from pretrain.data import DataError, build_pretraining_data, train_tokenizer
 from pretrain.data.__main__ import main
 

@@ -3,7 +3,8 @@
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from pretrain.config import REPO_ROOT, DataConfig, TokenizerConfig
+from kiln.config import REPO_ROOT
+from pretrain.config import DataConfig, TokenizerConfig
 from pretrain.data import (
     DataError,
     check_tokenizer_fits,

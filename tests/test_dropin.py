@@ -77,7 +77,7 @@ def test_mlm_logits_with_labels_have_berts_shape_and_values_by_default(hf_class)
 def test_pretraining_turns_the_sparse_path_on_and_saved_folders_have_it_off(tmp_path):
     from accelerate import Accelerator
 
-    from pretrain.export import save_model_files
+    from kiln.export import save_model_files
     from pretrain.run import PRETRAINING_FAST_PATHS
 
     assert PRETRAINING_FAST_PATHS == {"sparse_prediction": True, "chunked_mlm_loss": True}
@@ -95,7 +95,8 @@ def test_pretraining_turns_the_sparse_path_on_and_saved_folders_have_it_off(tmp_
 def test_the_runner_builds_encoders_with_the_sparse_path():
     from kiln_testing import DEBUG
 
-    from pretrain.config import RunConfig, build_config
+    from kiln.config import build_config
+    from pretrain.config import RunConfig
     from pretrain.run import model_config_kwargs
 
     config = build_config(RunConfig, ["--config", DEBUG], prog="run")
@@ -213,7 +214,7 @@ def test_an_all_padding_encoder_row_gives_no_cross_attention_as_in_gpt2(implemen
 
 # ------------------------------------------------------------------------------------------------ model cards
 def test_model_cards_claim_only_tasks_a_kiln_head_serves(tmp_path):
-    from pretrain.hub import _AUTO_CLASS, write_model_card
+    from kiln.hub import _AUTO_CLASS, write_model_card
     from pretrain.modeling import DECODER_AUTO_CLASSES, ENCODER_AUTO_CLASSES
 
     registered = {*ENCODER_AUTO_CLASSES, *DECODER_AUTO_CLASSES, "AutoModelForSeq2SeqLM"}
@@ -309,7 +310,7 @@ def test_checkpoints_do_not_warn_about_the_tied_output_projection(tmp_path, capl
 def test_other_shared_tensors_still_warn():
     import logging
 
-    from pretrain.trainer import _TiedWeightsFilter
+    from kiln.trainer import _TiedWeightsFilter
 
     def record(names):
         message = f"Removed shared tensor {names} while saving. This should be OK"

@@ -99,7 +99,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import AutoModelForCausalLM, AutoModelForPreTraining
 sys.path.insert(0, "tests")
 from kiln_testing import tiny_decoder_config, tiny_encoder_config
-from pretrain.export import save_model_files
+from kiln.export import save_model_files
 from pretrain.modeling import KilnDecoderForCausalLM, KilnEncoderForPreTraining
 
 dist.init_process_group("gloo")
@@ -208,8 +208,8 @@ def _accelerate_prepare_fill(plugin, accelerator_accumulation: int, num_processe
 def test_deepspeed_config_takes_kiln_accumulation_clipping_batch_and_precision(launched):
     from accelerate.utils import DeepSpeedPlugin
 
-    from pretrain.config import TrainingConfig
-    from pretrain.trainer import configure_deepspeed
+    from kiln.config import TrainingConfig
+    from kiln.trainer import configure_deepspeed
 
     env = launched(DEEPSPEED_YAML)
     assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "2"
@@ -231,8 +231,8 @@ def test_deepspeed_config_takes_kiln_accumulation_clipping_batch_and_precision(l
 def test_deepspeed_clipping_off_in_kiln_is_off_in_deepspeed(launched):
     from accelerate.utils import DeepSpeedPlugin
 
-    from pretrain.config import TrainingConfig
-    from pretrain.trainer import configure_deepspeed
+    from kiln.config import TrainingConfig
+    from kiln.trainer import configure_deepspeed
 
     launched(DEEPSPEED_YAML)
     plugin = DeepSpeedPlugin()
@@ -244,8 +244,8 @@ def test_deepspeed_values_that_would_override_kiln_are_refused(launched, tmp_pat
     """The config as it shipped before: accumulation 1 and clipping 1.0 written into the accelerate config."""
     from accelerate.utils import DeepSpeedPlugin
 
-    from pretrain.config import ConfigError, TrainingConfig
-    from pretrain.trainer import configure_deepspeed
+    from kiln.config import ConfigError, TrainingConfig
+    from kiln.trainer import configure_deepspeed
 
     old = tmp_path / "deepspeed-old.yaml"
     old.write_text(
@@ -268,8 +268,8 @@ def test_deepspeed_values_that_would_override_kiln_are_refused(launched, tmp_pat
 def test_accumulation_overridden_by_accelerate_launch_is_refused(monkeypatch, tmp_path):
     """`accelerate launch --gradient_accumulation_steps N` (or the key in a DeepSpeed section) sets an environment
     variable the Accelerator reads over Kiln's argument; Kiln would count optimizer steps wrongly."""
-    from pretrain.config import ConfigError, LoggingConfig, TrainingConfig
-    from pretrain.trainer import start_run
+    from kiln.config import ConfigError, LoggingConfig, TrainingConfig
+    from kiln.trainer import start_run
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
     monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")
@@ -291,8 +291,8 @@ def test_accumulation_overridden_by_accelerate_launch_is_refused(monkeypatch, tm
     [("bf16", None, "bf16"), (None, None, "no"), ("bf16", "no", "no"), ("no", "bf16", "bf16")],
 )
 def test_mixed_precision_defers_to_accelerate_launch(monkeypatch, tmp_path, launched_with, kiln, expected):
-    from pretrain.config import LoggingConfig, TrainingConfig
-    from pretrain.trainer import start_run
+    from kiln.config import LoggingConfig, TrainingConfig
+    from kiln.trainer import start_run
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
@@ -309,6 +309,6 @@ def test_mixed_precision_defers_to_accelerate_launch(monkeypatch, tmp_path, laun
 
 
 def test_default_mixed_precision_is_the_accelerate_configs():
-    from pretrain.config import TrainingConfig
+    from kiln.config import TrainingConfig
 
     assert TrainingConfig().mixed_precision is None

@@ -58,8 +58,8 @@ class _CountingModel(torch.nn.Module):
 
 
 def _toy_trainer(tmp_path, micro_batches=10, **overrides):
-    from pretrain.config import LoggingConfig, TrainingConfig
-    from pretrain.trainer import Trainer, start_run
+    from kiln.config import LoggingConfig, TrainingConfig
+    from kiln.trainer import Trainer, start_run
 
     reset_accelerate()
     settings = dict(output_dir=str(tmp_path / "toy"), per_device_train_batch_size=2, per_device_eval_batch_size=2,
@@ -132,8 +132,8 @@ def test_fractional_epochs_and_step_count(tmp_path):
 
 
 def test_fused_adamw_follows_the_accelerator_device():
-    from pretrain.config import TrainingConfig
-    from pretrain.trainer import build_optimizer
+    from kiln.config import TrainingConfig
+    from kiln.trainer import build_optimizer
 
     model = torch.nn.Linear(4, 4)
     # the decision is read from the device accelerate will put the model on, not from where it is now (CPU)
@@ -182,9 +182,9 @@ class _PaddingModel(_CountingModel):
 
 @pytest.mark.parametrize("group", [False, True])
 def test_group_by_length_batches_similar_lengths_and_stays_seeded(tmp_path, group):
-    from pretrain.config import LoggingConfig, TrainingConfig
+    from kiln.config import LoggingConfig, TrainingConfig
+    from kiln.trainer import Trainer, start_run
     from pretrain.data.collator import pad_batch
-    from pretrain.trainer import Trainer, start_run
 
     g = torch.Generator().manual_seed(0)
     rows = [{"input_ids": torch.ones(int(n), dtype=torch.long)} for n in torch.randint(1, 60, (400,), generator=g)]

@@ -14,8 +14,8 @@ import pytest
 from kiln_testing import DEBUG, REPO, losses, run
 from test_finetune_scripts import kiln_checkpoints  # noqa: F401  (the shared tiny checkpoints fixture)
 
-from pretrain.config import ConfigError
-from pretrain.trainer import Trainer, find_checkpoints
+from kiln.config import ConfigError
+from kiln.trainer import Trainer, find_checkpoints
 
 QUICK = ["--training.eval_steps", 0]
 
@@ -315,7 +315,7 @@ def test_user_mistakes_are_one_line_errors_with_exit_status_2(tmp_path, capsys):
 def test_disk_faults_are_one_line_errors(capsys):
     import errno
 
-    from pretrain.config import run_cli
+    from kiln.config import run_cli
 
     def full_disk(argv):
         raise OSError(errno.ENOSPC, "No space left on device", "/data/run/checkpoints/step-00000200.tmp")
@@ -365,7 +365,7 @@ def test_no_validation_examples_is_a_warning_not_a_crash(tmp_path, kind, caplog)
 def test_a_diverged_run_stops_with_one_line_keeps_the_last_good_checkpoint_and_exports_nothing(tmp_path):
     from safetensors.torch import load_file
 
-    from pretrain.config import RunError
+    from kiln.config import RunError
 
     out = tmp_path / "diverged"
     with pytest.raises(RunError, match=r"training diverged: the loss or gradient norm was NaN/inf at steps 3-6; "
@@ -425,7 +425,8 @@ def test_help_is_light_and_shows_list_values_and_a_missing_value_names_its_optio
                 result.stdout
             )
 
-    from pretrain.config import RunConfig, build_config
+    from kiln.config import build_config
+    from pretrain.config import RunConfig
 
     with pytest.raises(ConfigError, match=r"^--training.lr needs a value"):
         build_config(RunConfig, ["--training.lr", "--training.max_steps", "5"])

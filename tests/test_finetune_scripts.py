@@ -532,7 +532,7 @@ def test_help_lists_every_field_with_its_doc(script, capsys):
     import dataclasses
     import typing
 
-    from pretrain.config import field_docs
+    from kiln.config import field_docs
 
     module = __import__(f"finetune.{script}", fromlist=["main"])
     root = getattr(
@@ -559,7 +559,7 @@ def test_shipped_configs_parse_and_the_defaults_match_the_dataclasses(path):
 
     import yaml
 
-    from pretrain.config import build_config
+    from kiln.config import build_config
 
     script = path.name.split("-")[0]
     module = __import__(f"finetune.{script}", fromlist=["main"])

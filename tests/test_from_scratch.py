@@ -118,7 +118,7 @@ def test_classify_and_tag_from_scratch_train_on_the_shipped_samples(encoder, tmp
 
 def test_from_scratch_cannot_predict(encoder, tmp_path):
     from finetune.classify import main as classify
-    from pretrain.config import ConfigError
+    from kiln.config import ConfigError
 
     with pytest.raises(ConfigError, match="--model.from_scratch"):
         run_main(classify, "--predict", "--model.from_scratch", "--model.checkpoint", encoder,
@@ -128,7 +128,8 @@ def test_from_scratch_cannot_predict(encoder, tmp_path):
 def test_experiment_configs_parse():
     from finetune.classify import ClassifyConfig
     from finetune.tag import TagConfig
-    from pretrain.config import RunConfig, build_config
+    from kiln.config import build_config
+    from pretrain.config import RunConfig
 
     folder = REPO / "configs/experiments"
     for name, cls in (("sst2", ClassifyConfig), ("ud-pos", TagConfig), ("conll2003", TagConfig)):

@@ -1,4 +1,4 @@
-"""pretrain/hub.py against the offline test Hub (tests/hub_server.py).
+"""kiln/hub.py against the offline test Hub (tests/hub_server.py).
 
 Uploads over both wire paths (regular files with Xet on; LFS batch + PUT with Xet off), background pushes,
 coalescing, outages, model cards, redaction, resuming from the Hub, and `from_pretrained` in a fresh process.
@@ -16,7 +16,7 @@ from huggingface_hub import HfApi, ModelCard, constants, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils._runtime import is_xet_available
 
-from pretrain.hub import HubPusher, download_checkpoint, plot_loss_curve, redact, write_model_card
+from kiln.hub import HubPusher, download_checkpoint, plot_loss_curve, redact, write_model_card
 
 REPO = f"{TEST_USER}/tiny"
 BINARY = bytes(range(256)) * 40  # has NUL bytes: the `auto` upload mode sends it through LFS

@@ -11,7 +11,7 @@ import yaml
 from conftest import TEST_TOKEN, TEST_USER
 from kiln_testing import losses, run
 
-from pretrain.hub import CHECKPOINT_FOLDER, HubPusher
+from kiln.hub import CHECKPOINT_FOLDER, HubPusher
 
 # A fresh interpreter where the project is unimportable (also through the editable install's finder):
 # the model must load from the Hub repo alone, code included.
@@ -152,7 +152,7 @@ def test_failing_hub_neither_stops_training_nor_loses_the_final_push(hub, tmp_pa
 
 
 def test_bad_hub_settings_are_one_line_errors(tmp_path):
-    from pretrain.config import ConfigError
+    from kiln.config import ConfigError
 
     with pytest.raises(ConfigError, match="--hub.model_id"):
         run(tmp_path / "a", "--hub.push_to_hub")

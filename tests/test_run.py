@@ -10,8 +10,8 @@ import time
 import pytest
 from kiln_testing import DEBUG, DECODER, REPO, losses, run
 
-from pretrain.config import ConfigError
-from pretrain.trainer import find_checkpoints
+from kiln.config import ConfigError
+from kiln.trainer import find_checkpoints
 
 
 def test_debug_run_learns_and_leaves_a_loadable_model(tmp_path):

@@ -48,7 +48,8 @@ def stack(features):
 
 
 def main(kind: str, accumulation: int, batch: int, out: str) -> None:
-    from pretrain.config import LoggingConfig, TrainingConfig
+    from kiln.config import LoggingConfig, TrainingConfig
+    from kiln.trainer import Trainer, start_run
     from pretrain.data.collator import CLMCollator, MLMCollator
     from pretrain.modeling import (
         KilnDecoderConfig,
@@ -56,7 +57,6 @@ def main(kind: str, accumulation: int, batch: int, out: str) -> None:
         KilnEncoderConfig,
         KilnEncoderForPreTraining,
     )
-    from pretrain.trainer import Trainer, start_run
 
     training = TrainingConfig(
         output_dir=os.path.join(os.path.dirname(out), f"run-{os.path.basename(out)}"),

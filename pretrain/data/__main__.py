@@ -15,7 +15,9 @@ import datasets
 import torch
 from datasets import IterableDataset
 
-from ..config import ConfigError, RunConfig, build_config
+from kiln.config import ConfigError, build_config
+
+from ..config import RunConfig
 from .common import DataError
 from .pipeline import build_pretraining_data
 from .tokenizer import padded_vocab_size, prepare_tokenizer

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from datasets import Dataset, IterableDataset, load_dataset
 
-from ..config import resolve_path
+from kiln.config import resolve_path
 from .common import DataError, num_proc_for
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from ..config import resolve_path
+from kiln.config import resolve_path
 from .common import DataError, main_process_first
 from .corpus import iter_texts, load_documents
 

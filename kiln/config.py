@@ -1,0 +1,535 @@
+"""Typed run configuration: the engine's sections (training, logging, hub), YAML loading with `_base_`
+inheritance, dotted CLI overrides, one-line errors. Each app (pretrain/, finetune/) adds its own sections.
+
+Every field carries a docstring (the string literal right under it); `--help` prints them.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import os
+import sys
+import textwrap
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user can fix; the message names the fix."""
+
+
+class RunError(RuntimeError):
+    """A run that could not finish as asked (e.g. a required Hub push that did not complete, a diverged loss);
+    what was saved is kept and the message says where. The command line prints it as one line, exit status 1."""
+
+
+@dataclass
+class TrainingConfig:
+    output_dir: str = "runs/encoder-tiny"
+    """Where checkpoints, logs and the final model go."""
+    overwrite_output_dir: bool = False
+    """Allow writing into an output_dir that holds a different run."""
+    seed: int = 42
+    """Seed for weights, data order and masking."""
+    per_device_train_batch_size: int = 32
+    """Sequences per process per micro-step."""
+    per_device_eval_batch_size: int = 64
+    """Sequences per process per evaluation step."""
+    gradient_accumulation_steps: int = 1
+    """Micro-steps accumulated per optimizer step."""
+    total_train_batch_size: int | None = None
+    """Sequences per optimizer step over all processes; when set, the per-device batch size is derived from it
+    (it must divide evenly by processes x gradient_accumulation_steps)."""
+    max_steps: int = 600
+    """Optimizer steps to train (-1: use num_train_epochs)."""
+    num_train_epochs: float = 1.0
+    """Epochs to train when max_steps is -1."""
+    max_train_time_s: float | None = None
+    """Wall-clock budget in seconds; training stops (and saves) when it is spent."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.98
+    """AdamW beta2."""
+    adam_epsilon: float = 1e-6
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Clip gradients to this global norm (0 disables)."""
+    lr_scheduler_type: str = "linear"
+    """transformers.get_scheduler name: linear, cosine, constant, constant_with_warmup, ..."""
+    warmup_steps: int = 0
+    """Warmup steps (takes precedence over warmup_ratio when > 0)."""
+    warmup_ratio: float = 0.06
+    """Warmup as a fraction of the total steps."""
+    mixed_precision: str | None = None
+    """`no`, `bf16` or `fp16` (through accelerate). None: whatever accelerate was launched with (the accelerate
+    config's `mixed_precision` or `accelerate launch --mixed_precision`; `no` without either). A value given here
+    overrides the accelerate config; the run's config.yaml records the precision actually used."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    torch_compile: bool = False
+    """Compile the model with torch.compile."""
+    eval_steps: int = 200
+    """Evaluate every N optimizer steps (0: only at the end)."""
+    max_eval_batches: int | None = None
+    """Evaluate on at most this many batches (None: the whole validation split)."""
+    group_by_length: bool = False
+    """Batch examples of similar length together (transformers' LengthGroupedSampler: random mega-batches of 50
+    batches, sorted by length inside), so little of a batch is padding; the order stays seeded by (seed, epoch)."""
+    save_steps: int = 200
+    """Save a resumable checkpoint every N optimizer steps (0: never)."""
+    save_total_limit: int | None = 2
+    """Keep at most this many checkpoints (oldest removed); None or 0: keep all. The newest is never removed."""
+    resume_from_checkpoint: str | None = None
+    """`latest`, a checkpoint folder, or `hub:user/name` to continue a run exactly."""
+    max_nonfinite_steps: int = 3
+    """Optimizer steps in a row whose loss or gradient norm is NaN/inf that are skipped (not applied) before the run stops with an error; 0: stop at the first."""
+    allow_config_change: bool = False
+    """Resume even though settings that make resuming inexact (batch size, sequence length, seed, max_steps, ...) differ from the checkpoint's run."""
+    metric_for_best_model: str | None = None
+    """Eval metric that picks the best model (e.g. `accuracy`, `loss`); the best weights are kept in output_dir/best."""
+    greater_is_better: bool = True
+    """Whether a larger metric_for_best_model is better."""
+    early_stopping_patience: int | None = None
+    """Stop after this many evaluations without improvement of metric_for_best_model (None: never)."""
+
+
+@dataclass
+class LoggingConfig:
+    report_to: str = "none"
+    """Tracker: `wandb`, `tensorboard`, `all` or `none`."""
+    logging_steps: int = 10
+    """Log training metrics every N optimizer steps."""
+    project: str = "kiln"
+    """Tracker project name."""
+    run_name: str | None = None
+    """Tracker run name (default: the output_dir's name)."""
+    peak_flops: float | None = None
+    """Peak FLOP/s of one device for the MFU estimate (None: guessed from the GPU name; unknown on CPU)."""
+
+
+@dataclass
+class HubConfig:
+    push_to_hub: bool = False
+    """Push the model (and, with strategy `checkpoint`, the resumable state) to the Hugging Face Hub."""
+    model_id: str | None = None
+    """Hub repository, `user/name`."""
+    private: bool = False
+    """Create the repository as private."""
+    strategy: str = "end"
+    """`end` (final model only), `every_save` (model at every checkpoint) or `checkpoint` (also the resumable state)."""
+    revision: str | None = None
+    """Branch to push to (created when missing; default: main)."""
+    license: str = "apache-2.0"
+    """License written into the model card."""
+    timeout_s: float = 60.0
+    """Seconds a Hub request may wait for the server to answer before it counts as failed (then retried)."""
+    final_push_timeout_s: float = 1800.0
+    """Seconds to wait for the final push at the end of training; after that the run fails (exit status 1) with the model saved locally."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# field docs, types, parsing
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Docstrings written under each dataclass field."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(getattr(nxt, "value", None), ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Coerce a YAML or CLI value to the annotated type, with an error that names the key."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "~")):
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(value, inner[0], key)
+    if origin is list:
+        (item_type,) = args
+        if isinstance(value, str):
+            parsed = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
+            value = parsed if isinstance(parsed, list) else [parsed]
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return [_convert(v, item_type, key) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
+            return False
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            if tp is int:
+                as_float = float(value)
+                if as_float != int(as_float):
+                    raise ValueError
+                return int(as_float)
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    types = _field_types(type(obj))
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in types:
+            valid = ", ".join(f"{prefix}{name}" for name in types)
+            raise ConfigError(f"unknown config key '{dotted}'. Valid keys here: {valid}")
+        tp = types[key]
+        if _is_dataclass_type(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{dotted}' is a section; give it a mapping of keys, got {value!r}")
+            _apply(getattr(obj, key), value, prefix=f"{dotted}.")
+        else:
+            setattr(obj, key, _convert(value, tp, dotted))
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML config; `_base_: other.yaml` (or a list of them) is merged underneath, relative to the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}. Pick one of the YAML files under configs/ or fix the path.")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"invalid YAML in {path}: {err}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config sections, got {type(data).__name__}")
+    bases = data.pop("_base_", [])
+    bases = [bases] if isinstance(bases, str) else bases
+    merged: dict[str, Any] = {}
+    for base in bases:
+        _deep_merge(merged, load_yaml(path.parent / base))
+    _deep_merge(merged, data)
+    return merged
+
+
+def _deep_merge(into: dict, update: dict) -> dict:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"'{dotted}': '{part}' is not a section")
+    node[parts[-1]] = value
+
+
+def parse_overrides(argv: list[str], bool_keys: set[str]) -> tuple[str | None, dict[str, Any]]:
+    """`--config FILE` and `--section.key value` / `--section.key=value` / `--flag` (booleans)."""
+    config_path = None
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}; options look like --section.key value (see --help)")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if key in bool_keys and (nxt is None or nxt.startswith("--")):
+                value = "true"
+            elif nxt is None or nxt.startswith("--"):
+                raise ConfigError(f"--{key} needs a value (e.g. --{key} VALUE or --{key}=VALUE)")
+            else:
+                value = nxt
+                i += 1
+        i += 1
+        if key == "config":
+            config_path = value
+            continue
+        _set_dotted(overrides, key, yaml.safe_load(value) if value != "" else "")
+    return config_path, overrides
+
+
+def _walk_fields(cls: type, prefix: str = "", defaults: Any = None):
+    """(dotted key, type, default, doc) of every leaf field; `defaults` is the instance whose values are
+    shown (a nested section's default_factory may differ from its class defaults, as fine-tuning's do)."""
+    types = _field_types(cls)
+    docs = field_docs(cls)
+    defaults = cls() if defaults is None else defaults
+    for f in dataclasses.fields(cls):
+        tp = types[f.name]
+        if _is_dataclass_type(tp):
+            yield from _walk_fields(tp, prefix=f"{prefix}{f.name}.", defaults=getattr(defaults, f.name))
+        else:
+            yield f"{prefix}{f.name}", tp, getattr(defaults, f.name), docs.get(f.name, "")
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "") if not isinstance(tp, type) else tp.__name__
+
+
+def format_help(cls: type, prog: str, description: str) -> str:
+    lines = [
+        f"usage: {prog} [--config FILE.yaml] [--section.key VALUE ...]",
+        "",
+        description.strip(),
+        "",
+        "Values come from the dataclass defaults, then the YAML file (--config; `_base_:` inherits),",
+        "then dotted command-line overrides. The resolved config is saved as config.yaml in the output dir.",
+        "",
+        "options:",
+        "  --config FILE         YAML run config (see configs/)",
+        "  -h, --help            show this help and exit",
+    ]
+    section = None
+    for key, tp, default, doc in _walk_fields(cls):
+        head = key.split(".")[0]
+        if head != section:
+            section = head
+            lines += ["", f"{section}:"]
+        how = "; several as a,b or [a, b]" if "list" in _type_name(tp) else ""
+        lines.append(f"  --{key} ({_type_name(tp)}, default: {default!r}{how})")
+        if doc:
+            lines += ["      " + line for line in textwrap.wrap(doc, 96)]
+    return "\n".join(lines)
+
+
+def build_config(cls: type, argv: list[str] | None = None, prog: str = "run.py", description: str = ""):
+    """Build a config dataclass from defaults, `--config` YAML and dotted CLI overrides; handles --help."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(format_help(cls, prog, description))
+        raise SystemExit(0)
+    bool_keys = {key for key, tp, _, _ in _walk_fields(cls) if tp is bool}
+    config_path, overrides = parse_overrides(argv, bool_keys)
+    config = cls()
+    if config_path is not None:
+        _apply(config, load_yaml(config_path))
+    _apply(config, overrides)
+    return config
+
+
+def validate_run_sections(config: Any) -> None:
+    """Checks of the sections every Kiln entry point shares (training, logging, hub); each script adds its own."""
+    training = config.training
+    sizes = (
+        training.per_device_train_batch_size,
+        training.per_device_eval_batch_size,
+        training.gradient_accumulation_steps,
+    )
+    if min(sizes) <= 0:
+        raise ConfigError(
+            "training.per_device_train_batch_size, per_device_eval_batch_size and gradient_accumulation_steps "
+            f"must be positive, got {', '.join(map(str, sizes))}"
+        )
+    check_training_values(training)
+    if config.logging.logging_steps <= 0:
+        raise ConfigError(f"logging.logging_steps must be positive, got {config.logging.logging_steps}")
+    if config.hub.push_to_hub and not config.hub.model_id:
+        raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
+    for name in ("timeout_s", "final_push_timeout_s"):
+        if not getattr(config.hub, name) > 0:
+            raise ConfigError(f"hub.{name} must be a positive number of seconds, got {getattr(config.hub, name)}")
+    if config.hub.strategy not in ("end", "every_save", "checkpoint"):
+        raise ConfigError(f"hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}")
+    if config.logging.report_to not in ("none", "wandb", "tensorboard", "all"):
+        raise ConfigError(
+            f"logging.report_to must be wandb, tensorboard, all or none, got {config.logging.report_to!r}"
+        )
+
+
+def check_training_values(training: Any) -> None:
+    """Signs and ranges of the training section, each a one-line ConfigError naming the fix."""
+    out = training.output_dir
+    if not str(out).strip():
+        raise ConfigError("training.output_dir is empty; name a folder, e.g. --training.output_dir runs/my-run")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"training.output_dir {out} is a file, not a folder; remove it or pick another output_dir")
+    if training.max_steps < -1:
+        raise ConfigError(
+            f"training.max_steps must be positive, or -1 to train by num_train_epochs; got {training.max_steps}"
+        )
+    if training.max_steps == 0:
+        raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
+    if training.max_steps == -1 and not training.num_train_epochs > 0:
+        raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
+    if not (training.lr >= 0 and training.lr < float("inf")):
+        raise ConfigError(f"training.lr must be a non-negative number, got {training.lr}")
+    if training.save_total_limit is not None and training.save_total_limit < 0:
+        raise ConfigError(
+            f"training.save_total_limit must be a positive number of checkpoints to keep (0 or none: keep all), "
+            f"got {training.save_total_limit}"
+        )
+    for name in ("eval_steps", "save_steps", "warmup_steps", "max_grad_norm", "weight_decay", "max_nonfinite_steps"):
+        if getattr(training, name) < 0:
+            raise ConfigError(f"training.{name} must not be negative, got {getattr(training, name)}")
+    if not 0 <= training.warmup_ratio <= 1:
+        raise ConfigError(f"training.warmup_ratio must be in [0, 1], got {training.warmup_ratio}")
+    if training.max_train_time_s is not None and training.max_train_time_s < 0:
+        raise ConfigError(f"training.max_train_time_s must not be negative, got {training.max_train_time_s}")
+
+
+def run_cli(
+    main: Callable,
+    argv: list[str] | None,
+    user_errors: tuple[type[Exception], ...] | Callable[[], tuple[type[Exception], ...]] = (),
+):
+    """Run an entry point's main(argv); user errors (ConfigError and `user_errors`) print one line
+    `error: ...` naming the fix and exit with status 2, without a traceback; a RunError (the run could not
+    finish as asked, what was saved is kept) prints one line and exits with status 1. `user_errors` may be a
+    function returning the classes, so that their (heavy) modules are imported only once an error occurs and
+    `--help` stays fast."""
+    stop_with_launcher()
+    try:
+        return main(argv)
+    except Exception as err:
+        known = (ConfigError, *(user_errors() if callable(user_errors) else user_errors))
+        if isinstance(err, known):
+            message, status = _one_line(err), 2
+        elif isinstance(err, RunError):
+            message, status = _one_line(err), 1
+        elif isinstance(err, OSError) and disk_error_message(err) is not None:
+            message, status = disk_error_message(err), 2
+        else:
+            raise
+        _close_progress_bars()
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(status) from None
+
+
+def stop_with_launcher() -> None:
+    """Under `accelerate launch`, ask Linux for a SIGTERM when the launcher dies.
+
+    accelerate's single-process launcher does not forward signals: a SIGTERM sent to it (by a scheduler,
+    `kill`, a container runtime) ends it at once and leaves this process running on, orphaned. With this, the
+    training process gets the SIGTERM too, so it saves a checkpoint and exits cleanly. Only under a launcher
+    (accelerate sets ACCELERATE_* variables for its child): a plain `python` run under `nohup` must outlive
+    its shell. Multi-process launches go through torchrun, whose agent forwards signals itself."""
+    if not sys.platform.startswith("linux") or not any(k.startswith("ACCELERATE_") for k in os.environ):
+        return
+    if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
+        return  # torchrun's agent (multi-process launches) forwards signals to its workers itself
+    try:
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # no libc prctl: keep the default behaviour
+        pass
+
+
+def _close_progress_bars() -> None:
+    """An error raised mid-loop leaves tqdm bars open; closed later, they would print after the error line."""
+    if "tqdm" in sys.modules:
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def disk_error_message(err: OSError) -> str | None:
+    """A one-line message for the disk faults a user fixes outside Kiln (full disk, read-only or forbidden
+    folder, a file where a folder belongs); None for other OS errors."""
+    import errno
+
+    where = err.filename or "the output folder"
+    fixes = {
+        errno.ENOSPC: f"no space left on the device holding {where}; free some space or pick another "
+        "--training.output_dir (a run resumes with --training.resume_from_checkpoint latest)",
+        errno.EDQUOT: f"disk quota exceeded writing {where}; free some space or pick another --training.output_dir",
+        errno.EROFS: f"{where} is on a read-only file system; pick a writable --training.output_dir",
+        errno.EACCES: f"permission denied writing {where}; pick a writable --training.output_dir",
+        errno.EPERM: f"permission denied writing {where}; pick a writable --training.output_dir",
+        errno.ENOTDIR: f"{where}: a file stands where a folder is needed; remove it or pick another "
+        "--training.output_dir",
+        errno.EEXIST: f"{where} exists and is not a folder; remove it or pick another --training.output_dir",
+    }
+    return fixes.get(err.errno)
+
+
+def config_from_dict(cls: type, values: dict[str, Any]):
+    config = cls()
+    _apply(config, values)
+    return config
+
+
+def save_config(config: Any, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False), encoding="utf-8")
+
+
+def resolve_path(path: str) -> str:
+    """Paths in the shipped configs are relative to the repo root; keep absolute and existing ones as they are."""
+    if os.path.isabs(path) or os.path.exists(path) or any(c in path for c in "*?[") and Path(path).parent.exists():
+        return path
+    candidate = REPO_ROOT / path
+    return str(candidate) if candidate.exists() or any(c in path for c in "*?[") else path
+
+
+__all__ = [
+    "REPO_ROOT",
+    "ConfigError",
+    "HubConfig",
+    "LoggingConfig",
+    "RunError",
+    "TrainingConfig",
+    "build_config",
+    "config_from_dict",
+    "field_docs",
+    "format_help",
+    "load_yaml",
+    "resolve_path",
+    "save_config",
+]
