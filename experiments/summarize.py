@@ -1,6 +1,7 @@
 """Summarise docs/results/runs.jsonl into docs/results/finetune.md and docs/results/finetune.json: per task,
-initialisation and learning rate, the dev metric over seeds (mean, std, n), the median wall clock, and the test
-metric where a --predict pass on the test file was recorded (tag `<task>-test`).
+starting point ("scratch", or the pretraining run the checkpoint came from) and learning rate, the dev metric over
+seeds (mean, std, n), the median wall clock, and the test metric of runs that read the test file (their
+test_results.json, or a --predict pass recorded with tag `<task>-test`).
 
     python experiments/summarize.py
 """
@@ -15,6 +16,15 @@ METRIC = {"sst2": "eval/accuracy", "ud-pos": "eval/accuracy", "conll2003": "eval
 TEST_METRIC = {"sst2": "accuracy", "ud-pos": "accuracy", "conll2003": "f1"}
 
 
+def start(note: list[str]) -> str:
+    """'scratch', or the pretraining run a fine-tuning run started from (ckpt=runs/NAME/final -> NAME)."""
+    if note[1] == "scratch":
+        return "scratch"
+    ckpt = next((word.split("=", 1)[1] for word in note if word.startswith("ckpt=")), "")
+    parts = Path(ckpt).parts
+    return parts[1] if len(parts) > 2 and parts[0] == "runs" else note[1]
+
+
 def main() -> None:
     rows = [json.loads(line) for line in (REPO / "docs/results/runs.jsonl").read_text().splitlines() if line.strip()]
     groups = defaultdict(list)
@@ -23,14 +33,17 @@ def main() -> None:
         tag = row["tag"]
         if tag in METRIC and "eval_last" in row:
             note = row["note"].split()
-            init, lr = note[1], note[2].split("=")[1]
+            init, lr = start(note), note[2].split("=")[1]
             groups[(tag, init, lr)].append(row)
+            if "test" in row:
+                tests[(tag, init, lr)].append(row["test"][TEST_METRIC[tag]])
         elif tag.endswith("-test") and "test" in row:
             task = tag.removesuffix("-test")
             note = row["note"].split()
-            tests[(task, note[1], note[2].split("=")[1])].append(row["test"][TEST_METRIC[task]])
+            tests[(task, start(note), note[2].split("=")[1])].append(row["test"][TEST_METRIC[task]])
     summary = []
     for (task, init, lr), runs in sorted(groups.items()):
+        runs = list({r["note"].split()[3]: r for r in runs}.values())  # a seed run again: its newest record counts
         values = [r["eval_last"][METRIC[task]] for r in runs]
         seeds = [r["note"].split()[3] for r in runs]
         entry = {
