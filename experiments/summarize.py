@@ -12,8 +12,9 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-METRIC = {"sst2": "eval/accuracy", "ud-pos": "eval/accuracy", "conll2003": "eval/f1"}
-TEST_METRIC = {"sst2": "accuracy", "ud-pos": "accuracy", "conll2003": "f1"}
+METRIC = {"sst2": "eval/accuracy", "ud-pos": "eval/accuracy", "conll2003": "eval/f1", "multi30k": "eval/bleu"}
+TEST_METRIC = {"sst2": "accuracy", "ud-pos": "accuracy", "conll2003": "f1", "multi30k": "bleu"}
+PERCENT = {"sst2": 100, "ud-pos": 100, "conll2003": 100, "multi30k": 1}  # sacreBLEU is already on a 0-100 scale
 
 
 def start(note: list[str]) -> str:
@@ -60,9 +61,10 @@ def main() -> None:
     lines = ["| task | init | lr | seeds | dev (mean ± std) | test (mean ± std) | median wall clock |",
              "|---|---|---|---:|---:|---:|---:|"]
     for e in summary:
-        test = f"{100 * e['test_mean']:.2f} ± {100 * e['test_std']:.2f} (n={e['test_n']})" if "test_mean" in e else ""
-        lines.append(f"| {e['task']} | {e['init']} | {e['lr']} | {e['n']} | {100 * e['dev_mean']:.2f} ± "
-                     f"{100 * e['dev_std']:.2f} | {test} | {e['wall_s_median'] / 60:.1f} min |")
+        k = PERCENT[e["task"]]
+        test = f"{k * e['test_mean']:.2f} ± {k * e['test_std']:.2f} (n={e['test_n']})" if "test_mean" in e else ""
+        lines.append(f"| {e['task']} | {e['init']} | {e['lr']} | {e['n']} | {k * e['dev_mean']:.2f} ± "
+                     f"{k * e['dev_std']:.2f} | {test} | {e['wall_s_median'] / 60:.1f} min |")
     (REPO / "docs/results/finetune.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
