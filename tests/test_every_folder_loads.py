@@ -1,0 +1,168 @@
+"""Every model folder Kiln writes loads with transformers alone, in a fresh process that cannot import Kiln
+(issue 13, item 4): the model through its Auto class with `trust_remote_code=True` (same outputs as in
+Kiln's own process), the tokenizer through `AutoTokenizer` without any question on the terminal.
+
+Folder kinds: encoder pretraining `final/`, decoder pretraining `final/`, a fine-tuned classifier's `final/`
+and the `best/` checkpoint it kept during training, a tagger's `final/`, and the seq2seq `final/` (its two
+tokenizers live in `encoder_tokenizer/` and `decoder_tokenizer/`).
+
+Why the tokenizer calls name `trust_remote_code` (True or False): transformers 5.x `AutoTokenizer` reads the
+model's config.json first, through `AutoConfig` with `trust_remote_code=None`, and a config whose
+`model_type` transformers does not know but whose `auto_map` names a config class (every folder that carries
+its code) makes it ask "Do you wish to run the custom code?" before it even opens the tokenizer files, whatever
+they say. With either value it does not ask; the tokenizer itself is a plain `tokenizers` file
+(`TokenizersBackend`) and needs no code. A bare call in a process without a terminal still returns the
+tokenizer (the question reads end-of-file, and transformers falls back to a plain config), which is checked
+too.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from kiln_testing import REPO
+from test_finetune_scripts import (
+    classify,
+    kiln_checkpoints,  # noqa: F401  (the shared tiny checkpoints fixture)
+    one_torch_thread,
+    seq2seq,
+    synthetic_ner_sentences,
+    tag,
+    write_conll,
+    write_sentiment,
+)
+
+TEXT = "the man was happy in the town"
+SHORT = ["--training.max_steps", 2, "--training.save_steps", 0, "--data.truncation", "quiet"]
+
+# (name, folder relative to the root, tokenizer subfolder, Auto class); the seq2seq folder twice, one row per
+# tokenizer
+FOLDERS = [
+    ("encoder pretraining final", "enc/final", None, "AutoModelForPreTraining"),
+    ("decoder pretraining final", "dec/final", None, "AutoModelForCausalLM"),
+    ("classifier final", "classify/final", None, "AutoModelForSequenceClassification"),
+    ("classifier best checkpoint", "classify/best", None, "AutoModelForSequenceClassification"),
+    ("tagger final", "tag/final", None, "AutoModelForTokenClassification"),
+    ("seq2seq final, source tokenizer", "seq2seq/final", "encoder_tokenizer", "AutoModelForSeq2SeqLM"),
+    ("seq2seq final, target tokenizer", "seq2seq/final", "decoder_tokenizer", "AutoModelForSeq2SeqLM"),
+]
+
+# A fresh interpreter in which `kiln`, `pretrain` and `finetune` cannot be imported (also not through the
+# editable install's finder); stdin is /dev/null, so a question would read end-of-file instead of hanging
+CHILD = r"""
+import contextlib, importlib.abc, io, json, sys
+from pathlib import Path
+
+class RefuseRepoPackages(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("kiln", "pretrain", "finetune"):
+            raise ImportError(f"remote code must not import {name}")
+
+sys.meta_path.insert(0, RefuseRepoPackages())
+repo_root = Path(sys.argv[1]).resolve()
+sys.path = [p for p in sys.path if p and Path(p).resolve() != repo_root]
+
+import torch
+import transformers
+
+specs, text, out_file = json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+results = []
+for folder, subfolder, auto_class in specs:
+    row = {"tokens": {}, "asked": {}}
+    where = {"subfolder": subfolder} if subfolder else {}
+    for label, flag in (("trust", {"trust_remote_code": True}), ("no_trust", {"trust_remote_code": False}),
+                        ("bare", {})):
+        terminal = io.StringIO()
+        with contextlib.redirect_stdout(terminal):
+            tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **where, **flag)
+        row["asked"][label] = "Do you wish to run the custom code" in terminal.getvalue()
+        row["tokens"][label] = tokenizer(text)["input_ids"]
+    model = getattr(transformers, auto_class).from_pretrained(folder, trust_remote_code=True).eval()
+    row["class"] = type(model).__module__ + "." + type(model).__name__
+    input_ids = torch.tensor([row["tokens"]["trust"]])
+    with torch.no_grad():
+        if auto_class == "AutoModelForSeq2SeqLM":
+            row["output"] = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                           max_new_tokens=4).tolist()
+        else:
+            output = model(input_ids)
+            row["output"] = (output.logits if "logits" in output else output.prediction_logits).tolist()
+    results.append(row)
+results.append({"imported": sorted(m for m in sys.modules if m.split(".")[0] in ("kiln", "pretrain", "finetune"))})
+Path(out_file).write_text(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def kiln_folders(kiln_checkpoints, tmp_path_factory):  # noqa: F811
+    """One folder of every kind: the shared tiny pretraining runs, and 2-step fine-tuning runs from them."""
+    encoder, decoder = kiln_checkpoints
+    root = tmp_path_factory.mktemp("folders")
+    (root / "enc").symlink_to(encoder.parent)
+    (root / "dec").symlink_to(decoder.parent)
+    data = root / "data"
+    data.mkdir()
+    sentiment = write_sentiment(data, sizes=(32, 8, 8))
+    ner = {split: write_conll(data / f"{split}.txt", synthetic_ner_sentences(n, seed))
+           for split, n, seed in (("train", 16, 0), ("validation", 8, 1), ("test", 8, 2))}  # fmt: skip
+    with one_torch_thread():
+        classify("--model.checkpoint", encoder, "--training.output_dir", root / "classify", *SHORT,
+                 "--data.train_file", sentiment["train"], "--data.validation_file", sentiment["validation"],
+                 "--data.test_file", sentiment["test"], "--training.per_device_train_batch_size", 16)  # fmt: skip
+        tag("--model.checkpoint", encoder, "--training.output_dir", root / "tag", *SHORT,
+            "--data.train_file", ner["train"], "--data.validation_file", ner["validation"],
+            "--data.test_file", ner["test"], "--training.per_device_train_batch_size", 8)  # fmt: skip
+        seq2seq("--model.encoder_checkpoint", encoder, "--model.decoder_checkpoint", decoder,
+                "--training.output_dir", root / "seq2seq", *SHORT, "--data.max_train_samples", 8,
+                "--data.max_eval_samples", 4, "--data.max_predict_samples", 4,
+                "--training.per_device_train_batch_size", 4, "--generation.max_new_tokens", 4)  # fmt: skip
+    return root
+
+
+def kiln_side(folder, subfolder, auto_class):
+    """What the same calls give in this process, where Kiln is imported (no remote code involved)."""
+    import transformers
+
+    import pretrain.modeling  # noqa: F401  (registers the Auto classes)
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(
+        folder, **({"subfolder": subfolder} if subfolder else {})
+    )
+    input_ids = torch.tensor([tokenizer(TEXT)["input_ids"]])
+    model = getattr(transformers, auto_class).from_pretrained(folder).eval()
+    with torch.no_grad():
+        if auto_class == "AutoModelForSeq2SeqLM":
+            output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=4)
+            return input_ids[0].tolist(), type(model).__name__, output
+        output = model(input_ids)
+        return (
+            input_ids[0].tolist(),
+            type(model).__name__,
+            output.logits if "logits" in output else output.prediction_logits,
+        )
+
+
+def test_every_folder_kind_loads_with_transformers_alone_and_the_tokenizer_never_asks(kiln_folders, tmp_path):
+    import os
+
+    specs = [
+        (str(kiln_folders / folder), subfolder, auto_class) for _, folder, subfolder, auto_class in FOLDERS
+    ]
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("HF_")}
+    environment.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    out_file = tmp_path / "results.json"
+    subprocess.run(
+        [sys.executable, "-c", CHILD, str(REPO), json.dumps(specs), TEXT, str(out_file)],
+        cwd=tmp_path, env=environment, check=True, timeout=240, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    *rows, imported = json.loads(out_file.read_text())
+    assert imported == {"imported": []}
+
+    for (name, _, _, _), (folder, subfolder, auto_class), row in zip(FOLDERS, specs, rows):
+        tokens, class_name, expected = kiln_side(folder, subfolder, auto_class)
+        assert row["asked"]["trust"] is False and row["asked"]["no_trust"] is False, name
+        assert row["tokens"] == {"trust": tokens, "no_trust": tokens, "bare": tokens}, name
+        assert row["class"].startswith("transformers_modules.") and row["class"].endswith(class_name), name
+        torch.testing.assert_close(torch.tensor(row["output"]).to(expected.dtype), expected, msg=name)
