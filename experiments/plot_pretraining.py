@@ -37,6 +37,10 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="RUN_DIR:LOG_FILE[:LABEL]")
     parser.add_argument("--png", required=True)
     parser.add_argument("--title", default="MLM loss against wall clock (2-core CPU, shared)")
+    parser.add_argument("--train-key", default="train/mlm_loss", help="metrics.jsonl key of the training curve")
+    parser.add_argument("--eval-key", default="eval/mlm_loss", help="metrics.jsonl key of the eval points")
+    parser.add_argument("--ylabel", default="MLM cross-entropy")
+    parser.add_argument("--log-y", action="store_true", help="logarithmic y axis (e.g. perplexity)")
     args = parser.parse_args()
     import matplotlib
 
@@ -48,13 +52,15 @@ def main() -> None:
         parts = spec.split(":")
         run, log = Path(parts[0]), Path(parts[1])
         label = parts[2] if len(parts) > 2 else run.name
-        train = series(run, log, "train/mlm_loss")
-        evals = series(run, log, "eval/mlm_loss")
+        train = series(run, log, args.train_key)
+        evals = series(run, log, args.eval_key)
         line = ax.plot([t for t, _ in train], [v for _, v in train], lw=1, alpha=0.8, label=f"{label} train")[0]
         if evals:
             ax.plot([t for t, _ in evals], [v for _, v in evals], "o-", color=line.get_color(), label=f"{label} eval")
     ax.set_xlabel("training-loop wall clock (minutes)")
-    ax.set_ylabel("MLM cross-entropy")
+    ax.set_ylabel(args.ylabel)
+    if args.log_y:
+        ax.set_yscale("log")
     ax.set_title(args.title)
     ax.grid(alpha=0.3)
     ax.legend()
