@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 12, objective ablation: MLM only and MLM+SOP with the MLM+NSP run's config and 30-minute budget
+# (configs/experiments/encoder-30min.yaml, one thread each, side by side), then UD POS and SST-2 from each.
+# The budget is wall clock, so while the two pretraining runs train, the step-budgeted fine-tuning jobs of the other
+# queues are paused (SIGSTOP/SIGCONT): the ablation runs get about the share of the CPU the MLM+NSP run had.
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD OMP_NUM_THREADS=1
+while [ ! -f runs/decoder-30min/final/config.json ]; do sleep 20; done
+sleep 90  # let the queues that waited for the decoder start their next job, so it is paused too
+pkill -STOP -f "finetune/(classify|tag|seq2seq).py --config configs/experiments/"
+for objective in mlm mlm+sop; do
+  name=${objective/mlm+/}  # mlm, sop
+  SKIP_CORPUS=1 experiments/go.sh encoder-30min-$name runs/encoder-30min-$name "ablation $objective, 1 thread" -- \
+    bash experiments/encoder_30min.sh --model.objective "$objective" --training.output_dir runs/encoder-30min-$name \
+    > runs/logs/ablation-$name.log 2>&1 &
+done
+wait
+pkill -CONT -f "finetune/(classify|tag|seq2seq).py --config configs/experiments/"
+for task_lr in ud-pos:5e-4 sst2:1e-3; do
+  for name in mlm sop; do
+    CHECKPOINT=runs/encoder-30min-$name/final SUFFIX=-$name experiments/finetune.sh ${task_lr%:*} pretrained ${task_lr#*:} 1 \
+      >> runs/logs/ablation-finetune-$name.log 2>&1 &
+  done
+  wait
+done
