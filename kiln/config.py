@@ -10,6 +10,7 @@ import ast
 import dataclasses
 import inspect
 import os
+import re
 import sys
 import textwrap
 import typing
@@ -436,8 +437,8 @@ def run_cli(
             message, status = _one_line(err), 2
         elif isinstance(err, RunError):
             message, status = _one_line(err), 1
-        elif isinstance(err, OSError) and disk_error_message(err) is not None:
-            message, status = disk_error_message(err), 2
+        elif as_disk_fault(err) is not None:
+            message, status = disk_error_message(as_disk_fault(err)), 2
         else:
             raise
         _close_progress_bars()
@@ -496,8 +497,77 @@ def disk_error_message(err: OSError) -> str | None:
         errno.ENOTDIR: f"{where}: a file stands where a folder is needed; remove it or pick another "
         "--training.output_dir",
         errno.EEXIST: f"{where} exists and is not a folder; remove it or pick another --training.output_dir",
+        errno.EFBIG: f"file size limit exceeded writing {where} (`ulimit -f`, or the file system's own limit); "
+        "raise the limit or pick another --training.output_dir",
     }
     return fixes.get(err.errno)
+
+
+_OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
+
+
+def as_disk_fault(err: BaseException, folder: str | os.PathLike | None = None) -> OSError | None:
+    """The disk fault behind `err` as an OSError with its errno (None when `err` is no disk fault we can name).
+
+    Libraries report a failed write in their own words: safetensors and tokenizers as `... No space left on
+    device (os error 28)` (a Rust I/O error), torch.save as `RuntimeError: [enforce fail at inline_container.cc]
+    unexpected pos ...` without any errno. So: an OSError is taken as it is; an `(os error N)` in the message
+    gives the errno; otherwise, when `folder` is given (the folder being written), the fault is reproduced with
+    a plain write there (1 MiB, synced), which fails with the real errno on a full, read-only or over-quota
+    disk and succeeds otherwise."""
+    if isinstance(err, OSError):
+        return err if disk_error_message(err) is not None else None
+    found = _OS_ERROR_IN_TEXT.search(str(err))
+    if found:
+        fault = OSError(int(found.group(1)), os.strerror(int(found.group(1))), str(folder) if folder else None)
+        return fault if disk_error_message(fault) is not None else None
+    if folder is None:
+        return None
+    probe = Path(folder) / ".kiln-disk-probe"
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * (1 << 20))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as fault:
+        fault.filename = str(folder)
+        return fault if disk_error_message(fault) is not None else None
+    finally:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return None
+
+
+class disk_writes:
+    """`with disk_writes(folder):` around writes into `folder` (a checkpoint, the final model): a write that
+    fails because of the disk (full, read-only, over quota, file size limit) is re-raised as the OSError with
+    its errno and the folder's name, whatever the library that wrote said, so the command line prints one line
+    naming the fix (`disk_error_message`). Other errors pass through unchanged."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = folder
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if err is None or not isinstance(err, Exception):
+            return False
+        fault = as_disk_fault(err, self.folder)
+        if fault is None:
+            return False
+        # name the folder being written, not whatever path the failing call held (e.g. a copy's source file)
+        inside = fault.filename is not None and Path(os.path.abspath(fault.filename)).is_relative_to(
+            os.path.abspath(self.folder)
+        )
+        if not inside:
+            fault.filename, fault.filename2 = str(self.folder), None
+        if fault is err:
+            return False
+        raise fault from err
 
 
 def config_from_dict(cls: type, values: dict[str, Any]):

@@ -10,13 +10,14 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 
-from .config import save_config
+from .config import disk_writes, save_config
 
 logger = logging.getLogger("kiln")
 
@@ -121,57 +122,84 @@ def export_model(
 ) -> Path:
     """Write a complete, loadable model folder with a model card; returns its path.
 
+    The folder is written next to its place (`final.tmp`) and renamed into it once complete, so a fault midway
+    (a full disk, a kill) never leaves half a model where a whole one is expected; a disk fault is raised as the
+    OSError that names it (`disk_writes`).
+
     base_model: the Hub id(s) a fine-tuned model started from (card metadata and text); None for local starts.
     """
-    from .hub import plot_loss_curve, redact, write_model_card
-
     save_dir = Path(save_dir)
     check_finite_weights(accelerator.unwrap_model(model), save_dir)
-    save_model_files(accelerator, model, tokenizer, save_dir)
+    staging = save_dir.with_name(save_dir.name + ".tmp")
     if accelerator.is_main_process:
-        save_config(config, save_dir / "kiln_config.yaml")
-        (save_dir / "kiln_config.yaml").write_text(redact((save_dir / "kiln_config.yaml").read_text()))
-        (save_dir / "training_history.json").write_text(json.dumps(state.history, indent=1))
-        plot = None
-        if any("train/loss" in entry for entry in state.history):
-            plot = plot_loss_curve(state.history, str(save_dir / "loss_curve.png"), title=config.training.output_dir)
-        kind = getattr(config.model, "kind", None)
-        training = config.training
-        summary = {
-            "model class": type(accelerator.unwrap_model(model)).__name__,
-            "parameters": f"{sum(p.numel() for p in accelerator.unwrap_model(model).parameters()) / 1e6:.2f}M",
-            "optimizer steps": state.global_step,
-            "tokens seen": state.tokens_seen,
-            "training time (s)": round(state.train_time_s, 1),
-            "processes": accelerator.num_processes,
-            "device": str(accelerator.device),
-            "per-device batch size": training.per_device_train_batch_size,
-            "gradient accumulation": training.gradient_accumulation_steps,
-            "learning rate": training.lr,
-            "scheduler": training.lr_scheduler_type,
-            "mixed precision": training.mixed_precision,
-            "stop reason": state.stop_reason,
-            **(extra_summary or {}),
-        }
-        if kind is not None:
-            summary = {"objective": config.model.objective, **summary}
-        metrics = {k.removeprefix("eval/"): v for k, v in latest_metrics(state.history).items() if k.startswith("eval/")}
-        hub_cfg = getattr(config, "hub", None)
-        write_model_card(
-            str(save_dir),
-            model_id=hub_cfg.model_id if hub_cfg is not None else None,
-            model_kind=kind or "encoder",
-            summary=summary,
-            metrics=metrics,
-            datasets=datasets or [],
-            license=hub_cfg.license if hub_cfg is not None else "apache-2.0",
-            tags=["kiln", "pretraining" if task is None else "fine-tuning"],
-            loss_plot=plot,
-            base_model=base_model,
-            task=task or PIPELINE_TAGS.get(kind or "encoder", "fill-mask"),
-        )
+        shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with disk_writes(staging):
+            save_model_files(accelerator, model, tokenizer, staging)
+            if accelerator.is_main_process:
+                _write_run_files(
+                    accelerator, model, config, state, staging, save_dir, datasets, task, extra_summary, base_model
+                )
+    except BaseException:
+        if accelerator.is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if accelerator.is_main_process:
+        shutil.rmtree(save_dir, ignore_errors=True)
+        os.replace(staging, save_dir)
     accelerator.wait_for_everyone()
     return save_dir
+
+
+def _write_run_files(
+    accelerator, model, config, state, save_dir, final_dir, datasets, task, extra_summary, base_model
+) -> None:
+    """The run's config, history, loss plot and model card next to the weights in `save_dir`, which becomes
+    `final_dir` once complete (main process only)."""
+    from .hub import plot_loss_curve, redact, write_model_card
+
+    save_config(config, save_dir / "kiln_config.yaml")
+    (save_dir / "kiln_config.yaml").write_text(redact((save_dir / "kiln_config.yaml").read_text()))
+    (save_dir / "training_history.json").write_text(json.dumps(state.history, indent=1))
+    plot = None
+    if any("train/loss" in entry for entry in state.history):
+        plot = plot_loss_curve(state.history, str(save_dir / "loss_curve.png"), title=config.training.output_dir)
+    kind = getattr(config.model, "kind", None)
+    training = config.training
+    summary = {
+        "model class": type(accelerator.unwrap_model(model)).__name__,
+        "parameters": f"{sum(p.numel() for p in accelerator.unwrap_model(model).parameters()) / 1e6:.2f}M",
+        "optimizer steps": state.global_step,
+        "tokens seen": state.tokens_seen,
+        "training time (s)": round(state.train_time_s, 1),
+        "processes": accelerator.num_processes,
+        "device": str(accelerator.device),
+        "per-device batch size": training.per_device_train_batch_size,
+        "gradient accumulation": training.gradient_accumulation_steps,
+        "learning rate": training.lr,
+        "scheduler": training.lr_scheduler_type,
+        "mixed precision": training.mixed_precision,
+        "stop reason": state.stop_reason,
+        **(extra_summary or {}),
+    }
+    if kind is not None:
+        summary = {"objective": config.model.objective, **summary}
+    metrics = {k.removeprefix("eval/"): v for k, v in latest_metrics(state.history).items() if k.startswith("eval/")}
+    hub_cfg = getattr(config, "hub", None)
+    write_model_card(
+        str(save_dir),
+        model_id=hub_cfg.model_id if hub_cfg is not None else None,
+        model_kind=kind or "encoder",
+        summary=summary,
+        metrics=metrics,
+        datasets=datasets or [],
+        license=hub_cfg.license if hub_cfg is not None else "apache-2.0",
+        tags=["kiln", "pretraining" if task is None else "fine-tuning"],
+        loss_plot=plot,
+        base_model=base_model,
+        task=task or PIPELINE_TAGS.get(kind or "encoder", "fill-mask"),
+        final_dir=final_dir,
+    )
 
 
 class HubSync:

@@ -361,6 +361,7 @@ def write_model_card(
     loss_plot: str | None,
     base_model: str | list[str] | None = None,
     task: str = "fill-mask",
+    final_dir: str | os.PathLike | None = None,
 ) -> str:
     """Write `save_dir/README.md` and return its path: Hub metadata (license, datasets, tags, pipeline tag,
     model-index results) and a card with the training summary, hyperparameters, metrics, the loss plot, and
@@ -373,12 +374,13 @@ def write_model_card(
     `datasets`: Hub dataset ids go into the metadata; local paths are only mentioned in the text.
     `loss_plot`: an image path; copied into `save_dir` when it lies elsewhere, and embedded by relative path.
     `task`: the pipeline tag (fill-mask, text-generation, text-classification, token-classification, ...).
+    `final_dir`: where the folder will live when it is written elsewhere first (the card names that path).
     """
     if task not in _AUTO_CLASS:
         raise ValueError(f"No Kiln head serves the task {task!r}; a model card can claim one of {sorted(_AUTO_CLASS)}.")
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
-    local = save_dir.resolve()
+    local = Path(final_dir or save_dir).resolve()
     # runs/<run>/final and runs/<run>/best are named after their run, not "final"
     local_name = local.parent.name if local.name in ("final", "best") and local.parent.name else local.name
     model_name = (model_id or local_name).split("/")[-1]
@@ -448,7 +450,7 @@ def write_model_card(
     if plot_ref:
         lines += ["", "## Loss curve", "", f"![Training loss]({plot_ref})"]
     auto_class = _AUTO_CLASS[task]
-    repo = model_id or str(save_dir)
+    repo = model_id or str(final_dir or save_dir)
     usage = [
         f"from transformers import {auto_class}, AutoTokenizer",
         "",

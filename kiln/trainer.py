@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
 
-from .config import ConfigError, LoggingConfig, TrainingConfig, save_config
+from .config import ConfigError, LoggingConfig, TrainingConfig, disk_writes, save_config
 
 logger = logging.getLogger("kiln")
 
@@ -651,14 +651,23 @@ class Trainer:
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
         acc.wait_for_everyone()
-        acc.save_state(str(tmp))
-        acc.wait_for_everyone()
+        try:
+            with disk_writes(tmp):
+                acc.save_state(str(tmp))
+                acc.wait_for_everyone()
+                if acc.is_main_process:
+                    meta = {"global_step": self.state.global_step, "epoch": self.state.epoch, **self.metadata}
+                    (tmp / TRAINER_STATE_FILE).write_text(json.dumps(meta, indent=2))
+                    if self.run_config is not None:
+                        save_config(self.run_config, tmp / CONFIG_FILE)
+                    write_manifest(tmp)
+        except BaseException:
+            # a full disk, a kill: the half-written folder goes (it holds space a resume will need); the
+            # completed checkpoints were not touched
+            if acc.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if acc.is_main_process:
-            meta = {"global_step": self.state.global_step, "epoch": self.state.epoch, **self.metadata}
-            (tmp / TRAINER_STATE_FILE).write_text(json.dumps(meta, indent=2))
-            if self.run_config is not None:
-                save_config(self.run_config, tmp / CONFIG_FILE)
-            write_manifest(tmp)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             self._rotate_checkpoints(keep=final)

@@ -438,6 +438,7 @@ def test_model_card_names_the_run_and_uses_the_right_article(tmp_path):
     card = (out / "final" / "README.md").read_text()
     assert "# my-encoder\n" in card and "# final\n" not in card
     assert "An encoder pretrained with Kiln" in card and "A encoder" not in card
+    assert f'from_pretrained("{out}/final"' in card and "final.tmp" not in card  # written in final.tmp first
 
 
 def test_resuming_from_a_missing_or_stalled_hub_repo_is_a_one_line_error(tmp_path, hub):
@@ -452,3 +453,102 @@ def test_resuming_from_a_missing_or_stalled_hub_repo_is_a_one_line_error(tmp_pat
         proc.kill()
     assert proc.returncode == 2, output
     assert output.strip().splitlines()[-1].startswith("error: cannot resume from hub:kiln-test/stalled"), output
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 9: disk faults in the checkpoint save and in the final export, with the kernel's own errors
+#
+# A file size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes every write past it fail with EFBIG, as a full disk
+# makes it fail with ENOSPC, without privileges: torch.save then raises a RuntimeError without any errno and
+# safetensors a Rust "(os error 27)". The limit is set once the step-2 checkpoint is complete.
+
+
+@pytest.fixture
+def file_size_limit_after_first_checkpoint(monkeypatch):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    original = Trainer.save_checkpoint
+
+    def save_then_limit(self):
+        saved = original(self)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))  # model.safetensors alone is larger
+        return saved
+
+    monkeypatch.setattr(Trainer, "save_checkpoint", save_then_limit)
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def _checkpoint_files(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_disk_fault_in_a_checkpoint_save_is_one_line_and_keeps_the_last_checkpoint(
+    tmp_path, capsys, file_size_limit_after_first_checkpoint, monkeypatch
+):
+    out = tmp_path / "limited"
+    args = ["--training.output_dir", out, "--training.max_steps", 4, "--training.save_steps", 2, *QUICK]
+    code, last = _cli_in_process(capsys, *args)
+    assert code == 2, last
+    assert last.startswith(f"error: file size limit exceeded writing {out}/checkpoints/step-00000004.tmp"), last
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000002"]  # no half-written folder left
+    kept = _checkpoint_files(out / "checkpoints" / "step-00000002")
+
+    monkeypatch.undo()  # the limit is lifted (the fixture's own finally runs later; the next run needs room)
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    state = run(out, *args[2:], "--training.resume_from_checkpoint", "latest")
+    assert state.global_step == 4 and (out / "final" / "model.safetensors").is_file()
+    assert _checkpoint_files(out / "checkpoints" / "step-00000002") == kept
+
+
+def test_a_disk_fault_in_the_final_export_is_one_line_and_leaves_no_half_model(
+    tmp_path, capsys, file_size_limit_after_first_checkpoint, monkeypatch
+):
+    out = tmp_path / "limited-final"
+    args = ["--training.output_dir", out, "--training.max_steps", 2, "--training.save_steps", 2, *QUICK]
+    code, last = _cli_in_process(capsys, *args)
+    assert code == 2, last
+    assert last.startswith(f"error: file size limit exceeded writing {out}/final.tmp"), last
+    assert not (out / "final").exists() and not (out / "final.tmp").exists()
+    assert [p.name for p in find_checkpoints(out)] == ["step-00000002"]
+
+    monkeypatch.undo()
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    state = run(out, *args[2:], "--training.resume_from_checkpoint", "latest")
+    assert state.global_step == 2 and (out / "final" / "model.safetensors").is_file()
+
+
+def test_library_write_errors_are_named_as_the_disk_fault_behind_them(tmp_path):
+    import errno
+    import resource
+
+    from kiln.config import as_disk_fault, disk_error_message
+
+    # what safetensors and tokenizers raise on a full disk (a Rust I/O error), seen on a 1 MiB tmpfs
+    rust = Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+    fault = as_disk_fault(rust, tmp_path / "step.tmp")
+    assert fault.errno == errno.ENOSPC
+    assert disk_error_message(fault).startswith(f"no space left on the device holding {tmp_path}/step.tmp;")
+    # what torch.save raises on a full disk: no errno at all; a plain write in the folder tells the fault
+    torch_save = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert as_disk_fault(torch_save, tmp_path) is None  # the disk is fine: not a disk fault
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+        fault = as_disk_fault(torch_save, tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert fault is not None and fault.errno == errno.EFBIG and fault.filename == str(tmp_path)
+    assert not any(tmp_path.iterdir())  # the probe file is gone
+    assert as_disk_fault(ValueError("some other problem"), tmp_path) is None
