@@ -6,6 +6,7 @@ placed on the time axis by the tqdm progress lines of the run's log (step -> ela
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--train-key", default="train/mlm_loss", help="metrics.jsonl key of the training curve")
     parser.add_argument("--eval-key", default="eval/mlm_loss", help="metrics.jsonl key of the eval points")
     parser.add_argument("--ylabel", default="MLM cross-entropy")
+    parser.add_argument("--train-exp", action="store_true", help="plot exp(train value): a loss as a perplexity")
     parser.add_argument("--log-y", action="store_true", help="logarithmic y axis (e.g. perplexity)")
     args = parser.parse_args()
     import matplotlib
@@ -53,6 +55,8 @@ def main() -> None:
         run, log = Path(parts[0]), Path(parts[1])
         label = parts[2] if len(parts) > 2 else run.name
         train = series(run, log, args.train_key)
+        if args.train_exp:
+            train = [(t, math.exp(v)) for t, v in train]
         evals = series(run, log, args.eval_key)
         line = ax.plot([t for t, _ in train], [v for _, v in train], lw=1, alpha=0.8, label=f"{label} train")[0]
         if evals:
