@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 12, objective ablation: MLM only and MLM+SOP with the MLM+NSP run's config and 30-minute budget
-# (configs/experiments/encoder-30min.yaml, one thread each, side by side), then UD POS and SST-2 from each.
+# (configs/experiments/encoder-30min.yaml, one thread each, side by side). Run experiments/ablation_equal_steps.sh
+# beside it: it stops both at the MLM+NSP run's step count, writes their final/ and fine-tunes them (this script's
+# own fine-tuning below is what runs at the full 30-minute budget instead).
 # The budget is wall clock, so while the two pretraining runs train, the step-budgeted fine-tuning jobs of the other
 # queues are paused (SIGSTOP/SIGCONT): the ablation runs get about the share of the CPU the MLM+NSP run had.
 set -u
