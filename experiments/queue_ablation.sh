@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 12, objective ablation: MLM only and MLM+SOP with the MLM+NSP run's config and 30-minute budget
 # (configs/experiments/encoder-30min.yaml, one thread each, side by side). Run experiments/ablation_equal_steps.sh
-# beside it: it stops both at the MLM+NSP run's step count, writes their final/ and fine-tunes them (this script's
-# own fine-tuning below is what runs at the full 30-minute budget instead).
+# beside it: it stops both at the MLM+NSP run's step count, writes their final/, resumes the paused jobs and
+# fine-tunes the two checkpoints.
 # The budget is wall clock, so while the two pretraining runs train, the step-budgeted fine-tuning jobs of the other
 # queues are paused (SIGSTOP/SIGCONT): the ablation runs get about the share of the CPU the MLM+NSP run had.
 set -u
@@ -18,11 +18,3 @@ for objective in mlm mlm+sop; do
     > runs/logs/ablation-$name.log 2>&1 &
 done
 wait
-pkill -CONT -f "finetune/(classify|tag|seq2seq).py --config configs/experiments/"
-for task_lr in ud-pos:5e-4 sst2:1e-3; do
-  for name in mlm sop; do
-    CHECKPOINT=runs/encoder-30min-$name/final SUFFIX=-$name experiments/finetune.sh ${task_lr%:*} pretrained ${task_lr#*:} 1 \
-      >> runs/logs/ablation-finetune-$name.log 2>&1 &
-  done
-  wait
-done
