@@ -310,7 +310,8 @@ def _read_file(path: str, reader=None) -> Dataset:
     if not os.path.isfile(path):
         raise FinetuneDataError(f"file not found: {path}")
     if os.path.getsize(path) == 0:
-        raise FinetuneDataError(f"{path} is empty (0 bytes): give a file with a header and data rows")
+        what = "one JSON object per line" if ".json" in path.lower() else "a header and data rows"
+        raise FinetuneDataError(f"{path} is empty (0 bytes): give a file with {what}")
     if reader is not None:
         return reader(path)
     stem = path[: -len(".gz")] if path.endswith(".gz") else path
@@ -364,6 +365,25 @@ def _require_columns(dataset: DatasetDict, columns: Sequence[str], what: str, sp
             raise FinetuneDataError(
                 f"{what} column {', '.join(map(repr, missing))} not found in the {split_name} split; "
                 f"its columns are: {', '.join(existing)}"
+            )
+
+
+def _require_text(dataset: DatasetDict, columns: Sequence[str], what: str, option: str, lists: bool = False) -> None:
+    """Text columns must hold strings (or, with `lists`, lists of strings): numbers in a jsonl/csv column, say,
+    would otherwise fail deep inside the tokenizer."""
+    for split_name, split in dataset.items():
+        for column in columns:
+            feature = split.features.get(column)
+            if feature is None:
+                continue
+            inner = getattr(feature, "feature", None) if lists else None
+            dtype = getattr(inner if inner is not None else feature, "dtype", None)
+            if dtype in ("string", "large_string"):
+                continue
+            example = next((row for row in split[column][:100] if row is not None), None)
+            raise FinetuneDataError(
+                f"{what} column {column!r} of the {split_name} split holds {type(example).__name__} values "
+                f"(e.g. {str(example)[:40]!r}), not text; point {option} at a column of strings"
             )
 
 
@@ -480,6 +500,7 @@ def load_classification_data(
     if len(text_columns) not in (1, 2):
         raise FinetuneDataError(f"text_columns must name 1 or 2 columns, got {len(text_columns)}")
     _require_columns(dataset, text_columns, "text")
+    _require_text(dataset, text_columns, "text", "data.text_columns")
     _require_columns(dataset, [label_column], "label", splits=("train", "validation"))
 
     renames = dict(zip(text_columns, ("text", "text_pair")))
@@ -610,6 +631,9 @@ def load_seq2seq_data(
     elif source_lang and target_lang and source_lang in columns and target_lang in columns:
         source_column, target_column = source_lang, target_lang
     _require_columns(dataset, [source_column, target_column], "source/target")
+    _require_text(
+        dataset, [source_column, target_column], "source/target", "data.source_column/target_column", lists=True
+    )
 
     def flatten(batch):
         sources = [" ".join(s) if isinstance(s, list) else s for s in batch["source"]]

@@ -431,6 +431,14 @@ def run_cli(
     stop_with_launcher()
     try:
         return main(argv)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves a checkpoint and exits 0 instead)
+        _close_progress_bars()
+        print(
+            "error: interrupted (Ctrl-C); checkpoints completed before it are kept (continue with "
+            "--training.resume_from_checkpoint latest)",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
     except Exception as err:
         known = (ConfigError, *(user_errors() if callable(user_errors) else user_errors))
         if isinstance(err, known):

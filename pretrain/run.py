@@ -40,12 +40,22 @@ def validate(config: RunConfig) -> None:
             f"model.hidden_size {model.hidden_size} is not divisible by model.num_attention_heads "
             f"{model.num_attention_heads}; pick a head count that divides it (e.g. {_divisor_near(model)})"
         )
+    if model.init_from and _looks_local(model.init_from) and not os.path.isdir(model.init_from):
+        raise ConfigError(
+            f"model.init_from {model.init_from} is not a folder; point it at a checkpoint folder saved by Kiln "
+            "(e.g. runs/encoder-tiny/final) or a Hub id (user/name)"
+        )
     if not model.init_from and config.data.max_seq_length > model.max_position_embeddings:
         raise ConfigError(
             f"data.max_seq_length={config.data.max_seq_length} exceeds model.max_position_embeddings="
             f"{model.max_position_embeddings}: lower data.max_seq_length or raise model.max_position_embeddings"
         )
     validate_run_sections(config)
+
+
+def _looks_local(spec: str) -> bool:
+    """A path rather than a Hub id (`user/name`): absolute, relative with ./ or ../, or with more parts."""
+    return os.path.isabs(spec) or spec.startswith((".", "~")) or spec.count("/") > 1 or os.path.exists(spec)
 
 
 def _divisor_near(model) -> int:
@@ -107,7 +117,14 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
     m = config.model
     expected_type = "kiln_encoder" if m.kind == "encoder" else "kiln_decoder"
     if m.init_from:
-        found = AutoConfig.from_pretrained(m.init_from, trust_remote_code=True)
+        try:
+            found = AutoConfig.from_pretrained(m.init_from, trust_remote_code=True)
+        except (OSError, ValueError) as err:  # not a folder with config.json, not a Hub repo, no network
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise ConfigError(
+                f"model.init_from {m.init_from}: cannot load a checkpoint from it ({first}); point it at a "
+                "checkpoint folder saved by Kiln (e.g. runs/encoder-tiny/final) or a Hub id (user/name)"
+            ) from None
         if found.model_type != expected_type:
             raise ConfigError(
                 f"model.init_from {m.init_from} is a {found.model_type} checkpoint but model.kind is {m.kind}; "

@@ -5,6 +5,7 @@ configs are refused on resume, and bad settings fail before the output folder is
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -168,6 +169,86 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+# The same, with Kiln installed as the README says (`pip install -e .`): its kiln-launch.pth makes the launcher
+# forward the signal and wait, so the command itself ends with the training process's status (kiln/launcher.py).
+
+
+@pytest.fixture(scope="module")
+def installed_site(tmp_path_factory):
+    """`pip install -e .` of this checkout (a copy of its package files) into a fresh prefix, without network
+    (no dependencies, no build isolation); the wheel of a plain install is built too. Returns the prefix's
+    site-packages, which the launcher below reads as its interpreter reads site-packages at start-up."""
+    import zipfile
+
+    root = tmp_path_factory.mktemp("install")
+    project = root / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md", "kiln-launch.pth"):
+        shutil.copy(REPO / name, project / name)
+    for package in ("kiln", "pretrain", "finetune"):
+        shutil.copytree(REPO / package, project / package, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INDEX": "1"}
+    pip = [sys.executable, "-m", "pip", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", root / "wheel", project],
+                   check=True, capture_output=True, env=env, cwd=root)  # fmt: skip
+    (wheel,) = (root / "wheel").glob("kiln-*.whl")
+    assert "kiln-launch.pth" in zipfile.ZipFile(wheel).namelist()  # at the top of the wheel: site-packages
+    prefix = root / "prefix"
+    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", "--prefix", prefix, "-e", project],
+                   check=True, capture_output=True, env=env, cwd=root)  # fmt: skip
+    (site,) = {p.parent for p in prefix.rglob("kiln-launch.pth")}
+    return site
+
+
+def _accelerate_launch(site) -> tuple:
+    """`accelerate launch --num_processes 1 ...` (the console script's own main) by an interpreter whose
+    site-packages is `site`: its .pth files are read as at start-up."""
+    boot = (f"import site, sys; sys.argv[0] = 'accelerate'; site.addsitedir({str(site)!r}); "
+            "from accelerate.commands.accelerate_cli import main; sys.exit(main())")  # fmt: skip
+    return (sys.executable, "-c", boot, "launch", *ACCELERATE[3:])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux only")
+def test_sigterm_to_accelerate_launch_saves_a_checkpoint_and_the_command_exits_0(tmp_path, installed_site):
+    out = tmp_path / "launched"
+    proc = _cli(["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0, *QUICK],
+                launcher=_accelerate_launch(installed_site))  # fmt: skip
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    (child,) = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)  # only the launcher, as `kill PID`, `timeout` or a container runtime does
+    try:
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if _state(child) not in ("Z", "gone"):
+            os.kill(child, signal.SIGKILL)
+        proc.kill()
+    assert proc.returncode == 0, output
+    assert _state(child) == "gone"  # the launcher waited for it: nothing runs on, orphaned
+    (checkpoint,) = find_checkpoints(out)
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+    assert saved >= 3 and max(losses(out)) == saved, output  # no step trained after the checkpoint
+    assert output.strip().splitlines()[-1] == f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints"
+    assert "Traceback" not in output
+
+
+def test_accelerate_launch_ends_on_the_one_line_error_with_status_2(tmp_path, installed_site):
+    proc = _cli(["--training.output_dir", tmp_path / "q", "--training.lr", -1], launcher=_accelerate_launch(installed_site))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, output
+    assert output.strip().splitlines()[-1] == "error: training.lr must be a non-negative number, got -1.0", output
+    assert "Traceback" not in output and "CalledProcessError" not in output
+
+    # a script that is not Kiln's keeps accelerate's own behaviour
+    other = tmp_path / "other.py"
+    other.write_text("raise SystemExit(3)\n")
+    result = subprocess.run([*_accelerate_launch(installed_site), str(other)], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert result.returncode == 1 and "CalledProcessError" in result.stderr
+
+
 # ----------------------------------------------------------------------------------------------------------
 # item 8: validate before touching the output folder; a folder without a checkpoint can be reused
 
@@ -180,6 +261,7 @@ def _state(pid: int) -> str:
         (["--training.lr", -0.001], "training.lr must be a non-negative number"),
         (["--training.max_steps", -5], "or -1 to train by num_train_epochs"),
         (["--data.max_seq_length", 128], "exceeds model.max_position_embeddings=64"),
+        (["--model.init_from", "/nonexistent/kiln-model"], "model.init_from /nonexistent/kiln-model is not a folder"),
         (["--hub.push_to_hub", "--hub.model_id", "no-slash"], "hub.model_id must look like 'user/name'"),
         (["--hub.push_to_hub", "--hub.model_id", "kiln-test/x", "--hub.timeout_s", 0], "hub.timeout_s must be a positive"),
     ],
@@ -312,6 +394,22 @@ def test_user_mistakes_are_one_line_errors_with_exit_status_2(tmp_path, capsys):
         assert code == 2 and last.startswith(start), (args, last)
 
 
+def test_ctrl_c_outside_the_training_loop_is_one_line_with_status_130(capsys):
+    from kiln.config import run_cli
+
+    def tokenizer_training(argv):
+        raise KeyboardInterrupt  # Ctrl-C while the tokenizer trains or the data is prepared
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tokenizer_training, [])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 130 and "Traceback" not in err
+    assert err.splitlines() == [
+        "error: interrupted (Ctrl-C); checkpoints completed before it are kept (continue with "
+        "--training.resume_from_checkpoint latest)"
+    ]
+
+
 def test_disk_faults_are_one_line_errors(capsys):
     import errno
 
@@ -331,25 +429,55 @@ def test_disk_faults_are_one_line_errors(capsys):
         assert capsys.readouterr().err.strip().startswith(expected)
 
 
-def test_quiet_accelerate_launch_ends_on_the_one_line_error(tmp_path):
-    proc = _cli(["--training.output_dir", tmp_path / "q", "--training.lr", -1], launcher=(*ACCELERATE, "--quiet"))
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode != 0
-    assert output.strip().splitlines()[-1] == "error: training.lr must be a non-negative number, got -1.0", output
-    assert "Traceback" not in output and "CalledProcessError" not in output
+def test_fine_tuning_files_that_are_empty_or_hold_no_text_are_one_line_errors(tmp_path, capsys, kiln_checkpoints):  # noqa: F811
+    from test_finetune_scripts import write_sentiment
+
+    from finetune.classify import main as classify_main
+    from finetune.common import cli
+    from finetune.data import (
+        FinetuneDataError,
+        load_classification_data,
+        load_seq2seq_data,
+        load_tagging_data,
+    )
+
+    files = write_sentiment(tmp_path, sizes=(32, 8, 8))
+    empty = tmp_path / "test.jsonl"
+    empty.write_bytes(b"")
+    for load in (load_classification_data, load_tagging_data, load_seq2seq_data):
+        with pytest.raises(FinetuneDataError, match=r"test.jsonl is empty \(0 bytes\): give a file with one JSON"):
+            load(train_file=str(files["train"]), test_file=str(empty))
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text("".join(json.dumps({"sentence": i, "source": i, "target": "t", "label": i % 2}) + "\n"
+                               for i in range(20)))  # fmt: skip
+    with pytest.raises(FinetuneDataError, match=r"text column 'sentence' of the train split holds int values \(e.g."):
+        load_classification_data(train_file=str(numbers), validation_file=str(numbers))
+    with pytest.raises(FinetuneDataError, match=r"source/target column 'source' of the train split holds int"):
+        load_seq2seq_data(train_file=str(numbers), validation_file=str(numbers))
+
+    # the command: one line, exit status 2, nothing written
+    encoder, _ = kiln_checkpoints
+    out = tmp_path / "cls"
+    with pytest.raises(SystemExit) as exit_info:
+        cli(classify_main, ["--model.checkpoint", str(encoder), "--training.output_dir", str(out),
+                            "--data.train_file", str(files["train"]), "--data.test_file", str(empty)])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith(f"error: {empty} is empty (0 bytes)"), err
+    assert not out.exists()
 
 
 # ----------------------------------------------------------------------------------------------------------
 # items 9/10: a corpus too small for a validation split trains without evaluating, and says so
 
 
-@pytest.mark.parametrize("kind", ["mlm+sop", "decoder"])
+@pytest.mark.parametrize("kind", ["mlm", "mlm+sop", "decoder"])
 def test_no_validation_examples_is_a_warning_not_a_crash(tmp_path, kind, caplog):
     from kiln_testing import DECODER
 
     one = tmp_path / "one.txt"
     one.write_text("It was a dark night. The rain fell hard on the old roof. " * 200)
-    extra = ["--model.objective", "mlm+sop"] if kind == "mlm+sop" else DECODER[:-2]
+    extra = DECODER[:-2] if kind == "decoder" else ["--model.objective", kind]
     with caplog.at_level("WARNING"):
         state = run(tmp_path / "run", *extra, "--data.data_files", one, "--training.max_steps", 2,
                     "--training.save_steps", 0, "--training.eval_steps", 1)  # fmt: skip
