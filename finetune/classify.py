@@ -2,6 +2,7 @@
 
 accelerate launch finetune/classify.py                              # authorship sample: which of 4 authors
 accelerate launch finetune/classify.py --config configs/finetune/classify-sst2.yaml
+accelerate launch finetune/classify.py --data.glue_task mrpc --data.glue_dir glue_data/MRPC   # GLUE presets
 accelerate launch finetune/classify.py --predict --model.checkpoint runs/classify-authorship/final
 """
 
@@ -46,9 +47,10 @@ from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, b
 DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for sequence
 classification: single sentences or sentence pairs (GLUE-style), labels given as names or ints (saved as
 label2id/id2label in the model config), or regression when the labels are floats. Data from a Hub dataset or
-csv/tsv/json/parquet files. Reports accuracy, F1 and Matthews correlation (Pearson/Spearman for regression)
-after every epoch, keeps the best model, writes test-split predictions and output_dir/final (loadable with
-pipeline("text-classification")), and can push it to the Hub."""
+csv/tsv/json/parquet files; --data.glue_task presets the nine GLUE tasks (finetune/glue.py runs the suite).
+Reports accuracy, F1 and Matthews correlation (Pearson/Spearman for regression) after every epoch, keeps the
+best model, writes test-split predictions and output_dir/final (loadable with pipeline("text-classification")),
+and can push it to the Hub."""
 
 
 @dataclass
@@ -68,7 +70,11 @@ class ClassifyDataConfig:
     label_column: str = "label"
     """Column with the labels: names (`positive`), ints, or floats for regression."""
     label_list: list[str] | None = None
-    """The full label set, when some labels are missing from the training split (default: the training labels)."""
+    """The full label set in class-id order (e.g. `[not_equivalent, equivalent]`: binary F1 scores class 1), also when some labels are missing from the training split (default: the training labels, sorted)."""
+    glue_task: str | None = None
+    """A GLUE task preset (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli; finetune/glue.py): sets the data source, text and label columns, label set and best-model metric, and scores MNLI's mismatched dev set too; the data comes from glue_dir, else the Hub dataset nyu-mll/glue."""
+    glue_dir: str | None = None
+    """With glue_task: the task's folder of the GLUE data (e.g. glue_data/MRPC with train.tsv, dev.tsv, test.tsv as in the GLUE zips); replaces dataset_name, the *_file options and text_columns, label_column, label_list."""
     validation_split_percentage: float = 10.0
     """Percent of the training rows held out for validation when there is no validation split."""
     max_seq_length: int | None = None
@@ -161,11 +167,12 @@ def choose_labels(dataset, data, checkpoint_config, model_cfg, predict: bool) ->
     if regression:
         return Labels(True), False
     labels = dataset["train"]["label"]
-    if data.label_list:
-        wanted_ints = all(isinstance(label, int) for label in labels)
-        labels = [int(name) for name in data.label_list] if wanted_ints else list(data.label_list)
-    label2id, id2label = build_label_maps(labels)
-    return Labels(False, label2id, id2label), False
+    if not data.label_list:
+        label2id, id2label = build_label_maps(labels)
+        return Labels(False, label2id, id2label), False
+    wanted_ints = all(isinstance(label, int) for label in labels)
+    ordered = dict.fromkeys(int(name) if wanted_ints else name for name in data.label_list)  # ids in list order
+    return Labels(False, {label: i for i, label in enumerate(ordered)}, dict(enumerate(ordered))), False
 
 
 def build_model(path: str, model_cfg, labels: Labels, keep_head: bool):
@@ -300,11 +307,13 @@ def main(argv: list[str] | None = None):
     # imported after build_config, so that --help answers at once
     from transformers import AutoTokenizer, DataCollatorWithPadding
 
-    from finetune.data import encode_labels, load_classification_data
+    from finetune.data import SPLITS, encode_labels, load_classification_data
+    from finetune.glue import apply_preset
     from pretrain.modeling import count_flops_per_token
 
     validate_common(config)
     data, model_cfg = config.data, config.model
+    loader_options = apply_preset(data, config.training) if data.glue_task else {}
     path, checkpoint_config = resolve_checkpoint(
         model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder",), model_cfg.revision
     )
@@ -320,6 +329,7 @@ def main(argv: list[str] | None = None):
             label_list=_label_list(data),
             validation_split_percentage=data.validation_split_percentage,
             seed=config.training.seed,
+            **loader_options,
         )
     # the label set comes from the whole training split, before any max_*_samples cut
     labels, keep_head = choose_labels(dataset, data, checkpoint_config, model_cfg, config.predict)
@@ -367,6 +377,7 @@ def main(argv: list[str] | None = None):
             "max sequence length": max_length,
         },
         flops_per_token=count_flops_per_token(model.config, max_length),
+        extra_eval={name: (tokenized[name], dataset[name]) for name in dataset if name not in SPLITS},
     )
     if config.predict:
         return run_prediction(config, accelerator, job)

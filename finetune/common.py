@@ -330,14 +330,12 @@ def dataset_names(data) -> list[str]:
 
 
 def subsample(dataset, data):
-    """Keep the first max_train/eval/predict_samples rows of each split (quick runs, tests)."""
-    limits = {
-        "train": data.max_train_samples,
-        "validation": data.max_eval_samples,
-        "test": data.max_predict_samples,
-    }
-    for split, limit in limits.items():
-        if split in dataset and limit is not None and limit < len(dataset[split]):
+    """Keep the first max_train/eval/predict_samples rows of each split (quick runs, tests); further evaluation
+    splits (MNLI's validation_mismatched) count as validation."""
+    limits = {"train": data.max_train_samples, "test": data.max_predict_samples}
+    for split in dataset:
+        limit = limits.get(split, data.max_eval_samples)
+        if limit is not None and limit < len(dataset[split]):
             dataset[split] = dataset[split].select(range(limit))
     return dataset
 
@@ -456,6 +454,9 @@ class FinetuneJob:
     card_usage: str | None = None
     """Python code for the model card's Usage section (`{repo}` is filled in), when the default one (Auto
     classes with trust_remote_code) does not fit the saved folder."""
+    extra_eval: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """Further labelled splits scored once with the final model: name -> (tokenized, raw) (MNLI's
+    validation_mismatched); their metrics join the validation split's in eval_results.json and the card."""
 
 
 @dataclass
@@ -465,6 +466,9 @@ class FinetuneResult:
     final_dir: Path | None
     test_metrics: dict[str, float]
     predictions_file: Path | None
+    eval_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The final model's metrics by evaluation split: "validation" (from its last evaluation) and each of
+    `FinetuneJob.extra_eval`; also written to output_dir/eval_results.json."""
 
 
 def setup_run(config):
@@ -508,27 +512,31 @@ def _set_epoch_evaluation(config, job: FinetuneJob, num_processes: int) -> None:
         training.eval_steps = steps_per_epoch
 
 
-def _predict_split(config, accelerator, job: FinetuneJob, model) -> tuple[dict[str, float], Path | None]:
-    """Predictions file for the test split (and its metrics when it has references)."""
+def _score_split(config, accelerator, job: FinetuneJob, model, tokenized, raw) -> tuple[list, dict[str, float]]:
+    """Predictions for one split, and its metrics (with the loss) when it has references."""
     import torch
 
-    if job.test_dataset is None:
-        return {}, None
-    loader = make_loader(
-        accelerator, job.test_dataset, config.training.per_device_eval_batch_size, job.collator
-    )
+    loader = make_loader(accelerator, tokenized, config.training.per_device_eval_batch_size, job.collator)
     was_training = model.training
     model.eval()
     with torch.no_grad():
         predictions, loss = job.infer(model, loader, accelerator)
     model.train(was_training)
-    out = Path(config.training.output_dir)
-    path = out / f"predictions_test.{config.eval.predictions_format}"
     metrics = {}
-    if job.reference_column in job.test_split.column_names:
-        metrics = job.compute_metrics(predictions, job.test_split)
+    if job.reference_column in raw.column_names:
+        metrics = job.compute_metrics(predictions, raw)
         if loss is not None:
             metrics = {"loss": loss, **metrics}
+    return predictions, metrics
+
+
+def _predict_split(config, accelerator, job: FinetuneJob, model) -> tuple[dict[str, float], Path | None]:
+    """Predictions file for the test split (and its metrics when it has references)."""
+    if job.test_dataset is None:
+        return {}, None
+    predictions, metrics = _score_split(config, accelerator, job, model, job.test_dataset, job.test_split)
+    out = Path(config.training.output_dir)
+    path = out / f"predictions_test.{config.eval.predictions_format}"
     if accelerator.is_main_process:
         write_predictions(
             job.prediction_rows(predictions, job.test_split), path, config.eval.predictions_format
@@ -615,6 +623,7 @@ def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
         return FinetuneResult(state, None, {}, None)
 
     card_state = _load_best(accelerator, trainer, state, best_dir)
+    eval_metrics = _final_eval_metrics(config, accelerator, job, trainer.model, card_state.history)
     test_metrics, predictions_file = _predict_split(config, accelerator, job, trainer.model)
     if test_metrics and accelerator.is_main_process and accelerator.trackers:
         accelerator.log({f"test/{k}": v for k, v in test_metrics.items()}, step=state.global_step)
@@ -623,6 +632,8 @@ def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
         summary["best model"] = (
             f"step {state.best_step} ({training.metric_for_best_model} {state.best_metric:.4g})"
         )
+    for name in job.extra_eval:
+        summary[name] = {k: round(v, 6) for k, v in eval_metrics[name].items() if math.isfinite(v)}
     if test_metrics:
         summary["test"] = {k: round(v, 6) for k, v in test_metrics.items() if math.isfinite(v)}
     final_dir = export_model(
@@ -646,7 +657,25 @@ def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
     pushed = hub.wait()
     accelerator.end_training()
     hub.raise_if_required_push_failed(pushed)
-    return FinetuneResult(state, final_dir, test_metrics, predictions_file)
+    return FinetuneResult(state, final_dir, test_metrics, predictions_file, eval_metrics)
+
+
+def _final_eval_metrics(config, accelerator, job: FinetuneJob, model, history) -> dict[str, dict[str, float]]:
+    """The final model's validation metrics (its last evaluation: the best one, once reloaded) and those of
+    the further evaluation splits, scored now; written to eval_results.json."""
+    from kiln.export import latest_metrics
+
+    metrics = {
+        "validation": {
+            k.removeprefix("eval/"): v for k, v in latest_metrics(history).items() if k.startswith("eval/")
+        }
+    }
+    for name, (tokenized, raw) in job.extra_eval.items():
+        metrics[name] = _score_split(config, accelerator, job, model, tokenized, raw)[1]
+        accelerator.print(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics[name].items()))
+    if accelerator.is_main_process:
+        (Path(config.training.output_dir) / "eval_results.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
 
 
 def hub_base_models(model_config) -> list[str] | None:

@@ -22,6 +22,8 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value, lo
 IGNORE_INDEX = -100  # label id that torch's cross-entropy (and so every model head) skips
 
 SPLITS = ("train", "validation", "test")
+"""The splits every loader knows; a classification dataset may add further evaluation splits (e.g. MNLI's
+validation_mismatched)."""
 _SPLIT_ALIASES = {
     "train": "train",
     "validation": "validation",
@@ -305,8 +307,9 @@ def words_from_predictions(pred_ids: Sequence[int], word_ids: Sequence[int | Non
 # loading
 
 
-def _read_file(path: str, reader=None) -> Dataset:
-    """One local file -> Dataset: `reader(path)` when given, else the datasets builder for its extension."""
+def _read_file(path: str, reader=None, column_names: Sequence[str] | None = None) -> Dataset:
+    """One local file -> Dataset: `reader(path)` when given, else the datasets builder for its extension.
+    `column_names`: the columns of a csv/tsv file that has no header line (its first line is data)."""
     if not os.path.isfile(path):
         raise FinetuneDataError(f"file not found: {path}")
     if os.path.getsize(path) == 0:
@@ -321,6 +324,8 @@ def _read_file(path: str, reader=None) -> Dataset:
             f"cannot read {path}: use a .csv, .tsv, .json, .jsonl or .parquet file (optionally .gz)"
         )
     options = {"delimiter": "\t", "quoting": 3} if extension == ".tsv" else {}  # GLUE-style tsv: no quoting
+    if column_names:
+        options["column_names"] = list(column_names)
     try:
         return load_dataset(_DATASETS_BUILDERS[extension], data_files={"train": path}, **options)["train"]
     except ValueError as error:
@@ -329,18 +334,31 @@ def _read_file(path: str, reader=None) -> Dataset:
         raise FinetuneDataError(f"{path} is empty: it has no data rows") from None
 
 
-def _load_splits(dataset_name, dataset_config, files: dict[str, str | None], reader=None) -> DatasetDict:
+def _load_splits(
+    dataset_name,
+    dataset_config,
+    files: dict[str, str | None],
+    reader=None,
+    hub_splits: dict[str, str] | None = None,
+    column_names: dict[str, Sequence[str]] | None = None,
+) -> DatasetDict:
+    """Splits by name. `hub_splits`: our split name -> the Hub dataset's (default: the usual aliases, dev ->
+    validation, ...); `column_names`: split -> columns of a local file without a header line."""
     given_files = {split: path for split, path in files.items() if path}
     if dataset_name and given_files:
         raise FinetuneDataError("give either dataset_name or local files (train_file, ...), not both")
     if dataset_name:
         raw = load_dataset(dataset_name, dataset_config)
-        dataset = DatasetDict(
-            {_SPLIT_ALIASES[name]: split for name, split in raw.items() if name in _SPLIT_ALIASES}
-        )
+        if hub_splits is None:
+            hub_splits = {_SPLIT_ALIASES[name]: name for name in raw if name in _SPLIT_ALIASES}
+        dataset = DatasetDict({ours: raw[theirs] for ours, theirs in hub_splits.items() if theirs in raw})
     elif given_files:
+        column_names = column_names or {}
         dataset = DatasetDict(
-            {split: _read_file(os.fspath(path), reader) for split, path in given_files.items()}
+            {
+                split: _read_file(os.fspath(path), reader, column_names.get(split))
+                for split, path in given_files.items()
+            }
         )
     else:
         raise FinetuneDataError("no data: give dataset_name (a Hub dataset or local folder) or train_file")
@@ -355,8 +373,8 @@ def _load_splits(dataset_name, dataset_config, files: dict[str, str | None], rea
     return dataset
 
 
-def _require_columns(dataset: DatasetDict, columns: Sequence[str], what: str, splits=SPLITS) -> None:
-    for split_name in splits:
+def _require_columns(dataset: DatasetDict, columns: Sequence[str], what: str, splits=None) -> None:
+    for split_name in dataset if splits is None else splits:
         if split_name not in dataset:
             continue
         existing = dataset[split_name].column_names
@@ -409,6 +427,26 @@ def _class_labels_to_names(split: Dataset, column: str) -> Dataset:
     return split.map(to_names, batched=True, features=features, desc="label ids to names")
 
 
+def _name_int_labels(split: Dataset, names: Sequence[str], split_name: str) -> Dataset:
+    """Int labels i -> names[i]; a column of anything else is left as it is."""
+    dtype = split.features["label"].dtype if isinstance(split.features["label"], Value) else None
+    if dtype is None or not dtype.startswith(("int", "uint")):
+        return split
+    unknown = sorted({label for label in split["label"] if label is not None and not 0 <= label < len(names)})
+    if unknown:
+        raise FinetuneDataError(
+            f"labels {unknown[:10]} in the {split_name} split are not ids of {', '.join(names)} "
+            f"(0..{len(names) - 1}); is this the right file?"
+        )
+    features = split.features.copy()
+    features["label"] = Value("string")
+
+    def to_names(batch):
+        return {"label": [None if label is None else names[label] for label in batch["label"]]}
+
+    return split.map(to_names, batched=True, features=features, desc="label ids to names")
+
+
 def _keep_columns(split: Dataset, renames: dict[str, str]) -> Dataset:
     split = split.select_columns([column for column in renames if column in split.column_names])
     return split.rename_columns(
@@ -449,8 +487,7 @@ def _add_validation_split(dataset: DatasetDict, validation_split_percentage: flo
         )
     parts = train.train_test_split(test_size=n_validation, seed=seed)
     result = DatasetDict({"train": parts["train"], "validation": parts["test"]})
-    if "test" in dataset:
-        result["test"] = dataset["test"]
+    result.update({name: split for name, split in dataset.items() if name != "train"})
     return result
 
 
@@ -464,8 +501,8 @@ def _check_labels(dataset: DatasetDict, column: str, label_list: Sequence | None
                 )
         return
     train_labels = _label_set(dataset["train"][column])
-    for split_name in ("validation", "test"):
-        if split_name in dataset and column in dataset[split_name].column_names:
+    for split_name in dataset:
+        if split_name != "train" and column in dataset[split_name].column_names:
             _check_known_labels(dataset[split_name][column], train_labels, f"the {split_name} split", "train")
 
 
@@ -480,14 +517,24 @@ def load_classification_data(
     label_list: Sequence | None = None,
     validation_split_percentage: float = 10,
     seed: int = 42,
+    extra_files: dict[str, str] | None = None,
+    hub_splits: dict[str, str] | None = None,
+    column_names: dict[str, Sequence[str]] | None = None,
+    int_label_names: Sequence[str] | None = None,
+    unlabelled_test: bool = False,
 ) -> DatasetDict:
     """Sentence(-pair) classification data from a Hub dataset (or local folder) or csv/tsv/json/jsonl/parquet
     files, as columns `text` (+ `text_pair`) and `label`. `text_columns`: one column, or two for pairs; by
     default the first of ("sentence1", "sentence2"), ("sentence",), ("text",) present. A test split without
-    labels is kept, without a `label` column. Float labels mean regression (see `is_regression`)."""
-    dataset = _load_splits(
-        dataset_name, dataset_config, {"train": train_file, "validation": validation_file, "test": test_file}
-    )
+    labels is kept, without a `label` column. Float labels mean regression (see `is_regression`).
+
+    Beyond train/validation/test (used by the GLUE presets, finetune/glue.py): `extra_files` adds further
+    labelled evaluation splits by name (MNLI's mismatched dev set); `hub_splits` maps split names to the Hub
+    dataset's; `column_names` names the columns of files without a header line, by split; `int_label_names`
+    turns int labels i into int_label_names[i] (files that write 0/1 where the Hub has names);
+    `unlabelled_test` drops the test split's labels (placeholders such as GLUE's -1)."""
+    files = {"train": train_file, "validation": validation_file, "test": test_file, **(extra_files or {})}
+    dataset = _load_splits(dataset_name, dataset_config, files, hub_splits=hub_splits, column_names=column_names)
     columns = dataset["train"].column_names
     if text_columns is None:
         candidates = [("sentence1", "sentence2"), ("sentence",), ("text",)]
@@ -501,14 +548,19 @@ def load_classification_data(
         raise FinetuneDataError(f"text_columns must name 1 or 2 columns, got {len(text_columns)}")
     _require_columns(dataset, text_columns, "text")
     _require_text(dataset, text_columns, "text", "data.text_columns")
-    _require_columns(dataset, [label_column], "label", splits=("train", "validation"))
+    if unlabelled_test and "test" in dataset and label_column in dataset["test"].column_names:
+        dataset["test"] = dataset["test"].remove_columns(label_column)
+    _require_columns(dataset, [label_column], "label", splits=[name for name in dataset if name != "test"])
 
     renames = dict(zip(text_columns, ("text", "text_pair")))
     renames[label_column] = "label"
     for split_name, split in dataset.items():
         if label_column in split.column_names:
             split = _class_labels_to_names(split, label_column)
-        dataset[split_name] = _keep_columns(split, renames)
+        split = _keep_columns(split, renames)
+        if int_label_names and "label" in split.column_names:
+            split = _name_int_labels(split, int_label_names, split_name)
+        dataset[split_name] = split
     _drop_unlabelled_test(dataset, "label")
     if not is_regression(dataset["train"]["label"]):
         _check_labels(dataset, "label", label_list)

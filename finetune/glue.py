@@ -1,0 +1,310 @@
+"""GLUE: the nine task presets `finetune/classify.py --data.glue_task NAME` uses, and the suite runner.
+
+python finetune/glue.py --checkpoint runs/encoder-tiny/final                        # all nine, from the Hub
+python finetune/glue.py --checkpoint runs/encoder-tiny/final --glue-dir glue_data --tasks cola mrpc stsb \\
+    -- --training.num_train_epochs 3 --training.lr 1e-4       # after --: options for every classify run
+
+Each task runs through the same entry as `accelerate launch finetune/classify.py --data.glue_task NAME
+--data.glue_dir DIR` (in this process, one after the other; `accelerate launch finetune/glue.py ...` spreads
+every run over the processes), into OUTPUT_DIR/<task>/. The runner then writes OUTPUT_DIR/glue_results.md and
+glue_results.json: each task's GLUE score on its dev set (the final model's) and the GLUE score, the mean of
+the task scores, and puts the same table into every task's model card.
+
+A task's score is GLUE's: the mean of its metrics (MRPC and QQP: F1 and accuracy; STS-B: Pearson and Spearman
+correlation; MNLI: accuracy on the matched and on the mismatched dev set), x 100. GLUE's test sets have no
+public labels: their predictions are written (predictions_test.jsonl) for the GLUE server, and not scored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (python finetune/glue.py): import the packages
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+HUB_DATASET = "nyu-mll/glue"
+FILES = {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv"}
+ACCURACY = (("validation", "accuracy"),)
+F1_ACCURACY = (("validation", "f1"), ("validation", "accuracy"))
+METRIC_NAMES = {
+    "accuracy": "accuracy",
+    "f1": "F1",
+    "matthews_correlation": "Matthews corr.",
+    "pearson": "Pearson",
+    "spearmanr": "Spearman",
+}
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    name: str
+    folder: str
+    """The task's folder in the GLUE distribution (glue_data/CoLA, ...)."""
+    text_columns: tuple[str, ...]
+    """Text column(s) of the GLUE TSV files."""
+    hub_text_columns: tuple[str, ...]
+    """Text column(s) of the Hub dataset nyu-mll/glue."""
+    label_column: str
+    """Label column of the TSV files (the Hub's is `label`)."""
+    labels: tuple[str, ...] | None
+    """Label names in GLUE's id order (nyu-mll/glue's ClassLabel; TSV files with 0/1 use these ids);
+    None: regression (num_labels=1)."""
+    score: tuple[tuple[str, str], ...]
+    """(evaluation split, metric) pairs whose mean is the task's GLUE score; the first picks the best model."""
+    files: dict[str, str] = field(default_factory=lambda: FILES)
+    """Split -> file name in the task folder; splits beyond train/validation/test are further dev sets."""
+    hub_splits: dict[str, str] | None = None
+    """Split -> nyu-mll/glue split name, where they differ from train/validation/test."""
+    headerless: tuple[str, ...] = ()
+    """Columns of the train and dev files when they have no header line (CoLA)."""
+
+    def label_text(self) -> str:
+        metrics = [METRIC_NAMES[metric] for _, metric in self.score]
+        if self.name == "mnli":
+            return "accuracy matched / mismatched"
+        return " / ".join(metrics)
+
+
+MNLI_FILES = {
+    "train": "train.tsv",
+    "validation": "dev_matched.tsv",
+    "validation_mismatched": "dev_mismatched.tsv",
+    "test": "test_matched.tsv",
+}
+MNLI_HUB_SPLITS = {
+    "train": "train",
+    "validation": "validation_matched",
+    "validation_mismatched": "validation_mismatched",
+    "test": "test_matched",
+}
+PAIR = ("sentence1", "sentence2")
+NLI = ("entailment", "not_entailment")
+
+GLUE_TASKS = {
+    task.name: task
+    for task in (
+        GlueTask("cola", "CoLA", ("sentence",), ("sentence",), "label", ("unacceptable", "acceptable"),
+                 (("validation", "matthews_correlation"),),
+                 headerless=("source", "label", "original_label", "sentence")),
+        GlueTask("sst2", "SST-2", ("sentence",), ("sentence",), "label", ("negative", "positive"), ACCURACY),
+        GlueTask("mrpc", "MRPC", ("#1 String", "#2 String"), PAIR, "Quality", ("not_equivalent", "equivalent"),
+                 F1_ACCURACY),
+        GlueTask("qqp", "QQP", ("question1", "question2"), ("question1", "question2"), "is_duplicate",
+                 ("not_duplicate", "duplicate"), F1_ACCURACY),
+        GlueTask("stsb", "STS-B", PAIR, PAIR, "score", None, (("validation", "pearson"), ("validation", "spearmanr"))),
+        GlueTask("mnli", "MNLI", PAIR, ("premise", "hypothesis"), "gold_label", ("entailment", "neutral", "contradiction"),
+                 (("validation", "accuracy"), ("validation_mismatched", "accuracy")),
+                 files=MNLI_FILES, hub_splits=MNLI_HUB_SPLITS),
+        GlueTask("qnli", "QNLI", ("question", "sentence"), ("question", "sentence"), "label", NLI, ACCURACY),
+        GlueTask("rte", "RTE", PAIR, PAIR, "label", NLI, ACCURACY),
+        GlueTask("wnli", "WNLI", PAIR, PAIR, "label", ("not_entailment", "entailment"), ACCURACY),
+    )
+}  # fmt: skip
+
+
+def glue_task(name: str) -> GlueTask:
+    from kiln.config import ConfigError
+
+    if name not in GLUE_TASKS:
+        raise ConfigError(
+            f"data.glue_task {name!r} is not a GLUE task; choose one of: {', '.join(GLUE_TASKS)}"
+        )
+    return GLUE_TASKS[name]
+
+
+def apply_preset(data, training) -> dict:
+    """Fill the classify config's data section from `data.glue_task` (the source, text and label columns and
+    the label set in GLUE's order; `data.glue_dir` for the TSV files, else the Hub) and the task's main metric
+    as the default best-model metric. Returns the further loader options (load_classification_data)."""
+    from kiln.config import ConfigError, resolve_path
+
+    task = glue_task(data.glue_task)
+    data.label_list = list(task.labels) if task.labels else None
+    if not training.metric_for_best_model:
+        training.metric_for_best_model, training.greater_is_better = task.score[0][1], True
+    if data.glue_dir is None:
+        data.dataset_name, data.dataset_config = HUB_DATASET, task.name
+        data.train_file = data.validation_file = data.test_file = None
+        data.text_columns, data.label_column = list(task.hub_text_columns), "label"
+        return {"hub_splits": task.hub_splits, "unlabelled_test": True}
+    folder = Path(resolve_path(data.glue_dir))
+    paths = {split: folder / name for split, name in task.files.items()}
+    missing = [str(paths[split]) for split in ("train", "validation") if not paths[split].is_file()]
+    if missing:
+        raise ConfigError(
+            f"{', '.join(missing)} not found: data.glue_dir must be the {task.folder} folder of the GLUE data "
+            f"(with {', '.join(task.files.values())})"
+        )
+    data.dataset_name = data.dataset_config = None
+    data.train_file, data.validation_file = str(paths["train"]), str(paths["validation"])
+    data.test_file = str(paths["test"]) if paths["test"].is_file() else None
+    data.text_columns, data.label_column = list(task.text_columns), task.label_column
+    extra = {split: str(path) for split, path in paths.items() if split not in FILES}
+    return {
+        "extra_files": extra,
+        "column_names": {"train": task.headerless, "validation": task.headerless}
+        if task.headerless
+        else None,
+        "int_label_names": task.labels,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# scores and the results table
+
+
+def task_score(task: GlueTask, eval_metrics: dict[str, dict[str, float]]) -> float:
+    """The task's GLUE score (x 100): the mean of its metrics on its dev set(s)."""
+    values = [eval_metrics[split][metric] for split, metric in task.score]
+    return 100 * sum(values) / len(values)
+
+
+def results(checkpoint: str, runs: dict[str, dict[str, dict[str, float]]]) -> dict:
+    """The suite's results: per task its score and metrics, and the GLUE score over the tasks run."""
+    tasks = {
+        name: {
+            "score": round(task_score(GLUE_TASKS[name], metrics), 2),
+            "metrics": {
+                f"{split}/{metric}": round(100 * metrics[split][metric], 2)
+                for split, metric in GLUE_TASKS[name].score
+            },
+        }
+        for name, metrics in runs.items()
+    }
+    glue = sum(row["score"] for row in tasks.values()) / len(tasks)
+    return {
+        "checkpoint": checkpoint,
+        "tasks": tasks,
+        "glue_score": round(glue, 2),
+        "complete": len(tasks) == 9,
+    }
+
+
+def markdown_table(summary: dict) -> str:
+    lines = [
+        f"GLUE dev-set results of `{summary['checkpoint']}` (finetune/glue.py; scores x 100):",
+        "",
+        "| task | metric | score |",
+        "|---|---|---:|",
+    ]
+    for name, row in summary["tasks"].items():
+        task = GLUE_TASKS[name]
+        parts = " / ".join(f"{value:.1f}" for value in row["metrics"].values())
+        shown = f"{parts} ({row['score']:.1f})" if len(row["metrics"]) > 1 else f"{row['score']:.1f}"
+        lines.append(f"| {task.folder} | {task.label_text()} | {shown} |")
+    scope = "all 9 tasks" if summary["complete"] else f"{len(summary['tasks'])} of 9 tasks"
+    lines.append(f"| **GLUE score** | mean of the task scores ({scope}) | **{summary['glue_score']:.1f}** |")
+    return "\n".join(lines) + "\n"
+
+
+def add_to_card(card: Path, table: str) -> None:
+    """Put the table into a model card as its `## GLUE` section (replacing an older one), before Usage."""
+    text = card.read_text(encoding="utf-8") if card.is_file() else ""
+    if "\n## GLUE\n" in text:
+        head, rest = text.split("\n## GLUE\n", 1)
+        tail = rest[rest.index("\n## ") :] if "\n## " in rest else "\n"
+        text = head + tail
+    section = f"## GLUE\n\n{table}\n"
+    if "## Usage" in text:
+        at = text.index("## Usage")
+        text = text[:at] + section + text[at:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    card.write_text(text, encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the runner
+
+
+def parse_args(argv: list[str] | None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(
+        prog="python finetune/glue.py",
+        description="Fine-tune and score a Kiln encoder on the GLUE tasks (finetune/classify.py presets); options "
+        "after -- go to every classify run (e.g. -- --training.lr 1e-4 --training.num_train_epochs 3).",
+    )
+    parser.add_argument(
+        "--checkpoint", required=True, help="pretrained encoder: a local final/ folder or Hub id"
+    )
+    parser.add_argument("--tasks", nargs="+", default=list(GLUE_TASKS), choices=list(GLUE_TASKS), metavar="TASK",
+                        help=f"tasks to run (default: all nine: {' '.join(GLUE_TASKS)})")  # fmt: skip
+    parser.add_argument("--glue-dir", help="folder of the GLUE data (CoLA/, SST-2/, ... or cola/, sst2/, ...; "
+                        "default: the Hub dataset nyu-mll/glue)")  # fmt: skip
+    parser.add_argument("--output-dir", default="runs/glue", help="each task runs in OUTPUT_DIR/<task>")
+    parser.add_argument("--update-checkpoint-card", action="store_true",
+                        help="also put the results into the checkpoint's own README.md (a local folder)")  # fmt: skip
+    return parser.parse_args(own), overrides
+
+
+def task_folder(glue_dir: str, task: GlueTask) -> str:
+    for name in (task.folder, task.name):
+        if (Path(glue_dir) / name).is_dir():
+            return str(Path(glue_dir) / name)
+    from kiln.config import ConfigError
+
+    raise ConfigError(f"no {task.folder}/ (or {task.name}/) folder in {glue_dir}")
+
+
+def run_classify(args: list[str]):
+    """One `finetune/classify.py` run in this process; accelerate's process-wide state is reset around it."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from finetune.classify import main as classify
+
+    def reset():
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+    reset()
+    try:
+        return classify(args)
+    finally:
+        reset()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, overrides = parse_args(argv)
+    out = Path(args.output_dir)
+    runs, finals = {}, []
+    for name in args.tasks:
+        task = GLUE_TASKS[name]
+        source = ["--data.glue_dir", task_folder(args.glue_dir, task)] if args.glue_dir else []
+        result = run_classify(
+            ["--data.glue_task", name, "--model.checkpoint", args.checkpoint,
+             "--training.output_dir", str(out / name), *source, *overrides]
+        )  # fmt: skip
+        if result.final_dir is None:  # stopped by a signal: its checkpoint is saved, the suite stops here
+            break
+        runs[name] = result.eval_metrics
+        finals.append(result.final_dir)
+    if not runs:
+        return {}
+    summary = results(args.checkpoint, runs)
+    table = markdown_table(summary)
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "glue_results.json").write_text(json.dumps(summary, indent=2))
+        (out / "glue_results.md").write_text(table)
+        cards = [Path(final) / "README.md" for final in finals]
+        if args.update_checkpoint_card and Path(args.checkpoint).is_dir():
+            cards.append(Path(args.checkpoint) / "README.md")
+        for card in cards:
+            add_to_card(card, table)
+        print(table)
+    return summary
+
+
+if __name__ == "__main__":
+    from finetune.common import cli
+
+    cli(main)
