@@ -96,3 +96,18 @@ def test_peft_lora_trains_only_adapters_and_merges_exactly():
         adapted = lora(input_ids=ids).logits
         merged = lora.merge_and_unload()
         torch.testing.assert_close(merged(input_ids=ids).logits, adapted, rtol=1e-4, atol=1e-5)
+
+
+def test_text_generation_pipeline_matches_greedy_generate(tokenizer):
+    torch.manual_seed(0)
+    model = KilnDecoderForCausalLM(
+        KilnDecoderConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          max_position_embeddings=32, bos_token_id=2, eos_token_id=3, pad_token_id=0)
+    ).eval()  # fmt: skip
+    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    out = generator("the cat sat", max_new_tokens=6, do_sample=False, return_tensors=True)
+    ids = tokenizer("the cat sat", return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+    assert out[0]["generated_token_ids"] == expected[0].tolist()
+    assert expected.shape[1] > ids.shape[1]  # it generated something

@@ -271,21 +271,24 @@ def predict(final, rows):
 
 
 def test_glue_runs_all_nine_tasks_and_writes_the_table_score_and_cards(kiln_checkpoints, tmp_path):  # noqa: F811
+    import shutil
+
     from scipy.stats import pearsonr
     from sklearn.metrics import f1_score
 
     from finetune.glue import main
 
-    encoder, _ = kiln_checkpoints
+    encoder = shutil.copytree(kiln_checkpoints[0], tmp_path / "encoder")  # its card gets the table too
     glue_dir, out = tmp_path / "glue_data", tmp_path / "glue"
-    written = {
-        name: write_task(glue_dir / task.folder, name, seed=i)
+    written = {  # SST-2 in a folder named after the task (sst2/), as ../shared/data/sst2; the rest as in the zips
+        name: write_task(glue_dir / (name if name == "sst2" else task.folder), name, seed=i)
         for i, (name, task) in enumerate(GLUE_TASKS.items())
     }
     reset_accelerate()
     summary = main(["--checkpoint", str(encoder), "--glue-dir", str(glue_dir), "--output-dir", str(out),
-                    "--", "--training.max_steps", "2", "--training.per_device_train_batch_size", "16",
-                    "--logging.logging_steps", "1", "--data.truncation", "quiet"])  # fmt: skip
+                    "--update-checkpoint-card", "--", "--training.max_steps", "2",
+                    "--training.per_device_train_batch_size", "16", "--logging.logging_steps", "1",
+                    "--data.truncation", "quiet"])  # fmt: skip
 
     # every task ran through classify.py with its preset
     evals = {name: json.loads((out / name / "eval_results.json").read_text()) for name in GLUE_TASKS}
@@ -345,6 +348,34 @@ def test_glue_runs_all_nine_tasks_and_writes_the_table_score_and_cards(kiln_chec
         in table
     )
     assert "accuracy matched / mismatched" in table and "| MRPC | F1 / accuracy |" in table
-    for name in GLUE_TASKS:  # every task's model card carries the table, its Usage section stays last
-        card = (out / name / "final" / "README.md").read_text()
+    cards = [out / name / "final" / "README.md" for name in GLUE_TASKS] + [encoder / "README.md"]
+    for path in cards:  # every task's model card and the checkpoint's carry the table; Usage stays last
+        card = path.read_text()
         assert f"## GLUE\n\n{table}" in card and card.index("## GLUE") < card.index("## Usage")
+
+
+def test_a_partial_suite_says_so_and_a_new_table_replaces_the_old_one(tmp_path):
+    from finetune.glue import add_to_card, markdown_table, results
+
+    runs = {
+        "rte": {"validation": {"accuracy": 0.5}},
+        "stsb": {"validation": {"pearson": 0.2, "spearmanr": 0.4}},
+    }
+    summary = results("my/encoder", runs)
+    assert summary["tasks"]["stsb"] == {
+        "score": 30.0, "metrics": {"validation/pearson": 20.0, "validation/spearmanr": 40.0}
+    }  # fmt: skip
+    assert summary["glue_score"] == 40.0 and summary["complete"] is False
+    table = markdown_table(summary)
+    assert "| STS-B | Pearson / Spearman | 20.0 / 40.0 (30.0) |" in table
+    assert "| **GLUE score** | mean of the task scores (2 of 9 tasks) | **40.0** |" in table
+
+    card = tmp_path / "README.md"
+    card.write_text("# model\n\n## Results\n\nx\n\n## Usage\n\ncode\n")
+    add_to_card(card, "old table\n")
+    add_to_card(card, table)
+    text = card.read_text()
+    assert "old table" not in text and text.count("## GLUE") == 1
+    assert text.index("## Results") < text.index("## GLUE") < text.index("## Usage") and text.endswith(
+        "code\n"
+    )
