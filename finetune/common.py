@@ -579,7 +579,7 @@ def _is_eval(entry: dict) -> bool:
 
 def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
     """Train `job.model` with the shared loop, keep the best model, predict the test split, export, push."""
-    from kiln.export import HubSync, export_model, save_model_files
+    from kiln.export import HubSync, export_model, save_model_folder
     from kiln.trainer import Trainer, prepare_output
 
     training = config.training
@@ -589,7 +589,7 @@ def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
     best_dir = out / "best"
 
     def save_best(model, state) -> None:
-        save_model_files(accelerator, model, job.tokenizer, best_dir)
+        save_model_folder(accelerator, model, job.tokenizer, best_dir)  # the previous best survives a fault
         accelerator.print(
             f"best {training.metric_for_best_model} so far ({state.best_metric:.4g}, step {state.global_step}) "
             f"saved in {best_dir}"

@@ -130,16 +130,26 @@ def export_model(
     """
     save_dir = Path(save_dir)
     check_finite_weights(accelerator.unwrap_model(model), save_dir)
+    with staged_folder(accelerator, save_dir) as staging:
+        save_model_files(accelerator, model, tokenizer, staging)
+        if accelerator.is_main_process:
+            _write_run_files(
+                accelerator, model, config, state, staging, save_dir, datasets, task, extra_summary, base_model
+            )
+    return save_dir
+
+
+@contextlib.contextmanager
+def staged_folder(accelerator: Accelerator, save_dir: Path):
+    """`with staged_folder(acc, folder) as staging:` write into `staging` (`folder.tmp`); once the block is done
+    it replaces `folder`. A fault midway (a full disk, a kill) leaves the previous `folder` as it was and no
+    half-written one; a disk fault is raised as the OSError that names it (`disk_writes`)."""
     staging = save_dir.with_name(save_dir.name + ".tmp")
     if accelerator.is_main_process:
         shutil.rmtree(staging, ignore_errors=True)
     try:
         with disk_writes(staging):
-            save_model_files(accelerator, model, tokenizer, staging)
-            if accelerator.is_main_process:
-                _write_run_files(
-                    accelerator, model, config, state, staging, save_dir, datasets, task, extra_summary, base_model
-                )
+            yield staging
     except BaseException:
         if accelerator.is_main_process:
             shutil.rmtree(staging, ignore_errors=True)
@@ -148,6 +158,14 @@ def export_model(
         shutil.rmtree(save_dir, ignore_errors=True)
         os.replace(staging, save_dir)
     accelerator.wait_for_everyone()
+
+
+def save_model_folder(accelerator: Accelerator, model, tokenizer, save_dir: str | Path) -> Path:
+    """`save_model_files` into `save_dir` through `staged_folder`: the folder is either the old one or the new
+    one, never half of either (what fine-tuning's best/ model needs: it is overwritten at each new best)."""
+    save_dir = Path(save_dir)
+    with staged_folder(accelerator, save_dir) as staging:
+        save_model_files(accelerator, model, tokenizer, staging)
     return save_dir
 
 
@@ -326,4 +344,4 @@ class HubSync:
         return list(data.data_files)  # local paths: named in the card's text, kept out of its Hub metadata
 
 
-__all__ = ["HubSync", "export_model", "latest_metrics", "save_model_files"]
+__all__ = ["HubSync", "export_model", "latest_metrics", "save_model_files", "save_model_folder", "staged_folder"]

@@ -655,6 +655,34 @@ def test_a_disk_fault_in_the_final_export_is_one_line_and_leaves_no_half_model(
     assert state.global_step == 2 and (out / "final" / "model.safetensors").is_file()
 
 
+def test_a_fault_while_overwriting_a_saved_model_folder_keeps_the_previous_one(tmp_path):
+    """Fine-tuning overwrites best/ at each new best: a fault midway must leave the previous best whole."""
+    import errno
+    import resource
+
+    from accelerate import Accelerator
+    from kiln_testing import tiny_encoder_config
+
+    from kiln.export import save_model_folder
+    from pretrain.modeling import KilnEncoderForMaskedLM
+
+    accelerator = Accelerator(cpu=True)
+    best = tmp_path / "best"
+    save_model_folder(accelerator, KilnEncoderForMaskedLM(tiny_encoder_config()), None, best)
+    before = _checkpoint_files(best)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+        with pytest.raises(OSError) as fault:
+            save_model_folder(accelerator, KilnEncoderForMaskedLM(tiny_encoder_config()), None, best)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert fault.value.errno == errno.EFBIG and fault.value.filename == str(tmp_path / "best.tmp")
+    assert _checkpoint_files(best) == before and sorted(p.name for p in tmp_path.iterdir()) == ["best"]
+
+
 def test_library_write_errors_are_named_as_the_disk_fault_behind_them(tmp_path):
     import errno
     import resource
