@@ -2,7 +2,8 @@
 
 A script turns its config into a `FinetuneJob` (model, tokenizer, tokenized splits, collator, and how to
 predict and score) and hands it to `run_finetuning`, which runs Kiln's one training loop
-(`kiln.trainer.Trainer`) and does what every task needs around it:
+(`kiln.trainer.Trainer`) with the callbacks (`kiln.callbacks` and `TestPredictions`) that do what every task
+needs around it:
 
     evaluation each epoch (or every training.eval_steps) -> best model kept in output_dir/best by
     training.metric_for_best_model (early stopping by training.early_stopping_patience) -> best model loaded
@@ -14,8 +15,6 @@ test split has references) of an already fine-tuned model.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -27,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.callbacks import TrainerCallback
 from kiln.config import ConfigError, TrainingConfig, resolve_path, run_cli, validate_run_sections
+from kiln.export import quiet_transformers
 
 logger = logging.getLogger("kiln")
 
@@ -205,22 +206,6 @@ def initialisation(model_cfg) -> str:
 def is_fine_tuned(config, head: str) -> bool:
     """Whether a checkpoint's weights include a task head (e.g. head="ForSequenceClassification")."""
     return any(name.endswith(head) for name in (getattr(config, "architectures", None) or []))
-
-
-@contextlib.contextmanager
-def quiet_transformers():
-    """Silence transformers' loading tables; the scripts log their own one-line summary instead."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def report_loading(info: dict, what: str, allowed_missing: Callable[[str], bool]) -> None:
@@ -550,56 +535,69 @@ def _predict_split(config, accelerator, job: FinetuneJob, model) -> tuple[dict[s
     return metrics, path
 
 
-def _load_best(accelerator, trainer, state, best_dir: Path):
-    """Put the weights saved by on_best back into the trained model; return the state to describe in the
-    model card (the best evaluation last, so that the card's results are the exported model's)."""
-    if state.best_step is None or not (best_dir / "config.json").is_file():
-        return state
-    last_eval_step = max((entry["step"] for entry in state.history if _is_eval(entry)), default=None)
-    if state.best_step == last_eval_step == state.global_step:
-        return state  # the final model is the best one
-    model = accelerator.unwrap_model(trainer.model)
-    with quiet_transformers():
-        best = type(model).from_pretrained(best_dir)
-    model.load_state_dict(best.state_dict())
-    del best
-    accelerator.print(f"loaded the best model (step {state.best_step}) from {best_dir}")
-    best_entry = next(
-        (entry for entry in reversed(state.history) if entry["step"] == state.best_step and _is_eval(entry)),
-        None,
-    )
-    if best_entry is None:
-        return state
-    return dataclasses.replace(state, history=[*state.history, dict(best_entry)])
+class TestPredictions(TrainerCallback):
+    """Callback: at the end of training, the predictions file (and metrics) of the test split, with the model
+    the run exports (the best one, once BestModel has loaded it back)."""
+
+    def __init__(self, config, job: FinetuneJob):
+        self.config, self.job = config, job
+        self.metrics: dict[str, float] = {}
+        self.path: Path | None = None
+
+    def on_train_end(self, trainer, end) -> None:
+        acc, state = trainer.accelerator, trainer.state
+        if state.stop_reason == "signal":
+            return
+        self.metrics, self.path = _predict_split(self.config, acc, self.job, trainer.model)
+        if self.metrics and acc.is_main_process and acc.trackers:
+            acc.log({f"test/{k}": v for k, v in self.metrics.items()}, step=state.global_step)
+        if self.metrics:
+            end.summary["test"] = {k: round(v, 6) for k, v in self.metrics.items() if math.isfinite(v)}
 
 
-def _is_eval(entry: dict) -> bool:
-    return any(key.startswith("eval/") for key in entry)
+class FinalEvaluation(TrainerCallback):
+    """Callback: at the end of training, the exported model's validation metrics (its last evaluation: the best
+    one, once BestModel has loaded it back) and those of the further evaluation splits (`job.extra_eval`),
+    scored now; written to eval_results.json and, for the further splits, to the model card."""
+
+    def __init__(self, config, job: FinetuneJob):
+        self.config, self.job = config, job
+        self.metrics: dict[str, dict[str, float]] = {}
+
+    def on_train_end(self, trainer, end) -> None:
+        from kiln.export import latest_metrics
+
+        acc = trainer.accelerator
+        if trainer.state.stop_reason == "signal":
+            return
+        history = end.card_state.history
+        metrics = {
+            "validation": {
+                k.removeprefix("eval/"): v for k, v in latest_metrics(history).items() if k.startswith("eval/")
+            }
+        }
+        for name, (tokenized, raw) in self.job.extra_eval.items():
+            metrics[name] = _score_split(self.config, acc, self.job, trainer.model, tokenized, raw)[1]
+            acc.print(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics[name].items()))
+            end.summary[name] = {k: round(v, 6) for k, v in metrics[name].items() if math.isfinite(v)}
+        if acc.is_main_process:
+            (Path(self.config.training.output_dir) / "eval_results.json").write_text(json.dumps(metrics, indent=2))
+        self.metrics = metrics
 
 
 def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
     """Train `job.model` with the shared loop, keep the best model, predict the test split, export, push."""
-    from kiln.export import HubSync, export_model, save_model_folder
     from kiln.trainer import Trainer, prepare_output
 
-    training = config.training
     _set_epoch_evaluation(config, job, accelerator.num_processes)
     # only now, once data and model are known to be fine: a bad-input error leaves no half-made run behind
     out = prepare_output(config, accelerator)
-    best_dir = out / "best"
-
-    def save_best(model, state) -> None:
-        save_model_folder(accelerator, model, job.tokenizer, best_dir)  # the previous best survives a fault
-        accelerator.print(
-            f"best {training.metric_for_best_model} so far ({state.best_metric:.4g}, step {state.global_step}) "
-            f"saved in {best_dir}"
-        )
-
-    hub = HubSync(config, accelerator, job.tokenizer)
+    evaluation = FinalEvaluation(config, job)
+    predictions = TestPredictions(config, job)
     trainer = Trainer(
         accelerator,
         job.model,
-        training=training,
+        training=config.training,
         logging_cfg=config.logging,
         train_dataset=lambda epoch: job.train_dataset,
         collator=job.collator,
@@ -607,75 +605,38 @@ def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
         evaluator=_evaluator(job),
         flops_per_token=job.flops_per_token,
         metadata=job.metadata,
-        on_save=hub.on_save,
-        on_best=save_best,
-        download_checkpoint=hub.download_checkpoint,
+        callbacks=_callbacks(config, job, out, [evaluation, predictions]),
         run_config=config,
     )
-    hub.start(trainer.model)
     state = trainer.train()
-    if state.stop_reason == "signal":
-        accelerator.print(
-            f"stopped by signal at step {state.global_step}; checkpoint saved in {out}/checkpoints"
-        )
-        hub.wait()
-        accelerator.end_training()
-        return FinetuneResult(state, None, {}, None)
+    return FinetuneResult(state, trainer.end.final_dir, predictions.metrics, predictions.path, evaluation.metrics)
 
-    card_state = _load_best(accelerator, trainer, state, best_dir)
-    eval_metrics = _final_eval_metrics(config, accelerator, job, trainer.model, card_state.history)
-    test_metrics, predictions_file = _predict_split(config, accelerator, job, trainer.model)
-    if test_metrics and accelerator.is_main_process and accelerator.trackers:
-        accelerator.log({f"test/{k}": v for k, v in test_metrics.items()}, step=state.global_step)
-    summary = dict(job.extra_summary)
-    if state.best_step is not None:
-        summary["best model"] = (
-            f"step {state.best_step} ({training.metric_for_best_model} {state.best_metric:.4g})"
-        )
-    for name in job.extra_eval:
-        summary[name] = {k: round(v, 6) for k, v in eval_metrics[name].items() if math.isfinite(v)}
-    if test_metrics:
-        summary["test"] = {k: round(v, 6) for k, v in test_metrics.items() if math.isfinite(v)}
-    final_dir = export_model(
-        accelerator,
-        trainer.model,
-        job.tokenizer,
-        config,
-        card_state,
-        out / "final",
-        datasets=job.datasets,
+
+def _callbacks(config, job: FinetuneJob, out: Path, scorers: list) -> list:
+    """Best model -> final scores (validation, test predictions) -> final/ with its card -> Hub -> trackers
+    closed (on_train_end order)."""
+    from kiln.callbacks import BestModel, FinalExport, HubSync, Trackers
+    from kiln.export import ModelCardFacts
+
+    kind = getattr(config.model, "kind", None)  # the seq2seq model section names its kind, the encoder ones do not
+    card = ModelCardFacts(
+        model_kind=kind,
+        objective=config.model.objective if kind is not None else None,
         task=job.task,
-        extra_summary=summary,
+        datasets=job.datasets,
         base_model=hub_base_models(config.model),
+        model_id=config.hub.model_id,
+        license=config.hub.license,
+        summary=dict(job.extra_summary),
+        usage=job.card_usage,
     )
-    if job.card_usage and accelerator.is_main_process:
-        replace_card_usage(
-            final_dir / "README.md", job.card_usage.format(repo=config.hub.model_id or final_dir)
-        )
-    hub.push_final(final_dir)
-    accelerator.print(f"final model saved in {final_dir}")
-    pushed = hub.wait()
-    accelerator.end_training()
-    hub.raise_if_required_push_failed(pushed)
-    return FinetuneResult(state, final_dir, test_metrics, predictions_file, eval_metrics)
-
-
-def _final_eval_metrics(config, accelerator, job: FinetuneJob, model, history) -> dict[str, dict[str, float]]:
-    """The final model's validation metrics (its last evaluation: the best one, once reloaded) and those of
-    the further evaluation splits, scored now; written to eval_results.json."""
-    from kiln.export import latest_metrics
-
-    metrics = {
-        "validation": {
-            k.removeprefix("eval/"): v for k, v in latest_metrics(history).items() if k.startswith("eval/")
-        }
-    }
-    for name, (tokenized, raw) in job.extra_eval.items():
-        metrics[name] = _score_split(config, accelerator, job, model, tokenized, raw)[1]
-        accelerator.print(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics[name].items()))
-    if accelerator.is_main_process:
-        (Path(config.training.output_dir) / "eval_results.json").write_text(json.dumps(metrics, indent=2))
-    return metrics
+    return [
+        BestModel(out / "best", job.tokenizer),
+        *scorers,
+        FinalExport(out / "final", job.tokenizer, card),
+        HubSync(config.hub, job.tokenizer),
+        Trackers(config.logging),
+    ]
 
 
 def hub_base_models(model_config) -> list[str] | None:
@@ -687,13 +648,6 @@ def hub_base_models(model_config) -> list[str] | None:
     ]
     ids = [s for s in specs if s and not Path(s).exists() and _HUB_ID.match(s) and "/" in s]
     return ids or None
-
-
-def replace_card_usage(card: Path, code: str) -> None:
-    """Swap the Usage section at the end of a model card written by export_model for `code`."""
-    text = card.read_text(encoding="utf-8")
-    head = text[: text.index("## Usage")] if "## Usage" in text else text.rstrip() + "\n\n"
-    card.write_text(f"{head}## Usage\n\n```python\n{code.strip()}\n```\n", encoding="utf-8")
 
 
 def run_prediction(config, accelerator, job: FinetuneJob) -> FinetuneResult:
@@ -739,7 +693,6 @@ __all__ = [
     "positions_limit",
     "predict_files",
     "quiet_transformers",
-    "replace_card_usage",
     "report_loading",
     "report_truncation",
     "resolve_checkpoint",

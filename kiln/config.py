@@ -584,6 +584,17 @@ def config_from_dict(cls: type, values: dict[str, Any]):
     return config
 
 
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested dict as one level with dotted keys: {"training": {"lr": 1e-3}} -> {"training.lr": 1e-3}."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def save_config(config: Any, path: str | os.PathLike) -> None:
     Path(path).write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False), encoding="utf-8")
 
@@ -606,6 +617,7 @@ __all__ = [
     "build_config",
     "config_from_dict",
     "field_docs",
+    "flatten",
     "format_help",
     "load_yaml",
     "resolve_path",

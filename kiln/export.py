@@ -1,37 +1,28 @@
-"""Final export (save_pretrained + tokenizer + config + loss plot + model card) and the loop's Hub hooks.
+"""Saving models: the final export (save_pretrained + tokenizer + config + loss plot + model card) and the plain
+model files a checkpoint push or the best model needs.
 
-Shared by pretraining and fine-tuning: the trainer calls `HubSync.on_save` after each checkpoint, the scripts call
-`export_model` at the end and `HubSync.push_final`.
+Shared by pretraining and fine-tuning through the callbacks of `kiln.callbacks` (FinalExport, BestModel, HubSync).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from accelerate import Accelerator
+from typing import TYPE_CHECKING, Any
 
 from .config import disk_writes, save_config
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 logger = logging.getLogger("kiln")
 
 PIPELINE_TAGS = {"encoder": "fill-mask", "decoder": "text-generation"}
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
-    return flat
 
 
 def latest_metrics(history: list[dict[str, float]]) -> dict[str, float]:
@@ -107,6 +98,29 @@ def check_finite_weights(model, save_dir: Path) -> None:
             )
 
 
+@dataclass
+class ModelCardFacts:
+    """What a model card says beyond the run's own numbers; the app fills it from its config sections."""
+
+    model_kind: str | None = None
+    """`encoder`, `decoder`, `encoder-decoder`; None: a fine-tuned encoder (its config names no kind)."""
+    objective: str | None = None
+    """Training objective, opening the card's table when model_kind is given."""
+    task: str | None = None
+    """Pipeline tag of a fine-tuned model; None: pretraining (fill-mask or text-generation by model_kind)."""
+    datasets: list[str] = field(default_factory=list)
+    """Hub dataset ids (card metadata) or local paths (named in the card's text only)."""
+    base_model: str | list[str] | None = None
+    """The Hub id(s) a fine-tuned model started from; None for local starts."""
+    model_id: str | None = None
+    """The Hub repo the model is pushed to (hub.model_id), named in the card's usage code."""
+    license: str = "apache-2.0"
+    summary: dict[str, Any] = field(default_factory=dict)
+    """More facts for the card's training table, after the run's own."""
+    usage: str | None = None
+    """Python code for the card's Usage section (`{repo}` is filled in), when the default one does not fit."""
+
+
 def export_model(
     accelerator: Accelerator,
     model,
@@ -115,10 +129,7 @@ def export_model(
     state,
     save_dir: str | Path,
     *,
-    datasets: list[str] | None = None,
-    task: str | None = None,
-    extra_summary: dict[str, Any] | None = None,
-    base_model: str | list[str] | None = None,
+    card: ModelCardFacts,
 ) -> Path:
     """Write a complete, loadable model folder with a model card; returns its path.
 
@@ -126,16 +137,14 @@ def export_model(
     (a full disk, a kill) never leaves half a model where a whole one is expected; a disk fault is raised as the
     OSError that names it (`disk_writes`).
 
-    base_model: the Hub id(s) a fine-tuned model started from (card metadata and text); None for local starts.
-    """
+    `config`: the run's config (saved as kiln_config.yaml; its training section fills the card's table)."""
     save_dir = Path(save_dir)
     check_finite_weights(accelerator.unwrap_model(model), save_dir)
     with staged_folder(accelerator, save_dir) as staging:
         save_model_files(accelerator, model, tokenizer, staging)
         if accelerator.is_main_process:
-            _write_run_files(
-                accelerator, model, config, state, staging, save_dir, datasets, task, extra_summary, base_model
-            )
+            _write_run_files(config, state, staging)
+            _write_card(accelerator, model, config, state, staging, save_dir, card)
     return save_dir
 
 
@@ -169,24 +178,21 @@ def save_model_folder(accelerator: Accelerator, model, tokenizer, save_dir: str 
     return save_dir
 
 
-def _write_run_files(
-    accelerator, model, config, state, save_dir, final_dir, datasets, task, extra_summary, base_model
-) -> None:
-    """The run's config, history, loss plot and model card next to the weights in `save_dir`, which becomes
-    `final_dir` once complete (main process only)."""
-    from .hub import plot_loss_curve, redact, write_model_card
+def _write_run_files(config, state, save_dir: Path) -> None:
+    """The resolved config (tokens redacted) and the training history next to the weights."""
+    from .hub import redact
 
     save_config(config, save_dir / "kiln_config.yaml")
     (save_dir / "kiln_config.yaml").write_text(redact((save_dir / "kiln_config.yaml").read_text()))
     (save_dir / "training_history.json").write_text(json.dumps(state.history, indent=1))
-    plot = None
-    if any("train/loss" in entry for entry in state.history):
-        plot = plot_loss_curve(state.history, str(save_dir / "loss_curve.png"), title=config.training.output_dir)
-    kind = getattr(config.model, "kind", None)
-    training = config.training
+
+
+def run_summary(accelerator: Accelerator, model, training, state, card: ModelCardFacts) -> dict[str, Any]:
+    """The facts of the card's training table: the model, the run's counters and its main settings."""
+    unwrapped = accelerator.unwrap_model(model)
     summary = {
-        "model class": type(accelerator.unwrap_model(model)).__name__,
-        "parameters": f"{sum(p.numel() for p in accelerator.unwrap_model(model).parameters()) / 1e6:.2f}M",
+        "model class": type(unwrapped).__name__,
+        "parameters": f"{sum(p.numel() for p in unwrapped.parameters()) / 1e6:.2f}M",
         "optimizer steps": state.global_step,
         "tokens seen": state.tokens_seen,
         "training time (s)": round(state.train_time_s, 1),
@@ -198,150 +204,64 @@ def _write_run_files(
         "scheduler": training.lr_scheduler_type,
         "mixed precision": training.mixed_precision,
         "stop reason": state.stop_reason,
-        **(extra_summary or {}),
+        **card.summary,
     }
-    if kind is not None:
-        summary = {"objective": config.model.objective, **summary}
+    if card.model_kind is not None:
+        summary = {"objective": card.objective, **summary}
+    return summary
+
+
+def _write_card(
+    accelerator: Accelerator, model, config, state, save_dir: Path, final_dir: Path, card: ModelCardFacts
+) -> None:
+    """The loss plot and the model card in `save_dir`, which becomes `final_dir` once complete."""
+    from .hub import plot_loss_curve, replace_card_usage, write_model_card
+
+    plot = None
+    if any("train/loss" in entry for entry in state.history):
+        plot = plot_loss_curve(state.history, str(save_dir / "loss_curve.png"), title=config.training.output_dir)
+    kind = card.model_kind or "encoder"
     metrics = {k.removeprefix("eval/"): v for k, v in latest_metrics(state.history).items() if k.startswith("eval/")}
-    hub_cfg = getattr(config, "hub", None)
     write_model_card(
         str(save_dir),
-        model_id=hub_cfg.model_id if hub_cfg is not None else None,
-        model_kind=kind or "encoder",
-        summary=summary,
+        model_id=card.model_id,
+        model_kind=kind,
+        summary=run_summary(accelerator, model, config.training, state, card),
         metrics=metrics,
-        datasets=datasets or [],
-        license=hub_cfg.license if hub_cfg is not None else "apache-2.0",
-        tags=["kiln", "pretraining" if task is None else "fine-tuning"],
+        datasets=card.datasets or [],
+        license=card.license,
+        tags=["kiln", "pretraining" if card.task is None else "fine-tuning"],
         loss_plot=plot,
-        base_model=base_model,
-        task=task or PIPELINE_TAGS.get(kind or "encoder", "fill-mask"),
+        base_model=card.base_model,
+        task=card.task or PIPELINE_TAGS.get(kind, "fill-mask"),
         final_dir=final_dir,
     )
+    if card.usage:
+        replace_card_usage(save_dir / "README.md", card.usage.format(repo=card.model_id or final_dir))
 
 
-class HubSync:
-    """What the loop does with the Hub: pushes on save (by strategy), the final push, resume from `hub:`."""
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' loading tables; Kiln logs its own one-line summary instead."""
+    from transformers.utils import logging as hf_logging
 
-    def __init__(self, config, accelerator: Accelerator, tokenizer):
-        self.config = config
-        self.accelerator = accelerator
-        self.tokenizer = tokenizer
-        self.model = None  # set by start(); needed to export weights at save time
-        self.pusher = None
-        hub = config.hub
-        if hub.push_to_hub or str(config.training.resume_from_checkpoint or "").startswith("hub:"):
-            from .hub import set_request_timeout
-
-            set_request_timeout(hub.timeout_s)  # a stalled Hub fails a request instead of hanging the run
-        if hub.push_to_hub:
-            from .hub import HubPusher
-
-            self.pusher = HubPusher(
-                hub.model_id, private=hub.private, revision=hub.revision, enabled=accelerator.is_main_process
-            )
-        self.final_dir: Path | None = None
-
-    def start(self, model) -> None:
-        """Call once the Trainer has prepared `model` (it is what gets pushed), before training: also starts the
-        trackers of `logging.report_to` with the run's redacted config."""
-        self.model = model
-        logging_cfg = self.config.logging
-        if logging_cfg.report_to != "none":
-            self.accelerator.init_trackers(
-                logging_cfg.project, config=self.tracker_config(), init_kwargs=self.tracker_init_kwargs()
-            )
-
-    # --- loop hooks -----------------------------------------------------------------------------------
-
-    def on_save(self, checkpoint: Path, state) -> None:
-        if self.pusher is None or self.config.hub.strategy == "end" or self.model is None:
-            return
-        export = Path(self.config.training.output_dir) / "hub-export"
-        save_model_files(self.accelerator, self.model, self.tokenizer, export)
-        if self.accelerator.is_main_process:
-            self.pusher.push(export, commit_message=f"Training in progress, step {state.global_step}")
-            if self.config.hub.strategy == "checkpoint":
-                self.pusher.push(
-                    checkpoint,
-                    path_in_repo="last-checkpoint",
-                    commit_message=f"Checkpoint at step {state.global_step}",
-                    delete_patterns=["*"],
-                )
-
-    def download_checkpoint(self, spec: str, local_dir: str) -> str:
-        from accelerate.utils import broadcast_object_list
-
-        from .config import ConfigError
-        from .hub import download_checkpoint, redact
-
-        path, error = None, None
-        if self.accelerator.is_main_process:
-            shutil.rmtree(local_dir, ignore_errors=True)
-            try:
-                hub = self.config.hub
-                path = download_checkpoint(spec, local_dir, revision=hub.revision, timeout=hub.timeout_s)
-            except Exception as err:  # unreachable Hub, missing repo, no access: one line, on every process
-                reason = " ".join(str(err).split()) or type(err).__name__
-                error = redact(f"cannot resume from {spec}: {reason[:300]}")
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.num_processes > 1:
-            error = broadcast_object_list([error])[0]
-        if error is not None:
-            raise ConfigError(f"{error}; check the repo id, your token and the network, or resume from a local checkpoint")
-        if path is None:  # other processes: same shared filesystem, same layout
-            path = str(next(Path(local_dir).rglob("trainer_state.json")).parent)
-        return path
-
-    def push_final(self, final_dir: Path) -> None:
-        self.final_dir = Path(final_dir)
-        if self.pusher is not None and self.accelerator.is_main_process:
-            self.pusher.push(final_dir, commit_message="Final model")
-
-    def wait(self) -> bool:
-        """Wait (at most hub.final_push_timeout_s) for the queued pushes; False when one did not complete."""
-        if self.pusher is None or not self.accelerator.is_main_process:
-            return True
-        ok = self.pusher.wait(timeout=self.config.hub.final_push_timeout_s)
-        if not ok:
-            logger.error(
-                "the push to %s did not complete (%s); the model is saved locally",
-                self.config.hub.model_id,
-                self.pusher.last_error or f"no answer within hub.final_push_timeout_s={self.config.hub.final_push_timeout_s:g}",
-            )
-        return ok
-
-    def raise_if_required_push_failed(self, pushed: bool) -> None:
-        """After `wait`: a final push that was asked for and did not complete fails the run (RunError)."""
-        if pushed or self.pusher is None or self.final_dir is None or not self.accelerator.is_main_process:
-            return
-        from .config import RunError
-
-        model_id = self.config.hub.model_id
-        reason = self.pusher.last_error or f"no answer within {self.config.hub.final_push_timeout_s:g} s"
-        raise RunError(
-            f"the final model is saved locally in {self.final_dir}, but the push to {model_id} did not complete "
-            f"({reason}); push it later with `hf upload {model_id} {self.final_dir}`"
-        )
-
-    # --- trackers and cards -------------------------------------------------------------------------
-
-    def tracker_config(self) -> dict[str, Any]:
-        from .hub import redact
-
-        flat = _flatten(dataclasses.asdict(self.config))
-        return {k: redact(v) if isinstance(v, str) else v for k, v in flat.items()}
-
-    def tracker_init_kwargs(self) -> dict[str, Any]:
-        out = self.config.training.output_dir
-        name = self.config.logging.run_name or Path(out).name
-        return {"wandb": {"name": name, "dir": out}}
-
-    def dataset_names(self) -> list[str]:
-        data = self.config.data
-        if data.dataset_name:
-            return [data.dataset_name]
-        return list(data.data_files)  # local paths: named in the card's text, kept out of its Hub metadata
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
-__all__ = ["HubSync", "export_model", "latest_metrics", "save_model_files", "save_model_folder", "staged_folder"]
+__all__ = [
+    "ModelCardFacts",
+    "export_model",
+    "latest_metrics",
+    "quiet_transformers",
+    "save_model_files",
+    "save_model_folder",
+    "staged_folder",
+]

@@ -28,6 +28,8 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constan
 from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import filter_repo_objects
 
+from .config import flatten
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FOLDER = "last-checkpoint"
@@ -312,16 +314,6 @@ _LOCAL_DATA_SUFFIXES = (".txt", ".json", ".jsonl", ".csv", ".tsv", ".parquet", "
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
-def _flatten(summary: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in summary.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _format_value(value) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
@@ -421,7 +413,7 @@ def write_model_card(
             plot = save_dir / plot.name
         plot_ref = plot.resolve().relative_to(save_dir.resolve()).as_posix()
 
-    facts = {k: v for k, v in _flatten(summary).items() if not _SECRET_KEY.search(k.lower())}
+    facts = {k: v for k, v in flatten(summary).items() if not _SECRET_KEY.search(k.lower())}
     bases = [base_model] if isinstance(base_model, str) else list(base_model or [])
     origin = (
         "fine-tuned from " + " and ".join(f"[{b}](https://huggingface.co/{b})" for b in bases)
@@ -476,6 +468,13 @@ def write_model_card(
     path = save_dir / "README.md"
     path.write_text(content, encoding="utf-8")
     return str(path)
+
+
+def replace_card_usage(card: Path, code: str) -> None:
+    """Swap the Usage section at the end of a model card written by write_model_card for `code`."""
+    text = card.read_text(encoding="utf-8")
+    head = text[: text.index("## Usage")] if "## Usage" in text else text.rstrip() + "\n\n"
+    card.write_text(f"{head}## Usage\n\n```python\n{code.strip()}\n```\n", encoding="utf-8")
 
 
 def plot_loss_curve(history: list[dict], path: str | os.PathLike, title: str) -> str:
@@ -552,5 +551,6 @@ __all__ = [
     "download_checkpoint",
     "plot_loss_curve",
     "redact",
+    "replace_card_usage",
     "write_model_card",
 ]

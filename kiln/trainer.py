@@ -18,7 +18,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
 
-from .config import ConfigError, LoggingConfig, TrainingConfig, disk_writes, save_config
+from .callbacks import RunEnd, TrainerCallback
+from .config import ConfigError, LoggingConfig, TrainingConfig, disk_writes, flatten, save_config
 
 logger = logging.getLogger("kiln")
 
@@ -415,16 +416,6 @@ _RESUME_FREE_KEYS = (
 )  # fmt: skip
 
 
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def saved_run_config(checkpoint: Path) -> dict[str, Any] | None:
     """The config a checkpoint was written with (its own copy, else its run folder's config.yaml)."""
     import yaml
@@ -447,7 +438,7 @@ def check_config_change(checkpoint: Path, config: Any) -> None:
     saved = saved_run_config(checkpoint)
     if saved is None:
         return
-    old, new = _flat(saved), _flat(dataclasses.asdict(config))
+    old, new = flatten(saved), flatten(dataclasses.asdict(config))
     changed = [
         key
         for key in sorted(set(old) | set(new))
@@ -510,9 +501,7 @@ class Trainer:
         evaluator: Evaluator | None = None,
         flops_per_token: float | None = None,
         metadata: dict[str, Any] | None = None,
-        on_save: Callable[[Path, TrainState], None] | None = None,
-        on_best: Callable[[torch.nn.Module, TrainState], None] | None = None,
-        download_checkpoint: Callable[[str, str], str] | None = None,
+        callbacks: Sequence[TrainerCallback] = (),
         num_workers: int = 0,
         loss_items: LossItems | None = None,
         run_config: Any = None,
@@ -527,9 +516,10 @@ class Trainer:
         self.evaluator = evaluator
         self.flops_per_token = flops_per_token
         self.metadata = metadata or {}
-        self.on_save = on_save
-        self.on_best = on_best
-        self.download_checkpoint = download_checkpoint
+        self.callbacks = list(callbacks)
+        """Called at the points of the run's lifecycle, in this order (see kiln.callbacks)."""
+        self.end: RunEnd | None = None
+        """What the end-of-run callbacks found (the final folder, ...), once train() has run."""
         self.num_workers = num_workers
         # the collator that builds the labels knows what each loss part averages over (MLM: masked tokens)
         self.loss_items = loss_items or getattr(collator, "loss_items", None) or count_loss_items
@@ -672,8 +662,8 @@ class Trainer:
             os.replace(tmp, final)
             self._rotate_checkpoints(keep=final)
         acc.wait_for_everyone()
-        if self.on_save is not None:
-            self.on_save(final, self.state)
+        for callback in self.callbacks:
+            callback.on_save(self, final, self.state)
         return final
 
     def _forget_metrics_after(self, step: int) -> None:
@@ -698,7 +688,7 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
 
     def resume(self, spec: str) -> Path:
-        path = resolve_checkpoint(spec, str(self.output_dir), self.download_checkpoint)
+        path = resolve_checkpoint(spec, str(self.output_dir), self._download_checkpoint)
         check_checkpoint_metadata(path, self.metadata)
         if self.run_config is not None:
             check_config_change(path, self.run_config)
@@ -717,6 +707,13 @@ class Trainer:
             self._forget_metrics_after(self.state.global_step)
         logger.info("resumed from %s at step %d", path, self.state.global_step)
         return path
+
+    def _download_checkpoint(self, spec: str, local_dir: str) -> str:
+        for callback in self.callbacks:
+            path = callback.download_checkpoint(self, spec, local_dir)
+            if path is not None:
+                return path
+        raise ConfigError("resuming from the Hub needs the hub module")
 
     # --- evaluation ---------------------------------------------------------------------------------------
 
@@ -771,9 +768,8 @@ class Trainer:
         if better:
             self.state.best_metric, self.state.best_step = value, self.state.global_step
             self.state.evals_without_improvement = 0
-            if self.on_best is not None:
-                # the prepared (possibly FSDP/DeepSpeed-wrapped) model: accelerator.get_state_dict gathers it
-                self.on_best(self.model, self.state)
+            for callback in self.callbacks:
+                callback.on_best(self, self.state)
         else:
             self.state.evals_without_improvement += 1
         patience = self.training.early_stopping_patience
@@ -820,7 +816,10 @@ class Trainer:
     # --- train --------------------------------------------------------------------------------------------
 
     def train(self) -> TrainState:
+        """The whole run: callbacks' on_train_begin, resume, the loop, the final evaluation, on_train_end."""
         acc, training, state = self.accelerator, self.training, self.state
+        for callback in self.callbacks:
+            callback.on_train_begin(self)
         if acc.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         if training.resume_from_checkpoint:
@@ -882,6 +881,11 @@ class Trainer:
                 if acc.is_main_process:
                     print(_format_metrics(state.global_step, final_metrics))
                 self._track_best(final_metrics)
+        self.end = RunEnd(card_state=state)
+        for callback in self.callbacks:
+            callback.on_train_end(self, self.end)
+        if self.end.error is not None:
+            raise self.end.error
         return state
 
     def _epoch_loader(self):

@@ -155,7 +155,6 @@ def main(argv: list[str] | None = None):
     config = build_config(RunConfig, argv, prog="accelerate launch pretrain/run.py", description=DESCRIPTION)
     validate(config)
 
-    from kiln.export import HubSync, export_model
     from kiln.trainer import (
         Trainer,
         check_checkpoint_metadata,
@@ -193,7 +192,6 @@ def main(argv: list[str] | None = None):
         n_params = sum(p.numel() for p in model.parameters())
         logger.info("%s with %.2fM parameters, vocab %d", type(model).__name__, n_params / 1e6, vocab_size)
 
-    hub = HubSync(config, accelerator, tokenizer)
     trainer = Trainer(
         accelerator,
         model,
@@ -211,25 +209,34 @@ def main(argv: list[str] | None = None):
             lm_head_fraction=config.data.mlm_probability if config.model.kind == "encoder" else 1.0,
         ),
         metadata=metadata,
-        on_save=hub.on_save,
-        download_checkpoint=hub.download_checkpoint,
+        callbacks=run_callbacks(config, tokenizer, out),
         num_workers=config.data.num_workers,
         run_config=config,
     )
-    hub.start(trainer.model)
-    state = trainer.train()
-    if state.stop_reason == "signal":
-        accelerator.print(f"stopped by signal at step {state.global_step}; checkpoint saved in {out}/checkpoints")
-    else:
-        final_dir = export_model(
-            accelerator, trainer.model, tokenizer, config, state, out / "final", datasets=hub.dataset_names()
-        )
-        hub.push_final(final_dir)
-        accelerator.print(f"final model saved in {final_dir}")
-    pushed = hub.wait()
-    accelerator.end_training()
-    hub.raise_if_required_push_failed(pushed)
-    return state
+    return trainer.train()
+
+
+def run_callbacks(config: RunConfig, tokenizer, out) -> list:
+    """What the run does around the loop: trackers, the final folder with its card, the Hub."""
+    from kiln.callbacks import FinalExport, HubSync, Trackers
+    from kiln.export import ModelCardFacts
+
+    card = ModelCardFacts(
+        model_kind=config.model.kind,
+        objective=config.model.objective,
+        datasets=card_datasets(config.data),
+        model_id=config.hub.model_id,
+        license=config.hub.license,
+    )
+    # on_train_end runs in this order: export, push and wait, then close the trackers
+    return [FinalExport(out / "final", tokenizer, card), HubSync(config.hub, tokenizer), Trackers(config.logging)]
+
+
+def card_datasets(data) -> list[str]:
+    """The data named by the model card: the Hub dataset, or the local files (kept out of its Hub metadata)."""
+    if data.dataset_name:
+        return [data.dataset_name]
+    return list(data.data_files)
 
 
 def cli(argv: list[str] | None = None):

@@ -1,0 +1,274 @@
+"""What a run does around the loop, as callbacks the Trainer calls (like transformers' `TrainerCallback`).
+
+The Trainer owns the run's lifecycle; an app (pretrain/run.py, the fine-tuning runner) only picks the callbacks
+and hands each the one config section it needs:
+
+    Trainer.train()
+      on_train_begin   Trackers: start wandb/tensorboard          HubSync: open the pusher
+      ... loop ...
+      on_save          HubSync: push the model (and the resumable state) by hub.strategy
+      on_best          BestModel: save the best weights in output_dir/best
+      on_train_end     (in list order, sharing one RunEnd)
+                       BestModel: load the best weights back      FinalExport: output_dir/final + model card
+                       HubSync: push final/, wait for the pushes  Trackers: close the trackers
+      RunEnd.error raised, once every callback has run (a final push that did not complete)
+
+`download_checkpoint` answers a `hub:user/name` resume for the Trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .config import HubConfig, LoggingConfig, flatten
+
+if TYPE_CHECKING:
+    from .export import ModelCardFacts
+    from .trainer import Trainer, TrainState
+
+logger = logging.getLogger("kiln")
+
+
+@dataclass
+class RunEnd:
+    """What the end-of-run callbacks hand each other, in the order they are listed, and the Trainer keeps."""
+
+    card_state: TrainState
+    """The state the model card describes (BestModel appends the best evaluation when it loads the best weights)."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Facts for the model card found at the end (the best model, test metrics), after the app's own."""
+    final_dir: Path | None = None
+    """The exported model folder (None when the run stopped on a signal)."""
+    error: Exception | None = None
+    """Raised by the Trainer once every callback has run, so trackers are closed first."""
+
+
+class TrainerCallback:
+    """Hooks of a run's lifecycle; a callback overrides those it needs. `trainer.model` is the prepared model."""
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        """Once the model is prepared, before a resume and the first step."""
+
+    def on_save(self, trainer: Trainer, checkpoint: Path, state: TrainState) -> None:
+        """After a complete checkpoint was written to `checkpoint` (on every process)."""
+
+    def on_best(self, trainer: Trainer, state: TrainState) -> None:
+        """After an evaluation that improved training.metric_for_best_model (on every process)."""
+
+    def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
+        """After the loop and its final evaluation, also when a signal stopped it (trainer.state.stop_reason)."""
+
+    def download_checkpoint(self, trainer: Trainer, spec: str, local_dir: str) -> str | None:
+        """The local folder of the `hub:` checkpoint `spec` downloaded into `local_dir`; None: not this callback's."""
+        return None
+
+
+class Trackers(TrainerCallback):
+    """Starts the trackers of `logging.report_to` with the run's redacted config, and ends them."""
+
+    def __init__(self, logging_cfg: LoggingConfig):
+        self.logging = logging_cfg
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        if self.logging.report_to == "none":
+            return
+        out = str(trainer.training.output_dir)
+        init_kwargs = {"wandb": {"name": self.logging.run_name or Path(out).name, "dir": out}}
+        trainer.accelerator.init_trackers(
+            self.logging.project, config=tracker_config(trainer.run_config), init_kwargs=init_kwargs
+        )
+
+    def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
+        trainer.accelerator.end_training()
+
+
+def tracker_config(run_config: Any) -> dict[str, Any]:
+    """The run's config as flat `section.key` hyperparameters, tokens redacted, non-scalars as strings."""
+    from .hub import redact
+
+    if run_config is None:
+        return {}
+    flat = flatten(dataclasses.asdict(run_config))
+    flat = {k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v) for k, v in flat.items()}
+    return {k: redact(v) if isinstance(v, str) else v for k, v in flat.items()}
+
+
+class BestModel(TrainerCallback):
+    """Keeps the best model by training.metric_for_best_model in `save_dir`; with `load_at_end`, the trained model
+    ends with those weights and the model card describes the best evaluation."""
+
+    def __init__(self, save_dir: str | Path, tokenizer, *, load_at_end: bool = True):
+        self.save_dir = Path(save_dir)
+        self.tokenizer = tokenizer
+        self.load_at_end = load_at_end
+
+    def on_best(self, trainer: Trainer, state: TrainState) -> None:
+        from .export import save_model_folder
+
+        # the prepared (possibly FSDP/DeepSpeed-wrapped) model: accelerator.get_state_dict gathers it; staged, so
+        # a fault while a new best is written leaves the previous best whole
+        save_model_folder(trainer.accelerator, trainer.model, self.tokenizer, self.save_dir)
+        trainer.accelerator.print(
+            f"best {trainer.training.metric_for_best_model} so far ({state.best_metric:.4g}, step {state.global_step}) "
+            f"saved in {self.save_dir}"
+        )
+
+    def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
+        state = trainer.state
+        if state.stop_reason == "signal" or not self.load_at_end:
+            return
+        end.card_state = self._load_best(trainer, end.card_state)
+        if state.best_step is not None:
+            metric = trainer.training.metric_for_best_model
+            end.summary["best model"] = f"step {state.best_step} ({metric} {state.best_metric:.4g})"
+
+    def _load_best(self, trainer: Trainer, state: TrainState) -> TrainState:
+        """Put the weights saved by on_best back into the trained model; return the state to describe in the
+        model card (the best evaluation last, so that the card's results are the exported model's)."""
+        if state.best_step is None or not (self.save_dir / "config.json").is_file():
+            return state
+        last_eval_step = max((entry["step"] for entry in state.history if _is_eval(entry)), default=None)
+        if state.best_step == last_eval_step == state.global_step:
+            return state  # the final model is the best one
+        from .export import quiet_transformers
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        with quiet_transformers():
+            best = type(model).from_pretrained(self.save_dir)
+        model.load_state_dict(best.state_dict())
+        del best
+        trainer.accelerator.print(f"loaded the best model (step {state.best_step}) from {self.save_dir}")
+        best_entry = next(
+            (entry for entry in reversed(state.history) if entry["step"] == state.best_step and _is_eval(entry)),
+            None,
+        )
+        if best_entry is None:
+            return state
+        return dataclasses.replace(state, history=[*state.history, dict(best_entry)])
+
+
+def _is_eval(entry: dict) -> bool:
+    return any(key.startswith("eval/") for key in entry)
+
+
+class FinalExport(TrainerCallback):
+    """Writes the final model folder (weights, tokenizer, config, history, loss plot, model card) to `save_dir`."""
+
+    def __init__(self, save_dir: str | Path, tokenizer, card: ModelCardFacts):
+        self.save_dir = Path(save_dir)
+        self.tokenizer = tokenizer
+        self.card = card
+
+    def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
+        from . import export  # looked up now: a script may wrap export.export_model (experiments/)
+
+        acc, state = trainer.accelerator, trainer.state
+        if state.stop_reason == "signal":
+            acc.print(f"stopped by signal at step {state.global_step}; checkpoint saved in {trainer.output_dir}/checkpoints")
+            return
+        card = dataclasses.replace(self.card, summary={**self.card.summary, **end.summary})
+        end.final_dir = export.export_model(
+            acc, trainer.model, self.tokenizer, trainer.run_config, end.card_state, self.save_dir, card=card
+        )
+        acc.print(f"final model saved in {end.final_dir}")
+
+
+class HubSync(TrainerCallback):
+    """The run's Hub traffic: pushes on save (by hub.strategy), the final push and its wait, resume from `hub:`."""
+
+    def __init__(self, hub: HubConfig, tokenizer):
+        self.hub = hub
+        self.tokenizer = tokenizer
+        self.pusher = None
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        if not self.hub.push_to_hub:
+            return
+        from .hub import HubPusher, set_request_timeout
+
+        set_request_timeout(self.hub.timeout_s)  # a stalled Hub fails a request instead of hanging the run
+        hub = self.hub
+        self.pusher = HubPusher(
+            hub.model_id, private=hub.private, revision=hub.revision, enabled=trainer.accelerator.is_main_process
+        )
+
+    def on_save(self, trainer: Trainer, checkpoint: Path, state: TrainState) -> None:
+        if self.pusher is None or self.hub.strategy == "end":
+            return
+        from .export import save_model_files
+
+        export = trainer.output_dir / "hub-export"
+        save_model_files(trainer.accelerator, trainer.model, self.tokenizer, export)
+        if trainer.accelerator.is_main_process:
+            self.pusher.push(export, commit_message=f"Training in progress, step {state.global_step}")
+            if self.hub.strategy == "checkpoint":
+                self.pusher.push(
+                    checkpoint,
+                    path_in_repo="last-checkpoint",
+                    commit_message=f"Checkpoint at step {state.global_step}",
+                    delete_patterns=["*"],
+                )
+
+    def download_checkpoint(self, trainer: Trainer, spec: str, local_dir: str) -> str:
+        from accelerate.utils import broadcast_object_list
+
+        from .config import ConfigError
+        from .hub import download_checkpoint, redact, set_request_timeout
+
+        acc = trainer.accelerator
+        set_request_timeout(self.hub.timeout_s)
+        path, error = None, None
+        if acc.is_main_process:
+            shutil.rmtree(local_dir, ignore_errors=True)
+            try:
+                path = download_checkpoint(spec, local_dir, revision=self.hub.revision, timeout=self.hub.timeout_s)
+            except Exception as err:  # unreachable Hub, missing repo, no access: one line, on every process
+                reason = " ".join(str(err).split()) or type(err).__name__
+                error = redact(f"cannot resume from {spec}: {reason[:300]}")
+        acc.wait_for_everyone()
+        if acc.num_processes > 1:
+            error = broadcast_object_list([error])[0]
+        if error is not None:
+            raise ConfigError(f"{error}; check the repo id, your token and the network, or resume from a local checkpoint")
+        if path is None:  # other processes: same shared filesystem, same layout
+            path = str(next(Path(local_dir).rglob("trainer_state.json")).parent)
+        return path
+
+    def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
+        acc = trainer.accelerator
+        if self.pusher is None or not acc.is_main_process:
+            return
+        if end.final_dir is not None:
+            self.pusher.push(end.final_dir, commit_message="Final model")
+        if not self._wait() and end.final_dir is not None:
+            end.error = self._push_error(end.final_dir)
+
+    def _wait(self) -> bool:
+        """Wait (at most hub.final_push_timeout_s) for the queued pushes; False when one did not complete."""
+        ok = self.pusher.wait(timeout=self.hub.final_push_timeout_s)
+        if not ok:
+            logger.error(
+                "the push to %s did not complete (%s); the model is saved locally",
+                self.hub.model_id,
+                self.pusher.last_error or f"no answer within hub.final_push_timeout_s={self.hub.final_push_timeout_s:g}",
+            )
+        return ok
+
+    def _push_error(self, final_dir: Path) -> Exception:
+        """A final push that was asked for and did not complete fails the run."""
+        from .config import RunError
+
+        model_id = self.hub.model_id
+        reason = self.pusher.last_error or f"no answer within {self.hub.final_push_timeout_s:g} s"
+        return RunError(
+            f"the final model is saved locally in {final_dir}, but the push to {model_id} did not complete "
+            f"({reason}); push it later with `hf upload {model_id} {final_dir}`"
+        )
+
+
+__all__ = ["BestModel", "FinalExport", "HubSync", "RunEnd", "TrainerCallback", "Trackers", "tracker_config"]
