@@ -372,10 +372,36 @@ def write_model_card(
         raise ValueError(f"No Kiln head serves the task {task!r}; a model card can claim one of {sorted(_AUTO_CLASS)}.")
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
-    local = Path(final_dir or save_dir).resolve()
-    # runs/<run>/final and runs/<run>/best are named after their run, not "final"
-    local_name = local.parent.name if local.name in ("final", "best") and local.parent.name else local.name
-    model_name = (model_id or local_name).split("/")[-1]
+    model_name = (model_id or _local_name(Path(final_dir or save_dir))).split("/")[-1]
+    card_data = _card_metadata(model_name, task, metrics, datasets, license, tags, base_model)
+    facts = {k: v for k, v in flatten(summary).items() if not _SECRET_KEY.search(k.lower())}
+    lines = [
+        f"# {model_name}",
+        "",
+        _card_origin(model_kind, base_model, datasets),
+        *_training_section(facts),
+        *_results_section(metrics),
+        *_loss_curve_section(_place_plot(loss_plot, save_dir)),
+        *_usage_section(task, model_id or str(final_dir or save_dir)),
+    ]
+    content = redact(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(lines))
+    try:
+        ModelCard(content)  # parses the metadata back, model-index included
+    except ValueError as err:
+        raise ValueError(f"The generated model card metadata does not parse: {err}") from None
+    path = save_dir / "README.md"
+    path.write_text(content, encoding="utf-8")
+    return str(path)
+
+
+def _local_name(save_dir: Path) -> str:
+    """runs/<run>/final and runs/<run>/best are named after their run, not "final"."""
+    local = save_dir.resolve()
+    return local.parent.name if local.name in ("final", "best") and local.parent.name else local.name
+
+
+def _card_metadata(model_name, task, metrics, datasets, license, tags, base_model) -> ModelCardData:
+    """The card's YAML header: license, Hub datasets, tags, pipeline tag, base model, model-index results."""
     hub_datasets = [d for d in datasets if _is_hub_dataset(d)]
     finite = {name: float(value) for name, value in metrics.items() if math.isfinite(float(value))}
     eval_dataset = hub_datasets[0] if hub_datasets else "custom"
@@ -390,7 +416,7 @@ def write_model_card(
         )
         for name, value in finite.items()
     ]
-    card_data = ModelCardData(
+    return ModelCardData(
         license=license,
         datasets=hub_datasets or None,
         tags=["kiln", *tags],
@@ -401,19 +427,24 @@ def write_model_card(
         eval_results=eval_results or None,
     )
 
-    plot_ref = None
-    if loss_plot is not None:
-        plot = Path(loss_plot)
-        if not plot.is_file():
-            raise FileNotFoundError(
-                f"Loss plot {loss_plot} does not exist: plot it first with plot_loss_curve"
-            )
-        if save_dir.resolve() not in plot.resolve().parents:
-            shutil.copyfile(plot, save_dir / plot.name)
-            plot = save_dir / plot.name
-        plot_ref = plot.resolve().relative_to(save_dir.resolve()).as_posix()
 
-    facts = {k: v for k, v in flatten(summary).items() if not _SECRET_KEY.search(k.lower())}
+def _place_plot(loss_plot: str | None, save_dir: Path) -> str | None:
+    """The loss plot's path relative to `save_dir`, copied into it when it lies elsewhere."""
+    if loss_plot is None:
+        return None
+    plot = Path(loss_plot)
+    if not plot.is_file():
+        raise FileNotFoundError(
+            f"Loss plot {loss_plot} does not exist: plot it first with plot_loss_curve"
+        )
+    if save_dir.resolve() not in plot.resolve().parents:
+        shutil.copyfile(plot, save_dir / plot.name)
+        plot = save_dir / plot.name
+    return plot.resolve().relative_to(save_dir.resolve()).as_posix()
+
+
+def _card_origin(model_kind: str, base_model: str | list[str] | None, datasets: list[str]) -> str:
+    """The card's first sentence: what the model is, where it started, what it was trained on."""
     bases = [base_model] if isinstance(base_model, str) else list(base_model or [])
     origin = (
         "fine-tuned from " + " and ".join(f"[{b}](https://huggingface.co/{b})" for b in bases)
@@ -421,14 +452,12 @@ def write_model_card(
         else "pretrained"
     )
     trained_on = ", ".join(f"`{d}`" for d in datasets) or "local text"
-    lines = [
-        f"# {model_name}",
-        "",
-        f"{'An' if model_kind[:1].lower() in 'aeiou' else 'A'} {model_kind} {origin} with Kiln on {trained_on}.",
-        "",
-        "## Training",
-        "",
-    ]
+    return f"{'An' if model_kind[:1].lower() in 'aeiou' else 'A'} {model_kind} {origin} with Kiln on {trained_on}."
+
+
+def _training_section(facts: dict) -> list[str]:
+    """The highlights (steps, tokens, time, hardware), then every fact as a table."""
+    lines = ["", "## Training", ""]
     for label, keys, fmt in _HIGHLIGHTS:
         key = next((key for key in keys if key in facts), None)
         if key is not None:
@@ -436,13 +465,23 @@ def write_model_card(
     if facts:
         lines += ["", "| setting | value |", "|---|---|"]
         lines += [f"| {key} | {_format_value(value)} |" for key, value in facts.items()]
-    if metrics:
-        lines += ["", "## Results", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {name} | {_format_value(float(value))} |" for name, value in metrics.items()]
-    if plot_ref:
-        lines += ["", "## Loss curve", "", f"![Training loss]({plot_ref})"]
+    return lines
+
+
+def _results_section(metrics: dict[str, float]) -> list[str]:
+    if not metrics:
+        return []
+    lines = ["", "## Results", "", "| metric | value |", "|---|---|"]
+    return lines + [f"| {name} | {_format_value(float(value))} |" for name, value in metrics.items()]
+
+
+def _loss_curve_section(plot_ref: str | None) -> list[str]:
+    return ["", "## Loss curve", "", f"![Training loss]({plot_ref})"] if plot_ref else []
+
+
+def _usage_section(task: str, repo: str) -> list[str]:
+    """Loading code with the task's Auto class (the model code ships with the weights)."""
     auto_class = _AUTO_CLASS[task]
-    repo = model_id or str(final_dir or save_dir)
     usage = [
         f"from transformers import {auto_class}, AutoTokenizer",
         "",
@@ -451,23 +490,8 @@ def write_model_card(
     ]
     if task in _USAGE_TAIL:
         usage.append(_USAGE_TAIL[task])
-    lines += [
-        "",
-        "## Usage",
-        "",
-        "The model code ships with the weights, hence `trust_remote_code=True`.",
-        "",
-    ]
-    lines += ["```python", *usage, "```", ""]
-
-    content = redact(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(lines))
-    try:
-        ModelCard(content)  # parses the metadata back, model-index included
-    except ValueError as err:
-        raise ValueError(f"The generated model card metadata does not parse: {err}") from None
-    path = save_dir / "README.md"
-    path.write_text(content, encoding="utf-8")
-    return str(path)
+    lines = ["", "## Usage", "", "The model code ships with the weights, hence `trust_remote_code=True`.", ""]
+    return lines + ["```python", *usage, "```", ""]
 
 
 def replace_card_usage(card: Path, code: str) -> None:

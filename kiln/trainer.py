@@ -469,6 +469,13 @@ def check_checkpoint_metadata(path: Path, metadata: dict[str, Any]) -> None:
             )
 
 
+def check_step_counts(training: TrainingConfig) -> None:
+    if training.max_steps == 0:
+        raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
+    if training.max_steps < 0 and training.num_train_epochs <= 0:
+        raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # the loop
 
@@ -534,11 +541,12 @@ class Trainer:
         self._lengths_cache: tuple[Any, list[int]] | None = None
         self.steps_per_epoch: int | None = None
 
-        if training.max_steps == 0:
-            raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
-        if training.max_steps < 0 and training.num_train_epochs <= 0:
-            raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
+        check_step_counts(training)
+        self._prepare(model)
 
+    def _prepare(self, model: torch.nn.Module) -> None:
+        """Gradient checkpointing, AdamW, accelerate's prepare, the step count and the schedule (checkpointed)."""
+        training, accelerator = self.training, self.accelerator
         if training.gradient_checkpointing:
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()
@@ -816,77 +824,94 @@ class Trainer:
     # --- train --------------------------------------------------------------------------------------------
 
     def train(self) -> TrainState:
-        """The whole run: callbacks' on_train_begin, resume, the loop, the final evaluation, on_train_end."""
-        acc, training, state = self.accelerator, self.training, self.state
+        """The whole run: callbacks' on_train_begin, resume, the epochs, the final evaluation, on_train_end."""
         for callback in self.callbacks:
             callback.on_train_begin(self)
-        if acc.is_main_process:
+        if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-        if training.resume_from_checkpoint:
-            self.resume(training.resume_from_checkpoint)
+        if self.training.resume_from_checkpoint:
+            self.resume(self.training.resume_from_checkpoint)
         self._print_summary()
         previous_handlers = self._install_signal_handlers()
         redirect = logging_redirect_tqdm(loggers=[logging.getLogger()])  # log lines above the bar, not on it
         redirect.__enter__()
         progress = tqdm(
             total=self.total_steps,
-            initial=state.global_step,
-            disable=not acc.is_local_main_process,
+            initial=self.state.global_step,
+            disable=not self.accelerator.is_local_main_process,
             desc="train",
             dynamic_ncols=True,
         )
+        self._run_epochs(progress)
+        progress.close()
+        redirect.__exit__(None, None, None)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+        if self.state.stop_reason != "signal":
+            self._final_evaluation()
+        return self._end_run()
+
+    def _run_epochs(self, progress) -> None:
+        """Epoch after epoch until max_steps, the epochs, early stopping, the clock or a signal stop the run."""
+        training, state = self.training, self.state
         self.model.train()
-        window = _LogWindow()
+        self._window = _LogWindow()
         run_start = time.perf_counter() - state.train_time_s
         done = state.global_step >= self.total_steps
-
         while not done:
-            loader = self._epoch_loader()
-            batches = iter(loader)
-            while not done:
-                micro_batches = list(itertools.islice(batches, training.gradient_accumulation_steps))
-                if not micro_batches:
-                    break  # end of the epoch
-                parts, grad_norm, tokens = self._optimizer_step(micro_batches)
-                state.batches_in_epoch += len(micro_batches)
-                state.global_step += 1
-                state.tokens_seen += tokens
-                window.add(parts, tokens)
-                progress.update(1)
-                if state.global_step % self.logging_cfg.logging_steps == 0 or state.global_step >= self.total_steps:
-                    metrics = self._train_metrics(window, grad_norm, self._epoch_batches)
-                    self._log(metrics)
-                    progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
-                    window = _LogWindow()
-                state.train_time_s = time.perf_counter() - run_start
-                done = self._after_step(progress)
-            else:
-                # stopped inside the epoch: take its loader off accelerate's stack of active loaders
-                getattr(loader, "end", lambda: None)()
+            if self._run_epoch(self._epoch_loader(), progress, run_start):
                 break
             state.epoch += 1
             state.batches_in_epoch = 0
             if training.max_steps < 0 and state.epoch >= math.ceil(training.num_train_epochs):
                 state.stop_reason = state.stop_reason or "epochs"
                 done = True
-        progress.close()
-        redirect.__exit__(None, None, None)
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
 
-        if state.stop_reason != "signal":
-            final_metrics = self.evaluate()
-            if final_metrics:
-                self._log(final_metrics)
-                if acc.is_main_process:
-                    print(_format_metrics(state.global_step, final_metrics))
-                self._track_best(final_metrics)
-        self.end = RunEnd(card_state=state)
+    def _run_epoch(self, loader, progress, run_start: float) -> bool:
+        """Optimizer steps over one epoch's loader; True when the run stops inside it."""
+        batches = iter(loader)
+        while True:
+            micro_batches = list(itertools.islice(batches, self.training.gradient_accumulation_steps))
+            if not micro_batches:
+                return False  # end of the epoch
+            self._train_step(micro_batches, progress)
+            self.state.train_time_s = time.perf_counter() - run_start
+            if self._after_step(progress):
+                # stopped inside the epoch: take its loader off accelerate's stack of active loaders
+                getattr(loader, "end", lambda: None)()
+                return True
+
+    def _train_step(self, micro_batches: list[dict], progress) -> None:
+        """One optimizer step, its counters, and the training metrics every logging_steps."""
+        state = self.state
+        parts, grad_norm, tokens = self._optimizer_step(micro_batches)
+        state.batches_in_epoch += len(micro_batches)
+        state.global_step += 1
+        state.tokens_seen += tokens
+        self._window.add(parts, tokens)
+        progress.update(1)
+        if state.global_step % self.logging_cfg.logging_steps == 0 or state.global_step >= self.total_steps:
+            metrics = self._train_metrics(self._window, grad_norm, self._epoch_batches)
+            self._log(metrics)
+            progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
+            self._window = _LogWindow()
+
+    def _final_evaluation(self) -> None:
+        final_metrics = self.evaluate()
+        if final_metrics:
+            self._log(final_metrics)
+            if self.accelerator.is_main_process:
+                print(_format_metrics(self.state.global_step, final_metrics))
+            self._track_best(final_metrics)
+
+    def _end_run(self) -> TrainState:
+        """The callbacks' on_train_end, in order; then the error one of them left (trackers are closed by now)."""
+        self.end = RunEnd(card_state=self.state)
         for callback in self.callbacks:
             callback.on_train_end(self, self.end)
         if self.end.error is not None:
             raise self.end.error
-        return state
+        return self.state
 
     def _epoch_loader(self):
         """This epoch's prepared loader, positioned after the batches a resumed run already consumed."""

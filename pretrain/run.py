@@ -155,16 +155,7 @@ def main(argv: list[str] | None = None):
     config = build_config(RunConfig, argv, prog="accelerate launch pretrain/run.py", description=DESCRIPTION)
     validate(config)
 
-    from kiln.trainer import (
-        Trainer,
-        check_checkpoint_metadata,
-        prepare_output,
-        resolve_checkpoint,
-        start_run,
-    )
-    from pretrain.data import build_pretraining_data, padded_vocab_size, prepare_tokenizer
-    from pretrain.evaluation import evaluate_decoder, evaluate_encoder
-    from pretrain.modeling import count_flops_per_token
+    from kiln.trainer import check_checkpoint_metadata, prepare_output, resolve_checkpoint, start_run
 
     metadata = {"model_kind": config.model.kind, "objective": config.model.objective}
     resume = config.training.resume_from_checkpoint
@@ -172,6 +163,14 @@ def main(argv: list[str] | None = None):
         check_checkpoint_metadata(resolve_checkpoint(resume, config.training.output_dir, quiet=True), metadata)
     accelerator = start_run(config.training, config.logging)
     out = prepare_output(config, accelerator)
+    tokenizer, model, data = build_inputs(config, accelerator, out)
+    trainer = build_trainer(config, accelerator, model, data, metadata, callbacks=run_callbacks(config, tokenizer, out))
+    return trainer.train()
+
+
+def build_inputs(config: RunConfig, accelerator, out):
+    """The tokenizer (trained or reused), the model and the examples of a run."""
+    from pretrain.data import build_pretraining_data, padded_vocab_size, prepare_tokenizer
 
     tokenizer = prepare_tokenizer(
         config.tokenizer, config.data, config.model.kind, str(out / "tokenizer"), accelerator=accelerator
@@ -191,8 +190,16 @@ def main(argv: list[str] | None = None):
     if accelerator.is_main_process:
         n_params = sum(p.numel() for p in model.parameters())
         logger.info("%s with %.2fM parameters, vocab %d", type(model).__name__, n_params / 1e6, vocab_size)
+    return tokenizer, model, data
 
-    trainer = Trainer(
+
+def build_trainer(config: RunConfig, accelerator, model, data, metadata: dict, callbacks: list):
+    from kiln.trainer import Trainer
+    from pretrain.evaluation import evaluate_decoder, evaluate_encoder
+    from pretrain.modeling import count_flops_per_token
+
+    encoder = config.model.kind == "encoder"
+    return Trainer(
         accelerator,
         model,
         training=config.training,
@@ -201,19 +208,18 @@ def main(argv: list[str] | None = None):
         collator=data.collator,
         eval_dataset=data.eval_dataset,
         eval_collator=data.eval_collator,
-        evaluator=evaluate_encoder if config.model.kind == "encoder" else evaluate_decoder,
+        evaluator=evaluate_encoder if encoder else evaluate_decoder,
         # the encoder's vocabulary projection runs only at the masked positions (sparse prediction)
         flops_per_token=count_flops_per_token(
             model.config,
             config.data.max_seq_length,
-            lm_head_fraction=config.data.mlm_probability if config.model.kind == "encoder" else 1.0,
+            lm_head_fraction=config.data.mlm_probability if encoder else 1.0,
         ),
         metadata=metadata,
-        callbacks=run_callbacks(config, tokenizer, out),
+        callbacks=callbacks,
         num_workers=config.data.num_workers,
         run_config=config,
     )
-    return trainer.train()
 
 
 def run_callbacks(config: RunConfig, tokenizer, out) -> list:
