@@ -212,6 +212,7 @@ class HubSync(TrainerCallback):
                     path_in_repo="last-checkpoint",
                     commit_message=f"Checkpoint at step {state.global_step}",
                     delete_patterns=["*"],
+                    immutable=True,  # written once, renamed into place, only ever deleted
                 )
 
     def download_checkpoint(self, trainer: Trainer, spec: str, local_dir: str) -> str:

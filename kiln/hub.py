@@ -113,7 +113,8 @@ class HubPusher:
         revision: branch to push to (created from main when missing); None: main.
         token: Hub token; None: `HF_TOKEN` or the `hf auth login` token. Never logged.
         enabled: False on non-main processes: every method is then a no-op.
-        staging_dir: where push snapshots are copied (default: the system temp dir); for large checkpoints,
+        staging_dir: where push snapshots are copied, or hard-linked for `immutable` pushes when on the same
+            filesystem (default: the system temp dir); for large checkpoints,
             pick a folder on the same disk as the checkpoints.
     """
 
@@ -163,13 +164,16 @@ class HubPusher:
         commit_message: str,
         ignore_patterns: list[str] | str | None = None,
         delete_patterns: list[str] | str | None = None,
+        immutable: bool = False,
     ) -> None:
         """Queue an upload of `folder` (to `path_in_repo`, default the repo root) and return.
 
         The folder is copied first, so it may be changed or deleted right after (checkpoint rotation). A
         pending upload to the same `path_in_repo` that has not started yet is replaced by this one.
         `delete_patterns` removes matching remote files under `path_in_repo` that this upload does not
-        overwrite.
+        overwrite. `immutable`: no file of the folder is ever rewritten in place, only deleted (a Kiln
+        checkpoint): its files are hard-linked instead of copied where the staging folder is on the same
+        filesystem, so a checkpoint push writes nothing more to disk.
         """
         if not self.enabled:
             return
@@ -179,7 +183,7 @@ class HubPusher:
         ignore = [ignore_patterns] if isinstance(ignore_patterns, str) else ignore_patterns
         delete = [delete_patterns] if isinstance(delete_patterns, str) else delete_patterns
         try:
-            snapshot = self._snapshot(folder, ignore)
+            snapshot = self._snapshot(folder, ignore, link=immutable)
         except OSError as err:  # e.g. a full disk: skip this push rather than stop training
             logger.warning("Skipping the push of %s: could not copy it aside (%s)", folder, err)
             return
@@ -224,7 +228,7 @@ class HubPusher:
             return True
 
     # ------------------------------------------------------------------------------------------- worker
-    def _snapshot(self, folder: Path, ignore_patterns: list[str] | None) -> Path:
+    def _snapshot(self, folder: Path, ignore_patterns: list[str] | None, link: bool = False) -> Path:
         if self._staging_root is None:
             self._staging_root = Path(tempfile.mkdtemp(prefix="kiln-hub-push-", dir=self._staging_dir))
             atexit.register(shutil.rmtree, self._staging_root, ignore_errors=True)
@@ -234,6 +238,8 @@ class HubPusher:
             for relative in filter_repo_objects(files, ignore_patterns=ignore_patterns):
                 target = snapshot / relative
                 target.parent.mkdir(parents=True, exist_ok=True)
+                if link and _hard_link(folder / relative, target):
+                    continue
                 shutil.copyfile(folder / relative, target)
         except OSError:
             shutil.rmtree(snapshot, ignore_errors=True)
@@ -283,6 +289,14 @@ class HubPusher:
         where = f"{self.model_id}/{request.path_in_repo}" if request.path_in_repo else self.model_id
         logger.info("Pushed to the Hub: %s (%s)", where, request.commit_message)
         return None
+
+
+def _hard_link(source: Path, target: Path) -> bool:
+    try:
+        os.link(source, target)
+        return True
+    except OSError:  # another filesystem, or no hard links there: copy instead
+        return False
 
 
 # ------------------------------------------------------------------------------------------ model card

@@ -6,6 +6,7 @@ coalescing, outages, model cards, redaction, resuming from the Hub, and `from_pr
 
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -134,6 +135,25 @@ def test_push_returns_at_once_and_coalesces_pending_pushes(hub, tmp_path):
 
     assert [c.title for c in hub.commits(REPO)] == ["push 4", "push 1", "initial commit"]
     assert without_gitattributes(hub.files(REPO)) == expected
+
+
+def test_immutable_push_links_instead_of_copying(hub, tmp_path):
+    """A checkpoint (written once, then only deleted) is hard-linked into the snapshot: no second copy on disk,
+    and the upload still lands after rotation removed the checkpoint."""
+    pusher = HubPusher(REPO, staging_dir=str(tmp_path))  # the staging folder on the checkpoints' filesystem
+    checkpoints = [make_folder(tmp_path / f"step-{version}", version) for version in (1, 2)]
+    with hub.hold("commit") as gate:
+        pusher.push(checkpoints[0], path_in_repo="last-checkpoint", commit_message="1", immutable=True)
+        assert gate.entered.wait(30)
+        pusher.push(checkpoints[1], path_in_repo="last-checkpoint", commit_message="2", immutable=True)
+        weights = checkpoints[1] / "model.safetensors"
+        assert weights.stat().st_nlink == 2  # the file itself, and its link in the pending snapshot
+        expected = local_files(checkpoints[1])
+        for folder in checkpoints:  # rotation
+            shutil.rmtree(folder)
+    assert pusher.wait(timeout=60)
+    files = without_gitattributes(hub.files(REPO))
+    assert {name.removeprefix("last-checkpoint/"): data for name, data in files.items()} == expected
 
 
 def test_pushes_to_different_paths_are_all_kept(hub, tmp_path):
