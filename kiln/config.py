@@ -429,8 +429,16 @@ def run_cli(
     function returning the classes, so that their (heavy) modules are imported only once an error occurs and
     `--help` stays fast."""
     stop_with_launcher()
+    _stop_on_sigterm()
     try:
         return main(argv)
+    except SignalStop as stop:  # SIGTERM outside the training loop (the Trainer holds it while it runs)
+        _close_progress_bars()
+        print(
+            f"stopped by {stop.name} outside the training loop; checkpoints and models completed before it are kept",
+            file=sys.stderr,
+        )
+        raise SystemExit(0) from None
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves a checkpoint and exits 0 instead)
         _close_progress_bars()
         print(
@@ -443,6 +451,9 @@ def run_cli(
         known = (ConfigError, *(user_errors() if callable(user_errors) else user_errors))
         if isinstance(err, known):
             message, status = _one_line(err), 2
+            if _other_rank():  # a bad setting or input fails every process alike: the first one says it
+                _close_progress_bars()
+                raise SystemExit(status) from None
         elif isinstance(err, RunError):
             message, status = _one_line(err), 1
         elif as_disk_fault(err) is not None:
@@ -452,6 +463,38 @@ def run_cli(
         _close_progress_bars()
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(status) from None
+
+
+PENDING_SIGNAL: int | None = None
+"""A SIGTERM received before the Trainer took over signals (read by the Trainer, which then stops at once)."""
+
+
+class SignalStop(BaseException):
+    """SIGTERM arrived outside the training loop (data, tokenizer, model set-up; between runs)."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.name = signal.Signals(signum).name
+        super().__init__(self.name)
+
+
+def _stop_on_sigterm() -> None:
+    """Outside the Trainer's own handler (which finishes the step, saves a checkpoint and, after the loop, lets
+    the final export finish), SIGTERM stops the command at once with one line and status 0, instead of the
+    default abrupt death (status 143)."""
+    import signal
+
+    def stop(signum, _frame):
+        global PENDING_SIGNAL
+        PENDING_SIGNAL = signum  # if the exception is swallowed (raised inside a callback), the Trainer stops
+        raise SignalStop(signum)
+
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: keep the default
+        pass
 
 
 def stop_with_launcher() -> None:
@@ -474,6 +517,14 @@ def stop_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):  # no libc prctl: keep the default behaviour
         pass
+
+
+def _other_rank() -> bool:
+    """Whether this is one of several processes of a torchrun-style launch, other than the first."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) != 0
+    except ValueError:
+        return False
 
 
 def _close_progress_bars() -> None:

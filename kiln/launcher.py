@@ -16,8 +16,9 @@ nothing unless the process is `accelerate launch ...` (or `accelerate-launch ...
 single-process launcher for Kiln's own scripts (`pretrain/*.py`, `finetune/*.py`, or `-m pretrain...` /
 `-m finetune...`) only: SIGTERM and SIGINT are forwarded to the training process, which saves a checkpoint and
 stops, and the launcher waits for it and exits with its status: 0 after such a stop, 2 after a user error, 1
-after a run error, without a traceback of its own. Other scripts and the multi-process launchers (torchrun's
-agent forwards signals itself) are left as accelerate made them.
+after a run error, without a traceback of its own. The torchrun-based launchers (several processes, FSDP,
+DeepSpeed on one node) forward signals themselves; for Kiln's scripts they are wrapped only to end the same way
+(`kiln_torchrun_launcher`). Other scripts are left as accelerate made them.
 
 Standard library only: this runs at the start-up of every `accelerate launch`.
 """
@@ -67,20 +68,35 @@ class _PatchOnImport:
 
 
 def patch(module) -> None:
-    """Replace `module.simple_launcher` (accelerate's single-process launcher) by `kiln_simple_launcher`."""
+    """Replace accelerate's single-process launcher by `kiln_simple_launcher`, and wrap its torchrun-based
+    launchers (multi-process, FSDP, single-node DeepSpeed) with `kiln_torchrun_launcher`, for Kiln's scripts."""
     original = getattr(module, "simple_launcher", None)
     prepare = getattr(module, "prepare_simple_launcher_cmd_env", None)
-    if original is None or prepare is None or getattr(original, "kiln_wrapped", False):
-        return
+    if original is not None and prepare is not None and not getattr(original, "kiln_wrapped", False):
 
-    def simple_launcher(args):
+        def simple_launcher(args):
+            if not is_kiln_entry(args):
+                return original(args)
+            return kiln_simple_launcher(prepare, args)
+
+        simple_launcher.kiln_wrapped = True
+        simple_launcher.__doc__ = original.__doc__
+        module.simple_launcher = simple_launcher
+    for name in ("multi_gpu_launcher", "deepspeed_launcher"):
+        launcher = getattr(module, name, None)
+        if launcher is not None and not getattr(launcher, "kiln_wrapped", False):
+            setattr(module, name, _wrap_torchrun(launcher))
+
+
+def _wrap_torchrun(original):
+    def launcher(args):
         if not is_kiln_entry(args):
             return original(args)
-        return kiln_simple_launcher(prepare, args)
+        return kiln_torchrun_launcher(original, args)
 
-    simple_launcher.kiln_wrapped = True
-    simple_launcher.__doc__ = original.__doc__
-    module.simple_launcher = simple_launcher
+    launcher.kiln_wrapped = True
+    launcher.__doc__ = original.__doc__
+    return launcher
 
 
 def is_kiln_entry(args) -> bool:
@@ -125,3 +141,85 @@ def kiln_simple_launcher(prepare, args) -> None:
         status = 128 - status
     if status:
         raise SystemExit(status)
+
+
+# How long torchrun's agent waits for the training processes after forwarding a SIGTERM before it kills them
+# (torch's default: 30 s): they finish their step and write a checkpoint, which can take longer on big models.
+SHUTDOWN_TIMEOUT_S = "300"
+
+
+def kiln_torchrun_launcher(original, args) -> None:
+    """accelerate's torchrun-based launcher, ending like the training processes do.
+
+    torchrun's agent already forwards SIGTERM/SIGINT to the training processes; what it adds is its own ending:
+    a `SignalException` or `ChildFailedError` traceback and status 1, after a clean stop with a checkpoint as
+    after a Kiln error line. Here: status 0 once every process stopped cleanly after a signal; a process's own
+    status (2 after its one-line error) when one failed; one line when one was killed by a signal."""
+    import logging
+    import signal
+
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_S)
+    # the agent's log lines repeat (as "exitcode: 2 ... of binary") what the processes said themselves; its
+    # loggers set their own levels when created, so each is quieted once they all exist
+    import torch.distributed.run  # noqa: F401  (creates the agent's loggers)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    exits = _record_worker_exits()
+    try:
+        original(args)
+    except Exception as err:
+        kind = type(err).__name__
+        if kind == "SignalException":
+            signum = int(getattr(err, "sigval", signal.SIGTERM))
+            if exits and all(code in (0, -signum) for code in exits.values()):
+                if any(code == -signum for code in exits.values()):  # still starting: no handler of Kiln's yet
+                    print(f"stopped by {signal.Signals(signum).name} while the training processes were starting; "
+                          "nothing was trained", file=sys.stderr)
+                raise SystemExit(0) from None
+            print(
+                f"error: stopped by {signal.Signals(signum).name}, but a training process did not stop within "
+                f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={os.environ['TORCH_ELASTIC_SHUTDOWN_TIMEOUT']} s and was killed; "
+                "checkpoints completed before it are kept",
+                file=sys.stderr,
+            )
+            raise SystemExit(128 + signum) from None
+        if kind == "ChildFailedError" and hasattr(err, "get_first_failure"):
+            rank, failure = err.get_first_failure()
+            code = int(failure.exitcode)
+            if code > 0:
+                raise SystemExit(code) from None  # the process printed its own error (one line for user errors)
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+            print(
+                f"error: training process rank {rank} was killed by {name} (out of memory?); checkpoints completed "
+                "before it are kept (continue with --training.resume_from_checkpoint latest)",
+                file=sys.stderr,
+            )
+            raise SystemExit(128 - code) from None
+        raise
+
+
+def _record_worker_exits() -> dict:
+    """local rank -> exit status of the training processes, as torchrun's agent leaves them when it shuts them
+    down after a signal (filled in then; empty if this torch's agent is laid out differently)."""
+    exits: dict = {}
+    try:
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    except ImportError:
+        return exits
+    shutdown = LocalElasticAgent._shutdown
+    if getattr(shutdown, "kiln_wrapped", False):
+        return exits
+
+    def _shutdown(self, *args, **kwargs):
+        shutdown(self, *args, **kwargs)
+        handlers = getattr(getattr(self, "_pcontext", None), "subprocess_handlers", None) or {}
+        for local_rank, handler in handlers.items():
+            proc = getattr(handler, "proc", None)
+            if proc is not None:
+                exits[local_rank] = proc.poll()
+
+    _shutdown.kiln_wrapped = True
+    LocalElasticAgent._shutdown = _shutdown
+    return exits

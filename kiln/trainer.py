@@ -807,6 +807,10 @@ class Trainer:
                 previous[sig] = signal.signal(sig, handler)
             except ValueError:  # not the main thread (e.g. inside a notebook executor): no handler
                 pass
+        from . import config
+
+        if config.PENDING_SIGNAL is not None:  # a SIGTERM during set-up whose SignalStop was swallowed
+            self._stop_signal, config.PENDING_SIGNAL = config.PENDING_SIGNAL, None
         return previous
 
     def _agreed_stop(self, elapsed: float) -> str | None:
@@ -842,14 +846,21 @@ class Trainer:
             desc="train",
             dynamic_ncols=True,
         )
-        self._run_epochs(progress)
-        progress.close()
-        redirect.__exit__(None, None, None)
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
-        if self.state.stop_reason != "signal":
-            self._final_evaluation()
-        return self._end_run()
+        try:
+            self._run_epochs(progress)
+            progress.close()
+            redirect.__exit__(None, None, None)
+            if self.state.stop_reason != "signal":
+                self._final_evaluation()
+            # a signal from here on is held until the final evaluation, export and push are done (bounded): the
+            # run then ends as completed rather than leaving no final/ and no checkpoint of its last steps
+            state = self._end_run()
+            if self._stop_signal is not None and state.stop_reason != "signal":
+                self.accelerator.print("a stop signal came after the last step; the run was completed first")
+            return state
+        finally:
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
 
     def _run_epochs(self, progress) -> None:
         """Epoch after epoch until max_steps, the epochs, early stopping, the clock or a signal stop the run."""

@@ -249,6 +249,97 @@ def test_accelerate_launch_ends_on_the_one_line_error_with_status_2(tmp_path, in
     assert result.returncode == 1 and "CalledProcessError" in result.stderr
 
 
+def _multi_process_launch(site) -> tuple:
+    """`accelerate launch --multi_gpu --num_processes 2` (torchrun's agent, gloo on CPU) by an interpreter whose
+    site-packages is `site`, as `_accelerate_launch`."""
+    boot = (f"import site, sys; sys.argv[0] = 'accelerate'; site.addsitedir({str(site)!r}); "
+            "from accelerate.commands.accelerate_cli import main; sys.exit(main())")  # fmt: skip
+    return (sys.executable, "-c", boot, "launch", "--multi_gpu", "--num_processes", "2", *ACCELERATE[5:])
+
+
+CPU_PROCESSES = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+
+
+def test_multi_process_launch_ends_on_the_one_line_error_said_once(tmp_path, installed_site):
+    proc = _cli(["--training.output_dir", tmp_path / "q", "--training.lr", -1],
+                launcher=_multi_process_launch(installed_site), env_extra=CPU_PROCESSES)  # fmt: skip
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, output
+    line = "error: training.lr must be a non-negative number, got -1.0"
+    assert output.strip().splitlines()[-1] == line, output
+    assert output.count(line) == 1, output  # every process finds it; the first one says it
+    assert "Traceback" not in output and "ChildFailedError" not in output and "exitcode" not in output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux only")
+def test_sigterm_to_multi_process_launch_saves_a_checkpoint_and_the_command_exits_0(tmp_path, installed_site):
+    out = tmp_path / "launched"
+    proc = _cli(["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0, *QUICK],
+                launcher=_multi_process_launch(installed_site), env_extra=CPU_PROCESSES)  # fmt: skip
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # only the launcher (torchrun's agent forwards it to both processes)
+    try:
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output
+    (checkpoint,) = find_checkpoints(out)
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+    assert saved >= 3 and max(losses(out)) == saved, output
+    assert output.strip().splitlines()[-1] == f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints"
+    assert "Traceback" not in output and "SignalException" not in output
+
+
+def test_sigterm_during_set_up_stops_with_status_0_and_loses_nothing(tmp_path):
+    """A SIGTERM while the tokenizer is trained and the data built (before the loop's handler): one line and
+    status 0, or, where Python swallowed the stop (inside a callback), a stop at the first step with a checkpoint."""
+    out = tmp_path / "early"
+    proc = _cli(["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0, *QUICK],
+                launcher=(sys.executable,))  # fmt: skip
+    lines = []
+    for line in proc.stdout:  # the tokenizer is trained once the corpus is read: set-up is under way
+        lines.append(line)
+        if "training a wordpiece tokenizer" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    try:
+        rest, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    output = "".join(lines) + rest
+    assert proc.returncode == 0, output
+    last = output.strip().splitlines()[-1]
+    if last.startswith("stopped by signal at step"):  # the fallback: the Trainer saw the pending signal
+        (checkpoint,) = find_checkpoints(out)
+        assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == max(losses(out))
+    else:
+        assert last == "stopped by SIGTERM outside the training loop; checkpoints and models completed before it are kept"
+        assert not find_checkpoints(out) if out.exists() else True
+        assert "Traceback" not in output
+    # the folder (if made) holds no checkpoint, so the same command starts over in it
+    again = run(out, "--training.max_steps", 2, "--training.save_steps", 0, *QUICK)
+    assert again.global_step == 2 and (out / "final" / "model.safetensors").is_file()
+
+
+def test_sigterm_during_the_final_export_lets_it_finish(tmp_path, monkeypatch):
+    from kiln import export
+
+    original = export.export_model
+
+    def signalled_export(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler would, while final/ is being written
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(export, "export_model", signalled_export)
+    out = tmp_path / "export"
+    state = run(out, "--training.max_steps", 3, "--training.save_steps", 0, *QUICK)
+    assert state.stop_reason == "max_steps" and state.global_step == 3
+    assert (out / "final" / "model.safetensors").is_file() and not (out / "final.tmp").exists()
+
+
 # ----------------------------------------------------------------------------------------------------------
 # item 8: validate before touching the output folder; a folder without a checkpoint can be reused
 
