@@ -61,8 +61,8 @@ class Head:
 
 @dataclass(frozen=True)
 class FinetuneTask:
-    """A fine-tuning task, declared; `run_task(task, argv)` runs it. `start` result and label set (`labels`) are
-    handed to the steps after them as `start` and `labels`."""
+    """A fine-tuning task, declared; `run_task(task, argv)` runs it. The steps are called in the order of the
+    module docstring; what `start` returns and the label set `labels` chooses are handed to the later steps."""
 
     script: str
     """The script's path (finetune/classify.py): --help shows `accelerate launch <script>`."""
