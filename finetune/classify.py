@@ -19,30 +19,14 @@ from dataclasses import dataclass, field  # noqa: E402
 from finetune.common import (  # noqa: E402
     EncoderModelConfig,
     EvalConfig,
-    FinetuneJob,
-    check_best_metric,
     cli,
-    data_files,
-    dataset_names,
     finetune_training,
-    initialisation,
     is_fine_tuned,
-    only_test_split,
     pop_flags,
-    positions_limit,
-    predict_files,
-    quiet_transformers,
-    report_loading,
     report_truncation,
-    resolve_checkpoint,
-    run_finetuning,
-    run_prediction,
-    scratch_model,
-    setup_run,
-    subsample,
-    validate_common,
 )
-from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
+from finetune.runner import FinetuneTask, encoder_checkpoint, encoder_head, encoder_model, run_task  # noqa: E402
+from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
 
 DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for sequence
 classification: single sentences or sentence pairs (GLUE-style), labels given as names or ints (saved as
@@ -171,43 +155,26 @@ def choose_labels(dataset, data, checkpoint_config, model_cfg, predict: bool) ->
         label2id, id2label = build_label_maps(labels)
         return Labels(False, label2id, id2label), False
     wanted_ints = all(isinstance(label, int) for label in labels)
-    ordered = dict.fromkeys(int(name) if wanted_ints else name for name in data.label_list)  # ids in list order
+    ordered = dict.fromkeys(
+        int(name) if wanted_ints else name for name in data.label_list
+    )  # ids in list order
     return Labels(False, {label: i for i, label in enumerate(ordered)}, dict(enumerate(ordered))), False
 
 
 def build_model(path: str, model_cfg, labels: Labels, keep_head: bool):
-    import torch
     from transformers import AutoModelForSequenceClassification
 
-    kwargs = dict(revision=model_cfg.revision, attn_implementation=model_cfg.attn_implementation)
-    if model_cfg.classifier_dropout is not None:
-        kwargs["classifier_dropout"] = model_cfg.classifier_dropout
-    if model_cfg.dropout is not None:
-        kwargs.update(hidden_dropout_prob=model_cfg.dropout, attention_probs_dropout_prob=model_cfg.dropout)
+    new_head = None
     if not keep_head:
-        kwargs.update(
+        new_head = dict(
             num_labels=labels.num_labels,
             problem_type="regression" if labels.regression else "single_label_classification",
-            ignore_mismatched_sizes=True,  # a head fine-tuned for another label count is replaced
         )
         if not labels.regression:
-            kwargs["id2label"] = {i: str(name) for i, name in labels.names.items()}
-            kwargs["label2id"] = {str(name): i for i, name in labels.names.items()}
-    if model_cfg.from_scratch:
-        return scratch_model(AutoModelForSequenceClassification, path, model_cfg, **kwargs)
-    with quiet_transformers():
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            path, output_loading_info=True, **kwargs
-        )
-    report_loading(info, path, allowed_missing=lambda key: key.startswith(("classifier.", "model.pooler.")))
-    fine_tuned_before = not any(key.startswith("classifier.") for key in info["missing_keys"])
-    # --model.reset_head on a fine-tuned checkpoint: a new head (ignore_mismatched_sizes only replaces it when the
-    # label count differs)
-    if not keep_head and fine_tuned_before:
-        with torch.no_grad():
-            model.classifier.weight.normal_(0.0, model.config.initializer_range)
-            model.classifier.bias.zero_()
-    return model
+            new_head["id2label"] = {i: str(name) for i, name in labels.names.items()}
+            new_head["label2id"] = {str(name): i for i, name in labels.names.items()}
+    prefixes = ("classifier.", "model.pooler.")
+    return encoder_model(AutoModelForSequenceClassification, path, model_cfg, new_head, prefixes)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -300,88 +267,94 @@ def make_scoring(labels: Labels):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None):
-    config = build_config(
-        ClassifyConfig, argv, prog="accelerate launch finetune/classify.py", description=DESCRIPTION
-    )
-    # imported after build_config, so that --help answers at once
-    from transformers import AutoTokenizer, DataCollatorWithPadding
+# the task
 
-    from finetune.data import SPLITS, encode_labels, load_classification_data
+
+def start(config):
+    """The GLUE preset (--data.glue_task) and the checkpoint, before the run starts."""
     from finetune.glue import apply_preset
-    from pretrain.modeling import count_flops_per_token
 
-    validate_common(config)
-    data, model_cfg = config.data, config.model
-    loader_options = apply_preset(data, config.training) if data.glue_task else {}
-    path, checkpoint_config = resolve_checkpoint(
-        model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder",), model_cfg.revision
-    )
-    accelerator = setup_run(config)
-
-    with accelerator.main_process_first():
-        dataset = load_classification_data(
-            dataset_name=data.dataset_name,
-            dataset_config=data.dataset_config,
-            **(predict_files(data) if config.predict else data_files(data)),
-            text_columns=data.text_columns,
-            label_column=data.label_column,
-            label_list=_label_list(data),
-            validation_split_percentage=data.validation_split_percentage,
-            seed=config.training.seed,
-            **loader_options,
-        )
-    # the label set comes from the whole training split, before any max_*_samples cut
-    labels, keep_head = choose_labels(dataset, data, checkpoint_config, model_cfg, config.predict)
-    dataset = subsample(dataset, data)
-    check_best_metric(
-        config.training,
-        REGRESSION_METRICS if labels.regression else CLASSIFICATION_METRICS,
-        default="pearson" if labels.regression else "accuracy",
-    )
-    if config.predict:
-        dataset = only_test_split(dataset)
-    with quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=model_cfg.revision)
-    model = build_model(path, model_cfg, labels, keep_head)
-    max_length = positions_limit(
-        data.max_seq_length, model.config.max_position_embeddings, "data.max_seq_length"
+    return encoder_checkpoint(
+        config, apply_preset(config.data, config.training) if config.data.glue_task else {}
     )
 
+
+def read(config, files: dict, start):
+    from finetune.data import load_classification_data
+
+    data = config.data
+    return load_classification_data(
+        dataset_name=data.dataset_name,
+        dataset_config=data.dataset_config,
+        **files,
+        text_columns=data.text_columns,
+        label_column=data.label_column,
+        label_list=_label_list(data),
+        validation_split_percentage=data.validation_split_percentage,
+        seed=config.training.seed,
+        **start.loader_options,
+    )
+
+
+def labels(config, start, dataset) -> tuple[Labels, bool]:
+    return choose_labels(dataset, config.data, start.checkpoint_config, config.model, config.predict)
+
+
+def best_metric(config, chosen) -> tuple[tuple[str, ...], str]:
+    return (REGRESSION_METRICS, "pearson") if chosen[0].regression else (CLASSIFICATION_METRICS, "accuracy")
+
+
+def head(config, start, chosen):
+    labels, keep_head = chosen
+    names = "regression" if labels.regression else ", ".join(map(str, labels.names.values()))
+    return encoder_head(
+        config,
+        start.path,
+        lambda: build_model(start.path, config.model, labels, keep_head),
+        labels.num_labels,
+        {"labels": names},
+    )
+
+
+def tokenize(config, head, dataset, chosen, accelerator) -> dict:
+    from finetune.data import encode_labels
+
+    labels = chosen[0]
     encoded = dataset if labels.regression else encode_labels(dataset, labels.label2id)
+    positions = head.model.config.max_position_embeddings
     with accelerator.main_process_first():
-        tokenized = tokenize_splits(
-            encoded, tokenizer, max_length, model.config.max_position_embeddings, data
-        )
-    compute_metrics, prediction_rows = make_scoring(labels)
-    job = FinetuneJob(
-        task="text-classification",
-        model=model,
-        tokenizer=tokenizer,
-        collator=DataCollatorWithPadding(tokenizer),
-        infer=make_infer(labels.regression),
-        compute_metrics=compute_metrics,
-        prediction_rows=prediction_rows,
-        reference_column="label",
-        train_dataset=tokenized.get("train"),
-        eval_dataset=tokenized.get("validation"),
-        eval_split=dataset.get("validation"),
-        test_dataset=tokenized.get("test"),
-        test_split=dataset.get("test"),
-        metadata={"task": "text-classification", "num_labels": labels.num_labels},
-        datasets=dataset_names(data),
-        extra_summary={
-            "base model": model_cfg.checkpoint,
-            "initialisation": initialisation(model_cfg),
-            "labels": "regression" if labels.regression else ", ".join(map(str, labels.names.values())),
-            "max sequence length": max_length,
-        },
-        flops_per_token=count_flops_per_token(model.config, max_length),
-        extra_eval={name: (tokenized[name], dataset[name]) for name in dataset if name not in SPLITS},
-    )
-    if config.predict:
-        return run_prediction(config, accelerator, job)
-    return run_finetuning(config, accelerator, job)
+        return tokenize_splits(encoded, head.tokenizer, head.max_length, positions, config.data)
+
+
+def collator(head):
+    from transformers import DataCollatorWithPadding
+
+    return DataCollatorWithPadding(head.tokenizer)
+
+
+def scoring(config, head, chosen):
+    return (make_infer(chosen[0].regression), *make_scoring(chosen[0]))
+
+
+TASK = FinetuneTask(
+    script="finetune/classify.py",
+    config=ClassifyConfig,
+    description=DESCRIPTION,
+    pipeline_tag="text-classification",
+    reference_column="label",
+    start=start,
+    read=read,
+    labels=labels,
+    best_metric=best_metric,
+    head=head,
+    tokenize=tokenize,
+    collator=collator,
+    scoring=scoring,
+)
+
+
+def main(argv: list[str] | None = None):
+    return run_task(TASK, argv)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""Shared glue of the fine-tuning scripts (finetune/classify.py, finetune/tag.py, finetune/seq2seq.py).
+"""The fine-tuning run, and the helpers the tasks share (finetune/classify.py, finetune/tag.py, finetune/seq2seq.py).
 
-A script turns its config into a `FinetuneJob` (model, tokenizer, tokenized splits, collator, and how to
-predict and score) and hands it to `run_finetuning`, which runs Kiln's one training loop
-(`kiln.trainer.Trainer`) with the callbacks (`kiln.callbacks` and `TestPredictions`) that do what every task
-needs around it:
+The job runner (finetune/runner.py) turns a script's config into a `FinetuneJob` (model, tokenizer, tokenized
+splits, collator, and how to predict and score) by the steps its `FinetuneTask` declares, and hands it to
+`run_finetuning`, which runs Kiln's one training loop (`kiln.trainer.Trainer`) with the callbacks
+(`kiln.callbacks` and `TestPredictions`) that do what every task needs around it:
 
     evaluation each epoch (or every training.eval_steps) -> best model kept in output_dir/best by
     training.metric_for_best_model (early stopping by training.early_stopping_patience) -> best model loaded

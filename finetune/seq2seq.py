@@ -30,27 +30,18 @@ from pathlib import Path  # noqa: E402
 
 from finetune.common import (  # noqa: E402
     EvalConfig,
-    FinetuneJob,
     check_best_metric,
     cli,
-    data_files,
-    dataset_names,
     finetune_training,
-    only_test_split,
     pop_flags,
     positions_limit,
-    predict_files,
     quiet_transformers,
     report_loading,
     report_truncation,
     resolve_checkpoint,
-    run_finetuning,
-    run_prediction,
-    setup_run,
-    subsample,
-    validate_common,
 )
-from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
+from finetune.runner import FinetuneTask, Head, run_task  # noqa: E402
+from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
 
 DESCRIPTION = """Fine-tune an encoder-decoder built from a pretrained Kiln encoder and a pretrained Kiln decoder
 (local runs/.../final folders or Hub ids; the decoder's cross-attention is new), or the same shapes from
@@ -446,14 +437,11 @@ def make_scoring(task: str):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None):
-    config = build_config(
-        Seq2SeqConfig, argv, prog="accelerate launch finetune/seq2seq.py", description=DESCRIPTION
-    )
-    # imported after build_config, so that --help answers at once
-    from finetune.data import load_seq2seq_data
+# the task
 
-    validate_common(config)
+
+def start(config) -> None:
+    """The task's checks, before the run starts."""
     data, generation = config.data, config.generation
     if data.task not in TASK_METRICS:
         raise ConfigError(f"data.task must be summarization or translation, got {data.task!r}")
@@ -461,24 +449,35 @@ def main(argv: list[str] | None = None):
         raise ConfigError("generation.num_beams and max_new_tokens must be >= 1, no_repeat_ngram_size >= 0")
     choices, default_metric = TASK_METRICS[data.task]
     check_best_metric(config.training, choices, default=default_metric)
-    accelerator = setup_run(config)  # seeds the new weights (cross-attention, or all of them from scratch)
-    model, tokenizers, summary = build_model(config.model, config.predict)
 
-    with accelerator.main_process_first():
-        dataset = load_seq2seq_data(
-            dataset_name=data.dataset_name,
-            dataset_config=data.dataset_config,
-            **(predict_files(data) if config.predict else data_files(data)),
-            source_column=data.source_column,
-            target_column=data.target_column,
-            source_lang=data.source_lang,
-            target_lang=data.target_lang,
-            validation_split_percentage=data.validation_split_percentage,
-            seed=config.training.seed,
-        )
-    dataset = subsample(dataset, data)
-    if config.predict:
-        dataset = only_test_split(dataset)
+
+def head(config, start, labels) -> Head:
+    """Built right after seeding: the new weights (cross-attention, or all of them from scratch) are seeded."""
+    model, tokenizers, summary = build_model(config.model, config.predict)
+    return Head(model, tokenizers, summary=summary, metadata={"seq2seq_task": config.data.task})
+
+
+def read(config, files: dict, start):
+    from finetune.data import load_seq2seq_data
+
+    data = config.data
+    return load_seq2seq_data(
+        dataset_name=data.dataset_name,
+        dataset_config=data.dataset_config,
+        **files,
+        source_column=data.source_column,
+        target_column=data.target_column,
+        source_lang=data.source_lang,
+        target_lang=data.target_lang,
+        validation_split_percentage=data.validation_split_percentage,
+        seed=config.training.seed,
+    )
+
+
+def tokenize(config, head, dataset, labels, accelerator) -> dict:
+    """Source and target lengths and the generation settings (capped by the model's positions), then the
+    tokenized splits."""
+    data, generation, model = config.data, config.generation, head.model
     encoder_positions = model.config.encoder.max_position_embeddings
     decoder_positions = model.config.decoder.max_position_embeddings
     max_source = positions_limit(data.max_source_length, encoder_positions, "data.max_source_length")
@@ -490,40 +489,46 @@ def main(argv: list[str] | None = None):
         "generation.max_new_tokens",
         "the decoder's max_position_embeddings - 1",
     )
-    set_special_tokens(model, tokenizers, generation, max_new_tokens)
-
-    with accelerator.main_process_first():
-        positions = (encoder_positions, decoder_positions)
-        tokenized = tokenize_splits(dataset, tokenizers, max_source, max_target, positions, data)
-    compute_metrics, prediction_rows = make_scoring(data.task)
-    job = FinetuneJob(
-        task="text2text-generation",
-        model=model,
-        tokenizer=tokenizers,
-        collator=Seq2SeqCollator(tokenizers.encoder, model),
-        infer=make_infer(tokenizers.decoder, model.generation_config),
-        compute_metrics=compute_metrics,
-        prediction_rows=prediction_rows,
-        reference_column="target",
-        train_dataset=tokenized.get("train"),
-        eval_dataset=tokenized.get("validation"),
-        eval_split=dataset.get("validation"),
-        test_dataset=tokenized.get("test"),
-        test_split=dataset.get("test"),
-        metadata={"task": "text2text-generation", "seq2seq_task": data.task},
-        datasets=dataset_names(data),
-        extra_summary={
-            **summary,
+    set_special_tokens(model, head.tokenizer, generation, max_new_tokens)
+    head.summary.update(
+        {
             "task": data.task,
             "max source / target length": f"{max_source} / {max_target}",
             "generation": f"num_beams {generation.num_beams}, max_new_tokens {max_new_tokens}, "
             f"length_penalty {generation.length_penalty}, no_repeat_ngram_size {generation.no_repeat_ngram_size}",
-        },
-        card_usage=CARD_USAGE,
+        }
     )
-    if config.predict:
-        return run_prediction(config, accelerator, job)
-    return run_finetuning(config, accelerator, job)
+    with accelerator.main_process_first():
+        positions = (encoder_positions, decoder_positions)
+        return tokenize_splits(dataset, head.tokenizer, max_source, max_target, positions, data)
+
+
+def collator(head):
+    return Seq2SeqCollator(head.tokenizer.encoder, head.model)
+
+
+def scoring(config, head, labels):
+    return (make_infer(head.tokenizer.decoder, head.model.generation_config), *make_scoring(config.data.task))
+
+
+TASK = FinetuneTask(
+    script="finetune/seq2seq.py",
+    config=Seq2SeqConfig,
+    description=DESCRIPTION,
+    pipeline_tag="text2text-generation",
+    reference_column="target",
+    start=start,
+    read=read,
+    head=head,
+    tokenize=tokenize,
+    collator=collator,
+    scoring=scoring,
+    card_usage=CARD_USAGE,
+)
+
+
+def main(argv: list[str] | None = None):
+    return run_task(TASK, argv)
 
 
 if __name__ == "__main__":

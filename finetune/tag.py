@@ -19,30 +19,14 @@ from dataclasses import dataclass, field  # noqa: E402
 from finetune.common import (  # noqa: E402
     EncoderModelConfig,
     EvalConfig,
-    FinetuneJob,
-    check_best_metric,
     cli,
-    data_files,
-    dataset_names,
     finetune_training,
-    initialisation,
     is_fine_tuned,
-    only_test_split,
     pop_flags,
-    positions_limit,
-    predict_files,
-    quiet_transformers,
-    report_loading,
     report_truncation,
-    resolve_checkpoint,
-    run_finetuning,
-    run_prediction,
-    scratch_model,
-    setup_run,
-    subsample,
-    validate_common,
 )
-from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig, build_config  # noqa: E402
+from finetune.runner import FinetuneTask, encoder_checkpoint, encoder_head, encoder_model, run_task  # noqa: E402
+from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
 
 DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for token
 classification: CoNLL-style column files (tag column chosen), CoNLL-U files (UPOS or XPOS), or a Hub dataset
@@ -153,33 +137,10 @@ def choose_tags(dataset, data, checkpoint_config, model_cfg, predict: bool) -> t
 
 
 def build_model(path: str, model_cfg, label2id: dict, id2label: dict, keep_head: bool):
-    import torch
     from transformers import AutoModelForTokenClassification
 
-    kwargs = dict(revision=model_cfg.revision, attn_implementation=model_cfg.attn_implementation)
-    if model_cfg.classifier_dropout is not None:
-        kwargs["classifier_dropout"] = model_cfg.classifier_dropout
-    if model_cfg.dropout is not None:
-        kwargs.update(hidden_dropout_prob=model_cfg.dropout, attention_probs_dropout_prob=model_cfg.dropout)
-    if not keep_head:
-        kwargs.update(
-            num_labels=len(id2label), id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True
-        )
-    if model_cfg.from_scratch:
-        return scratch_model(AutoModelForTokenClassification, path, model_cfg, **kwargs)
-    with quiet_transformers():
-        model, info = AutoModelForTokenClassification.from_pretrained(
-            path, output_loading_info=True, **kwargs
-        )
-    report_loading(info, path, allowed_missing=lambda key: key.startswith("classifier."))
-    fine_tuned_before = not any(key.startswith("classifier.") for key in info["missing_keys"])
-    # --model.reset_head on a fine-tuned checkpoint: a new head (ignore_mismatched_sizes only replaces it when the
-    # label count differs)
-    if not keep_head and fine_tuned_before:
-        with torch.no_grad():
-            model.classifier.weight.normal_(0.0, model.config.initializer_range)
-            model.classifier.bias.zero_()
-    return model
+    new_head = None if keep_head else dict(num_labels=len(id2label), id2label=id2label, label2id=label2id)
+    return encoder_model(AutoModelForTokenClassification, path, model_cfg, new_head, ("classifier.",))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -287,82 +248,92 @@ def make_scoring(id2label: dict):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None):
-    config = build_config(TagConfig, argv, prog="accelerate launch finetune/tag.py", description=DESCRIPTION)
-    # imported after build_config, so that --help answers at once
-    from transformers import AutoTokenizer, DataCollatorForTokenClassification
+# the task
 
-    from finetune.data import encode_labels, load_tagging_data
-    from pretrain.modeling import count_flops_per_token
 
-    validate_common(config)
-    data, model_cfg = config.data, config.model
-    path, checkpoint_config = resolve_checkpoint(
-        model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder",), model_cfg.revision
-    )
-    accelerator = setup_run(config)
+def read(config, files: dict, start):
+    from finetune.data import load_tagging_data
 
-    with accelerator.main_process_first():
-        dataset = load_tagging_data(
-            dataset_name=data.dataset_name,
-            dataset_config=data.dataset_config,
-            **(predict_files(data) if config.predict else data_files(data)),
-            tokens_column=data.tokens_column,
-            tags_column=data.tags_column,
-            tag_column=data.tag_column,
-            token_column=data.token_column,
-            tag_field=data.tag_field,
-            label_list=data.label_list,
-            validation_split_percentage=data.validation_split_percentage,
-            seed=config.training.seed,
-        )
-    # the tag set comes from the whole training split, before any max_*_samples cut
-    label2id, id2label, keep_head = choose_tags(dataset, data, checkpoint_config, model_cfg, config.predict)
-    dataset = subsample(dataset, data)
-    choices, default_metric = best_metric_choices(list(label2id))
-    check_best_metric(config.training, choices, default=default_metric)
-    if config.predict:
-        dataset = only_test_split(dataset)
-    with quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=model_cfg.revision)
-    model = build_model(path, model_cfg, label2id, id2label, keep_head)
-    max_length = positions_limit(
-        data.max_seq_length, model.config.max_position_embeddings, "data.max_seq_length"
+    data = config.data
+    return load_tagging_data(
+        dataset_name=data.dataset_name,
+        dataset_config=data.dataset_config,
+        **files,
+        tokens_column=data.tokens_column,
+        tags_column=data.tags_column,
+        tag_column=data.tag_column,
+        token_column=data.token_column,
+        tag_field=data.tag_field,
+        label_list=data.label_list,
+        validation_split_percentage=data.validation_split_percentage,
+        seed=config.training.seed,
     )
 
+
+def tags(config, start, dataset) -> tuple[dict, dict, bool]:
+    return choose_tags(dataset, config.data, start.checkpoint_config, config.model, config.predict)
+
+
+def best_metric(config, chosen) -> tuple[list[str], str]:
+    return best_metric_choices(list(chosen[0]))
+
+
+def head(config, start, chosen):
+    label2id, id2label, keep_head = chosen
+    facts = {
+        "tags": ", ".join(id2label[i] for i in sorted(id2label)),
+        "label all pieces": config.data.label_all_tokens,
+    }
+    return encoder_head(
+        config,
+        start.path,
+        lambda: build_model(start.path, config.model, label2id, id2label, keep_head),
+        len(id2label),
+        facts,
+    )
+
+
+def tokenize(config, head, dataset, chosen, accelerator) -> dict:
+    from finetune.data import encode_labels
+
+    label2id = chosen[0]
     with accelerator.main_process_first():
         encoded = encode_labels(dataset, label2id)
-        positions = model.config.max_position_embeddings
-        tokenized = tokenize_splits(dataset, encoded, tokenizer, label2id, max_length, positions, data)
-    compute_metrics, prediction_rows = make_scoring(id2label)
-    job = FinetuneJob(
-        task="token-classification",
-        model=model,
-        tokenizer=tokenizer,
-        collator=DataCollatorForTokenClassification(tokenizer),
-        infer=infer,
-        compute_metrics=compute_metrics,
-        prediction_rows=prediction_rows,
-        reference_column="tags",
-        train_dataset=tokenized.get("train"),
-        eval_dataset=tokenized.get("validation"),
-        eval_split=dataset.get("validation"),
-        test_dataset=tokenized.get("test"),
-        test_split=dataset.get("test"),
-        metadata={"task": "token-classification", "num_labels": len(id2label)},
-        datasets=dataset_names(data),
-        extra_summary={
-            "base model": model_cfg.checkpoint,
-            "initialisation": initialisation(model_cfg),
-            "tags": ", ".join(id2label[i] for i in sorted(id2label)),
-            "label all pieces": data.label_all_tokens,
-            "max sequence length": max_length,
-        },
-        flops_per_token=count_flops_per_token(model.config, max_length),
-    )
-    if config.predict:
-        return run_prediction(config, accelerator, job)
-    return run_finetuning(config, accelerator, job)
+        positions = head.model.config.max_position_embeddings
+        return tokenize_splits(
+            dataset, encoded, head.tokenizer, label2id, head.max_length, positions, config.data
+        )
+
+
+def collator(head):
+    from transformers import DataCollatorForTokenClassification
+
+    return DataCollatorForTokenClassification(head.tokenizer)
+
+
+def scoring(config, head, chosen):
+    return (infer, *make_scoring(chosen[1]))
+
+
+TASK = FinetuneTask(
+    script="finetune/tag.py",
+    config=TagConfig,
+    description=DESCRIPTION,
+    pipeline_tag="token-classification",
+    reference_column="tags",
+    start=encoder_checkpoint,
+    read=read,
+    labels=tags,
+    best_metric=best_metric,
+    head=head,
+    tokenize=tokenize,
+    collator=collator,
+    scoring=scoring,
+)
+
+
+def main(argv: list[str] | None = None):
+    return run_task(TASK, argv)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Each folder `finetune/metrics/<name>/` holds `<name>.py` with one `evaluate.Metric` subclass that wraps a
 library (scikit-learn, SciPy, seqeval, sacreBLEU, rouge_score); the library computes, the module only adapts
-inputs and names the outputs.
+inputs and names the outputs. What the modules share (MetricInfo, docstring, input formats) is written once in
+`finetune/metrics/base.py` (`LocalMetric`), which each module imports by its absolute name.
 """
 
 from pathlib import Path

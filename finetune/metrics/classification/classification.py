@@ -4,9 +4,9 @@ Loaded by path (no Hub needed): `evaluate.load("<repo>/finetune/metrics/classifi
 or `finetune.metrics.load_metric("classification")`.
 """
 
-import datasets
-import evaluate
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from finetune.metrics.base import LocalMetric, pairs
 
 _DESCRIPTION = """
 Accuracy, F1 and Matthews correlation coefficient (MCC) of predicted class ids against reference class ids.
@@ -41,18 +41,10 @@ journal={Journal of Machine Learning Research}, volume={12}, pages={2825--2830},
 _AVERAGES = ("auto", "binary", "macro", "micro", "weighted")
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Classification(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
-            ),
-            reference_urls=["https://scikit-learn.org/stable/modules/model_evaluation.html"],
-        )
+class Classification(LocalMetric):
+    DESCRIPTION, INPUTS, CITATION = _DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION
+    FEATURES = pairs("int64")
+    URLS = {"reference_urls": ["https://scikit-learn.org/stable/modules/model_evaluation.html"]}
 
     def _compute(self, predictions, references, average="auto", pos_label=1, labels=None):
         if average not in _AVERAGES:

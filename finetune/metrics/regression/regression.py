@@ -3,9 +3,9 @@
 Loaded by path (no Hub needed): `finetune.metrics.load_metric("regression")`.
 """
 
-import datasets
-import evaluate
 from scipy.stats import pearsonr, spearmanr
+
+from finetune.metrics.base import LocalMetric, pairs
 
 _DESCRIPTION = """
 Pearson's r (linear correlation) and Spearman's rho (rank correlation) between predicted and reference scores.
@@ -31,18 +31,10 @@ author={Virtanen, Pauli and others}, journal={Nature Methods}, volume={17}, page
 """
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Regression(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("float64"), "references": datasets.Value("float64")}
-            ),
-            reference_urls=["https://docs.scipy.org/doc/scipy/reference/stats.html"],
-        )
+class Regression(LocalMetric):
+    DESCRIPTION, INPUTS, CITATION = _DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION
+    FEATURES = pairs("float64")
+    URLS = {"reference_urls": ["https://docs.scipy.org/doc/scipy/reference/stats.html"]}
 
     def _compute(self, predictions, references):
         if len(predictions) < 2:

@@ -5,9 +5,9 @@ Loaded by path (no Hub needed): `finetune.metrics.load_metric("rouge_summary")`.
 
 import re
 
-import datasets
-import evaluate
 from rouge_score import rouge_scorer
+
+from finetune.metrics.base import TEXT_AND_REFERENCES, LocalMetric
 
 _DESCRIPTION = """
 Mean (over segments) ROUGE-1, ROUGE-2, ROUGE-L and ROUGE-Lsum F-measure, on rouge_score's 0-1 scale.
@@ -44,26 +44,10 @@ def one_sentence_per_line(text):
     return _SENTENCE_END.sub("\n", text.strip())
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class RougeSummary(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=[
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string"),
-                        "references": datasets.Sequence(datasets.Value("string")),
-                    }
-                ),
-                datasets.Features(
-                    {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
-                ),
-            ],
-            codebase_urls=["https://github.com/google-research/google-research/tree/master/rouge"],
-        )
+class RougeSummary(LocalMetric):
+    DESCRIPTION, INPUTS, CITATION = _DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION
+    FEATURES = TEXT_AND_REFERENCES
+    URLS = {"codebase_urls": ["https://github.com/google-research/google-research/tree/master/rouge"]}
 
     def _compute(self, predictions, references, use_stemmer=True, split_sentences=True):
         if not predictions:

@@ -4,10 +4,10 @@ seqeval. Works on tag *names* (e.g. "B-PER"), one list per sentence, one tag per
 Loaded by path (no Hub needed): `finetune.metrics.load_metric("seqeval_tags")`.
 """
 
-import datasets
-import evaluate
 from seqeval.metrics import accuracy_score, classification_report
 from seqeval.scheme import BILOU, IOB1, IOB2, IOBES, IOE1, IOE2
+
+from finetune.metrics.base import LocalMetric, pairs
 
 _DESCRIPTION = """
 For IOB-style tag sets (every tag is "O" or has a B-/I-/E-/S-/L-/U- prefix): seqeval's entity-level
@@ -48,21 +48,10 @@ def looks_iob(tags):
     return all(tag == "O" or tag.startswith(_PREFIXES) for tag in tags)
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class SeqevalTags(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {
-                    "predictions": datasets.Sequence(datasets.Value("string")),
-                    "references": datasets.Sequence(datasets.Value("string")),
-                }
-            ),
-            codebase_urls=["https://github.com/chakki-works/seqeval"],
-        )
+class SeqevalTags(LocalMetric):
+    DESCRIPTION, INPUTS, CITATION = _DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION
+    FEATURES = pairs("string", lists=True)
+    URLS = {"codebase_urls": ["https://github.com/chakki-works/seqeval"]}
 
     def _compute(self, predictions, references, entities=None, scheme=None, mode=None):
         for i, (pred, ref) in enumerate(zip(predictions, references)):

@@ -3,9 +3,9 @@
 Loaded by path (no Hub needed): `finetune.metrics.load_metric("translation")`.
 """
 
-import datasets
-import evaluate
 from sacrebleu.metrics import BLEU, CHRF
+
+from finetune.metrics.base import TEXT_AND_REFERENCES, LocalMetric
 
 _DESCRIPTION = """
 sacreBLEU corpus BLEU (default 13a tokenization) and chrF (character n-gram F-score; chrF++ with
@@ -38,26 +38,10 @@ pages={186--191}}
 """
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Translation(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=[
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string"),
-                        "references": datasets.Sequence(datasets.Value("string")),
-                    }
-                ),
-                datasets.Features(
-                    {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
-                ),
-            ],
-            codebase_urls=["https://github.com/mjpost/sacreBLEU"],
-        )
+class Translation(LocalMetric):
+    DESCRIPTION, INPUTS, CITATION = _DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION
+    FEATURES = TEXT_AND_REFERENCES
+    URLS = {"codebase_urls": ["https://github.com/mjpost/sacreBLEU"]}
 
     def _compute(self, predictions, references, tokenize="13a", lowercase=False, chrf_word_order=0):
         if references and isinstance(references[0], str):

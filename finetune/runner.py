@@ -1,0 +1,259 @@
+"""One job runner for every fine-tuning task: a script declares its task (`FinetuneTask`), `run_task` does the rest.
+
+A task is a declaration: its config dataclass and --help text, when it starts (checks and checkpoints), its reader
+(raw splits from the configured source), its label set, its model head, its tokenization, its collator, and its
+inference, metric and prediction rows. `run_task` runs every script the same way:
+
+    config (defaults, --config YAML, --section.key overrides; --help) -> shared and task checks (`start`)
+    -> accelerator, logging, seed -> raw splits (`read`) -> label set from the whole training split (`labels`)
+    -> max_*_samples cut -> best-model metric checked -> --predict keeps the test split -> model (`head`)
+    -> tokenized splits (`tokenize`) -> `FinetuneJob` -> run_finetuning, or run_prediction with --predict
+
+A head that needs no label set (seq2seq) is built right after seeding, before the data is read. User errors
+raise (ConfigError, FinetuneDataError); a script's `__main__` runs `main` under `finetune.common.cli`, which
+prints them as one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from finetune.common import (
+    FinetuneJob,
+    FinetuneResult,
+    check_best_metric,
+    data_files,
+    dataset_names,
+    initialisation,
+    only_test_split,
+    positions_limit,
+    predict_files,
+    quiet_transformers,
+    report_loading,
+    resolve_checkpoint,
+    run_finetuning,
+    run_prediction,
+    scratch_model,
+    setup_run,
+    subsample,
+    validate_common,
+)
+from kiln.config import build_config
+
+
+@dataclass
+class Head:
+    """What a task's `head` builds: the model with its task head, and what goes along with it."""
+
+    model: Any
+    tokenizer: Any
+    """Saved next to the weights: anything with save_pretrained(folder)."""
+    summary: dict = field(default_factory=dict)
+    """Facts for the model card and the start-up summary (tokenize may add the lengths it settles)."""
+    metadata: dict = field(default_factory=dict)
+    """The run's metadata (task kind, number of labels)."""
+    max_length: int | None = None
+    """Tokens per example, for the tasks with one length."""
+    flops_per_token: float | None = None
+
+
+@dataclass(frozen=True)
+class FinetuneTask:
+    """A fine-tuning task, declared; `run_task(task, argv)` runs it. The steps are called in the order of the
+    module docstring; what `start` returns and the label set `labels` chooses are handed to the later steps."""
+
+    script: str
+    """The script's path (finetune/classify.py): --help shows `accelerate launch <script>`."""
+    config: type
+    """The config dataclass: sections model, data, eval, training, logging, hub, and the flag predict."""
+    description: str
+    """What --help says the script does."""
+    pipeline_tag: str
+    """Pipeline tag for the model card: text-classification, token-classification, text2text-generation."""
+    reference_column: str
+    """Column of the raw splits holding the references (label, tags, target)."""
+    start: Callable[[Any], Any]
+    """(config) -> what the later steps need from before the run starts: the task's own checks, the checkpoint
+    resolved (path and transformers config), loader options."""
+    read: Callable[[Any, dict, Any], Any]
+    """The reader: (config, data files by split, start) -> raw DatasetDict (finetune.data's loaders)."""
+    head: Callable[[Any, Any, Any], Head]
+    """The model head: (config, start, labels) -> Head."""
+    tokenize: Callable[[Any, Head, Any, Any, Any], dict]
+    """(config, head, raw splits, labels, accelerator) -> tokenized splits, row-aligned with the raw ones (it may add
+    columns to the raw splits, e.g. tagging's word_ids)."""
+    collator: Callable[[Head], Callable]
+    """(head) -> the batch collator."""
+    scoring: Callable[[Any, Head, Any], tuple[Callable, Callable, Callable]]
+    """(config, head, labels) -> (infer, compute_metrics, prediction_rows): inference, the evaluate metric, the
+    prediction writer's rows (see FinetuneJob)."""
+    labels: Callable[[Any, Any, Any], Any] | None = None
+    """(config, start, raw splits) -> the label set, from the whole training split (before any max_*_samples
+    cut); None: the head does not depend on the data."""
+    best_metric: Callable[[Any, Any], tuple[list[str], str]] | None = None
+    """(config, labels) -> (metrics the task computes, default best-model metric); None: `start` checks it."""
+    card_usage: str | None = None
+    """Python code for the model card's Usage section, when the default one does not fit (see FinetuneJob)."""
+
+    def parse(self, argv: list[str] | None):
+        """The config from defaults, --config YAML and overrides; --help prints the options and exits."""
+        return build_config(
+            self.config, argv, prog=f"accelerate launch {self.script}", description=self.description
+        )
+
+
+def build_job(task: FinetuneTask, config):
+    """(accelerator, FinetuneJob) of a parsed config."""
+    from finetune.data import SPLITS
+
+    validate_common(config)
+    start = task.start(config)
+    accelerator = setup_run(config)
+    head = (
+        task.head(config, start, None) if task.labels is None else None
+    )  # its new weights drawn right after seeding
+    data = config.data
+    with accelerator.main_process_first():
+        dataset = task.read(config, predict_files(data) if config.predict else data_files(data), start)
+    labels = task.labels(config, start, dataset) if task.labels is not None else None
+    dataset = subsample(dataset, data)
+    if task.best_metric is not None:
+        choices, default = task.best_metric(config, labels)
+        check_best_metric(config.training, choices, default=default)
+    if config.predict:
+        dataset = only_test_split(dataset)
+    if head is None:
+        head = task.head(config, start, labels)
+    tokenized = task.tokenize(config, head, dataset, labels, accelerator)
+    infer, compute_metrics, prediction_rows = task.scoring(config, head, labels)
+    job = FinetuneJob(
+        task=task.pipeline_tag,
+        model=head.model,
+        tokenizer=head.tokenizer,
+        collator=task.collator(head),
+        infer=infer,
+        compute_metrics=compute_metrics,
+        prediction_rows=prediction_rows,
+        reference_column=task.reference_column,
+        train_dataset=tokenized.get("train"),
+        eval_dataset=tokenized.get("validation"),
+        eval_split=dataset.get("validation"),
+        test_dataset=tokenized.get("test"),
+        test_split=dataset.get("test"),
+        metadata={"task": task.pipeline_tag, **head.metadata},
+        datasets=dataset_names(data),
+        extra_summary=head.summary,
+        flops_per_token=head.flops_per_token,
+        card_usage=task.card_usage,
+        extra_eval={name: (tokenized[name], dataset[name]) for name in dataset if name not in SPLITS},
+    )
+    return accelerator, job
+
+
+def run_task(task: FinetuneTask, argv: list[str] | None = None) -> FinetuneResult:
+    """A script's main(): parse its config, build the job, fine-tune (or --predict)."""
+    config = task.parse(argv)
+    accelerator, job = build_job(task, config)
+    if config.predict:
+        return run_prediction(config, accelerator, job)
+    return run_finetuning(config, accelerator, job)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# what the encoder tasks (classify, tag) share
+
+
+class EncoderStart(NamedTuple):
+    """What an encoder task knows before its run starts."""
+
+    path: str
+    """--model.checkpoint as a local folder or Hub id."""
+    checkpoint_config: Any
+    """Its transformers config (whether it was fine-tuned, and with which labels)."""
+    loader_options: dict = {}
+    """Further options of the task's reader (the GLUE presets')."""
+
+
+def encoder_checkpoint(config, loader_options: dict | None = None) -> EncoderStart:
+    """--model.checkpoint resolved as a Kiln encoder."""
+    model_cfg = config.model
+    path, checkpoint_config = resolve_checkpoint(
+        model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder",), model_cfg.revision
+    )
+    return EncoderStart(path, checkpoint_config, loader_options or {})
+
+
+def encoder_head(config, path: str, build: Callable[[], Any], num_labels: int, facts: dict) -> Head:
+    """The Head of a Kiln encoder with a task head: its tokenizer, the model `build()` returns, its sequence
+    length (data.max_seq_length capped at max_position_embeddings), FLOPs per token and card facts (`facts`
+    between the initialisation and the length)."""
+    from transformers import AutoTokenizer
+
+    from pretrain.modeling import count_flops_per_token
+
+    model_cfg = config.model
+    with quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=model_cfg.revision)
+    model = build()
+    max_length = positions_limit(
+        config.data.max_seq_length, model.config.max_position_embeddings, "data.max_seq_length"
+    )
+    summary = {
+        "base model": model_cfg.checkpoint,
+        "initialisation": initialisation(model_cfg),
+        **facts,
+        "max sequence length": max_length,
+    }
+    return Head(
+        model,
+        tokenizer,
+        summary=summary,
+        metadata={"num_labels": num_labels},
+        max_length=max_length,
+        flops_per_token=count_flops_per_token(model.config, max_length),
+    )
+
+
+def encoder_model(auto_class, path: str, model_cfg, new_head: dict | None, head_prefixes: tuple[str, ...]):
+    """A Kiln encoder with the task head of `auto_class` (e.g. AutoModelForTokenClassification), with the dropout
+    settings of `model_cfg`. `new_head`: the config of a new, randomly initialised head (num_labels, id2label,
+    ...); None keeps the checkpoint's fine-tuned one. `head_prefixes`: the weights a pretraining checkpoint
+    lacks by design (the head, the pooler); any other missing weight is an error."""
+    import torch
+
+    kwargs = dict(revision=model_cfg.revision, attn_implementation=model_cfg.attn_implementation)
+    if model_cfg.classifier_dropout is not None:
+        kwargs["classifier_dropout"] = model_cfg.classifier_dropout
+    if model_cfg.dropout is not None:
+        kwargs.update(hidden_dropout_prob=model_cfg.dropout, attention_probs_dropout_prob=model_cfg.dropout)
+    keep_head = new_head is None
+    if not keep_head:
+        # a head fine-tuned for another label count is replaced
+        kwargs.update(new_head, ignore_mismatched_sizes=True)
+    if model_cfg.from_scratch:
+        return scratch_model(auto_class, path, model_cfg, **kwargs)
+    with quiet_transformers():
+        model, info = auto_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    report_loading(info, path, allowed_missing=lambda key: key.startswith(head_prefixes))
+    fine_tuned_before = not any(key.startswith("classifier.") for key in info["missing_keys"])
+    # --model.reset_head on a fine-tuned checkpoint: a new head (ignore_mismatched_sizes only replaces it when the
+    # label count differs)
+    if not keep_head and fine_tuned_before:
+        with torch.no_grad():
+            model.classifier.weight.normal_(0.0, model.config.initializer_range)
+            model.classifier.bias.zero_()
+    return model
+
+
+__all__ = [
+    "EncoderStart",
+    "FinetuneTask",
+    "Head",
+    "build_job",
+    "encoder_checkpoint",
+    "encoder_head",
+    "encoder_model",
+    "run_task",
+]
