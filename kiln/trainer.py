@@ -661,9 +661,9 @@ class Trainer:
                     write_manifest(tmp)
         except BaseException:
             # a full disk, a kill: the half-written folder goes (it holds space a resume will need); the
-            # completed checkpoints were not touched
-            if acc.is_main_process:
-                shutil.rmtree(tmp, ignore_errors=True)
+            # completed checkpoints were not touched. Every process removes it: another one may still have been
+            # writing its own files into it (a leftover is removed when the next run starts, `_remove_partial`)
+            shutil.rmtree(tmp, ignore_errors=True)
             raise
         if acc.is_main_process:
             shutil.rmtree(final, ignore_errors=True)
@@ -673,6 +673,13 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_save(self, final, self.state)
         return final
+
+    def _remove_partial_checkpoints(self) -> None:
+        """Half-written checkpoint folders (`*.tmp`) a killed or failed run left behind: never resumed from, they
+        only hold disk space."""
+        if self.accelerator.is_main_process:
+            for partial in (self.output_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*.tmp"):
+                shutil.rmtree(partial, ignore_errors=True)
 
     def _forget_metrics_after(self, step: int) -> None:
         """metrics.jsonl rows of steps after the resumed checkpoint are replayed by this run: drop them."""
@@ -833,6 +840,7 @@ class Trainer:
             callback.on_train_begin(self)
         if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._remove_partial_checkpoints()
         if self.training.resume_from_checkpoint:
             self.resume(self.training.resume_from_checkpoint)
         self._print_summary()

@@ -799,3 +799,79 @@ def test_library_write_errors_are_named_as_the_disk_fault_behind_them(tmp_path):
     assert fault is not None and fault.errno == errno.EFBIG and fault.filename == str(tmp_path)
     assert not any(tmp_path.iterdir())  # the probe file is gone
     assert as_disk_fault(ValueError("some other problem"), tmp_path) is None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 9, on a real file system: a small tmpfs that fills up (ENOSPC) and is then remounted read-only (EROFS),
+# through the command line. Mounting needs CAP_SYS_ADMIN (root in this project's CI containers).
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", mount_point], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", mount_point], capture_output=True)
+
+
+def _remount(mount_point, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", mount_point], check=True, capture_output=True)
+
+
+def test_a_full_then_read_only_disk_is_one_line_and_keeps_every_completed_checkpoint(small_disk):
+    out = small_disk / "run"
+    args = ["--training.output_dir", out, "--training.max_steps", 40, "--training.save_steps", 2,
+            "--training.save_total_limit", 0, *QUICK]  # fmt: skip
+    proc = _cli(args, launcher=(sys.executable,))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, output
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("error: no space left on the device holding ") and str(out) in last, output
+    assert "Traceback" not in output
+    completed = find_checkpoints(out)
+    assert completed and not list((out / "checkpoints").glob("*.tmp")), output  # the half-written one is gone
+    kept = {c.name: _checkpoint_files(c) for c in completed}
+
+    _remount(small_disk, "ro")  # e.g. the kernel's answer to I/O errors on a failing disk
+    proc = _cli([*args, "--training.resume_from_checkpoint", "latest"], launcher=(sys.executable,))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, output
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "read-only file system" in last and "Traceback" not in output, output
+
+    _remount(small_disk, "rw,size=64m")  # room again: the run continues from its last complete checkpoint
+    proc = _cli([*args, "--training.resume_from_checkpoint", "latest"], launcher=(sys.executable,))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    assert (out / "final" / "model.safetensors").is_file()
+    assert {c.name: _checkpoint_files(c) for c in find_checkpoints(out) if c.name in kept} == kept
+
+
+def test_a_full_disk_under_a_multi_process_launch_ends_every_process_with_the_one_line(small_disk, installed_site):
+    """The disk fills while the first process writes a checkpoint: the others (waiting for it) must not hang."""
+    out = small_disk / "run"
+    args = ["--training.output_dir", out, "--training.max_steps", 40, "--training.save_steps", 2,
+            "--training.save_total_limit", 0, *QUICK]  # fmt: skip
+    proc = _cli(args, launcher=_multi_process_launch(installed_site), env_extra=CPU_PROCESSES)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, output
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("error: no space left on the device holding ") and str(out) in last, output
+    assert "Traceback" not in output and "ChildFailedError" not in output
+    completed = find_checkpoints(out)
+    assert completed, output
+    kept = {c.name: _checkpoint_files(c) for c in completed}
+
+    _remount(small_disk, "rw,size=64m")
+    proc = _cli([*args, "--training.resume_from_checkpoint", "latest"], launcher=_multi_process_launch(installed_site),
+                env_extra=CPU_PROCESSES)  # fmt: skip
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    assert (out / "final" / "model.safetensors").is_file()
+    assert not list((out / "checkpoints").glob("*.tmp"))  # a folder another process was still writing is gone
+    assert {c.name: _checkpoint_files(c) for c in find_checkpoints(out) if c.name in kept} == kept
