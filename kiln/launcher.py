@@ -68,35 +68,29 @@ class _PatchOnImport:
 
 
 def patch(module) -> None:
-    """Replace accelerate's single-process launcher by `kiln_simple_launcher`, and wrap its torchrun-based
-    launchers (multi-process, FSDP, single-node DeepSpeed) with `kiln_torchrun_launcher`, for Kiln's scripts."""
-    original = getattr(module, "simple_launcher", None)
+    """Wrap accelerate's single-process launcher (`kiln_simple_launcher`) and its torchrun-based launchers
+    (multi-process, FSDP, single-node DeepSpeed: `kiln_torchrun_launcher`) for Kiln's scripts."""
     prepare = getattr(module, "prepare_simple_launcher_cmd_env", None)
-    if original is not None and prepare is not None and not getattr(original, "kiln_wrapped", False):
-
-        def simple_launcher(args):
-            if not is_kiln_entry(args):
-                return original(args)
-            return kiln_simple_launcher(prepare, args)
-
-        simple_launcher.kiln_wrapped = True
-        simple_launcher.__doc__ = original.__doc__
-        module.simple_launcher = simple_launcher
+    if prepare is not None:
+        _wrap(module, "simple_launcher", lambda original, args: kiln_simple_launcher(prepare, args))
     for name in ("multi_gpu_launcher", "deepspeed_launcher"):
-        launcher = getattr(module, name, None)
-        if launcher is not None and not getattr(launcher, "kiln_wrapped", False):
-            setattr(module, name, _wrap_torchrun(launcher))
+        _wrap(module, name, kiln_torchrun_launcher)
 
 
-def _wrap_torchrun(original):
+def _wrap(module, name: str, kiln_launcher) -> None:
+    """`module.name(args)` becomes `kiln_launcher(original, args)` for Kiln's scripts, the original otherwise."""
+    original = getattr(module, name, None)
+    if original is None or getattr(original, "kiln_wrapped", False):
+        return
+
     def launcher(args):
         if not is_kiln_entry(args):
             return original(args)
-        return kiln_torchrun_launcher(original, args)
+        return kiln_launcher(original, args)
 
     launcher.kiln_wrapped = True
     launcher.__doc__ = original.__doc__
-    return launcher
+    setattr(module, name, launcher)
 
 
 def is_kiln_entry(args) -> bool:
