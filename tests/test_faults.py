@@ -105,12 +105,12 @@ def test_classify_resume_after_sigterm_writes_final(tmp_path, monkeypatch, kiln_
 # item 2: a Hub that accepts connections and never answers
 
 
-def test_stalled_hub_costs_a_bounded_wait_then_one_line_error_and_exit_1(tmp_path, hub):
+def test_stalled_hub_costs_a_bounded_wait_then_one_line_error_and_exit_1(tmp_path, hub, installed_site):
     hub.stall()
     out = tmp_path / "stalled"
     proc = _cli(["--training.output_dir", out, "--training.max_steps", 2, "--training.save_steps", 0, *QUICK,
                  "--hub.push_to_hub", "--hub.model_id", "kiln-test/stalled", "--hub.timeout_s", 1,
-                 "--hub.final_push_timeout_s", 3], launcher=(sys.executable,))  # fmt: skip
+                 "--hub.final_push_timeout_s", 3], launcher=_accelerate_launch(installed_site))  # fmt: skip
     try:
         output, _ = proc.communicate(timeout=180)
     finally:
