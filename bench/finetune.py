@@ -20,6 +20,10 @@ both. Before training, both models must give the same logits on the first dev se
 
 Rounds alternate the two (Kiln first in odd rounds) in one process; the speed-up is the median over rounds of
 the paired examples/s ratio (Kiln / transformers), which cancels slow drifts of the machine's load.
+
+Ablations: `--variant NAME='OPTIONS'` (repeatable) adds a Kiln run with OPTIONS appended to the Kiln options in
+every round (e.g. `--variant padded='--model.unpad_inputs false'`), reported under `variants` with its own paired
+speed-up. The JSON file is rewritten after every round, so a run cut short keeps its finished rounds.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import csv
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import sys
@@ -225,22 +230,24 @@ def run_reference(start: dict, work: Path, args) -> dict:
     }
 
 
-def run(args, kiln_extra: list[str]) -> dict:
+def run(args, kiln_extra: list[str], on_round=None) -> dict:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory(prefix="kiln-bench-finetune-") as tmp:
         work = Path(tmp)
         start = prepare(work, args)
         print(f"same start: {start['check']}", flush=True)
-        rounds = {"kiln": [], "reference": []}
+        variants = dict(parse_variant(text) for text in args.variant)
+        rounds = {"kiln": [], "reference": [], **{name: [] for name in variants}}
         load = [os.getloadavg()[0]]
+        names = list(rounds)
         for index in range(args.rounds):
-            order = ["kiln", "reference"] if index % 2 == 0 else ["reference", "kiln"]
-            for name in order:
-                if name == "kiln":
-                    result = run_kiln(start, work, args, kiln_extra)
-                else:
+            shift = index % len(names)  # each side takes each slot in turn
+            for name in names[shift:] + names[:shift]:
+                if name == "reference":
                     result = run_reference(start, work, args)
+                else:
+                    result = run_kiln(start, work, args, kiln_extra + variants.get(name, []))
                 rounds[name].append(result)
                 load.append(os.getloadavg()[0])
                 print(
@@ -249,7 +256,24 @@ def run(args, kiln_extra: list[str]) -> dict:
                     f"(load {load[-1]:.2f})",
                     flush=True,
                 )
-    paired = [k["examples_per_s"] / r["examples_per_s"] for k, r in zip(rounds["kiln"], rounds["reference"])]
+            if on_round is not None:
+                on_round(report(args, start, kiln_extra, variants, rounds, load))
+    return report(args, start, kiln_extra, variants, rounds, load)
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    name, _, options = text.partition("=")
+    if not name or name in ("kiln", "reference"):
+        raise SystemExit(f"--variant wants NAME='OPTIONS' with a new name, got {text!r}")
+    return name, shlex.split(options)
+
+
+def paired_speedups(runs: list[dict], reference: list[dict]) -> list[float]:
+    return [k["examples_per_s"] / r["examples_per_s"] for k, r in zip(runs, reference)]
+
+
+def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dict, load: list[float]) -> dict:
+    paired = paired_speedups(rounds["kiln"], rounds["reference"])
     layers, hidden, heads = SHAPES[args.shape]
     return {
         "task": "sst2",
@@ -281,6 +305,16 @@ def run(args, kiln_extra: list[str]) -> dict:
         "reference": rounds["reference"],
         "speedup": statistics.median(paired),
         "speedup_rounds": paired,
+        "rounds_done": len(paired),
+        "variants": {
+            name: {
+                "options": kiln_extra + options,
+                "runs": rounds[name],
+                "speedup": statistics.median(paired_speedups(rounds[name], rounds["reference"])),
+                "speedup_rounds": paired_speedups(rounds[name], rounds["reference"]),
+            }
+            for name, options in variants.items()
+        },
         "load_average": load,
         "machine": {
             "cpu": _cpu_name(),
@@ -311,6 +345,10 @@ def print_report(report: dict) -> None:
         accuracy = ", ".join(f"{r['dev_accuracy']:.4f}" for r in runs)
         print(f"{label:<14} {rate:>20.1f} {accuracy:>30}")
     loads = report["load_average"]
+    for name, variant in report["variants"].items():
+        rate = statistics.median(r["examples_per_s"] for r in variant["runs"])
+        accuracy = ", ".join(f"{r['dev_accuracy']:.4f}" for r in variant["runs"])
+        print(f"{name:<14} {rate:>20.1f} {accuracy:>30}   speed-up {variant['speedup']:.2f}")
     print(
         f"speed-up (median of paired Kiln/transformers examples/s): {report['speedup']:.2f} "
         f"(rounds: {', '.join(f'{x:.2f}' for x in report['speedup_rounds'])}); "
@@ -339,19 +377,27 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--reference-group-by-length", action="store_true", help="transformers' length-grouped sampler"
     )
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="NAME='OPTIONS'",
+        help="an extra Kiln run per round with these options appended (ablations); repeatable",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int)
     parser.add_argument("--sst2", type=Path, default=DEFAULT_SST2)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    report = run(args, kiln_extra)
-    print_report(report)
+    def write(result: dict) -> None:
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as file:
+                json.dump(result, file, indent=1)
+
+    result = run(args, kiln_extra, on_round=write)
+    print_report(result)
+    write(result)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as file:
-            json.dump(report, file, indent=1)
         print(f"wrote {args.json}")
-    return report
+    return result
 
 
 if __name__ == "__main__":

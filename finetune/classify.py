@@ -179,7 +179,11 @@ def build_model(path: str, model_cfg, labels: Labels, keep_head: bool):
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    kwargs = dict(revision=model_cfg.revision, attn_implementation=model_cfg.attn_implementation)
+    kwargs = dict(
+        revision=model_cfg.revision,
+        attn_implementation=model_cfg.attn_implementation,
+        unpad_inputs=model_cfg.unpad_inputs,
+    )
     if model_cfg.classifier_dropout is not None:
         kwargs["classifier_dropout"] = model_cfg.classifier_dropout
     if model_cfg.dropout is not None:

@@ -156,7 +156,11 @@ def build_model(path: str, model_cfg, label2id: dict, id2label: dict, keep_head:
     import torch
     from transformers import AutoModelForTokenClassification
 
-    kwargs = dict(revision=model_cfg.revision, attn_implementation=model_cfg.attn_implementation)
+    kwargs = dict(
+        revision=model_cfg.revision,
+        attn_implementation=model_cfg.attn_implementation,
+        unpad_inputs=model_cfg.unpad_inputs,
+    )
     if model_cfg.classifier_dropout is not None:
         kwargs["classifier_dropout"] = model_cfg.classifier_dropout
     if model_cfg.dropout is not None:

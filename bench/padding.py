@@ -1,0 +1,115 @@
+"""Padding fraction of a pretraining run's batches, exactly as the trainer draws them.
+
+    python bench/padding.py --json bench/results/padding-encoder-tiny.json        # the default run
+    python bench/padding.py -- --config configs/pretrain/encoder-small.yaml      # any run: its options after `--`
+
+Builds the run's tokenizer and examples with the run's own functions (`pretrain.run.build_inputs`' steps: the
+tokenizer trained on the run's documents, `build_pretraining_data` with the run's seed), then reads the
+training epochs the run will go through (`training.max_steps` or `num_train_epochs`) in the trainer's order
+(its sampler, batch size, `drop_last`, the collator's `pad_to_multiple_of`) and counts real and padded tokens.
+It also counts what the same examples would cost (a) without rounding the width up to `pad_to_multiple_of` and
+(b) with unpadding (`unpad_inputs`: every position-wise layer runs on the real tokens only), to say what
+unpadding can buy at most: the padded / real token ratio of the position-wise work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    run_argv = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, help="epochs to read (default: as many as the run trains)")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+
+    import datasets
+    from torch.utils.data import DataLoader
+
+    from kiln.config import build_config
+    from kiln.trainer import Trainer
+    from pretrain.config import RunConfig
+    from pretrain.data import build_pretraining_data, prepare_tokenizer
+
+    datasets.disable_progress_bars()
+    os.chdir(REPO)  # the run's relative data paths
+    config = build_config(RunConfig, run_argv, prog="bench/padding.py")
+    data_cfg, training = config.data, config.training
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-padding-") as tmp:
+        data_cfg.cache_dir = data_cfg.cache_dir or str(Path(tmp) / "cache")
+        tokenizer = prepare_tokenizer(config.tokenizer, data_cfg, config.model.kind, str(Path(tmp) / "tokenizer"))
+        data = build_pretraining_data(
+            data_cfg, tokenizer, config.model.kind, config.model.objective, seed=training.seed,
+            max_position_embeddings=max(data_cfg.max_seq_length, 512),
+        )  # fmt: skip
+        batch_size = training.per_device_train_batch_size
+        examples = len(data.train_dataset(0))
+        batches_per_epoch = examples // batch_size
+        epochs = args.epochs or (
+            math.ceil(training.max_steps * training.gradient_accumulation_steps / batches_per_epoch)
+            if training.max_steps > 0
+            else math.ceil(training.num_train_epochs)
+        )
+        totals = {"batches": 0, "padded": 0, "real": 0, "unrounded": 0}
+        trainer_sampler = Trainer._train_sampler  # the trainer's own choice of sampler (random or length-grouped)
+
+        class _Owner:  # what `_train_sampler` reads of the trainer
+            def __init__(self):
+                self.training = training
+                self._lengths_cache = None
+
+            _lengths = Trainer._lengths
+
+        owner = _Owner()
+        for epoch in range(epochs):
+            dataset = data.train_dataset(epoch)
+            generator = torch.Generator().manual_seed(training.seed * 1000 + epoch)
+            sampler = trainer_sampler(owner, dataset, generator)
+            loader = DataLoader(
+                dataset, batch_size=batch_size, sampler=sampler, collate_fn=data.collator, drop_last=True
+            )
+            for batch in loader:
+                lengths = batch["attention_mask"].sum(1)
+                totals["batches"] += 1
+                totals["padded"] += batch["input_ids"].numel()
+                totals["real"] += int(lengths.sum())
+                totals["unrounded"] += int(lengths.max()) * len(lengths)
+    report = {
+        "run_options": run_argv,
+        "model_kind": config.model.kind,
+        "objective": config.model.objective,
+        "max_seq_length": data_cfg.max_seq_length,
+        "pad_to_multiple_of": data_cfg.pad_to_multiple_of,
+        "batch_size": batch_size,
+        "group_by_length": training.group_by_length,
+        "epochs_read": epochs,
+        "examples_per_epoch": examples,
+        **totals,
+        "padding_fraction": 1 - totals["real"] / totals["padded"],
+        "padding_fraction_without_rounding": 1 - totals["real"] / totals["unrounded"],
+        "unpadding_upper_bound": totals["padded"] / totals["real"],
+    }
+    print(json.dumps(report, indent=1))
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(report, file, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()
