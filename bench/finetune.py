@@ -23,7 +23,7 @@ the paired examples/s ratio (Kiln / transformers), which cancels slow drifts of 
 
 Ablations: `--variant NAME='OPTIONS'` (repeatable) adds a Kiln run with OPTIONS appended to the Kiln options in
 every round (e.g. `--variant padded='--model.unpad_inputs false'`), reported under `variants` with its own paired
-speed-up. The JSON file is rewritten after every round, so a run cut short keeps its finished rounds.
+speed-up. The JSON file is rewritten after every run, so a benchmark cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def run_reference(start: dict, work: Path, args) -> dict:
     }
 
 
-def run(args, kiln_extra: list[str], on_round=None) -> dict:
+def run(args, kiln_extra: list[str], on_run=None) -> dict:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory(prefix="kiln-bench-finetune-") as tmp:
@@ -256,8 +256,8 @@ def run(args, kiln_extra: list[str], on_round=None) -> dict:
                     f"(load {load[-1]:.2f})",
                     flush=True,
                 )
-            if on_round is not None:
-                on_round(report(args, start, kiln_extra, variants, rounds, load))
+                if on_run is not None:  # after every run: a benchmark cut short keeps what it measured
+                    on_run(report(args, start, kiln_extra, variants, rounds, load))
     return report(args, start, kiln_extra, variants, rounds, load)
 
 
@@ -270,6 +270,10 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 def paired_speedups(runs: list[dict], reference: list[dict]) -> list[float]:
     return [k["examples_per_s"] / r["examples_per_s"] for k, r in zip(runs, reference)]
+
+
+def median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dict, load: list[float]) -> dict:
@@ -303,14 +307,14 @@ def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dic
         "check": start["check"],
         "kiln": rounds["kiln"],
         "reference": rounds["reference"],
-        "speedup": statistics.median(paired),
+        "speedup": median_or_none(paired),
         "speedup_rounds": paired,
-        "rounds_done": len(paired),
+        "rounds_done": min(len(runs) for runs in rounds.values()),
         "variants": {
             name: {
                 "options": kiln_extra + options,
                 "runs": rounds[name],
-                "speedup": statistics.median(paired_speedups(rounds[name], rounds["reference"])),
+                "speedup": median_or_none(paired_speedups(rounds[name], rounds["reference"])),
                 "speedup_rounds": paired_speedups(rounds[name], rounds["reference"]),
             }
             for name, options in variants.items()
@@ -392,7 +396,7 @@ def main(argv: list[str] | None = None) -> dict:
             with open(args.json, "w") as file:
                 json.dump(result, file, indent=1)
 
-    result = run(args, kiln_extra, on_round=write)
+    result = run(args, kiln_extra, on_run=write)
     print_report(result)
     write(result)
     if args.json:
