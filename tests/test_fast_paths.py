@@ -423,9 +423,12 @@ def test_unpadded_path_stays_off_where_it_cannot_apply():
         model(**batch)  # unpadded
         out = model(**batch, output_hidden_states=True)  # per-layer (B, T, C) states wanted
         model(**{**batch, "attention_mask": torch.ones_like(batch["attention_mask"])})  # nothing to unpad
+        little = torch.ones_like(batch["attention_mask"])
+        little[1, -2:] = 0  # 2 of 115 positions padded: below UNPAD_MIN_PADDING, cheaper padded
+        model(**{**batch, "attention_mask": little})
         model.config.unpad_inputs = False
         model(**batch)
-    assert calls == [2, 3, 3, 3]
+    assert calls == [2, 3, 3, 3, 3]
     assert all(state.shape[:2] == batch["input_ids"].shape for state in out.hidden_states)
 
 

@@ -73,7 +73,8 @@ class KilnEncoderConfig(_KilnConfig):
         unpad_inputs: when a batch has padding, run every position-wise layer (QKV and output projections, MLP,
             LayerNorm, dropout) on the real tokens only and re-pad them only inside attention; the outputs at
             real positions are the padded path's, those at padded positions are zeros (the padded path returns
-            values there that nothing should read). Off when per-layer hidden states are requested.
+            values there that nothing should read). Only batches with at least 10% padding (below that the
+            gathers cost more than they save) and right padding; off when per-layer hidden states are requested.
     """
 
     model_type = "kiln_encoder"
