@@ -137,10 +137,9 @@ def time_steps(config, tokenizer, batches: list[dict]) -> dict:
     import statistics
     import time
 
+    import pretrain.modeling.modeling_kiln_encoder as encoder
     from pretrain.data import padded_vocab_size
     from pretrain.run import build_model
-
-    import pretrain.modeling.modeling_kiln_encoder as encoder
 
     # the unpadded variants unpad every padded batch, also below the model's own threshold (the question here is
     # what unpadding does at this run's padding)
