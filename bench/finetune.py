@@ -20,6 +20,16 @@ both. Before training, both models must give the same logits on the first dev se
 
 Rounds alternate the two (Kiln first in odd rounds) in one process; the speed-up is the median over rounds of
 the paired examples/s ratio (Kiln / transformers), which cancels slow drifts of the machine's load.
+
+`--task conll2003` does the same for token classification: `finetune/tag.py` (`configs/finetune/tag-conll2003.yaml`)
+against `Trainer` + `BertForTokenClassification` on the first `--train-samples` CoNLL-2003 training sentences
+(research-only data, read from `--conll2003`, copied only into a temporary folder), both tokenized with
+`finetune.data.tokenize_and_align` (first piece of each word labelled) and scored with the same seqeval entity F1
+on the dev sentences (the transformers model's piece predictions are mapped to words as tag.py maps Kiln's).
+
+Ablations: `--variant NAME='OPTIONS'` (repeatable) adds a Kiln run with OPTIONS appended to the Kiln options in
+every round (e.g. `--variant padded='--model.unpad_inputs false'`), reported under `variants` with its own paired
+speed-up. The JSON file is rewritten after every run, so a benchmark cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import csv
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import sys
@@ -44,6 +55,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 DEFAULT_SST2 = Path(os.environ.get("KILN_SST2", "/work/shared/data/sst2"))
+DEFAULT_CONLL = Path(os.environ.get("KILN_CONLL2003", "/work/shared/data/conll2003"))
 SHAPES = {  # layers, hidden, heads
     "test": (1, 32, 2),
     "tiny": (2, 128, 2),
@@ -83,6 +95,8 @@ def reset_accelerate() -> None:
 # ------------------------------------------------------------------------------------------------ the start
 def prepare(work: Path, args) -> dict:
     """Subset files, tokenizer, and the same initial weights saved for transformers and for Kiln."""
+    if args.task == "conll2003":
+        return prepare_tagging(work, args)
     from pretrain.convert import from_transformers
     from pretrain.data.tokenizer import train_tokenizer
 
@@ -123,6 +137,9 @@ def same_start(reference, kiln, tokenizer, sentences: list[str], atol: float = 1
 # ------------------------------------------------------------------------------------------------- the runs
 def run_kiln(start: dict, work: Path, args, extra: list[str]) -> dict:
     from finetune import classify
+
+    if args.task == "conll2003":
+        return run_kiln_tagging(start, work, args, extra)
 
     out = work / "kiln-run"
     argv = [
@@ -167,6 +184,9 @@ def run_kiln(start: dict, work: Path, args, extra: list[str]) -> dict:
 
 def run_reference(start: dict, work: Path, args) -> dict:
     from datasets import Dataset
+
+    if args.task == "conll2003":
+        return run_reference_tagging(start, work, args)
 
     tokenizer = start["tokenizer"]
 
@@ -225,34 +245,219 @@ def run_reference(start: dict, work: Path, args) -> dict:
     }
 
 
-def run(args, kiln_extra: list[str]) -> dict:
+# ------------------------------------------------------------------------------------------ token classification
+def prepare_tagging(work: Path, args) -> dict:
+    """CoNLL-2003 subsets as JSON lines (tokens, tags), a WordPiece tokenizer, the same start for both sides."""
+    from finetune.data import build_label_maps, load_tagging_data
+    from pretrain.convert import from_transformers
+    from pretrain.data.tokenizer import train_tokenizer
+
+    data = load_tagging_data(
+        train_file=str(args.conll2003 / "train.txt"), validation_file=str(args.conll2003 / "valid.txt"), tag_column=-1
+    )
+    train = data["train"].select(range(min(args.train_samples, len(data["train"]))))
+    dev = data["validation"]
+    if args.eval_samples:
+        dev = dev.select(range(min(args.eval_samples, len(dev))))
+    files = {"train": work / "train.jsonl", "dev": work / "dev.jsonl"}
+    for split, path in ((train, files["train"]), (dev, files["dev"])):
+        with open(path, "w") as file:
+            for row in split:
+                file.write(json.dumps({"tokens": row["tokens"], "tags": row["tags"]}) + "\n")
+    label2id, id2label = build_label_maps(train["tags"])  # what tag.py builds from the same training tags
+    tokenizer = train_tokenizer([" ".join(row) for row in train["tokens"]], "wordpiece", args.vocab_size)
+    layers, hidden, heads = SHAPES[args.shape]
+    torch.manual_seed(args.seed)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=4 * hidden, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+        num_labels=len(label2id), id2label={i: str(n) for i, n in id2label.items()},
+        label2id={str(n): i for n, i in label2id.items()},
+    )  # fmt: skip
+    reference = transformers.BertForTokenClassification(config)
+    kiln = from_transformers(reference)
+    folders = {"reference": work / "start-transformers", "kiln": work / "start-kiln"}
+    for name, model in (("reference", reference), ("kiln", kiln)):
+        model.save_pretrained(folders[name])
+        tokenizer.save_pretrained(folders[name])
+    batch = tokenizer(dev["tokens"][:64], is_split_into_words=True, padding=True, truncation=True,
+                      max_length=args.max_length, return_tensors="pt")  # fmt: skip
+    with torch.no_grad():
+        difference = (reference.eval()(**batch).logits - kiln.eval()(**batch).logits)[batch["attention_mask"] == 1]
+    difference = difference.abs().max().item()
+    if difference > 1e-4:
+        raise SystemExit(f"the starting models differ (max |logit difference| {difference:.2e}): not the same function")
+    return {"files": files, "folders": folders, "tokenizer": tokenizer, "label2id": label2id, "id2label": id2label,
+            "dev": {"tokens": [list(t) for t in dev["tokens"]], "tags": [list(t) for t in dev["tags"]]}, "check": {"max_logit_diff": difference, "sentences": len(batch["input_ids"])},
+            "train_rows": len(train), "dev_rows": len(dev)}  # fmt: skip
+
+
+def run_kiln_tagging(start: dict, work: Path, args, extra: list[str]) -> dict:
+    from finetune import tag
+
+    out = work / "kiln-run"
+    argv = [
+        "--config", str(REPO / "configs/finetune/tag-conll2003.yaml"),
+        "--model.checkpoint", str(start["folders"]["kiln"]),
+        "--data.train_file", str(start["files"]["train"]),
+        "--data.validation_file", str(start["files"]["dev"]),
+        "--data.test_file", "none",
+        "--data.max_seq_length", str(args.max_length),
+        "--training.output_dir", str(out), "--training.overwrite_output_dir", "true",
+        "--training.per_device_train_batch_size", str(args.batch_size),
+        "--training.per_device_eval_batch_size", str(args.eval_batch_size),
+        "--training.lr", str(args.lr),
+        "--training.num_train_epochs", str(args.epochs),
+        "--training.seed", str(args.seed),
+        "--training.warmup_ratio", str(WARMUP_RATIO),
+        "--training.eval_steps", "0",
+        "--eval.each_epoch", "false",
+        "--logging.logging_steps", "50",
+        *extra,
+    ]  # fmt: skip
+    reset_accelerate()
+    try:
+        result = tag.main(argv)
+    finally:
+        reset_accelerate()
+    state = result.state
+    evaluations = [entry for entry in state.history if any(key.startswith("eval/") for key in entry)]
+    trained = min(state.global_step * args.batch_size, start["train_rows"] * args.epochs)
+    shutil.rmtree(out, ignore_errors=True)
+    return {
+        "train_time_s": state.train_time_s,
+        "examples_trained": trained,
+        "examples_per_s": trained / state.train_time_s,
+        "tokens_seen": state.tokens_seen,
+        "optimizer_steps": state.global_step,
+        "dev_f1": evaluations[-1]["eval/f1"],
+        "dev_accuracy": evaluations[-1].get("eval/accuracy", evaluations[-1]["eval/f1"]),
+        "dev_loss": evaluations[-1].get("eval/loss"),
+        "argv": argv,
+    }
+
+
+def run_reference_tagging(start: dict, work: Path, args) -> dict:
+    from datasets import Dataset
+
+    from finetune.data import b_to_i_map, tokenize_and_align, words_from_predictions
+    from finetune.metrics import load_metric
+
+    tokenizer, label2id, id2label = start["tokenizer"], start["label2id"], start["id2label"]
+    b_to_i = b_to_i_map(label2id)
+
+    def encode(split) -> tuple[Dataset, list]:
+        rows = {"tokens": list(split["tokens"]), "tags": [[label2id[t] for t in tags] for tags in split["tags"]]}
+        encoding = tokenize_and_align(rows, tokenizer, False, args.max_length, b_to_i=b_to_i, return_word_ids=True)
+        word_ids = encoding.pop("word_ids")
+        return Dataset.from_dict(dict(encoding)), word_ids
+
+    with open(start["files"]["train"]) as file:
+        train_rows = [json.loads(line) for line in file]
+    train, _ = encode({"tokens": [r["tokens"] for r in train_rows], "tags": [r["tags"] for r in train_rows]})
+    dev, dev_word_ids = encode(start["dev"])
+    model = transformers.BertForTokenClassification.from_pretrained(start["folders"]["reference"])
+    steps = -(-len(train) // args.batch_size) * args.epochs
+    reset_accelerate()
+    training_args = transformers.TrainingArguments(
+        output_dir=str(work / "transformers-run"), per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.eval_batch_size, learning_rate=args.lr, num_train_epochs=args.epochs,
+        seed=args.seed, lr_scheduler_type="linear", warmup_steps=round(WARMUP_RATIO * steps), eval_strategy="no",
+        save_strategy="no", logging_steps=50, report_to="none", use_cpu=True, disable_tqdm=True,
+        train_sampling_strategy="group_by_length" if args.reference_group_by_length else "random", **MATCHED,
+    )  # fmt: skip
+    trainer = transformers.Trainer(
+        model=model, args=training_args, train_dataset=train,
+        data_collator=transformers.DataCollatorForTokenClassification(tokenizer),
+    )  # fmt: skip
+    try:
+        output = trainer.train()
+        start_eval = time.perf_counter()
+        predictions = trainer.predict(dev)
+        eval_time = time.perf_counter() - start_eval
+    finally:
+        reset_accelerate()
+    pieces = predictions.predictions.argmax(-1)
+    predicted = [
+        [id2label[i] for i in words_from_predictions(row.tolist(), word_ids)]
+        for row, word_ids in zip(pieces, dev_word_ids)
+    ]
+    references = [tags[: len(p)] for tags, p in zip(start["dev"]["tags"], predicted)]
+    scores = load_metric("seqeval_tags").compute(predictions=predicted, references=references)
+    shutil.rmtree(work / "transformers-run", ignore_errors=True)
+    trained = len(train) * args.epochs
+    return {
+        "train_time_s": output.metrics["train_runtime"],
+        "examples_trained": trained,
+        "examples_per_s": trained / output.metrics["train_runtime"],
+        "optimizer_steps": output.global_step,
+        "dev_f1": scores["f1"],
+        "dev_accuracy": scores.get("accuracy", scores["f1"]),
+        "dev_loss": predictions.metrics.get("test_loss"),
+        "eval_time_s": eval_time,
+        "optim": str(training_args.optim),
+    }
+
+
+def run(args, kiln_extra: list[str], on_run=None) -> dict:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory(prefix="kiln-bench-finetune-") as tmp:
         work = Path(tmp)
         start = prepare(work, args)
         print(f"same start: {start['check']}", flush=True)
-        rounds = {"kiln": [], "reference": []}
+        variants = dict(parse_variant(text) for text in args.variant)
+        rounds = {"kiln": [], "reference": [], **{name: [] for name in variants}}
         load = [os.getloadavg()[0]]
+        names = list(rounds)
         for index in range(args.rounds):
-            order = ["kiln", "reference"] if index % 2 == 0 else ["reference", "kiln"]
-            for name in order:
-                if name == "kiln":
-                    result = run_kiln(start, work, args, kiln_extra)
-                else:
+            shift = index % len(names)  # each side takes each slot in turn
+            for name in names[shift:] + names[:shift]:
+                if name == "reference":
                     result = run_reference(start, work, args)
+                else:
+                    result = run_kiln(start, work, args, kiln_extra + variants.get(name, []))
                 rounds[name].append(result)
                 load.append(os.getloadavg()[0])
                 print(
                     f"round {index + 1}/{args.rounds} {name}: {result['examples_per_s']:.1f} examples/s "
-                    f"({result['train_time_s']:.1f}s), dev accuracy {result['dev_accuracy']:.4f}  "
+                    f"({result['train_time_s']:.1f}s), dev {metric_name(result)} {dev_metric(result):.4f}  "
                     f"(load {load[-1]:.2f})",
                     flush=True,
                 )
-    paired = [k["examples_per_s"] / r["examples_per_s"] for k, r in zip(rounds["kiln"], rounds["reference"])]
+                if on_run is not None:  # after every run: a benchmark cut short keeps what it measured
+                    on_run(report(args, start, kiln_extra, variants, rounds, load))
+    return report(args, start, kiln_extra, variants, rounds, load)
+
+
+def metric_name(result: dict) -> str:
+    return "entity F1" if "dev_f1" in result else "accuracy"
+
+
+def dev_metric(result: dict) -> float:
+    return result.get("dev_f1", result["dev_accuracy"])
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    name, _, options = text.partition("=")
+    if not name or name in ("kiln", "reference"):
+        raise SystemExit(f"--variant wants NAME='OPTIONS' with a new name, got {text!r}")
+    return name, shlex.split(options)
+
+
+def paired_speedups(runs: list[dict], reference: list[dict]) -> list[float]:
+    return [k["examples_per_s"] / r["examples_per_s"] for k, r in zip(runs, reference)]
+
+
+def median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dict, load: list[float]) -> dict:
+    paired = paired_speedups(rounds["kiln"], rounds["reference"])
     layers, hidden, heads = SHAPES[args.shape]
     return {
-        "task": "sst2",
+        "task": args.task,
         "shape": {
             "name": args.shape,
             "layers": layers,
@@ -263,7 +468,7 @@ def run(args, kiln_extra: list[str]) -> dict:
         "data": {
             "train_examples": start["train_rows"],
             "dev_examples": start["dev_rows"],
-            "source": str(args.sst2),
+            "source": str(args.conll2003 if args.task == "conll2003" else args.sst2),
         },
         "settings": {
             "batch_size": args.batch_size,
@@ -279,8 +484,18 @@ def run(args, kiln_extra: list[str]) -> dict:
         "check": start["check"],
         "kiln": rounds["kiln"],
         "reference": rounds["reference"],
-        "speedup": statistics.median(paired),
+        "speedup": median_or_none(paired),
         "speedup_rounds": paired,
+        "rounds_done": min(len(runs) for runs in rounds.values()),
+        "variants": {
+            name: {
+                "options": kiln_extra + options,
+                "runs": rounds[name],
+                "speedup": median_or_none(paired_speedups(rounds[name], rounds["reference"])),
+                "speedup_rounds": paired_speedups(rounds[name], rounds["reference"]),
+            }
+            for name, options in variants.items()
+        },
         "load_average": load,
         "machine": {
             "cpu": _cpu_name(),
@@ -308,9 +523,13 @@ def print_report(report: dict) -> None:
     for name, label in (("kiln", "Kiln"), ("reference", "transformers")):
         runs = report[name]
         rate = statistics.median(r["examples_per_s"] for r in runs)
-        accuracy = ", ".join(f"{r['dev_accuracy']:.4f}" for r in runs)
+        accuracy = ", ".join(f"{dev_metric(r):.4f}" for r in runs)
         print(f"{label:<14} {rate:>20.1f} {accuracy:>30}")
     loads = report["load_average"]
+    for name, variant in report["variants"].items():
+        rate = statistics.median(r["examples_per_s"] for r in variant["runs"])
+        accuracy = ", ".join(f"{dev_metric(r):.4f}" for r in variant["runs"])
+        print(f"{name:<14} {rate:>20.1f} {accuracy:>30}   speed-up {variant['speedup']:.2f}")
     print(
         f"speed-up (median of paired Kiln/transformers examples/s): {report['speedup']:.2f} "
         f"(rounds: {', '.join(f'{x:.2f}' for x in report['speedup_rounds'])}); "
@@ -339,19 +558,29 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--reference-group-by-length", action="store_true", help="transformers' length-grouped sampler"
     )
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="NAME='OPTIONS'",
+        help="an extra Kiln run per round with these options appended (ablations); repeatable",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--task", choices=["sst2", "conll2003"], default="sst2")
     parser.add_argument("--sst2", type=Path, default=DEFAULT_SST2)
+    parser.add_argument("--conll2003", type=Path, default=DEFAULT_CONLL, help="folder with train.txt, valid.txt")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    report = run(args, kiln_extra)
-    print_report(report)
+    def write(result: dict) -> None:
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as file:
+                json.dump(result, file, indent=1)
+
+    result = run(args, kiln_extra, on_run=write)
+    print_report(result)
+    write(result)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as file:
-            json.dump(report, file, indent=1)
         print(f"wrote {args.json}")
-    return report
+    return result
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ class EncoderModelConfig:
     """Dropout inside the encoder while fine-tuning (hidden and attention; None: the checkpoint's). Useful when the checkpoint was pretrained without dropout."""
     attn_implementation: str = "sdpa"
     """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
+    unpad_inputs: bool = True
+    """Run the encoder blocks on the real tokens of a padded batch only (padding re-added inside attention): the same loss, gradients and predictions for less work (README Performance); false: the plain padded path."""
 
 
 @dataclass

@@ -223,7 +223,11 @@ def encoder_model(auto_class, path: str, model_cfg, new_head: dict | None, head_
     lacks by design (the head, the pooler); any other missing weight is an error."""
     import torch
 
-    kwargs = dict(revision=model_cfg.revision, attn_implementation=model_cfg.attn_implementation)
+    kwargs = dict(
+        revision=model_cfg.revision,
+        attn_implementation=model_cfg.attn_implementation,
+        unpad_inputs=model_cfg.unpad_inputs,
+    )
     if model_cfg.classifier_dropout is not None:
         kwargs["classifier_dropout"] = model_cfg.classifier_dropout
     if model_cfg.dropout is not None:

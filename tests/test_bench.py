@@ -210,6 +210,38 @@ def test_finetune_bench_trains_both_from_the_same_start_and_passes_kiln_options(
     assert report["speedup"] == pytest.approx(statistics.median(paired))
 
 
+@pytest.fixture
+def tiny_conll(tmp_path):
+    """A few CoNLL-2003-shaped sentences (word POS chunk NER; made up: the real data is research-only)."""
+    sentences = [
+        [("Anna", "B-PER"), ("visited", "O"), ("Paris", "B-LOC"), ("in", "O"), ("May", "O")],
+        [("The", "O"), ("United", "B-ORG"), ("Nations", "I-ORG"), ("met", "O"), ("today", "O"), (".", "O")],
+        [("Berlin", "B-LOC"), ("won", "O")],
+        [("John", "B-PER"), ("Smith", "I-PER"), ("likes", "O"), ("French", "B-MISC"), ("wine", "O"), (".", "O")],
+    ]
+    lines = ["-DOCSTART- -X- -X- O", ""]
+    for index in range(8):
+        for word, tag in sentences[index % len(sentences)]:
+            lines.append(f"{word} NN B-NP {tag}")
+        lines.append("")
+    for split in ("train", "valid"):
+        (tmp_path / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def test_finetune_bench_tagging_mode_trains_both_and_scores_the_same_way(finetune_bench, tiny_conll, tmp_path):
+    report = finetune_bench.main(
+        ["--task", "conll2003", "--shape", "test", "--train-samples", "8", "--batch-size", "4",
+         "--eval-batch-size", "4", "--vocab-size", "120", "--conll2003", str(tiny_conll),
+         "--variant", "padded=--model.unpad_inputs false", "--json", str(tmp_path / "tag.json")]
+    )  # fmt: skip
+    assert report["task"] == "conll2003" and report["check"]["max_logit_diff"] <= 1e-4
+    for run in report["kiln"] + report["reference"] + report["variants"]["padded"]["runs"]:
+        assert 0 <= run["dev_f1"] <= 1 and run["examples_trained"] == 8
+    assert report["variants"]["padded"]["options"] == ["--model.unpad_inputs", "false"]
+    assert "--model.unpad_inputs" in report["variants"]["padded"]["runs"][0]["argv"]
+
+
 def test_finetune_bench_refuses_a_start_that_is_not_the_same_function(finetune_bench, tiny_sst2):
     import transformers
 

@@ -3,6 +3,7 @@ across accumulation and processes, truncated evaluations, and resume at every st
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -137,8 +138,31 @@ def test_fused_adamw_follows_the_accelerator_device():
 
     model = torch.nn.Linear(4, 4)
     # the decision is read from the device accelerate will put the model on, not from where it is now (CPU)
-    assert build_optimizer(model, TrainingConfig(), torch.device("cpu")).defaults["fused"] is None
+    assert build_optimizer(model, TrainingConfig(), torch.device("cpu")).defaults["fused"] is True
     assert build_optimizer(model, TrainingConfig(), torch.device("cuda")).defaults["fused"] is True
+    assert build_optimizer(model, TrainingConfig(), torch.device("meta")).defaults["foreach"] is True
+
+
+def test_fused_cpu_adamw_takes_the_foreach_steps():
+    """The fused CPU kernel is a fast path: the same weights as the foreach AdamW after several steps."""
+    from kiln.config import TrainingConfig
+    from kiln.trainer import build_optimizer
+
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))]
+    models.append(copy.deepcopy(models[0]))
+    training = TrainingConfig(lr=1e-2, weight_decay=0.1)
+    optimizers = [build_optimizer(models[0], training, torch.device("cpu"))]
+    optimizers.append(build_optimizer(models[1], training, torch.device("meta")))  # foreach
+    assert optimizers[0].defaults["fused"] and optimizers[1].defaults["foreach"]
+    inputs = torch.randn(5, 32, 8)
+    for step in range(5):
+        for model, optimizer in zip(models, optimizers):
+            model(inputs[step]).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for fused, foreach in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(fused, foreach, atol=1e-6, rtol=1e-5)
 
 
 def test_skipped_fp16_step_holds_the_schedule_and_tokens_count_real_ones(tmp_path, monkeypatch, caplog):

@@ -4,6 +4,8 @@
   `F.cross_entropy(hidden @ weight.T)`, and the decoder's `chunked_lm_loss` against its dense head;
 - the encoder's sparse last block (only the labelled rows and the first token are computed) against the full
   block and against dense MLM logits, and its `chunked_mlm_loss`;
+- the encoder's unpadded path (`unpad_inputs`: position-wise layers on the real tokens only) against the padded
+  one, for every encoder head, right and left padding, with gradient checkpointing and the sparse last block;
 - the fused tanh GELU used for `gelu_new` against transformers' implementation;
 - the cheaper CPU dropout mask: its statistics, gradient, seeding and activation checkpointing.
 """
@@ -23,7 +25,11 @@ from pretrain.modeling import (
     KilnDecoderForCausalLM,
     KilnEncoderConfig,
     KilnEncoderForMaskedLM,
+    KilnEncoderForMultipleChoice,
     KilnEncoderForPreTraining,
+    KilnEncoderForQuestionAnswering,
+    KilnEncoderForSequenceClassification,
+    KilnEncoderForTokenClassification,
     KilnEncoderModel,
 )
 from pretrain.modeling.kiln_layers import KilnDropout, activation_module, apply_dropout, linear_cross_entropy
@@ -283,6 +289,147 @@ def test_chunked_mlm_loss_keeps_the_logits_outside_training():
     mlm_loss = F.cross_entropy(out.prediction_logits, batch["labels"][labelled])
     torch.testing.assert_close(out.mlm_loss, mlm_loss)
     assert KilnEncoderConfig().chunked_mlm_loss is False  # opt-in: training code may read the logits
+
+
+# ---------------------------------------------------------------------------------------------- unpadding
+def padded_batch(left: bool = False, batch_size: int = 5, width: int = 23):
+    """Sequences of very different lengths (one unpadded, one of a single token), padded on the right or left."""
+    generator = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([width, 1, 7, 16, 12][:batch_size])
+    input_ids = torch.randint(5, VOCAB, (batch_size, width), generator=generator)
+    positions = torch.arange(width)[None, :]
+    real = positions >= (width - lengths[:, None]) if left else positions < lengths[:, None]
+    input_ids[~real] = 0
+    token_type_ids = ((positions >= 5) & real).long()
+    return {"input_ids": input_ids, "attention_mask": real.long(), "token_type_ids": token_type_ids}
+
+
+def head_labels(model_class, batch):
+    real = batch["attention_mask"].bool()
+    B, T = batch["input_ids"].shape
+    generator = torch.Generator().manual_seed(4)
+    if model_class is KilnEncoderForSequenceClassification:
+        return {"labels": torch.randint(0, 3, (B,), generator=generator)}
+    if model_class is KilnEncoderForTokenClassification:
+        return {"labels": torch.randint(0, 3, (B, T), generator=generator).masked_fill(~real, -100)}
+    if model_class is KilnEncoderForQuestionAnswering:
+        return {"start_positions": torch.tensor([0, 0, 3, 9, 2]), "end_positions": torch.tensor([5, 0, 6, 12, 2])}
+    if model_class is KilnEncoderForMaskedLM:
+        selected = (torch.rand(B, T, generator=generator) < 0.3) & real
+        return {"labels": batch["input_ids"].masked_fill(~selected, -100)}
+    if model_class is KilnEncoderForPreTraining:
+        selected = (torch.rand(B, T, generator=generator) < 0.3) & real
+        selected[1, :] = real[1]
+        return {"labels": batch["input_ids"].masked_fill(~selected, -100),
+                "next_sentence_label": torch.tensor([0, 1, 1, 0, 1])}  # fmt: skip
+    return {}
+
+
+def main_output(model_class, out):
+    if model_class is KilnEncoderModel:
+        return out.last_hidden_state
+    if model_class is KilnEncoderForPreTraining:
+        return out.prediction_logits
+    if model_class is KilnEncoderForQuestionAnswering:
+        return torch.stack([out.start_logits, out.end_logits], -1)
+    return out.logits
+
+
+UNPADDED_HEADS = [  # the heads that unpad: nothing they return depends on the padded positions' states
+    KilnEncoderForSequenceClassification,
+    KilnEncoderForTokenClassification,
+    KilnEncoderForMaskedLM,  # with sparse prediction
+    KilnEncoderForPreTraining,  # with sparse prediction
+]
+PADDED_HEADS = [  # the bare model returns every position's state; QA's loss reads the padded positions' logits
+    KilnEncoderModel,
+    KilnEncoderForQuestionAnswering,
+]
+
+
+@pytest.mark.parametrize(
+    "model_class", UNPADDED_HEADS + PADDED_HEADS, ids=lambda c: c.__name__.removeprefix("KilnEncoder") or "Model"
+)
+@pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_unpadded_encoder_gives_the_padded_loss_gradients_and_predictions(model_class, left, checkpointing):
+    batch = padded_batch(left)
+    labels = head_labels(model_class, batch)
+    sparse = model_class in (KilnEncoderForMaskedLM, KilnEncoderForPreTraining)
+    results = {}
+    reference = None
+    for unpad in (False, True):
+        num_labels = 2 if model_class is KilnEncoderForQuestionAnswering else 3
+        config = encoder_config(
+            num_hidden_layers=3, num_labels=num_labels, unpad_inputs=unpad, sparse_prediction=sparse
+        )
+        model = model_class(config).train()
+        if reference is None:
+            reference = model.state_dict()
+        model.load_state_dict(reference)
+        if checkpointing:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                model.gradient_checkpointing_enable()
+        calls = []
+        model.get_submodule("model.layers.0" if hasattr(model, "model") else "layers.0").register_forward_hook(
+            lambda module, args, output, calls=calls: calls.append(output[0].dim())
+        )
+        out = model(**batch, **labels)
+        if labels:
+            out.loss.backward()
+        else:
+            # padded positions' states are read by nothing (and differ): the objective reads the real ones
+            out.last_hidden_state[batch["attention_mask"].bool()].square().sum().backward()
+        results[unpad] = (out, gradients(model))
+        # the unpadded path really ran ((N, C) rows in the blocks) where it applies: right padding, those heads
+        assert calls[0] == (2 if unpad and not left and model_class in UNPADDED_HEADS else 3)
+    (plain, plain_grads), (fast, fast_grads) = results[False], results[True]
+    if labels:
+        torch.testing.assert_close(fast.loss, plain.loss, atol=1e-5, rtol=1e-5)
+    expected, actual = main_output(model_class, plain), main_output(model_class, fast)
+    real = batch["attention_mask"].bool()
+    if expected.shape[:2] == real.shape:  # per-token outputs: equal at the real tokens, nothing read elsewhere
+        expected, actual = expected[real], actual[real]
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    if model_class is KilnEncoderForPreTraining:
+        torch.testing.assert_close(fast.seq_relationship_logits, plain.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+    if model_class is KilnEncoderModel and not left:
+        torch.testing.assert_close(fast.pooler_output, plain.pooler_output, atol=1e-5, rtol=1e-5)
+    assert_same_gradients(fast_grads, plain_grads, atol=1e-5, rtol=1e-4)
+
+
+def test_unpadded_multiple_choice_and_eval_predictions_match_the_padded_path():
+    batch = {key: value.view(1, 5, -1) for key, value in padded_batch().items()}
+    models = {}
+    for unpad in (False, True):
+        model = KilnEncoderForMultipleChoice(encoder_config(unpad_inputs=unpad)).eval()
+        if models:
+            model.load_state_dict(models[False].state_dict())
+        models[unpad] = model
+    with torch.no_grad():
+        plain, fast = (models[u](**batch, labels=torch.tensor([2])) for u in (False, True))
+    torch.testing.assert_close(fast.logits, plain.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast.loss, plain.loss, atol=1e-5, rtol=1e-5)
+    assert KilnEncoderConfig().unpad_inputs  # on by default: it changes nothing a caller reads
+
+
+def test_unpadded_path_stays_off_where_it_cannot_apply():
+    model = KilnEncoderForSequenceClassification(encoder_config(unpad_inputs=True)).eval()
+    batch = padded_batch()
+    calls = []
+    model.model.layers[0].register_forward_hook(lambda module, args, output: calls.append(output[0].dim()))
+    with torch.no_grad():
+        model(**batch)  # unpadded
+        out = model(**batch, output_hidden_states=True)  # per-layer (B, T, C) states wanted
+        model(**{**batch, "attention_mask": torch.ones_like(batch["attention_mask"])})  # nothing to unpad
+        little = torch.ones_like(batch["attention_mask"])
+        little[1, -2:] = 0  # 2 of 115 positions padded: below UNPAD_MIN_PADDING, cheaper padded
+        model(**{**batch, "attention_mask": little})
+        model.config.unpad_inputs = False
+        model(**batch)
+    assert calls == [2, 3, 3, 3, 3]
+    assert all(state.shape[:2] == batch["input_ids"].shape for state in out.hidden_states)
 
 
 # -------------------------------------------------------------------------------------------------- dropout

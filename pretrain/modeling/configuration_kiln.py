@@ -70,6 +70,11 @@ class KilnEncoderConfig(_KilnConfig):
             chunked vocabulary projection + cross-entropy that never holds the logits; the MLM logits are then
             None. Same loss and gradients, less time and memory. Off by default so that training code which
             reads the MLM logits keeps getting them; turn it on for pretraining.
+        unpad_inputs: when a batch has padding, run every position-wise layer (QKV and output projections, MLP,
+            LayerNorm, dropout) on the real tokens only and re-pad them only inside attention; the outputs at
+            real positions are the padded path's, those at padded positions are zeros (the padded path returns
+            values there that nothing should read). Only batches with at least 10% padding (below that the
+            gathers cost more than they save) and right padding; off when per-layer hidden states are requested.
     """
 
     model_type = "kiln_encoder"
@@ -93,6 +98,7 @@ class KilnEncoderConfig(_KilnConfig):
         sparse_prediction: bool = False,
         classifier_dropout: float | None = None,
         chunked_mlm_loss: bool = False,
+        unpad_inputs: bool = True,
         tie_word_embeddings: bool = True,
         **kwargs,
     ):
@@ -117,6 +123,7 @@ class KilnEncoderConfig(_KilnConfig):
         self.sparse_prediction = sparse_prediction
         self.classifier_dropout = classifier_dropout
         self.chunked_mlm_loss = chunked_mlm_loss
+        self.unpad_inputs = unpad_inputs
         self.is_decoder = False
         self.add_cross_attention = False
         # pad_token_id / tie_word_embeddings go through the base class: some transformers 5.x own them there

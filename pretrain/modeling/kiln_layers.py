@@ -162,9 +162,20 @@ class KilnSelfAttention(nn.Module):
         past_key_values=None,
         output_attentions=False,
         query_states=None,
+        unpadded=None,
     ):
         """query_states: (B, P, C) rows to compute outputs for, when not all of `hidden_states` (T rows) are
-        needed; keys and values still come from every row of `hidden_states`."""
+        needed; keys and values still come from every row of `hidden_states`.
+
+        unpadded: an `Unpadded` plan when `hidden_states` holds only the real tokens, (N, C): the projections run
+        on those N rows, and only the attention itself sees the (B, T) layout (zeros at the padding, which the
+        mask hides); the output is (N, C) again."""
+        if unpadded is not None:
+            qkv = unpadded.pad(self.qkv(hidden_states))  # (B, T, 3C)
+            B, T, C3 = qkv.shape
+            query, key, value = qkv.view(B, T, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4).unbind(0)
+            output, weights = attend(self, query, key, value, attention_mask, self.is_causal, output_attentions)
+            return self.out(unpadded.unpad(output)), weights
         B, T, C = hidden_states.shape
         if query_states is None:
             qkv = self.qkv(hidden_states).view(B, T, 3, self.num_heads, self.head_size)
@@ -242,6 +253,23 @@ class KilnMLP(nn.Module):
 
     def forward(self, hidden_states):
         return self.fc_out(self.act(self.fc_in(hidden_states)))
+
+
+class Unpadded:
+    """Where the real tokens of a right- or left-padded (B, T) batch sit: `unpad` keeps their rows of a (B, T, ...)
+    tensor as (N, ...), `pad` puts (N, ...) rows back into (B, T, ...) with zeros at the padding. Every
+    position-wise layer (projections, MLP, LayerNorm, dropout) then runs on the N real tokens only."""
+
+    def __init__(self, attention_mask: torch.Tensor):
+        self.batch_size, self.seq_len = attention_mask.shape
+        self.indices = attention_mask.reshape(-1).nonzero().squeeze(1)  # (N,)
+
+    def unpad(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.reshape(self.batch_size * self.seq_len, *tensor.shape[2:]).index_select(0, self.indices)
+
+    def pad(self, tensor: torch.Tensor) -> torch.Tensor:
+        full = tensor.new_zeros(self.batch_size * self.seq_len, *tensor.shape[1:])
+        return full.index_copy(0, self.indices, tensor).view(self.batch_size, self.seq_len, *tensor.shape[1:])
 
 
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
