@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from kiln_testing import DEBUG, REPO, losses, run
@@ -194,10 +195,24 @@ def installed_site(tmp_path_factory):
     (wheel,) = (root / "wheel").glob("kiln-*.whl")
     assert "kiln-launch.pth" in zipfile.ZipFile(wheel).namelist()  # at the top of the wheel: site-packages
     prefix = root / "prefix"
-    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", "--prefix", prefix, "-e", project],
-                   check=True, capture_output=True, env=env, cwd=root)  # fmt: skip
+    installed_before = _installed_kiln()
+    # --ignore-installed: without it pip uninstalls the Kiln installed in this environment (the user's own
+    # `pip install -e .`, CI's) before installing into the prefix
+    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", "--ignore-installed", "--prefix", prefix,
+                    "-e", project], check=True, capture_output=True, env=env, cwd=root)  # fmt: skip
+    assert _installed_kiln() == installed_before, "installing into the prefix must leave this environment's Kiln"
     (site,) = {p.parent for p in prefix.rglob("kiln-launch.pth")}
     return site
+
+
+def _installed_kiln() -> list[str]:
+    """The files of the Kiln distributions installed in this interpreter's own site-packages."""
+    import site as site_module
+
+    found = []
+    for folder in site_module.getsitepackages():
+        found += sorted(p.name for p in Path(folder).glob("*") if "kiln" in p.name.lower())
+    return found
 
 
 def _accelerate_launch(site) -> tuple:
