@@ -17,13 +17,20 @@ TEST_METRIC = {"sst2": "accuracy", "ud-pos": "accuracy", "conll2003": "f1", "mul
 PERCENT = {"sst2": 100, "ud-pos": 100, "conll2003": 100, "multi30k": 1}  # sacreBLEU is already on a 0-100 scale
 
 
+# Scratch runs take only the shape and tokenizer from their checkpoint; those made from these folders form the first
+# baseline (commits up to 79a2f1b), and those made from a later pretraining run's folder are kept apart, as a
+# baseline re-measured on that later code (e.g. "scratch (encoder-30min-sop30)").
+FIRST_SCRATCH_SHAPES = {"encoder-30min", "encoder-30min-shape"}
+
+
 def start(note: list[str]) -> str:
     """'scratch', or the pretraining run a fine-tuning run started from (ckpt=runs/NAME/final -> NAME)."""
-    if note[1] == "scratch":
-        return "scratch"
     ckpt = next((word.split("=", 1)[1] for word in note if word.startswith("ckpt=")), "")
     parts = Path(ckpt).parts
-    return parts[1] if len(parts) > 2 and parts[0] == "runs" else note[1]
+    name = parts[1] if len(parts) > 2 and parts[0] == "runs" else note[1]
+    if note[1] == "scratch":
+        return "scratch" if name in FIRST_SCRATCH_SHAPES or name == "scratch" else f"scratch ({name})"
+    return name
 
 
 def main() -> None:
