@@ -136,14 +136,14 @@ def same_start(reference, kiln, tokenizer, sentences: list[str], atol: float = 1
 
 # ------------------------------------------------------------------------------------------------- the runs
 def run_kiln(start: dict, work: Path, args, extra: list[str]) -> dict:
-    from finetune import classify
+    """The task's own Kiln script (classify.py for SST-2, tag.py for CoNLL-2003) through its main(), in this
+    process, with the benchmark's settings."""
+    from finetune import classify, tag
 
-    if args.task == "conll2003":
-        return run_kiln_tagging(start, work, args, extra)
-
+    script, config = (tag, "tag-conll2003.yaml") if args.task == "conll2003" else (classify, "classify-sst2.yaml")
     out = work / "kiln-run"
     argv = [
-        "--config", str(REPO / "configs/finetune/classify-sst2.yaml"),
+        "--config", str(REPO / "configs/finetune" / config),
         "--model.checkpoint", str(start["folders"]["kiln"]),
         "--data.train_file", str(start["files"]["train"]),
         "--data.validation_file", str(start["files"]["dev"]),
@@ -163,21 +163,24 @@ def run_kiln(start: dict, work: Path, args, extra: list[str]) -> dict:
     ]  # fmt: skip
     reset_accelerate()
     try:
-        result = classify.main(argv)
+        result = script.main(argv)
     finally:
         reset_accelerate()
     state = result.state
-    evaluations = [entry for entry in state.history if any(key.startswith("eval/") for key in entry)]
+    last_eval = [entry for entry in state.history if any(key.startswith("eval/") for key in entry)][-1]
     trained = min(state.global_step * args.batch_size, start["train_rows"] * args.epochs)
     shutil.rmtree(out, ignore_errors=True)
+    scores = {"dev_accuracy": last_eval["eval/accuracy"]}
+    if args.task == "conll2003":
+        scores = {"dev_f1": last_eval["eval/f1"], "dev_accuracy": last_eval.get("eval/accuracy", last_eval["eval/f1"])}
     return {
         "train_time_s": state.train_time_s,
         "examples_trained": trained,
         "examples_per_s": trained / state.train_time_s,
         "tokens_seen": state.tokens_seen,
         "optimizer_steps": state.global_step,
-        "dev_accuracy": evaluations[-1]["eval/accuracy"],
-        "dev_loss": evaluations[-1].get("eval/loss"),
+        **scores,
+        "dev_loss": last_eval.get("eval/loss"),
         "argv": argv,
     }
 
@@ -290,51 +293,6 @@ def prepare_tagging(work: Path, args) -> dict:
     return {"files": files, "folders": folders, "tokenizer": tokenizer, "label2id": label2id, "id2label": id2label,
             "dev": {"tokens": [list(t) for t in dev["tokens"]], "tags": [list(t) for t in dev["tags"]]}, "check": {"max_logit_diff": difference, "sentences": len(batch["input_ids"])},
             "train_rows": len(train), "dev_rows": len(dev)}  # fmt: skip
-
-
-def run_kiln_tagging(start: dict, work: Path, args, extra: list[str]) -> dict:
-    from finetune import tag
-
-    out = work / "kiln-run"
-    argv = [
-        "--config", str(REPO / "configs/finetune/tag-conll2003.yaml"),
-        "--model.checkpoint", str(start["folders"]["kiln"]),
-        "--data.train_file", str(start["files"]["train"]),
-        "--data.validation_file", str(start["files"]["dev"]),
-        "--data.test_file", "none",
-        "--data.max_seq_length", str(args.max_length),
-        "--training.output_dir", str(out), "--training.overwrite_output_dir", "true",
-        "--training.per_device_train_batch_size", str(args.batch_size),
-        "--training.per_device_eval_batch_size", str(args.eval_batch_size),
-        "--training.lr", str(args.lr),
-        "--training.num_train_epochs", str(args.epochs),
-        "--training.seed", str(args.seed),
-        "--training.warmup_ratio", str(WARMUP_RATIO),
-        "--training.eval_steps", "0",
-        "--eval.each_epoch", "false",
-        "--logging.logging_steps", "50",
-        *extra,
-    ]  # fmt: skip
-    reset_accelerate()
-    try:
-        result = tag.main(argv)
-    finally:
-        reset_accelerate()
-    state = result.state
-    evaluations = [entry for entry in state.history if any(key.startswith("eval/") for key in entry)]
-    trained = min(state.global_step * args.batch_size, start["train_rows"] * args.epochs)
-    shutil.rmtree(out, ignore_errors=True)
-    return {
-        "train_time_s": state.train_time_s,
-        "examples_trained": trained,
-        "examples_per_s": trained / state.train_time_s,
-        "tokens_seen": state.tokens_seen,
-        "optimizer_steps": state.global_step,
-        "dev_f1": evaluations[-1]["eval/f1"],
-        "dev_accuracy": evaluations[-1].get("eval/accuracy", evaluations[-1]["eval/f1"]),
-        "dev_loss": evaluations[-1].get("eval/loss"),
-        "argv": argv,
-    }
 
 
 def run_reference_tagging(start: dict, work: Path, args) -> dict:
