@@ -14,7 +14,7 @@ pkill -STOP -f "finetune/(classify|tag|seq2seq).py --config configs/experiments/
 for objective in mlm mlm+sop; do
   name=${objective/mlm+/}  # mlm, sop
   SKIP_CORPUS=1 experiments/go.sh encoder-30min-$name runs/encoder-30min-$name "ablation $objective, 1 thread" -- \
-    bash experiments/encoder_30min.sh --model.objective "$objective" --training.output_dir runs/encoder-30min-$name \
+    bash experiments/encoder_30min.sh --model.objective "$objective" --training.max_steps 8000 --training.output_dir runs/encoder-30min-$name \
     > runs/logs/ablation-$name.log 2>&1 &
 done
 wait

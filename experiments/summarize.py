@@ -1,5 +1,5 @@
 """Summarise docs/results/runs.jsonl into docs/results/finetune.md and docs/results/finetune.json: per task,
-starting point ("scratch", or the pretraining run the checkpoint came from) and learning rate, the dev metric over
+starting point ("scratch", or the pretraining run the checkpoint came from), learning rate and epochs, the dev metric over
 seeds (mean, std, n), the median wall clock, and the test metric of runs that read the test file (their
 test_results.json, or a --predict pass recorded with tag `<task>-test`).
 
@@ -33,6 +33,12 @@ def start(note: list[str]) -> str:
     return name
 
 
+def epochs(row: dict) -> str:
+    """The fine-tuning epochs a run was given (its saved config), '' when the record has none."""
+    value = row.get("config", {}).get("training", {}).get("num_train_epochs")
+    return "" if value is None else f"{value:g}"
+
+
 def main() -> None:
     rows = [json.loads(line) for line in (REPO / "docs/results/runs.jsonl").read_text().splitlines() if line.strip()]
     groups = defaultdict(list)
@@ -41,36 +47,36 @@ def main() -> None:
         tag = row["tag"]
         if tag in METRIC and "eval_last" in row:
             note = row["note"].split()
-            init, lr = start(note), note[2].split("=")[1]
-            groups[(tag, init, lr)].append(row)
+            key = (tag, start(note), note[2].split("=")[1], epochs(row))
+            groups[key].append(row)
             if "test" in row:
-                tests[(tag, init, lr)].append(row["test"][TEST_METRIC[tag]])
+                tests[key].append(row["test"][TEST_METRIC[tag]])
         elif tag.endswith("-test") and "test" in row:
             task = tag.removesuffix("-test")
             note = row["note"].split()
-            tests[(task, start(note), note[2].split("=")[1])].append(row["test"][TEST_METRIC[task]])
+            tests[(task, start(note), note[2].split("=")[1], epochs(row))].append(row["test"][TEST_METRIC[task]])
     summary = []
-    for (task, init, lr), runs in sorted(groups.items()):
+    for (task, init, lr, n_epochs), runs in sorted(groups.items()):
         runs = list({r["note"].split()[3]: r for r in runs}.values())  # a seed run again: its newest record counts
         values = [r["eval_last"][METRIC[task]] for r in runs]
         seeds = [r["note"].split()[3] for r in runs]
         entry = {
-            "task": task, "init": init, "lr": lr, "n": len(values), "seeds": seeds,
+            "task": task, "init": init, "lr": lr, "epochs": n_epochs, "n": len(values), "seeds": seeds,
             "dev_mean": statistics.mean(values), "dev_std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "dev_values": values, "wall_s_median": statistics.median(r["wall_s"] for r in runs),
             "commits": sorted({r["commit"] for r in runs}),
         }
-        if (task, init, lr) in tests:
-            t = tests[(task, init, lr)]
+        if (task, init, lr, n_epochs) in tests:
+            t = tests[(task, init, lr, n_epochs)]
             entry.update(test_mean=statistics.mean(t), test_std=statistics.stdev(t) if len(t) > 1 else 0.0, test_n=len(t))
         summary.append(entry)
     (REPO / "docs/results/finetune.json").write_text(json.dumps(summary, indent=2))
-    lines = ["| task | init | lr | seeds | dev (mean ± std) | test (mean ± std) | median wall clock |",
-             "|---|---|---|---:|---:|---:|---:|"]
+    lines = ["| task | init | lr | epochs | seeds | dev (mean ± std) | test (mean ± std) | median wall clock |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
     for e in summary:
         k = PERCENT[e["task"]]
         test = f"{k * e['test_mean']:.2f} ± {k * e['test_std']:.2f} (n={e['test_n']})" if "test_mean" in e else ""
-        lines.append(f"| {e['task']} | {e['init']} | {e['lr']} | {e['n']} | {k * e['dev_mean']:.2f} ± "
+        lines.append(f"| {e['task']} | {e['init']} | {e['lr']} | {e['epochs']} | {e['n']} | {k * e['dev_mean']:.2f} ± "
                      f"{k * e['dev_std']:.2f} | {test} | {e['wall_s_median'] / 60:.1f} min |")
     (REPO / "docs/results/finetune.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
