@@ -18,7 +18,8 @@ single-process launcher for Kiln's own scripts (`pretrain/*.py`, `finetune/*.py`
 stops, and the launcher waits for it and exits with its status: 0 after such a stop, 2 after a user error, 1
 after a run error, without a traceback of its own. The torchrun-based launchers (several processes, FSDP,
 DeepSpeed on one node) forward signals themselves; for Kiln's scripts they are wrapped only to end the same way
-(`kiln_torchrun_launcher`). Other scripts are left as accelerate made them.
+(`kiln_torchrun_launcher`). A single-process run on a machine without an accelerator gets a thread per physical
+core instead of accelerate's default of one (`cpu_threads`). Other scripts are left as accelerate made them.
 
 Standard library only: this runs at the start-up of every `accelerate launch`.
 """
@@ -113,6 +114,9 @@ def kiln_simple_launcher(prepare, args) -> None:
     import subprocess
 
     cmd, env = prepare(args)
+    threads = cpu_threads(args)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     process = subprocess.Popen(cmd, env=env)
 
     def forward(signum, _frame):
@@ -135,6 +139,47 @@ def kiln_simple_launcher(prepare, args) -> None:
         status = 128 - status
     if status:
         raise SystemExit(status)
+
+
+THREAD_FLAGS = ("--num_cpu_threads_per_process", "--num-cpu-threads-per-process")
+
+
+def cpu_threads(args, environ=None, argv=None) -> int | None:
+    """The OMP_NUM_THREADS of a single-process Kiln run on a machine without an accelerator, or None to keep
+    accelerate's value.
+
+    accelerate's launcher sets OMP_NUM_THREADS to `--num_cpu_threads_per_process`. When neither that flag nor
+    OMP_NUM_THREADS is given, the value is 1 unless `--cpu` is given (accelerate#753: few CPU threads suit GPU
+    training). So on a CPU-only machine, `accelerate launch pretrain/run.py` trained on one core. On the 2-core
+    CI-class machine that made the default run 1.58x slower than with both cores, with the same losses. Here a
+    CPU-only run gets what accelerate gives `--cpu` runs: one thread per physical core this process may use. A
+    thread count the user chose (either setting) and runs that will use a GPU keep accelerate's."""
+    environ = os.environ if environ is None else environ
+    argv = sys.argv if argv is None else argv
+    if "OMP_NUM_THREADS" in environ or any(arg.split("=")[0] in THREAD_FLAGS for arg in argv):
+        return None
+    if getattr(args, "num_cpu_threads_per_process", 1) != 1 or _accelerator_available():
+        return None
+    import psutil  # an accelerate dependency
+
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        cores = min(cores, len(os.sched_getaffinity(0)))
+    return cores if cores > 1 else None
+
+
+def _accelerator_available() -> bool:
+    """Whether torch sees a GPU or another accelerator that accelerate would train on."""
+    import torch
+
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        return True
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return True
+    import accelerate.utils
+
+    checks = ("is_npu_available", "is_mlu_available", "is_sdaa_available", "is_musa_available", "is_hpu_available")
+    return any(getattr(accelerate.utils, name, lambda: False)() for name in checks)
 
 
 # How long torchrun's agent waits for the training processes after forwarding a SIGTERM before it kills them

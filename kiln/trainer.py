@@ -1091,6 +1091,7 @@ class Trainer:
             f"epochs = {epochs}" + (f" ({self.steps_per_epoch} optimizer steps each)" if self.steps_per_epoch else ""),
             f"per-device batch = {training.per_device_train_batch_size}",
             f"processes = {acc.num_processes} ({_distribution(acc)}, mixed precision {acc.mixed_precision})",
+            f"device = {_device(acc)}",
             f"gradient accumulation = {training.gradient_accumulation_steps}",
             f"global batch = {global_batch} sequences"
             + (f" (<= {global_batch * seq_len:,} tokens)" if seq_len else ""),
@@ -1112,6 +1113,15 @@ def _length(loader) -> int | None:
         return len(loader)
     except TypeError:  # iterable (streaming) datasets have no length
         return None
+
+
+def _device(accelerator: Accelerator) -> str:
+    """The device each process trains on; on CPU with its torch thread count (what a CPU run's speed follows)."""
+    device = accelerator.device
+    if device.type != "cpu":
+        return str(device)
+    threads = torch.get_num_threads()
+    return f"cpu, {threads} thread{'' if threads == 1 else 's'} per process"
 
 
 def _distribution(accelerator: Accelerator) -> str:

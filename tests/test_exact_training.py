@@ -187,8 +187,9 @@ def test_skipped_fp16_step_holds_the_schedule_and_tokens_count_real_ones(tmp_pat
     # 3 steps (4 + 4 + 2 micro-batches of 2) = the whole epoch of 20 rows: 50 real tokens among 100 positions
     assert state.global_step == 3 and state.tokens_seen == 50
     summary = caplog.text
+    threads = torch.get_num_threads()
     for part in ("examples = 20", "processes = 1", "gradient accumulation = 4", "optimizer steps = 3",
-                 "trainable parameters = 1"):  # fmt: skip
+                 "trainable parameters = 1", f"device = cpu, {threads} thread{'' if threads == 1 else 's'} per process"):  # fmt: skip
         assert part in summary, summary
 
 

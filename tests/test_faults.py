@@ -37,8 +37,9 @@ def _signal_self_at(monkeypatch, step: int):
     return sent
 
 
-def _cli(args, *, launcher=(), env_extra=None):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env_extra or {})}
+def _cli(args, *, launcher=(), env_extra=None, env_drop=()):
+    env = {key: value for key, value in os.environ.items() if key not in env_drop}
+    env = {**env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env_extra or {})}
     return subprocess.Popen(
         [*launcher, str(REPO / "pretrain/run.py"), "--config", DEBUG, *map(str, args)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -262,6 +263,36 @@ def test_accelerate_launch_ends_on_the_one_line_error_with_status_2(tmp_path, in
     result = subprocess.run([*_accelerate_launch(installed_site), str(other)], capture_output=True, text=True,
                             timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert result.returncode == 1 and "CalledProcessError" in result.stderr
+
+
+def test_accelerate_launch_trains_on_every_core_of_a_cpu_machine_unless_told_otherwise(tmp_path, installed_site):
+    """accelerate's launcher pins a single-process run to one thread unless `--cpu` is given (its default for GPU
+    training); on a machine without an accelerator Kiln's scripts get one thread per physical core
+    (kiln.launcher.cpu_threads), and a thread count the user set, by OMP_NUM_THREADS or accelerate's flag, is kept."""
+    import psutil
+
+    from kiln.launcher import _accelerator_available, cpu_threads
+
+    if _accelerator_available():
+        pytest.skip("a machine with an accelerator keeps accelerate's thread default")
+    cores = min(psutil.cpu_count(logical=False) or os.cpu_count(), len(os.sched_getaffinity(0)))
+    launch_args = type("Args", (), {"num_cpu_threads_per_process": 1})()
+    assert cpu_threads(launch_args, environ={}, argv=["accelerate", "launch", "pretrain/run.py"]) == (
+        cores if cores > 1 else None)  # fmt: skip
+    assert cpu_threads(launch_args, environ={"OMP_NUM_THREADS": "1"}, argv=[]) is None
+    assert cpu_threads(launch_args, environ={}, argv=["--num_cpu_threads_per_process=1"]) is None
+    assert cpu_threads(type("Args", (), {"num_cpu_threads_per_process": 3})(), environ={}, argv=[]) is None
+
+    def summary_device(env_extra):
+        out = tmp_path / f"threads-{len(env_extra)}"
+        proc = _cli(["--training.output_dir", out, "--training.max_steps", 1, *QUICK],
+                    launcher=_accelerate_launch(installed_site), env_extra=env_extra, env_drop=("OMP_NUM_THREADS",))  # fmt: skip
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, output
+        return next(line.strip() for line in output.splitlines() if line.strip().startswith("device = "))
+
+    assert summary_device({}) == f"device = cpu, {cores} thread{'' if cores == 1 else 's'} per process"
+    assert summary_device({"OMP_NUM_THREADS": "1"}) == "device = cpu, 1 thread per process"
 
 
 def _multi_process_launch(site) -> tuple:
