@@ -97,41 +97,55 @@ def prepare(work: Path, args) -> dict:
     """Subset files, tokenizer, and the same initial weights saved for transformers and for Kiln."""
     if args.task == "conll2003":
         return prepare_tagging(work, args)
-    from pretrain.convert import from_transformers
     from pretrain.data.tokenizer import train_tokenizer
 
     train_rows = read_tsv(args.sst2 / "train.tsv", args.train_samples)
     dev_rows = read_tsv(args.sst2 / "dev.tsv", args.eval_samples)
     files = {"train": write_tsv(train_rows, work / "train.tsv"), "dev": write_tsv(dev_rows, work / "dev.tsv")}
     tokenizer = train_tokenizer([row["sentence"] for row in train_rows], "wordpiece", args.vocab_size)
+    reference, kiln, folders = save_start(
+        work, args, tokenizer, transformers.BertForSequenceClassification, {0: "0", 1: "1"}
+    )
+    check = same_start(reference, kiln, tokenizer, [row["sentence"] for row in dev_rows[:64]])
+    return {"files": files, "folders": folders, "tokenizer": tokenizer, "check": check,
+            "train_rows": len(train_rows), "dev_rows": len(dev_rows)}  # fmt: skip
+
+
+def save_start(work: Path, args, tokenizer, model_class, id2label: dict) -> tuple:
+    """The seeded transformers model of the benchmark's shape and its Kiln conversion, both saved with the
+    tokenizer: (reference, kiln, folders), the models in eval mode."""
+    from pretrain.convert import from_transformers
+
     layers, hidden, heads = SHAPES[args.shape]
     torch.manual_seed(args.seed)
     config = transformers.BertConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         intermediate_size=4 * hidden, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-        num_labels=2, id2label={0: "0", 1: "1"}, label2id={"0": 0, "1": 1},
+        num_labels=len(id2label), id2label=id2label, label2id={name: i for i, name in id2label.items()},
     )  # fmt: skip
-    reference = transformers.BertForSequenceClassification(config)
+    reference = model_class(config)
     kiln = from_transformers(reference)
     folders = {"reference": work / "start-transformers", "kiln": work / "start-kiln"}
     for name, model in (("reference", reference), ("kiln", kiln)):
         model.save_pretrained(folders[name])
         tokenizer.save_pretrained(folders[name])
-    check = same_start(reference.eval(), kiln.eval(), tokenizer, [row["sentence"] for row in dev_rows[:64]])
-    return {"files": files, "folders": folders, "tokenizer": tokenizer, "check": check,
-            "train_rows": len(train_rows), "dev_rows": len(dev_rows)}  # fmt: skip
+    return reference.eval(), kiln.eval(), folders
 
 
-def same_start(reference, kiln, tokenizer, sentences: list[str], atol: float = 1e-4) -> dict:
-    batch = tokenizer(sentences, padding=True, truncation=True, max_length=128, return_tensors="pt")
+def same_start(reference, kiln, tokenizer, texts: list, atol: float = 1e-4, max_length: int = 128, **encode) -> dict:
+    """Refuse two starts that are not the same function: their logits on `texts` (at the real tokens, for token
+    classification) must agree within `atol`. `encode` goes to the tokenizer (e.g. is_split_into_words)."""
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt", **encode)
     with torch.no_grad():
         a, b = reference(**batch).logits, kiln(**batch).logits
+    if a.dim() == 3:  # per token: padded positions are not compared
+        a, b = a[batch["attention_mask"] == 1], b[batch["attention_mask"] == 1]
     difference = (a - b).abs().max().item()
     if difference > atol:
         raise SystemExit(
             f"the starting models differ (max |logit difference| {difference:.2e}): not the same function"
         )
-    return {"max_logit_diff": difference, "sentences": len(sentences)}
+    return {"max_logit_diff": difference, "sentences": len(texts)}
 
 
 # ------------------------------------------------------------------------------------------------- the runs
@@ -252,7 +266,6 @@ def run_reference(start: dict, work: Path, args) -> dict:
 def prepare_tagging(work: Path, args) -> dict:
     """CoNLL-2003 subsets as JSON lines (tokens, tags), a WordPiece tokenizer, the same start for both sides."""
     from finetune.data import build_label_maps, load_tagging_data
-    from pretrain.convert import from_transformers
     from pretrain.data.tokenizer import train_tokenizer
 
     data = load_tagging_data(
@@ -269,30 +282,14 @@ def prepare_tagging(work: Path, args) -> dict:
                 file.write(json.dumps({"tokens": row["tokens"], "tags": row["tags"]}) + "\n")
     label2id, id2label = build_label_maps(train["tags"])  # what tag.py builds from the same training tags
     tokenizer = train_tokenizer([" ".join(row) for row in train["tokens"]], "wordpiece", args.vocab_size)
-    layers, hidden, heads = SHAPES[args.shape]
-    torch.manual_seed(args.seed)
-    config = transformers.BertConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=4 * hidden, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-        num_labels=len(label2id), id2label={i: str(n) for i, n in id2label.items()},
-        label2id={str(n): i for n, i in label2id.items()},
-    )  # fmt: skip
-    reference = transformers.BertForTokenClassification(config)
-    kiln = from_transformers(reference)
-    folders = {"reference": work / "start-transformers", "kiln": work / "start-kiln"}
-    for name, model in (("reference", reference), ("kiln", kiln)):
-        model.save_pretrained(folders[name])
-        tokenizer.save_pretrained(folders[name])
-    batch = tokenizer(dev["tokens"][:64], is_split_into_words=True, padding=True, truncation=True,
-                      max_length=args.max_length, return_tensors="pt")  # fmt: skip
-    with torch.no_grad():
-        difference = (reference.eval()(**batch).logits - kiln.eval()(**batch).logits)[batch["attention_mask"] == 1]
-    difference = difference.abs().max().item()
-    if difference > 1e-4:
-        raise SystemExit(f"the starting models differ (max |logit difference| {difference:.2e}): not the same function")
+    reference, kiln, folders = save_start(
+        work, args, tokenizer, transformers.BertForTokenClassification, {i: str(n) for i, n in id2label.items()}
+    )
+    check = same_start(reference, kiln, tokenizer, [list(t) for t in dev["tokens"][:64]],
+                       max_length=args.max_length, is_split_into_words=True)  # fmt: skip
     return {"files": files, "folders": folders, "tokenizer": tokenizer, "label2id": label2id, "id2label": id2label,
-            "dev": {"tokens": [list(t) for t in dev["tokens"]], "tags": [list(t) for t in dev["tags"]]}, "check": {"max_logit_diff": difference, "sentences": len(batch["input_ids"])},
-            "train_rows": len(train), "dev_rows": len(dev)}  # fmt: skip
+            "dev": {"tokens": [list(t) for t in dev["tokens"]], "tags": [list(t) for t in dev["tags"]]},
+            "check": check, "train_rows": len(train), "dev_rows": len(dev)}  # fmt: skip
 
 
 def run_reference_tagging(start: dict, work: Path, args) -> dict:

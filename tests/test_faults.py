@@ -269,6 +269,8 @@ def test_accelerate_launch_trains_on_every_core_of_a_cpu_machine_unless_told_oth
     """accelerate's launcher pins a single-process run to one thread unless `--cpu` is given (its default for GPU
     training); on a machine without an accelerator Kiln's scripts get one thread per physical core
     (kiln.launcher.cpu_threads), and a thread count the user set, by OMP_NUM_THREADS or accelerate's flag, is kept."""
+    from types import SimpleNamespace
+
     import psutil
 
     from kiln.launcher import _accelerator_available, cpu_threads
@@ -276,12 +278,12 @@ def test_accelerate_launch_trains_on_every_core_of_a_cpu_machine_unless_told_oth
     if _accelerator_available():
         pytest.skip("a machine with an accelerator keeps accelerate's thread default")
     cores = min(psutil.cpu_count(logical=False) or os.cpu_count(), len(os.sched_getaffinity(0)))
-    launch_args = type("Args", (), {"num_cpu_threads_per_process": 1})()
+    launch_args = SimpleNamespace(num_cpu_threads_per_process=1)  # accelerate's default when nothing was set
     assert cpu_threads(launch_args, environ={}, argv=["accelerate", "launch", "pretrain/run.py"]) == (
         cores if cores > 1 else None)  # fmt: skip
     assert cpu_threads(launch_args, environ={"OMP_NUM_THREADS": "1"}, argv=[]) is None
     assert cpu_threads(launch_args, environ={}, argv=["--num_cpu_threads_per_process=1"]) is None
-    assert cpu_threads(type("Args", (), {"num_cpu_threads_per_process": 3})(), environ={}, argv=[]) is None
+    assert cpu_threads(SimpleNamespace(num_cpu_threads_per_process=3), environ={}, argv=[]) is None
 
     def summary_device(env_extra):
         out = tmp_path / f"threads-{len(env_extra)}"
