@@ -11,6 +11,11 @@ a blank line between documents), one folder per source, so a config picks its mi
                          the ` @-@ `, ` @,@ `, ` @.@ ` escapes undone
   tinystories/*.txt      the TinyStories training excerpts (CDLA-Sharing-1.0); one story per document
   tinystories-valid/valid.txt  the TinyStories validation excerpt (one paragraph per document), for the decoder
+  multi30k-de/train.txt  the German side of Multi30k's training pairs, one sentence per document (research and
+                         educational use, so it stays in runs/): the target-side text a decoder for en->de is
+                         pretrained on (configs/experiments/decoder-30min-de.yaml); the same sentences the
+                         translation model later trains on, so pretraining on them adds compute, not data
+  multi30k-de-valid/val.txt    the German side of Multi30k's validation pairs, for that decoder's perplexity
 
 Takes a few seconds; the 30-minute experiment counts it (experiments/encoder_30min.sh).
 """
@@ -119,6 +124,10 @@ def main() -> None:
     with gzip.open(ts / "tinystories_valid_head.txt.gz", "rt", encoding="utf-8") as f:
         valid = [[" ".join(p.split())] for p in re.split(r"\n\s*\n", f.read()) if p.strip()]
     words["tinystories-valid"] = write_documents(out / "tinystories-valid" / "valid.txt", valid)
+    for split, folder in (("train", "multi30k-de"), ("val", "multi30k-de-valid")):
+        lines = (shared / "multi30k" / f"{split}.de").read_text(encoding="utf-8").split("\n")
+        sentences = [[" ".join(line.split())] for line in lines if line.strip()]
+        words[folder] = write_documents(out / folder / f"{split}.txt", sentences)
     print(json.dumps({"out": str(out), "words": words}))
 
 

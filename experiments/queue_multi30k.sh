@@ -3,6 +3,8 @@
 # both side by side. STEPS (default: the config's one epoch, 906 steps) caps the fine-tuning budget, the same for both:
 # one epoch took ~6 s/step on a shared core here, so the measured runs used STEPS=300. ENCODER (default
 # runs/encoder-30min/final) is the pretrained encoder: the measured runs used the first recipe's (MLM+NSP) folder.
+# These are the first Multi30k runs, with the English TinyStories decoder (runs/decoder-30min); the German decoder's
+# runs (the config's default now) are made by experiments/queue_multi30k_de.sh.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1
@@ -12,7 +14,8 @@ encoder=${ENCODER:-runs/encoder-30min/final}
 for init in pretrained scratch; do
   flag=""; [ $init = scratch ] && flag="--model.from_scratch"
   experiments/go.sh multi30k runs/ft/multi30k-$init-s1 "multi30k $init lr=1e-3 seed=1 ckpt=$encoder steps=$steps" -- \
-    accelerate launch finetune/seq2seq.py --config configs/experiments/multi30k.yaml $flag --model.encoder_checkpoint "$encoder" --training.seed 1 \
+    accelerate launch finetune/seq2seq.py --config configs/experiments/multi30k.yaml $flag --model.encoder_checkpoint "$encoder" \
+    --model.decoder_checkpoint runs/decoder-30min/final --data.test_file ../shared/data/multi30k/test_2016_flickr.en --training.seed 1 \
     --training.max_steps "$steps" --training.output_dir runs/ft/multi30k-$init-s1 --training.overwrite_output_dir \
     --logging.logging_steps 50 > runs/logs/multi30k-$init.log 2>&1 &
 done

@@ -127,6 +127,7 @@ def test_from_scratch_cannot_predict(encoder, tmp_path):
 
 def test_experiment_configs_parse():
     from finetune.classify import ClassifyConfig
+    from finetune.seq2seq import Seq2SeqConfig
     from finetune.tag import TagConfig
     from kiln.config import build_config
     from pretrain.config import RunConfig
@@ -136,6 +137,15 @@ def test_experiment_configs_parse():
         config = build_config(cls, ["--config", str(folder / f"{name}.yaml")])
         assert config.model.checkpoint == "runs/encoder-30min/final"
         assert not config.model.from_scratch
-    for name in ("encoder-30min", "decoder-30min"):
+    config = build_config(Seq2SeqConfig, ["--config", str(folder / "multi30k.yaml")])
+    assert (config.model.encoder_checkpoint, config.model.decoder_checkpoint) == (
+        "runs/encoder-30min/final",
+        "runs/decoder-30min-de/final",
+    )
+    assert config.data.test_file is None  # the test file is read once, by the final runs that name it
+    for name in ("encoder-30min", "decoder-30min", "decoder-30min-de"):
         config = build_config(RunConfig, ["--config", str(folder / f"{name}.yaml")])
         assert config.training.max_train_time_s and config.training.max_train_time_s <= 1800
+    german = build_config(RunConfig, ["--config", str(folder / "decoder-30min-de.yaml")])
+    assert german.data.data_files == ["runs/corpus/multi30k-de/*.txt"]
+    assert german.training.output_dir == "runs/decoder-30min-de"
