@@ -17,6 +17,10 @@ turn (same weights, same batches, dropout on): padded + foreach AdamW (the path 
 fused AdamW, and each change alone; "unpadded" here unpads every padded batch, also those with less padding than
 `UNPAD_MIN_PADDING`, below which the model itself stays padded. It first checks that the padded and unpadded models give the same
 loss and gradient norm on one batch with dropout off. Real tokens/s = real tokens / median step time.
+
+`--profile N` runs N training steps of the run's own model as the run trains it (padded below the unpadding
+threshold, fused AdamW) under torch.profiler, after 3 untimed ones, and reports each op's share of the self CPU
+time; it also times the data path of one batch: fetching its rows from the dataset and collating them.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, help="epochs to read (default: as many as the run trains)")
     parser.add_argument("--time", type=int, default=0, metavar="N", help="time steps on the first N batches")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N steps and the data path")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
                 dataset, batch_size=batch_size, sampler=sampler, collate_fn=data.collator, drop_last=True
             )
             for batch in loader:
-                if epoch == 0 and len(timed_batches) < args.time:
+                if epoch == 0 and len(timed_batches) < max(args.time, args.profile + 3):
                     timed_batches.append(batch)
                 lengths = batch["attention_mask"].sum(1)
                 totals["batches"] += 1
@@ -115,8 +120,11 @@ def main(argv: list[str] | None = None) -> dict:
         "padding_fraction_without_rounding": 1 - totals["real"] / totals["unrounded"],
         "unpadding_upper_bound": totals["padded"] / totals["real"],
     }
-    if timed_batches:
-        report["timing"] = time_steps(config, tokenizer, timed_batches)
+    if args.time:
+        report["timing"] = time_steps(config, tokenizer, timed_batches[: args.time])
+    if args.profile:
+        report["profile"] = profile_steps(config, tokenizer, timed_batches[: args.profile + 3])
+        report["profile"]["data_path_ms"] = time_data_path(data.train_dataset(0), data.collator, batch_size)
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as file:
@@ -133,17 +141,25 @@ VARIANTS = {  # name: (unpad_inputs, fused AdamW)
 
 
 def time_steps(config, tokenizer, batches: list[dict]) -> dict:
+    import pretrain.modeling.modeling_kiln_encoder as encoder
+
+    # the unpadded variants unpad every padded batch, also below the model's own threshold (the question here is
+    # what unpadding does at this run's padding)
+    threshold, encoder.UNPAD_MIN_PADDING = encoder.UNPAD_MIN_PADDING, 0.0
+    try:
+        return _time_variants(config, tokenizer, batches)
+    finally:
+        encoder.UNPAD_MIN_PADDING = threshold  # --profile after --time profiles the model as the run has it
+
+
+def _time_variants(config, tokenizer, batches: list[dict]) -> dict:
     import copy
     import statistics
     import time
 
-    import pretrain.modeling.modeling_kiln_encoder as encoder
     from pretrain.data import padded_vocab_size
     from pretrain.run import build_model
 
-    # the unpadded variants unpad every padded batch, also below the model's own threshold (the question here is
-    # what unpadding does at this run's padding)
-    encoder.UNPAD_MIN_PADDING = 0.0
     torch.manual_seed(config.training.seed)
     base = build_model(config, tokenizer, padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of))
     check = same_step(base, batches[0])
@@ -173,6 +189,56 @@ def time_steps(config, tokenizer, batches: list[dict]) -> dict:
             "speedup": statistics.median([a / b for a, b in zip(plain[warm], times[name][warm])]),
         }
     return result
+
+
+def profile_steps(config, tokenizer, batches: list[dict], top: int = 15) -> dict:
+    """Self CPU time per op over the steps after the first three, as the run trains (its model, fused AdamW)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from pretrain.data import padded_vocab_size
+    from pretrain.run import build_model
+
+    torch.manual_seed(config.training.seed)
+    model = build_model(config, tokenizer, padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of))
+    model.train()
+    optimizer = adamw(model, config.training, fused=True)
+    for batch in batches[:3]:
+        train_step(model, optimizer, batch, config.training.max_grad_norm)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in batches[3:]:
+            train_step(model, optimizer, batch, config.training.max_grad_norm)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    return {
+        "steps": len(batches) - 3,
+        "threads": torch.get_num_threads(),
+        "step_ms": total / 1000 / (len(batches) - 3),
+        "self_cpu_share": {e.key: round(e.self_cpu_time_total / total, 4) for e in events[:top]},
+        "matmul_share": round(sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / total, 4),
+    }
+
+
+MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::addmm_", "aten::baddbmm"}
+
+
+def time_data_path(dataset, collator, batch_size: int, repeats: int = 20) -> dict:
+    """Median ms to fetch one batch's rows (the DataLoader's `__getitems__`) and to collate them."""
+    import statistics
+    import time
+
+    indices = list(range(batch_size))
+    fetch, collate = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        rows = dataset.__getitems__(indices)
+        fetch.append(time.perf_counter() - start)
+        for index, row in zip(indices, rows):
+            row["example_index"] = index  # as Kiln's trainer adds it (per-example masks)
+        start = time.perf_counter()
+        collator(rows)
+        collate.append(time.perf_counter() - start)
+    return {"fetch": 1000 * statistics.median(fetch), "collate": 1000 * statistics.median(collate)}
 
 
 def adamw(model, training, fused: bool):

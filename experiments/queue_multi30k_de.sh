@@ -3,7 +3,7 @@
 # (DECODER, default runs/decoder-30min-de/final: configs/experiments/decoder-30min-de.yaml) against both from scratch
 # (same shapes and tokenizers), one epoch each, two jobs at a time (one thread each), every run recorded in
 # docs/results/runs.jsonl (python experiments/summarize.py makes the table).
-#   bash experiments/queue_multi30k_de.sh sweep   # seed 1, learning rates 5e-4 / 1e-3 / 2e-3 per start, dev only
+#   bash experiments/queue_multi30k_de.sh sweep   # seed 1, learning rates 5e-4 / 1e-3 / 2e-3 / 4e-3 per start, dev only
 #   bash experiments/queue_multi30k_de.sh final   # seeds 1-3 at the rates picked on dev, test_2016_flickr read once
 # The rates of `final` (LR_PRETRAINED, LR_SCRATCH) are the ones the sweep picked (docs/results/recipe.md).
 set -u
@@ -20,8 +20,8 @@ lane() {  # init, then "lr seed test?" lines on stdin
 }
 case ${1:-} in
   sweep)
-    printf '%s 1\n' 5e-4 1e-3 2e-3 | lane pretrained > runs/logs/multi30k-de-pretrained.log 2>&1 &
-    printf '%s 1\n' 5e-4 1e-3 2e-3 | lane scratch > runs/logs/multi30k-de-scratch.log 2>&1 &
+    printf '%s 1\n' 5e-4 1e-3 2e-3 4e-3 | lane pretrained > runs/logs/multi30k-de-pretrained.log 2>&1 &
+    printf '%s 1\n' 5e-4 1e-3 2e-3 4e-3 | lane scratch > runs/logs/multi30k-de-scratch.log 2>&1 &
     ;;
   final)
     for seed in 1 2 3; do echo "${LR_PRETRAINED:-1e-3} $seed test"; done | SUFFIX=-test lane pretrained \

@@ -24,10 +24,15 @@ FIRST_SCRATCH_SHAPES = {"encoder-30min", "encoder-30min-shape"}
 
 
 def start(note: list[str]) -> str:
-    """'scratch', or the pretraining run a fine-tuning run started from (ckpt=runs/NAME/final -> NAME)."""
+    """'scratch', or the pretraining run a fine-tuning run started from (ckpt=runs/NAME/final -> NAME; a seq2seq
+    run that names its decoder, dec=runs/DEC/final: 'NAME + DEC')."""
     ckpt = next((word.split("=", 1)[1] for word in note if word.startswith("ckpt=")), "")
     parts = Path(ckpt).parts
     name = parts[1] if len(parts) > 2 and parts[0] == "runs" else note[1]
+    decoder = next((word.split("=", 1)[1] for word in note if word.startswith("dec=")), "")
+    if decoder:  # seq2seq runs that name their decoder: encoder + decoder run
+        parts = Path(decoder).parts
+        name += f" + {parts[1] if len(parts) > 2 and parts[0] == 'runs' else decoder}"
     if note[1] == "scratch":
         return "scratch" if name in FIRST_SCRATCH_SHAPES or name == "scratch" else f"scratch ({name})"
     return name

@@ -272,3 +272,27 @@ def test_throughput_profile_splits_a_step_into_phases_and_op_categories(throughp
         assert set(profile["phases_s"]) == {"forward", "backward", "optimizer"}
         assert sum(profile["categories_share"].values()) == pytest.approx(1.0)
         assert "matmul (linear layers, LM head)" in profile["categories_s"]
+
+
+def test_padding_bench_counts_real_tokens_and_profiles_the_runs_step(tmp_path, monkeypatch):
+    """bench/padding.py on the shipped corpus, two epochs of a small run: the counts add up, the padding fraction is
+    what they say, and the profile and data-path timing (README "Pretraining on real corpora") are filled in."""
+    padding = load_bench("padding")
+    monkeypatch.chdir(REPO_ROOT)  # main() moves to the repository (the run's relative data paths); undone after
+    report = padding.main(
+        ["--profile", "2", "--time", "3", "--json", str(tmp_path / "padding.json"), "--",
+         "--model.hidden_size", "32", "--model.num_hidden_layers", "1", "--model.num_attention_heads", "2",
+         "--model.intermediate_size", "64", "--training.max_steps", "4", "--training.per_device_train_batch_size", "8"]
+    )  # fmt: skip
+    assert report == json.loads((tmp_path / "padding.json").read_text())
+    assert 0 < report["real"] <= report["unrounded"] <= report["padded"]
+    assert report["padding_fraction"] == pytest.approx(1 - report["real"] / report["padded"])
+    profile = report["profile"]
+    assert profile["steps"] == 2 and profile["step_ms"] > 0
+    shares = profile["self_cpu_share"]
+    assert 0 < sum(shares.values()) <= 1.0001 and 0 < profile["matmul_share"] < 1
+    assert list(shares.values()) == sorted(shares.values(), reverse=True)
+    assert profile["data_path_ms"]["fetch"] > 0 and profile["data_path_ms"]["collate"] > 0
+    assert set(report["timing"]["variants"]) == set(padding.VARIANTS)
+    check = report["timing"]["check"]  # padded and unpadded agree before anything is timed
+    assert check["loss_padded"] == pytest.approx(check["loss_unpadded"], rel=1e-4)
