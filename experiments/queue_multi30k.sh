@@ -15,7 +15,7 @@ for init in pretrained scratch; do
   flag=""; [ $init = scratch ] && flag="--model.from_scratch"
   experiments/go.sh multi30k runs/ft/multi30k-$init-s1 "multi30k $init lr=1e-3 seed=1 ckpt=$encoder steps=$steps" -- \
     accelerate launch finetune/seq2seq.py --config configs/experiments/multi30k.yaml $flag --model.encoder_checkpoint "$encoder" \
-    --model.decoder_checkpoint runs/decoder-30min/final --data.test_file ../shared/data/multi30k/test_2016_flickr.en --training.seed 1 \
+    --model.decoder_checkpoint runs/decoder-30min/final --data.test_file ../shared/data/multi30k/test_2016_flickr.en --training.lr 1e-3 --training.seed 1 \
     --training.max_steps "$steps" --training.output_dir runs/ft/multi30k-$init-s1 --training.overwrite_output_dir \
     --logging.logging_steps 50 > runs/logs/multi30k-$init.log 2>&1 &
 done
