@@ -19,8 +19,8 @@ fused AdamW, and each change alone; "unpadded" here unpads every padded batch, a
 loss and gradient norm on one batch with dropout off. Real tokens/s = real tokens / median step time.
 
 `--profile N` runs N training steps of the run's own model as the run trains it (padded below the unpadding
-threshold, fused AdamW) under torch.profiler, after 3 untimed ones, and reports each op's share of the self CPU
-time; it also times the data path of one batch: fetching its rows from the dataset and collating them.
+threshold, fused AdamW) under torch.profiler, after 3 untimed ones, and reports the self CPU time per op category
+and the top ops (bench/throughput.py's categories); it also times the data path of one batch: fetching its rows from the dataset and collating them.
 """
 
 from __future__ import annotations
@@ -191,12 +191,16 @@ def _time_variants(config, tokenizer, batches: list[dict]) -> dict:
     return result
 
 
-def profile_steps(config, tokenizer, batches: list[dict], top: int = 15) -> dict:
-    """Self CPU time per op over the steps after the first three, as the run trains (its model, fused AdamW)."""
+def profile_steps(config, tokenizer, batches: list[dict]) -> dict:
+    """The steps after the first three under torch.profiler, as the run trains (its model, fused AdamW): self CPU
+    time per op category and top ops, as bench/throughput.py --profile reports them (`op_profile`)."""
     from torch.profiler import ProfilerActivity, profile
 
     from pretrain.data import padded_vocab_size
     from pretrain.run import build_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/throughput.py, also when loaded by path
+    from throughput import op_profile
 
     torch.manual_seed(config.training.seed)
     model = build_model(config, tokenizer, padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of))
@@ -207,19 +211,10 @@ def profile_steps(config, tokenizer, batches: list[dict], top: int = 15) -> dict
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for batch in batches[3:]:
             train_step(model, optimizer, batch, config.training.max_grad_norm)
-    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
-    total = sum(e.self_cpu_time_total for e in events)
-    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    return {
-        "steps": len(batches) - 3,
-        "threads": torch.get_num_threads(),
-        "step_ms": total / 1000 / (len(batches) - 3),
-        "self_cpu_share": {e.key: round(e.self_cpu_time_total / total, 4) for e in events[:top]},
-        "matmul_share": round(sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / total, 4),
-    }
-
-
-MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::addmm_", "aten::baddbmm"}
+    result = op_profile(prof)
+    steps = len(batches) - 3
+    return {"steps": steps, "threads": torch.get_num_threads(), "step_ms": 1000 * result["profiled_self_cpu_s"] / steps,
+            **result}  # fmt: skip
 
 
 def time_data_path(dataset, collator, batch_size: int, repeats: int = 20) -> dict:

@@ -480,6 +480,12 @@ def profile_step(runner: StepRunner) -> dict:
             runner.optimizer.step()
             runner.optimizer.zero_grad(set_to_none=True)
         phases["optimizer"] = time.perf_counter() - start
+    return {"phases_s": phases, **op_profile(prof)}
+
+
+def op_profile(prof) -> dict:
+    """A finished torch.profiler run's self CPU time per op category (`OP_CATEGORIES`) and its top 15 ops
+    (also used by bench/padding.py --profile)."""
     categories: dict[str, float] = {}
     ops: dict[str, float] = {}
     for event in prof.key_averages():
@@ -491,7 +497,6 @@ def profile_step(runner: StepRunner) -> dict:
     total = sum(categories.values())
     top = sorted(ops.items(), key=lambda item: -item[1])[:15]
     return {
-        "phases_s": phases,
         "categories_s": dict(sorted(categories.items(), key=lambda item: -item[1])),
         "categories_share": {k: v / total for k, v in sorted(categories.items(), key=lambda item: -item[1])},
         "top_ops_s": dict(top),

@@ -275,23 +275,29 @@ def test_throughput_profile_splits_a_step_into_phases_and_op_categories(throughp
 
 
 def test_padding_bench_counts_real_tokens_and_profiles_the_runs_step(tmp_path, monkeypatch):
-    """bench/padding.py on the shipped corpus, two epochs of a small run: the counts add up, the padding fraction is
-    what they say, and the profile and data-path timing (README "Pretraining on real corpora") are filled in."""
+    """bench/padding.py on the shipped corpus, a small run: the counts add up, the padding fraction is what they
+    say, the profile (bench/throughput.py's op categories) and data-path timing (README "Pretraining on real
+    corpora") are filled in, and --time leaves the model's unpadding threshold as it found it."""
+    import pretrain.modeling.modeling_kiln_encoder as encoder
+
     padding = load_bench("padding")
+    threshold = encoder.UNPAD_MIN_PADDING
     monkeypatch.chdir(REPO_ROOT)  # main() moves to the repository (the run's relative data paths); undone after
     report = padding.main(
         ["--profile", "2", "--time", "3", "--json", str(tmp_path / "padding.json"), "--",
          "--model.hidden_size", "32", "--model.num_hidden_layers", "1", "--model.num_attention_heads", "2",
          "--model.intermediate_size", "64", "--training.max_steps", "4", "--training.per_device_train_batch_size", "8"]
     )  # fmt: skip
+    assert encoder.UNPAD_MIN_PADDING == threshold > 0  # --time unpads every batch, then puts the threshold back
     assert report == json.loads((tmp_path / "padding.json").read_text())
     assert 0 < report["real"] <= report["unrounded"] <= report["padded"]
     assert report["padding_fraction"] == pytest.approx(1 - report["real"] / report["padded"])
     profile = report["profile"]
     assert profile["steps"] == 2 and profile["step_ms"] > 0
-    shares = profile["self_cpu_share"]
-    assert 0 < sum(shares.values()) <= 1.0001 and 0 < profile["matmul_share"] < 1
-    assert list(shares.values()) == sorted(shares.values(), reverse=True)
+    assert sum(profile["categories_share"].values()) == pytest.approx(1.0)
+    assert 0 < profile["categories_share"]["matmul (linear layers, LM head)"] < 1
+    top = list(profile["top_ops_s"].values())
+    assert top == sorted(top, reverse=True) and sum(top) <= profile["profiled_self_cpu_s"] * (1 + 1e-9)
     assert profile["data_path_ms"]["fetch"] > 0 and profile["data_path_ms"]["collate"] > 0
     assert set(report["timing"]["variants"]) == set(padding.VARIANTS)
     check = report["timing"]["check"]  # padded and unpadded agree before anything is timed
