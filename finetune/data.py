@@ -67,6 +67,7 @@ def read_conll(path: str | os.PathLike, tag_column: int = -1, token_column: int 
     sentences, `-DOCSTART-` lines skipped; `.gz` allowed) into a Dataset with `tokens` and `tags` columns.
     `tag_column` picks the tag column (CoNLL-2003: -1 or 3 = NER, 1 = POS, 2 = chunk)."""
     sentences, tokens, tags = [], [], []
+    first_width = None  # (line number, column count) of the first word line: every word line has as many
     with _open_text(path) as f:
         for line_number, line in enumerate(f, start=1):
             line = line.rstrip("\r\n")
@@ -78,14 +79,27 @@ def read_conll(path: str | os.PathLike, tag_column: int = -1, token_column: int 
             columns = line.split("\t") if "\t" in line else line.split()
             if columns[0] == "-DOCSTART-":
                 continue
-            try:
-                tokens.append(columns[token_column])
-                tags.append(columns[tag_column])
-            except IndexError:
+            width = len(columns)
+            if not -width <= token_column < width or not -width <= tag_column < width:
                 raise FinetuneDataError(
-                    f"{path}:{line_number} has {len(columns)} columns, but token_column={token_column} and "
+                    f"{path}:{line_number} has {width} columns, but token_column={token_column} and "
                     f"tag_column={tag_column} were asked for; pick columns that exist"
-                ) from None
+                )
+            # a line that lost its tag column would otherwise make its word a tag (tag_column -1 is then the word)
+            if token_column % width == tag_column % width:
+                raise FinetuneDataError(
+                    f"{path}:{line_number} has no tag column (just {line.strip()!r}); "
+                    "give every word line its tag, or pick --data.tag_column / --data.token_column"
+                )
+            if first_width is None:
+                first_width = (line_number, width)
+            elif width != first_width[1]:
+                raise FinetuneDataError(
+                    f"{path}:{line_number} has {width} columns where line {first_width[0]} has {first_width[1]}; "
+                    "is a column missing or a word split by a space? (separate columns by tabs to keep spaces)"
+                )
+            tokens.append(columns[token_column])
+            tags.append(columns[tag_column])
     if tokens:
         sentences.append((tokens, tags))
     return _sentences_to_dataset(sentences, path)
