@@ -24,6 +24,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -86,6 +87,16 @@ def _port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def portable_text(text: str) -> str:
+    """Text for the result JSON with this machine's folders named by what they are (`$HF_HOME`, `$TMPDIR`, the
+    repository as `.`), so a committed record names no machine's paths."""
+    hf_home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    for folder, name in ((hf_home, "$HF_HOME"), (str(REPO), "."), (tempfile.gettempdir(), "$TMPDIR"),
+                         (os.path.expanduser("~"), "~")):  # fmt: skip
+        text = text.replace(folder.rstrip(os.sep) + os.sep, name + "/")
+    return text
 
 
 def _rows(output_dir: Path) -> list[dict]:
@@ -168,7 +179,7 @@ def pipeline_run(engine: str, kind: str, options) -> dict:
     with open(log, "a") as handle:
         handle.write(done.stdout + done.stderr)
     found = [line.split("RESULT ", 1)[1] for line in done.stdout.splitlines() if "RESULT " in line]
-    summary["final"] = json.loads(found[-1]) if found else {"error": done.stderr[-1500:]}
+    summary["final"] = json.loads(found[-1]) if found else {"error": portable_text(done.stderr[-1500:])}
     return summary
 
 

@@ -54,8 +54,9 @@ if __package__ in (None, ""):  # python bench/finetune.py: import the repository
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-DEFAULT_SST2 = Path(os.environ.get("KILN_SST2", "/work/shared/data/sst2"))
-DEFAULT_CONLL = Path(os.environ.get("KILN_CONLL2003", "/work/shared/data/conll2003"))
+SHARED_DATA = REPO.parent / "shared" / "data"  # ../shared/data, resolved against the repository root
+DEFAULT_SST2 = Path(os.environ.get("KILN_SST2", SHARED_DATA / "sst2"))
+DEFAULT_CONLL = Path(os.environ.get("KILN_CONLL2003", SHARED_DATA / "conll2003"))
 SHAPES = {  # layers, hidden, heads
     "test": (1, 32, 2),
     "tiny": (2, 128, 2),
@@ -67,6 +68,18 @@ SHAPES = {  # layers, hidden, heads
 # kiln.config.TrainingConfig); batch size, lr, epochs and seed come from the command line
 MATCHED = dict(weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-6, max_grad_norm=1.0)
 WARMUP_RATIO = 0.1
+
+
+def portable(value: str, work: Path | None = None) -> str:
+    """A path or option as a result JSON records it: the run's temporary folder as `$WORK`, files of the
+    repository and beside it (`../shared/data`) relative to the repository root, so a record names no machine's
+    folders."""
+    if work is not None and (value == str(work) or value.startswith(str(work) + os.sep)):
+        return "$WORK" + value[len(str(work)) :]
+    for root in (REPO, REPO.parent):
+        if root != Path(root.anchor) and (value == str(root) or value.startswith(str(root) + os.sep)):
+            return os.path.relpath(value, REPO)
+    return value
 
 
 def read_tsv(path: Path, limit: int | None = None) -> list[dict]:
@@ -195,7 +208,7 @@ def run_kiln(start: dict, work: Path, args, extra: list[str]) -> dict:
         "optimizer_steps": state.global_step,
         **scores,
         "dev_loss": last_eval.get("eval/loss"),
-        "argv": argv,
+        "argv": [portable(arg, work) for arg in argv],
     }
 
 
@@ -423,7 +436,7 @@ def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dic
         "data": {
             "train_examples": start["train_rows"],
             "dev_examples": start["dev_rows"],
-            "source": str(args.conll2003 if args.task == "conll2003" else args.sst2),
+            "source": portable(str((args.conll2003 if args.task == "conll2003" else args.sst2).resolve())),
         },
         "settings": {
             "batch_size": args.batch_size,
@@ -433,7 +446,7 @@ def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dic
             "max_length": args.max_length,
             "warmup_ratio": WARMUP_RATIO,
             **MATCHED,
-            "kiln_options": kiln_extra,
+            "kiln_options": [portable(option) for option in kiln_extra],
             "reference_group_by_length": args.reference_group_by_length,
         },  # fmt: skip
         "check": start["check"],

@@ -40,8 +40,8 @@ import transformers  # noqa: E402
 
 from pretrain.convert import from_transformers  # noqa: E402
 
-SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
-DEFAULT_SST2 = Path(os.environ.get("KILN_SST2", SST2 if SST2.exists() else "/work/shared/data/sst2"))
+# ../shared/data/sst2, resolved against the repository root
+DEFAULT_SST2 = Path(os.environ.get("KILN_SST2", Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"))
 
 SHAPES = {  # layers, hidden, heads
     "tiny": (2, 64, 2),  # the tests

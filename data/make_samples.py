@@ -1,6 +1,6 @@
-"""Rebuild the shipped corpora under data/ from the offline copies in /work/shared/data (see each SOURCE.md).
+"""Rebuild the shipped corpora under data/ from the offline copies in ../shared/data (see each SOURCE.md).
 
-    python data/make_samples.py [/path/to/shared/data]
+    python data/make_samples.py [/path/to/shared/data]   # default: ../shared/data beside the repository
 
 data/pretrain/*.txt  : public-domain books; one chapter per document (blank line between chapters), one
                        paragraph per line; Project Gutenberg header, footer and every mention of it removed.
@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-SHARED = Path(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data")
 HERE = Path(__file__).resolve().parent
+SHARED = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE.parent.parent / "shared" / "data"  # beside the repository
 
 # file stem in gutenberg/ -> (output name, regex matching a chapter heading line)
 BOOKS = {

@@ -1,6 +1,6 @@
 """Rebuild the fine-tuning samples in data/finetune/ from the offline copies of their sources.
 
-    python data/finetune/make_samples.py [--shared /work/shared/data] [--out data/finetune]
+    python data/finetune/make_samples.py [--shared ../shared/data] [--out data/finetune]
 
 Deterministic: the same sources give byte-identical files (fixed seed, gzip without timestamp).
 See SOURCE.md beside this file for what each sample is and its license.
@@ -153,7 +153,8 @@ def make_scitldr(shared: Path, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared", type=Path, default=Path("/work/shared/data"), help="folder of the sources")
+    beside_repository = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data from the root
+    parser.add_argument("--shared", type=Path, default=beside_repository, help="folder of the sources")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="where to write")
     args = parser.parse_args()
     make_authorship(args.shared, args.out)
