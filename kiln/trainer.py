@@ -32,6 +32,7 @@ from transformers import get_scheduler
 
 from .callbacks import RunEnd, TrainerCallback
 from .config import ConfigError, LoggingConfig, TrainingConfig, disk_writes, flatten, save_config
+from .elastic import convert_position, layout_of, saved_layout
 
 logger = logging.getLogger("kiln")
 
@@ -180,13 +181,27 @@ def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerat
     the seed."""
     from accelerate.utils import set_seed
 
+    from .elastic import adapt_to_world_size, launched_processes
+
+    resume = training.resume_from_checkpoint
+    local = resume and not resume.startswith("hub:")
+    checkpoint = resolve_checkpoint(resume, training.output_dir, quiet=True) if local else None
+    # before the Accelerator is built: it takes the accumulation count a resume on another world size needs
+    elastic = adapt_to_world_size(training, launched_processes(), checkpoint)
     accelerator = build_accelerator(training, logging_cfg)
     resolve_batch_size(training, accelerator.num_processes)
     align_engine(accelerator, training)
+    if elastic and accelerator.state.deepspeed_plugin is not None:
+        raise ConfigError(
+            f"{elastic}, but DeepSpeed's ZeRO checkpoints hold one optimizer partition per process and load only "
+            "on the number of processes that wrote them; resume on that many processes, or train with DDP or FSDP"
+        )
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if accelerator.is_main_process else logging.WARNING,
     )
+    if elastic and accelerator.is_main_process:
+        logger.warning(elastic)
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file checkpoint chatter
     quiet_tied_weight_warning()
     set_seed(training.seed)
@@ -417,6 +432,10 @@ _RESUME_FREE_KEYS = (
 )  # fmt: skip
 
 
+_LAYOUT_CONFIG_KEYS = {"training.per_device_train_batch_size", "training.gradient_accumulation_steps"}
+"""How the global batch is split: free to change with the number of processes (kiln.elastic)."""
+
+
 def saved_run_config(checkpoint: Path) -> dict[str, Any] | None:
     """The config a checkpoint was written with (its own copy, else its run folder's config.yaml)."""
     import yaml
@@ -447,6 +466,11 @@ def check_config_change(checkpoint: Path, config: Any) -> None:
         and old[key] != new[key]
         and not (isinstance(old[key], (int, float)) and isinstance(new[key], (int, float)) and old[key] == new[key])
     ]
+    if changed and set(changed) <= _LAYOUT_CONFIG_KEYS:
+        from .elastic import layout_change_is_elastic
+
+        if layout_change_is_elastic(checkpoint, config):
+            return  # another number of processes at the same global batch: still an exact continuation
     if not changed:
         return
     diff = ", ".join(f"{key} {old[key]!r} -> {new[key]!r}" for key in changed)
@@ -655,7 +679,8 @@ class Trainer:
                 acc.save_state(str(tmp))
                 acc.wait_for_everyone()
                 if acc.is_main_process:
-                    meta = {"global_step": self.state.global_step, "epoch": self.state.epoch, **self.metadata}
+                    meta = {"global_step": self.state.global_step, "epoch": self.state.epoch, **self.metadata,
+                            **layout_of(self.training, acc.num_processes).as_dict()}
                     (tmp / TRAINER_STATE_FILE).write_text(json.dumps(meta, indent=2))
                     if self.run_config is not None:
                         save_config(self.run_config, tmp / CONFIG_FILE)
@@ -717,6 +742,10 @@ class Trainer:
             ) from None
         # why the saved run stopped (a signal, the time budget) is no reason for this one to stop
         self.state.stop_reason = None
+        # written on another number of processes: the same examples of the epoch, counted in this run's batches
+        self.state.batches_in_epoch = convert_position(
+            self.state.batches_in_epoch, saved_layout(path), layout_of(self.training, self.accelerator.num_processes)
+        )
         if self.run_config is not None and self.accelerator.is_main_process:
             save_config(self.run_config, self.output_dir / "config.yaml")  # only now that the resume succeeded
         if self.accelerator.is_main_process:
