@@ -32,7 +32,8 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
         outputs = model(**batch)
         labels = batch["labels"]
         selected = labels != -100
-        logits = outputs.prediction_logits
+        # the pretraining model's MLM logits, or the MLM-only model's (objective mlm)
+        logits = outputs.get("prediction_logits", outputs.get("logits"))
         if logits.dim() == 3:  # dense logits (sparse_prediction off): keep the masked rows only
             logits = logits[selected]
         targets = labels[selected]
@@ -49,7 +50,7 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
             ),
             "mlm_tokens": selected.sum(-1).double(),
         }
-        if "next_sentence_label" in batch and outputs.seq_relationship_logits is not None:
+        if "next_sentence_label" in batch and outputs.get("seq_relationship_logits") is not None:
             nsp_logits, nsp_labels = outputs.seq_relationship_logits, batch["next_sentence_label"]
             per_seq["nsp_correct"] = (nsp_logits.argmax(-1) == nsp_labels).double()
             per_seq["nsp_loss_sum"] = F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="none").double()

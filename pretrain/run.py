@@ -105,12 +105,13 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
 
 
 def build_model(config: RunConfig, tokenizer, vocab_size: int):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForPreTraining
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForPreTraining
 
     from pretrain.modeling import (
         KilnDecoderConfig,
         KilnDecoderForCausalLM,
         KilnEncoderConfig,
+        KilnEncoderForMaskedLM,
         KilnEncoderForPreTraining,
     )
 
@@ -130,7 +131,9 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
                 f"model.init_from {m.init_from} is a {found.model_type} checkpoint but model.kind is {m.kind}; "
                 f"point it at a {expected_type} checkpoint or change model.kind"
             )
-        auto = AutoModelForPreTraining if m.kind == "encoder" else AutoModelForCausalLM
+        auto = AutoModelForCausalLM
+        if m.kind == "encoder":
+            auto = AutoModelForMaskedLM if m.objective == "mlm" else AutoModelForPreTraining
         model = auto.from_pretrained(m.init_from, attn_implementation=m.attn_implementation)
         if m.kind == "encoder":
             for name, value in PRETRAINING_FAST_PATHS.items():
@@ -145,7 +148,8 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
     if m.kind == "encoder":
         model_config = KilnEncoderConfig(**kwargs)
         model_config._attn_implementation = m.attn_implementation
-        return KilnEncoderForPreTraining(model_config)
+        # MLM alone: no pooler and NSP head, which would get no gradient (DDP refuses that on its second step)
+        return (KilnEncoderForMaskedLM if m.objective == "mlm" else KilnEncoderForPreTraining)(model_config)
     model_config = KilnDecoderConfig(**kwargs)
     model_config._attn_implementation = m.attn_implementation
     return KilnDecoderForCausalLM(model_config)

@@ -187,11 +187,12 @@ class MLMCollator:
     @staticmethod
     def loss_items(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """What the pretraining loss parts average over: the MLM loss over masked tokens, NSP/SOP over pairs
-        (the trainer normalises by these counts over a whole accumulation window and all processes)."""
-        items = {"mlm_loss": (batch["labels"] != -100).sum()}
-        if "next_sentence_label" in batch:
-            items["nsp_loss"] = batch["next_sentence_label"].numel()
-        return items
+        (the trainer normalises by these counts over a whole accumulation window and all processes). Without
+        pairs the model is the MLM-only one, whose output has the MLM loss as its `loss`."""
+        masked = (batch["labels"] != -100).sum()
+        if "next_sentence_label" not in batch:
+            return {"loss": masked}
+        return {"mlm_loss": masked, "nsp_loss": batch["next_sentence_label"].numel()}
 
     def mask_tokens(
         self,
