@@ -151,3 +151,31 @@ def test_inspection_command_prints_examples_and_statistics(tmp_path, capsys):
     assert exit_info.value.code == 0
     help_text = capsys.readouterr().out
     assert "--stat_sequences" in help_text and "--data.mlm_probability" in help_text
+
+
+def test_streamed_examples_are_masked_alike_on_any_number_of_processes(tmp_path, tokenizer):
+    """A streamed example's masks follow from its content, not from its rank or batch: the examples one process
+    and each of two processes stream (single segments, no short targets: the same examples in every split) get
+    the same masks."""
+    cfg = config(tmp_path, streaming=True, validation_split_percentage=0, short_seq_prob=0.0)
+    masks = []
+    for world in (1, 2):
+        found = {}
+        for rank in range(world):
+            data = build_pretraining_data(
+                cfg, tokenizer, "encoder", "mlm", 0, 64, accelerator=FakeAccelerator(rank, world)
+            )
+            data.collator.set_epoch(0)
+            examples = list(data.train_dataset(0))
+            for start in range(0, len(examples) - 7, 8):
+                rows = examples[start : start + 8]
+                batch = data.collator(rows)
+                for row, ids, labels, attention in zip(rows, batch["input_ids"], batch["labels"],
+                                                       batch["attention_mask"]):  # fmt: skip
+                    length = int(attention.sum())
+                    found[tuple(row["input_ids"].tolist())] = (ids[:length].tolist(), labels[:length].tolist())
+        masks.append(found)
+    common = masks[0].keys() & masks[1].keys()
+    assert len(common) > 100
+    assert all(masks[0][key] == masks[1][key] for key in common)
+    assert any(label != -100 for key in common for label in masks[0][key][1])

@@ -8,9 +8,9 @@ transformers' DataCollatorForLanguageModeling. With a seed, every sequence's mas
 `torch.Generator` seeded by (seed, epoch, example index) when the features carry `example_index` (Kiln's trainer
 adds it: the example's position in the epoch's dataset). A sequence's masks then depend neither on which batch,
 process or DataLoader worker it lands in nor on how long the other sequences of its batch are: 1 and N processes
-train and evaluate on identical masks, and a resumed run masks exactly as an uninterrupted one. Features without
-an index (streaming data, direct calls) fall back to one generator per batch from (seed, epoch, batch index,
-process rank); call `set_epoch(epoch)` at the start of each epoch and `set_epoch(epoch, start_batch=n)` after
+train and evaluate on identical masks, and a resumed run masks exactly as an uninterrupted one. Streamed examples
+carry a hash of their tokens as their index (pipeline.py). Features without an index (direct calls) fall back to
+one generator per batch from (seed, epoch, batch index, process rank); call `set_epoch(epoch)` at the start of each epoch and `set_epoch(epoch, start_batch=n)` after
 skipping n batches on resume. With DataLoader workers that batch index is `start_batch + calls_in_this_worker *
 num_workers + worker_id`, the order in which a DataLoader hands out batches (non-persistent workers).
 """

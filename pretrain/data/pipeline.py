@@ -12,6 +12,7 @@ across processes with `split_dataset_by_node` and shuffled with a buffer.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Callable
@@ -159,6 +160,8 @@ def build_pretraining_data(
     def build_train(epoch: int):
         if streaming:
             stream = shaper.train_examples(train_tokens, epoch)
+            if getattr(collator, "wants_example_index", False):
+                stream = stream.map(_content_indices, batched=True)
             stream = stream.shuffle(seed=seed, buffer_size=data_cfg.shuffle_buffer_size)
             stream.set_epoch(epoch)
             return stream.with_format("torch")
@@ -175,6 +178,20 @@ def build_pretraining_data(
         num_train_documents=None if streaming else len(train_tokens),
         _build_train=build_train,
     )
+
+
+def _content_indices(batch) -> dict[str, list[int]]:
+    """A streamed example's `example_index`: a 63-bit hash of its tokens and segments, where a map-style example
+    has its position. The masks come from (seed, epoch, example index) (collator.py), so a streamed example is
+    masked alike on any number of processes, in any batch, after a resume: a position would not do, as
+    `split_dataset_by_node` gives each process its own shards and each process counts its own examples."""
+    segments = batch.get("token_type_ids") or [[] for _ in batch["input_ids"]]
+    keys = []
+    for ids, types in zip(batch["input_ids"], segments):
+        digest = hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=8)
+        digest.update(np.asarray(types, dtype=np.int8).tobytes())
+        keys.append(int.from_bytes(digest.digest(), "little") >> 1)
+    return {"example_index": keys}
 
 
 def make_mlm_collator(data_cfg: DataConfig, tokenizer, seed: int | None) -> MLMCollator:
