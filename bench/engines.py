@@ -144,8 +144,8 @@ def pipeline_run(engine: str, kind: str, options) -> dict:
         log,
     )
     summary.update(run2_exit=code, run2_s=round(seconds, 1), resumed_from=resume_step)
-    rows = _rows(out)
-    second_rows = rows[len(first_rows) :]
+    # a resumed run replaces the metrics.jsonl rows of the steps it trains again instead of appending them
+    second_rows = [row for row in _rows(out) if row["step"] > resume_step]
     train1 = {r["step"]: r["train/loss"] for r in first_rows if "train/loss" in r}
     train2 = {r["step"]: r["train/loss"] for r in second_rows if "train/loss" in r}
     overlap = sorted(set(train1) & set(train2))

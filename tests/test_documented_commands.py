@@ -1,0 +1,163 @@
+"""The commands the README and docs/ give run, shortened to tiny settings, the way a user types them: in a fresh
+process, from the repository root, through `accelerate launch` where the docs say so.
+
+Each run is cut short (a few steps, a small corpus); what is checked is that the command works end to end and
+leaves what the docs say it leaves, not the numbers of the full runs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+from kiln_testing import REPO
+
+ACCELERATE_LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # = `accelerate launch`
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def command(*args, env_extra=None, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    done = subprocess.run([*map(str, args)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def metrics(output_dir) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_main_job_runs_end_to_end_and_leaves_a_loadable_folder(tmp_path):
+    """README "The main job": `accelerate launch pretrain/run.py` with its default (encoder-tiny) config,
+    shortened to 3 steps and a 2-batch evaluation."""
+    out = tmp_path / "encoder-tiny"
+    command(*ACCELERATE_LAUNCH, "--num_processes", "1", "pretrain/run.py", "--training.output_dir", out,
+            "--training.max_steps", 3, "--training.eval_steps", 3, "--training.max_eval_batches", 2,
+            "--logging.logging_steps", 1)  # fmt: skip
+    default = yaml.safe_load((REPO / "configs/pretrain/encoder-tiny.yaml").read_text())
+    saved = json.loads((out / "final" / "config.json").read_text())
+    assert saved["model_type"] == "kiln_encoder" and "AutoModelForPreTraining" in saved["auto_map"]
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads"):  # the default run's shape
+        wanted = default.get("model", {}).get(key)
+        assert wanted is None or saved[key] == wanted, (key, saved[key], wanted)
+    assert saved["vocab_size"] == 4096  # the WordPiece of the default config, trained on data/pretrain
+    for name in ("model.safetensors", "tokenizer.json", "README.md", "loss_curve.png", "modeling_kiln_encoder.py"):
+        assert (out / "final" / name).is_file(), name
+    rows = metrics(out)
+    train = [row for row in rows if "train/loss" in row]
+    assert [row["step"] for row in train] == [1, 2, 3]
+    # an untrained model guesses: MLM loss near ln(vocab), NSP loss near ln 2
+    assert train[0]["train/mlm_loss"] == pytest.approx(math.log(4096), abs=0.4)
+    assert train[0]["train/nsp_loss"] == pytest.approx(math.log(2), abs=0.1)
+    evaluation = [row for row in rows if "eval/mlm_loss" in row]
+    assert [row["step"] for row in evaluation] == [3]
+    assert {"eval/mlm_accuracy", "eval/nsp_accuracy", "eval/loss"} <= set(evaluation[0])
+
+
+def test_the_two_process_cpu_config_trains_on_two_processes(tmp_path):
+    """docs/multi-node.md: `ACCELERATE_USE_CPU=1 accelerate launch --config_file configs/accelerate/cpu-2proc.yaml
+    pretrain/run.py`, on the debug shapes."""
+    out = tmp_path / "two"
+    done = command(*ACCELERATE_LAUNCH, "--config_file", "configs/accelerate/cpu-2proc.yaml",
+                   "--main_process_port", free_port(), "pretrain/run.py", "--config", "configs/pretrain/debug.yaml",
+                   "--training.output_dir", out, "--training.max_steps", 2, "--training.per_device_train_batch_size", 4,
+                   env_extra={"ACCELERATE_USE_CPU": "1"})  # fmt: skip
+    log = done.stdout + done.stderr
+    assert "processes = 2" in log, log[-2000:]
+    assert "global batch = 8 sequences" in log  # 2 processes x 4 per device
+    assert [row["step"] for row in metrics(out) if "train/loss" in row] == [1, 2]
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_engines_bench_runs_trains_resumes_and_loads(tmp_path):
+    """docs/multi-node.md's `python bench/engines.py`, as its own CPU smoke form: `--engine none --small`."""
+    out, result = tmp_path / "engines", tmp_path / "engines.json"
+    command(sys.executable, "bench/engines.py", "--engine", "none", "--kind", "encoder", "--steps", 3, "--small",
+            "--eval-batches", 1, "--out", out, "--json", result)  # fmt: skip
+    (summary,) = json.loads(result.read_text())
+    assert summary["run1_exit"] == 0 and summary["run2_exit"] == 0 and summary["resumed_from"] == 2
+    assert summary["resume_max_abs_diff"] == 0  # step 3 re-trained from the step-2 checkpoint: the same loss
+    assert math.isfinite(summary["final"]["heldout_mlm_loss"]) and len(summary["final"]["fill_mask"]) == 5
+    assert summary["final"]["auto_map"]["AutoModelForPreTraining"].endswith("KilnEncoderForPreTraining")
+
+
+def test_data_bench_measures_every_stage(tmp_path):
+    """docs/performance.md's `python bench/data.py`, on one shipped book and a small vocabulary."""
+    result = tmp_path / "data.json"
+    command(sys.executable, "bench/data.py", "--data-files", "data/pretrain/alice_in_wonderland.txt",
+            "--vocab-size", 600, "--repeats", 1, "--train-tokens-per-s", 1000, "--json", result)  # fmt: skip
+    report = json.loads(result.read_text())
+    assert set(report["stages_tokens_per_s"]) == {
+        "create_nsp_examples (tokenize + pairs)", "MLMCollator", "build_pair_instances (pairs only)",
+        "train_dataset(epoch) + DataLoader + collator",
+    }  # fmt: skip
+    assert all(rate > 0 for rate in report["stages_tokens_per_s"].values())
+    assert report["training_tokens_per_s"] == {"kiln": 1000} and 0 <= report["padding_share"] < 0.5
+    assert report["examples_per_epoch"] > 10
+
+
+def test_throughput_plot_draws_the_committed_results(tmp_path):
+    """docs/performance.md's `python bench/throughput.py --plot ... --png docs/throughput.png`."""
+    png = tmp_path / "throughput.png"
+    command(sys.executable, "bench/throughput.py", "--plot", "bench/results/l4.json", "bench/results/encoder-l12.json",
+            "--png", png)  # fmt: skip
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_make_corpus_builds_every_source_folder(tmp_path):
+    """docs/results.md's `python experiments/make_corpus.py`, on a made-up miniature of ../shared/data."""
+    shared, out = tmp_path / "shared", tmp_path / "corpus"
+    (shared / "gutenberg").mkdir(parents=True)
+    book = ("The Project Gutenberg eBook of X\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\nIt was a dark\n"
+            "and stormy night.\n\nThe end came.\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\nLicense text.\n")
+    with gzip.open(shared / "gutenberg" / "pg1_x.txt.gz", "wt", encoding="utf-8") as file:
+        file.write(book)
+    (shared / "wikitext-2-raw").mkdir()
+    for split in ("valid", "test"):
+        (shared / "wikitext-2-raw" / f"wiki.{split}.raw").write_text(
+            f" = Title {split} = \n\n A well @-@ known fact , 1 @,@ 000 times . \n\n"
+        )
+    stories = shared / "tinystories"
+    stories.mkdir()
+    for name, text in (("tinystories_sample3000.json.gz", json.dumps({"texts": ["Tom ran.\nHe fell."]})),
+                       ("tinystoriesV2_gpt4_train_head10k.txt.gz", "Ann sang.<|endoftext|>Bob hid."),
+                       ("tinystories_train_first1000.one_per_line.txt.gz", "Cat sat.\nDog dug."),
+                       ("tinystories_valid_head.txt.gz", "Sun rose.\n\nMoon set.")):  # fmt: skip
+        with gzip.open(stories / name, "wt", encoding="utf-8") as file:
+            file.write(text)
+    (shared / "multi30k").mkdir()
+    (shared / "multi30k" / "train.de").write_text("Ein Hund läuft.\nZwei Katzen.\n")
+    (shared / "multi30k" / "val.de").write_text("Ein Mann.\n")
+    done = command(sys.executable, "experiments/make_corpus.py", "--shared", shared, "--out", out)
+    words = json.loads(done.stdout.strip().splitlines()[-1])["words"]
+    assert set(words) == {"gutenberg", "wikitext", "tinystories", "tinystories-valid", "multi30k-de",
+                          "multi30k-de-valid"}  # fmt: skip
+    book_text = (out / "gutenberg" / "pg1_x.txt").read_text()
+    assert "It was a dark and stormy night." in book_text and "Gutenberg" not in book_text  # header, footer gone
+    assert "well-known fact, 1,000 times" in (out / "wikitext" / "valid.txt").read_text().replace(" ,", ",")
+    assert (out / "multi30k-de" / "train.txt").read_text().split("\n\n")[0].strip() == "Ein Hund läuft."
+
+
+def test_summarize_rebuilds_the_committed_fine_tuning_table(tmp_path):
+    """docs/results.md: `python experiments/summarize.py` rebuilds docs/results/finetune.md and .json from the
+    records in docs/results/runs.jsonl; run on a copy, it must give the committed files byte for byte."""
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    shutil.copy(REPO / "experiments/summarize.py", tmp_path / "experiments")
+    shutil.copy(REPO / "docs/results/runs.jsonl", tmp_path / "docs/results")
+    subprocess.run([sys.executable, str(tmp_path / "experiments/summarize.py")], check=True, capture_output=True)
+    for name in ("finetune.md", "finetune.json"):
+        assert (tmp_path / "docs/results" / name).read_text() == (REPO / "docs/results" / name).read_text(), name
