@@ -63,6 +63,8 @@ class TokenizerConfig:
     """Minimum pair frequency for a merge."""
     max_training_texts: int | None = None
     """Train the tokenizer on at most this many texts (None: the whole training split)."""
+    input_sentence_size: int = 100_000
+    """`python -m pretrain.data prepare` only: train the tokenizer on a seeded sample of at most this many lines of text (SentencePiece's input_sentence_size), read from random places of the corpus, so its cost stays bounded however large the corpus is (about 30 MB of book paragraphs at the default); 0: every line."""
 
 
 @dataclass
@@ -117,6 +119,8 @@ class DataConfig:
     """datasets cache directory (default: the HF datasets cache)."""
     num_workers: int = 0
     """DataLoader worker processes."""
+    prepared: str | None = None
+    """Train from a folder written by `python -m pretrain.data prepare` (tokenizer + tokenized shards, memory-mapped; the corpus is not read or tokenized again). The corpus and tokenizer settings must match its manifest."""
 
 
 @dataclass

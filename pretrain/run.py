@@ -13,6 +13,7 @@ if __package__ in (None, ""):  # run as a script (accelerate launch pretrain/run
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import logging  # noqa: E402
+from functools import partial  # noqa: E402
 
 from kiln.config import ConfigError, build_config, run_cli, validate_run_sections  # noqa: E402
 from pretrain.config import RunConfig  # noqa: E402
@@ -176,12 +177,21 @@ def build_inputs(config: RunConfig, accelerator, out):
     """The tokenizer (trained or reused), the model and the examples of a run."""
     from pretrain.data import build_pretraining_data, padded_vocab_size, prepare_tokenizer
 
-    tokenizer = prepare_tokenizer(
-        config.tokenizer, config.data, config.model.kind, str(out / "tokenizer"), accelerator=accelerator
-    )
+    corpus = None
+    if config.data.prepared:  # tokenizer and tokenized corpus from `python -m pretrain.data prepare`
+        from pretrain.data.prepared import PreparedCorpus, build_prepared_data
+
+        corpus = PreparedCorpus.open(config.data.prepared)
+        corpus.check_run(config)
+        tokenizer = corpus.load_tokenizer(config.data.max_seq_length)
+    else:
+        tokenizer = prepare_tokenizer(
+            config.tokenizer, config.data, config.model.kind, str(out / "tokenizer"), accelerator=accelerator
+        )
     vocab_size = padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of)
     model = build_model(config, tokenizer, vocab_size)
-    data = build_pretraining_data(
+    build = build_pretraining_data if corpus is None else partial(build_prepared_data, corpus)
+    data = build(
         config.data,
         tokenizer,
         config.model.kind,

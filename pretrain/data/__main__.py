@@ -1,7 +1,9 @@
-"""Inspect the data of a run config: a few decoded examples with their masks, and measured statistics.
+"""Inspect the data of a run config (a few decoded examples with their masks, and measured statistics), or
+prepare its corpus once for many runs.
 
 python -m pretrain.data --config configs/pretrain/encoder-tiny.yaml [--data.key VALUE ...]
                         [--examples 3] [--stat_sequences 10000]
+python -m pretrain.data prepare --config X --output DIR [--num_proc N] [--shard i/n] [--shard_size_mb 16]
 """
 
 from __future__ import annotations
@@ -32,7 +34,29 @@ Extra options of this command:
   --stat_sequences N    training sequences to measure (default 10000; several epochs if needed)
 
 Masks are shown as [MASK/orig] (replaced by [MASK]), {rand/orig} (replaced by a random token) and <orig>
-(selected but left unchanged)."""
+(selected but left unchanged).
+
+To tokenize a corpus once and train on it many times (any size, memory-flat, parallel, resumable, split across
+machines), see `python -m pretrain.data prepare --help`."""
+
+PREPARE_DESCRIPTION = """Prepare once, train many: read the corpus of a run config (data.data_files, any mix of file
+sizes, a single huge file included) in bounded chunks, train the tokenizer on a seeded sample of at most
+tokenizer.input_sentence_size lines (default 100,000), and write the tokenized, sentence-split, document-indexed
+corpus to --output as Arrow shards with tokenizer/ and manifest.json. Then train from it with
+`accelerate launch pretrain/run.py --config X --data.prepared DIR` (memory-mapped, nothing tokenized again).
+
+Options of this command (besides --config and the dotted overrides of the run config):
+  --output DIR          the prepared folder (required); run the same command again to resume a killed prepare
+  --num_proc N          worker processes (default: data.num_proc, else 1)
+  --shard i/n           prepare only part i of n (0 <= i < n) of the shards, e.g. one part per machine into a
+                        shared folder; the part that finishes last writes manifest.json (on node-local disks,
+                        copy the shards into one folder: training merges their .json files)
+  --shard_size_mb M     text per shard (default 16): larger files are split into ranges of this size at document
+                        boundaries, smaller ones grouped
+
+The settings the shards depend on (model.kind, data.document_separator, data.sentence_split, data.text_column,
+the tokenizer section, training.seed for the sample) are recorded in the manifest; a run whose settings differ
+is stopped with one line naming the setting."""
 
 
 def _pop_int(argv: list[str], flag: str, default: int) -> tuple[int, list[str]]:
@@ -248,8 +272,57 @@ def inspect(cfg: RunConfig, examples: int, stat_sequences: int, out=None) -> dic
     return stats
 
 
+def _pop_value(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
+    rest, value, i = [], None, 0
+    while i < len(argv):
+        key, eq, inline = argv[i].partition("=")
+        if key == flag:
+            if not eq and i + 1 >= len(argv):
+                raise ConfigError(f"{flag} needs a value")
+            value = inline if eq else argv[i + 1]
+            i += 1 if eq else 2
+            continue
+        rest.append(argv[i])
+        i += 1
+    return value, rest
+
+
+def prepare_main(argv: list[str]) -> int:
+    from .prepare import prepare
+
+    try:
+        if "-h" in argv or "--help" in argv:
+            build_config(RunConfig, ["--help"], prog="python -m pretrain.data prepare", description=PREPARE_DESCRIPTION)
+        output, argv = _pop_value(argv, "--output")
+        num_proc, argv = _pop_value(argv, "--num_proc")
+        part, argv = _pop_value(argv, "--shard")
+        shard_mb, argv = _pop_value(argv, "--shard_size_mb")
+        if not output:
+            raise ConfigError("--output DIR is required: the folder to write the prepared corpus to")
+        try:
+            shard = tuple(int(x) for x in part.split("/")) if part else (0, 1)
+            if len(shard) != 2:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"--shard {part}: use i/n, e.g. --shard 0/2") from None
+        try:
+            shard_size_mb = float(shard_mb) if shard_mb else 16.0
+            processes = int(num_proc) if num_proc else None
+        except ValueError:
+            raise ConfigError(f"--num_proc {num_proc} / --shard_size_mb {shard_mb}: give numbers") from None
+        cfg = build_config(RunConfig, argv, prog="python -m pretrain.data prepare", description=PREPARE_DESCRIPTION)
+        datasets.disable_progress_bars()
+        prepare(cfg, output, processes or cfg.data.num_proc or 1, shard, shard_size_mb)
+    except (DataError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "prepare":
+        return prepare_main(argv[1:])
     try:
         examples, argv = _pop_int(argv, "--examples", 3)
         stat_sequences, argv = _pop_int(argv, "--stat_sequences", 10_000)

@@ -137,6 +137,8 @@ def _continuation_chars(texts: list[str], normalizer) -> set[str]:
     one, except punctuation (BertPreTokenizer makes every punctuation mark a word of its own)."""
     found: set[str] = set()
     for text in texts:
+        if text.isascii():  # after normalisation only ASCII letters and digits can continue a word: always added
+            continue
         found.update(_AFTER_NON_SPACE.findall(normalizer.normalize_str(text)))
     return {c for c in found if not _is_punctuation(c)}
 

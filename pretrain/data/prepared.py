@@ -1,0 +1,520 @@
+"""Training from a prepared folder (`--data.prepared DIR`, written by `python -m pretrain.data prepare`).
+
+    corpus = PreparedCorpus.open("prepared/")       # manifest (or the per-shard .json files merged)
+    corpus.check_run(config)                         # one-line DataError when the run disagrees with the manifest
+    tokenizer = corpus.load_tokenizer(max_seq_length)
+    data = build_prepared_data(corpus, config.data, tokenizer, "encoder", "mlm+nsp", seed, 128)
+    corpus.dataset("train")                          # the shards as one `datasets.Dataset` (memory-mapped)
+
+The shards are memory-mapped Arrow files: every process on every node maps the same files and holds only the
+offset arrays (8 bytes per sentence and per document). Each epoch's NSP/SOP pairs are planned from sentence
+lengths alone, with the same random draws, in the same order, as the in-memory path
+(`nsp.build_pair_instances` over pools of DOCUMENT_POOL shuffled documents): a pair is four token offsets into
+the mapped shards and a label, and an example is sliced out of the shards when the DataLoader asks for it. So
+the examples (and therefore the MLM masks, which depend on the example index) are exactly those of the
+in-memory path given the same tokenizer, validation split and settings, without tokenizing again; the decoder's
+blocks are likewise cut from the mapped token stream.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from kiln.config import resolve_path
+from .collator import CLMCollator
+from .common import DataError, main_process_first
+from .nsp import IS_NEXT, NOT_NEXT, TASKS
+from .pipeline import DOCUMENT_POOL, EVAL_EPOCH, PAIR_TASK, PretrainingData, make_mlm_collator, validate_settings
+from .prepare import FORMAT, MANIFEST, PLAN, VERSION, merged_manifest, tokenizer_fingerprint
+from .tokenizer import check_special_tokens, check_tokenizer_fits, load_tokenizer
+
+if TYPE_CHECKING:
+    from ..config import DataConfig, RunConfig
+
+
+class PreparedCorpus:
+    """A prepared folder: its manifest, tokenizer and shards."""
+
+    def __init__(self, folder: Path, manifest: dict):
+        self.folder = folder
+        self.manifest = manifest
+
+    @classmethod
+    def open(cls, folder: str) -> PreparedCorpus:
+        path = Path(resolve_path(folder))
+        if (path / MANIFEST).is_file():
+            manifest = json.loads((path / MANIFEST).read_text())
+        elif (path / PLAN).is_file():
+            manifest = merged_manifest(path)
+            if isinstance(manifest, list):
+                raise DataError(
+                    f"data.prepared {folder} is incomplete: {len(manifest)} shard(s) missing (e.g. {manifest[0]}); "
+                    "finish it with `python -m pretrain.data prepare` (every --shard i/n) or copy the other "
+                    "machines' shards into it"
+                )
+        else:
+            raise DataError(
+                f"data.prepared {folder} is not a prepared folder (no {MANIFEST}); make one with "
+                "`python -m pretrain.data prepare --config X --output DIR`"
+            )
+        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+            raise DataError(
+                f"data.prepared {folder} has format {manifest.get('format')} v{manifest.get('version')}, this Kiln "
+                f"reads {FORMAT} v{VERSION}; prepare it again"
+            )
+        for records in manifest["shards"].values():
+            for record in records:
+                shard = path / record["file"]
+                if not shard.is_file() or shard.stat().st_size != record["bytes"]:
+                    raise DataError(
+                        f"data.prepared {folder}: shard {record['file']} is missing or has another size than its "
+                        "manifest says; copy it again or prepare again"
+                    )
+        return cls(path, manifest)
+
+    @property
+    def model_kind(self) -> str:
+        return self.manifest["settings"]["model_kind"]
+
+    def shard_paths(self, split: str = "train") -> list[Path]:
+        return [self.folder / record["file"] for record in self.manifest["shards"].get(split, [])]
+
+    def dataset(self, split: str = "train"):
+        """The shards of `split` as one memory-mapped `datasets.Dataset` (rows: sentence_ids, document_hash)."""
+        from datasets import Dataset, concatenate_datasets
+
+        return concatenate_datasets([Dataset.from_file(str(p)) for p in self.shard_paths(split)])
+
+    def load_tokenizer(self, model_max_length: int | None = None):
+        return load_tokenizer(str(self.folder / "tokenizer"), model_max_length)
+
+    def check_run(self, config: RunConfig) -> None:
+        """One-line DataError naming the first setting of the run that disagrees with the manifest.
+
+        Checked: what the shards were cut and tokenized with (model kind, document and sentence splitting, text
+        column, the tokenizer's settings, or a given tokenizer's fingerprint). Not checked, because every run
+        draws its examples from the shards itself: max_seq_length, the NSP/SOP and masking probabilities, the
+        objective, the validation share and the seed.
+        """
+        settings = self.manifest["settings"]
+        where = f"data.prepared {self.folder.name}"
+        expected = {
+            "model.kind": (settings["model_kind"], config.model.kind),
+            "data.document_separator": (settings["document_separator"], config.data.document_separator),
+            "data.text_column": (settings["text_column"], config.data.text_column),
+        }
+        if config.model.kind == "encoder":
+            expected["data.sentence_split"] = (settings["sentence_split"], config.data.sentence_split)
+        if config.tokenizer.name_or_path:
+            given = load_tokenizer(config.tokenizer.name_or_path)
+            expected["tokenizer.name_or_path"] = (
+                self.manifest["tokenizer_fingerprint"], tokenizer_fingerprint(given)
+            )
+        elif not settings["tokenizer"]["name_or_path"]:
+            for key in ("vocab_size", "lowercase", "min_frequency"):
+                expected[f"tokenizer.{key}"] = (settings["tokenizer"][key], getattr(config.tokenizer, key))
+        for name, (prepared, run) in expected.items():
+            if prepared != run:
+                what = "a tokenizer with fingerprint" if name == "tokenizer.name_or_path" else f"{name}="
+                raise DataError(
+                    f"{where} was prepared with {what}{prepared!r} but this run has {run!r}; set {name} to match "
+                    "or prepare the corpus again with this run's config"
+                )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the memory-mapped index
+
+
+class DocumentIndex:
+    """Offsets over the mapped shards: document d holds sentences doc_sentences[d]:doc_sentences[d + 1], sentence
+    s holds tokens sentence_tokens[s]:sentence_tokens[s + 1] of the global token stream, read from `tokens`
+    (one array per record batch, mapped; batch b starts at token batch_tokens[b])."""
+
+    def __init__(self, paths: list[Path]):
+        self.tables = []  # keep the mapped tables alive
+        tokens, batch_tokens, sentence_ends, doc_ends, hashes = [], [0], [], [], []
+        sentence_base = token_base = 0
+        for path in paths:
+            source = pa.memory_map(str(path))  # left open: the arrays below point into the mapping
+            table = pa.ipc.open_stream(source).read_all()
+            self.tables.append((source, table))
+            for batch in table.to_batches():
+                documents = batch.column(0)
+                sentences = documents.values
+                values = sentences.values.to_numpy(zero_copy_only=True)
+                doc_offsets = documents.offsets.to_numpy()
+                sentence_offsets = sentences.offsets.to_numpy()
+                tokens.append(values)
+                doc_ends.append(doc_offsets[1:].astype(np.int64) + sentence_base)
+                sentence_ends.append(sentence_offsets[1:].astype(np.int64) + token_base)
+                hashes.append(batch.column(1).to_numpy())
+                sentence_base += len(sentence_offsets) - 1
+                token_base += len(values)
+                batch_tokens.append(token_base)
+        self.tokens = tokens
+        self.batch_tokens = np.asarray(batch_tokens, dtype=np.int64)
+        self.doc_sentences = np.concatenate([[0], *doc_ends]).astype(np.int64)
+        self.sentence_tokens = np.concatenate([[0], *sentence_ends]).astype(np.int64)
+        self.document_hash = np.concatenate(hashes) if hashes else np.zeros(0, np.uint32)
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.doc_sentences) - 1
+
+    def sentence_counts(self) -> np.ndarray:
+        return np.diff(self.doc_sentences)
+
+    def slice(self, start: int, end: int) -> np.ndarray:
+        """Tokens start:end of the global stream (a range never crosses a record batch: documents do not)."""
+        if end <= start:
+            return np.zeros(0, dtype=np.int64)
+        batch = int(np.searchsorted(self.batch_tokens, start, side="right")) - 1
+        base = int(self.batch_tokens[batch])
+        return self.tokens[batch][start - base : end - base]
+
+    def gather(self, start: int, end: int) -> np.ndarray:
+        """Tokens start:end, across record batches (decoder blocks span documents)."""
+        parts = []
+        while start < end:
+            batch = int(np.searchsorted(self.batch_tokens, start, side="right")) - 1
+            stop = min(end, int(self.batch_tokens[batch + 1]))
+            parts.append(self.slice(start, stop))
+            start = stop
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def split_documents_like_memory(index: DocumentIndex, data_cfg: DataConfig, has_validation_shards: bool):
+    """(train, validation) document ids as the in-memory path picks them (corpus.load_documents): the hold-out
+    share with the smallest text hashes, then max_train/eval_documents, then documents without tokens dropped."""
+    n = index.num_documents
+    if has_validation_shards:
+        train, validation = np.arange(n), None
+    elif data_cfg.validation_split_percentage > 0 and n > 0:
+        count = max(round(n * data_cfg.validation_split_percentage / 100), 2 if n >= 6 else 1)
+        count = min(count, n - 1)
+        order = np.argsort(index.document_hash, kind="stable")
+        validation = np.sort(order[:count])
+        keep = np.ones(n, dtype=bool)
+        keep[validation] = False
+        train = np.flatnonzero(keep)
+    else:
+        train, validation = np.arange(n), None
+    if data_cfg.max_train_documents is not None:
+        train = train[: data_cfg.max_train_documents]
+    if validation is not None and data_cfg.max_eval_documents is not None:
+        validation = validation[: data_cfg.max_eval_documents]
+    counts = index.sentence_counts()
+    train = train[counts[train] > 0]
+    if validation is not None:
+        validation = validation[counts[validation] > 0]
+    return train, validation
+
+
+# ----------------------------------------------------------------------------------------------------------
+# pairs planned from sentence lengths
+
+
+@dataclass
+class PairPlan:
+    """Examples as token ranges of the global stream: A = a_start:a_end, B = b_start:b_end (empty for "none")."""
+
+    a_start: np.ndarray
+    a_end: np.ndarray
+    b_start: np.ndarray
+    b_end: np.ndarray
+    label: np.ndarray
+
+
+def plan_pairs(index: DocumentIndex, documents: np.ndarray, max_seq_length: int, short_seq_prob: float,
+               nsp_probability: float, seed: int, epoch, task: str, pool: int) -> PairPlan:
+    """The epoch's pairs over `documents` (in order) in pools of `pool`, each pool seeded as the in-memory
+    path's `datasets.map` batch (pair_examples_batch) is: the same random draws as nsp.build_pair_instances."""
+    if task not in TASKS:
+        raise DataError(f"sentence-pair task {task!r} is unknown; use one of {', '.join(TASKS)}")
+    max_num_tokens = max_seq_length - (3 if task != "none" else 2)
+    if max_num_tokens < 2:
+        raise DataError(f"data.max_seq_length={max_seq_length} leaves no room for two segments; use at least 8")
+    out = [array("q") for _ in range(4)] + [array("b")]
+    for first in range(0, len(documents), pool):
+        pool_docs = documents[first : first + pool]
+        if task == "nsp" and len(pool_docs) < 2:  # a lone document at the end of the data
+            continue
+        rng = random.Random(f"{task}:{seed}:{epoch}:{first}")
+        starts = index.doc_sentences[pool_docs]
+        ends = index.doc_sentences[pool_docs + 1]
+        _plan_pool(index.sentence_tokens, starts.tolist(), ends.tolist(), max_num_tokens, short_seq_prob,
+                   nsp_probability, rng, task, out)
+    arrays = [np.frombuffer(a, dtype=np.int64) if a.typecode == "q" else np.frombuffer(a, dtype=np.int8)
+              for a in out]
+    return PairPlan(*arrays)
+
+
+def _plan_pool(sentence_tokens: np.ndarray, starts: list[int], ends: list[int], max_num_tokens: int,
+               short_seq_prob: float, nsp_probability: float, rng: random.Random, task: str, out) -> None:
+    """nsp._PairBuilder.from_document / pair_from_chunk / random_segment / truncate_seq_pair on token offsets.
+    Every draw from `rng` happens in the same order and with the same arguments as there."""
+    a_starts, a_ends, b_starts, b_ends, labels = out
+    n = len(starts)
+    random_, randint, randrange = rng.random, rng.randint, rng.randrange
+    for d in range(n):
+        s0, s1 = starts[d], ends[d]
+        # sentence_tokens[s] is where sentence s starts; sentences s0..s1-1 are the document's
+        positions = sentence_tokens[s0 : s1 + 1].tolist()
+        count = s1 - s0
+        if random_() < short_seq_prob:
+            target = randint(2, max_num_tokens)
+        else:
+            target = max_num_tokens
+        i, first = 0, 0
+        while i < count:
+            chunk_length = positions[i + 1] - positions[first]
+            if i == count - 1 or chunk_length >= target:
+                # the chunk: sentences first..i
+                m = i - first + 1
+                unused = 0
+                emit = True
+                if task == "none":
+                    a0 = positions[first]
+                    a1 = min(positions[i + 1], a0 + max_num_tokens)
+                    b0 = b1 = a1
+                    label = 0
+                else:
+                    a_end = randint(1, m - 1) if m >= 2 else 1
+                    a0, a1 = positions[first], positions[first + a_end]
+                    if task == "nsp" and random_() < nsp_probability:
+                        # random_segment: another document of the pool, from a random sentence
+                        pick = randrange(n - 1)
+                        other = pick if pick < d else pick + 1
+                        o0, o1 = starts[other], ends[other]
+                        k = o0 + randrange(o1 - o0)
+                        b0 = int(sentence_tokens[k])
+                        target_b = target - (a1 - a0)
+                        b1 = b0
+                        while k < o1:
+                            b1 = int(sentence_tokens[k + 1])
+                            k += 1
+                            if b1 - b0 >= target_b:
+                                break
+                        label, unused = NOT_NEXT, m - a_end
+                    else:
+                        b0, b1, label = a1, positions[i + 1], IS_NEXT
+                        if b0 == b1:  # a one-sentence chunk: cut it at a random token
+                            if a1 - a0 < 2:
+                                emit = False
+                            else:
+                                cut = randint(1, a1 - a0 - 1)
+                                a1, b0 = a0 + cut, a0 + cut
+                        if emit and task == "sop" and random_() < nsp_probability:
+                            a0, a1, b0, b1, label = b0, b1, a0, a1, NOT_NEXT
+                    if emit:  # truncate_seq_pair
+                        while (a1 - a0) + (b1 - b0) > max_num_tokens:
+                            if a1 - a0 > b1 - b0:
+                                if random_() < 0.5:
+                                    a0 += 1
+                                else:
+                                    a1 -= 1
+                            elif random_() < 0.5:
+                                b0 += 1
+                            else:
+                                b1 -= 1
+                i -= unused
+                if emit:
+                    a_starts.append(a0)
+                    a_ends.append(a1)
+                    b_starts.append(b0)
+                    b_ends.append(b1)
+                    labels.append(label)
+                if random_() < short_seq_prob:
+                    target = randint(2, max_num_tokens)
+                else:
+                    target = max_num_tokens
+                first = i + 1
+            i += 1
+
+
+class PairExamples(torch.utils.data.Dataset):
+    """`[CLS] A [SEP] B [SEP]` examples sliced from the mapped shards (rows as the in-memory path's, as tensors)."""
+
+    def __init__(self, index: DocumentIndex, plan: PairPlan, cls_id: int, sep_id: int, task: str):
+        self.index, self.plan, self.task = index, plan, task
+        self.cls, self.sep = np.array([cls_id]), np.array([sep_id])
+
+    def __len__(self) -> int:
+        return len(self.plan.label)
+
+    def __getitem__(self, i: int) -> dict:
+        plan = self.plan
+        a = self.index.slice(int(plan.a_start[i]), int(plan.a_end[i]))
+        b = self.index.slice(int(plan.b_start[i]), int(plan.b_end[i]))
+        parts = [self.cls, a, self.sep] + ([b, self.sep] if len(b) else [])
+        input_ids = torch.from_numpy(np.concatenate(parts).astype(np.int64))
+        token_type_ids = torch.zeros(len(input_ids), dtype=torch.long)
+        if len(b):
+            token_type_ids[len(a) + 2 :] = 1
+        row = {"input_ids": input_ids, "token_type_ids": token_type_ids}
+        if self.task != "none":
+            row["next_sentence_label"] = torch.tensor(int(plan.label[i]))
+        return row
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        return [self[i] for i in indices]
+
+
+class BlockExamples(torch.utils.data.Dataset):
+    """Decoder blocks: the documents' tokens, each followed by EOS, cut into max_seq_length blocks; the final
+    remainder is a shorter last block (clm.BlockPacker's rule for map-style data)."""
+
+    def __init__(self, index: DocumentIndex, documents: np.ndarray, block_size: int, eos_id: int):
+        self.index, self.block_size, self.eos_id = index, block_size, eos_id
+        first = index.sentence_tokens[index.doc_sentences[documents]]
+        last = index.sentence_tokens[index.doc_sentences[documents + 1]]
+        self.doc_start, self.doc_end = first, last
+        self.stream_end = np.cumsum(last - first + 1)  # +1: the EOS after each document
+        total = int(self.stream_end[-1]) if len(documents) else 0
+        self.total = total
+
+    def __len__(self) -> int:
+        return math.ceil(self.total / self.block_size)
+
+    def __getitem__(self, i: int) -> dict:
+        start, end = i * self.block_size, min((i + 1) * self.block_size, self.total)
+        parts = []
+        d = int(np.searchsorted(self.stream_end, start, side="right"))
+        position = start
+        while position < end:
+            doc_stream_start = int(self.stream_end[d - 1]) if d else 0
+            offset = position - doc_stream_start
+            length = int(self.doc_end[d] - self.doc_start[d])
+            take = min(end - position, length + 1 - offset)
+            from_doc = min(take, max(length - offset, 0))
+            if from_doc:
+                begin = int(self.doc_start[d]) + offset
+                parts.append(self.index.gather(begin, begin + from_doc).astype(np.int64))
+            if take > from_doc:
+                parts.append(np.array([self.eos_id], dtype=np.int64))
+            position += take
+            d += 1
+        return {"input_ids": torch.from_numpy(np.concatenate(parts))}
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        return [self[i] for i in indices]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the run's data
+
+
+def build_prepared_data(
+    corpus: PreparedCorpus,
+    data_cfg: DataConfig,
+    tokenizer,
+    model_kind: str,
+    objective: str,
+    seed: int,
+    max_position_embeddings: int,
+    accelerator=None,
+    vocab_size: int | None = None,
+) -> PretrainingData:
+    """PretrainingData from a prepared folder: the same examples as build_pretraining_data would give."""
+    validate_settings(data_cfg, model_kind, objective, max_position_embeddings)
+    check_special_tokens(tokenizer, model_kind)
+    if vocab_size is not None:
+        check_tokenizer_fits(tokenizer, vocab_size)
+    if corpus.model_kind != model_kind:
+        raise DataError(
+            f"data.prepared was prepared for a {corpus.model_kind} but model.kind is {model_kind}; prepare again"
+        )
+    train_index = DocumentIndex(corpus.shard_paths("train"))
+    has_validation = bool(corpus.manifest["shards"].get("validation"))
+    train_docs, validation_docs = split_documents_like_memory(train_index, data_cfg, has_validation)
+    validation_index = train_index
+    if has_validation:
+        validation_index = DocumentIndex(corpus.shard_paths("validation"))
+        validation_docs = np.arange(validation_index.num_documents)
+        if data_cfg.max_eval_documents is not None:
+            validation_docs = validation_docs[: data_cfg.max_eval_documents]
+        validation_docs = validation_docs[validation_index.sentence_counts()[validation_docs] > 0]
+    if len(train_docs) == 0:
+        raise DataError("no training document has any tokens; check the corpus and data.text_column")
+
+    if model_kind == "encoder":
+        task = PAIR_TASK[objective]
+        if task == "nsp" and len(train_docs) < 2:
+            raise DataError(
+                "NSP needs at least 2 training documents but the corpus has 1: add documents, split them "
+                "differently (data.document_separator=line or heading), or use model.objective=mlm+sop"
+            )
+        collator = make_mlm_collator(data_cfg, tokenizer, seed)
+        eval_collator = make_mlm_collator(data_cfg, tokenizer, seed + 1)
+        settings = (data_cfg.max_seq_length, data_cfg.short_seq_prob, data_cfg.nsp_probability, seed)
+
+        def examples(index, documents, epoch, pool):
+            plan = plan_pairs(index, documents, *settings[:3], settings[3], epoch, task, pool)
+            return PairExamples(index, plan, tokenizer.cls_token_id, tokenizer.sep_token_id, task)
+
+        def build_train(epoch: int):
+            documents = train_docs
+            if len(documents) > DOCUMENT_POOL:  # datasets' Dataset.shuffle(seed) order, as the in-memory path
+                shuffle_seed = int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+                documents = documents[np.random.default_rng(shuffle_seed).permutation(len(documents))]
+            batches = math.ceil(len(documents) / DOCUMENT_POOL)
+            return examples(train_index, documents, epoch, math.ceil(len(documents) / batches))
+
+        eval_dataset = None
+        if validation_docs is not None and len(validation_docs):
+            if task == "nsp" and len(validation_docs) < 2:
+                raise DataError(
+                    f"the validation split has {len(validation_docs)} document(s) but NSP needs 2: raise "
+                    "data.validation_split_percentage, give data.validation_files, or use model.objective=mlm+sop"
+                )
+            eval_dataset = examples(validation_index, validation_docs, EVAL_EPOCH, max(len(validation_docs), 1))
+    else:
+        collator = eval_collator = CLMCollator(tokenizer, data_cfg.pad_to_multiple_of)
+        blocks = BlockExamples(train_index, train_docs, data_cfg.max_seq_length, tokenizer.eos_token_id)
+
+        def build_train(epoch: int):
+            return blocks
+
+        eval_dataset = None
+        if validation_docs is not None and len(validation_docs):
+            eval_dataset = BlockExamples(
+                validation_index, validation_docs, data_cfg.max_seq_length, tokenizer.eos_token_id
+            )
+    if eval_dataset is not None and len(eval_dataset) == 0:
+        eval_dataset = None
+
+    def build_train_once(epoch: int):
+        with main_process_first(accelerator):  # keeps the processes in step, as the in-memory path
+            return build_train(epoch)
+
+    return PretrainingData(
+        tokenizer=tokenizer,
+        eval_dataset=eval_dataset,
+        collator=collator,
+        eval_collator=eval_collator,
+        objective=objective,
+        streaming=False,
+        num_train_documents=len(train_docs),
+        _build_train=build_train_once,
+    )
+
+
+__all__ = [
+    "BlockExamples",
+    "DocumentIndex",
+    "PairExamples",
+    "PreparedCorpus",
+    "build_prepared_data",
+    "plan_pairs",
+]
