@@ -238,6 +238,17 @@ def _summarise(keys: list[str]) -> str:
     return ", ".join(prefixes[:4]) + (", ..." if len(prefixes) > 4 else "")
 
 
+def check_vocabulary(tokenizer, model_config, path: str) -> None:
+    """A tokenizer with more tokens than the model has embeddings makes ids the model cannot look up, which
+    fails only at the first batch with an index error: refuse the pair when both are loaded."""
+    if len(tokenizer) > model_config.vocab_size:
+        raise ConfigError(
+            f"{path}: its tokenizer has {len(tokenizer)} tokens but the model only {model_config.vocab_size} "
+            "embeddings; put the tokenizer the model was trained with into the folder (pretraining saves it in "
+            "final/), or resize the model's embeddings (model.resize_token_embeddings) and save it"
+        )
+
+
 def positions_limit(
     requested: int | None, limit: int, option: str, limit_name: str = "the model's max_position_embeddings"
 ) -> int:
@@ -682,6 +693,7 @@ __all__ = [
     "FinetuneJob",
     "FinetuneResult",
     "check_best_metric",
+    "check_vocabulary",
     "cli",
     "data_files",
     "dataset_names",

@@ -17,6 +17,7 @@ import math
 import os
 from collections.abc import Iterable, Sequence
 
+import pyarrow.compute
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value, load_dataset
 
 IGNORE_INDEX = -100  # label id that torch's cross-entropy (and so every model head) skips
@@ -419,6 +420,25 @@ def _require_text(dataset: DatasetDict, columns: Sequence[str], what: str, optio
             )
 
 
+def _require_filled(dataset: DatasetDict, columns: Sequence[str], origins: dict[str, str]) -> None:
+    """Text cells must not be empty: an empty csv cell (or a JSON null) is None, which the tokenizer refuses
+    with a traceback at the first batch. `origins`: split name -> the file (or dataset) it was read from."""
+    for split_name, split in dataset.items():
+        for column in columns:
+            if column not in split.column_names:
+                continue
+            cells = split.with_format("arrow")[column]  # null counts without reading the texts into Python
+            if not cells.null_count:
+                continue
+            first = pyarrow.compute.index(cells.is_null(), True).as_py()
+            more = cells.null_count - 1
+            raise FinetuneDataError(
+                f"{origins.get(split_name, f'the {split_name} split')}: text column {column!r} is empty in row "
+                f"{first + 1}{f' and {more} more rows' if more else ''} (rows counted from 1, without a header "
+                "line); fill in or drop those rows"
+            )
+
+
 def _class_labels_to_names(split: Dataset, column: str) -> Dataset:
     """Hub datasets store labels as ClassLabel ids: use the names instead (-1, "no label", becomes None)."""
     feature = split.features[column]
@@ -561,6 +581,10 @@ def load_classification_data(
     if len(text_columns) not in (1, 2):
         raise FinetuneDataError(f"text_columns must name 1 or 2 columns, got {len(text_columns)}")
     _require_columns(dataset, text_columns, "text")
+    origins = {split: os.fspath(path) for split, path in files.items() if path}
+    if dataset_name:
+        origins = {split: f"the {split} split of {dataset_name}" for split in dataset}
+    _require_filled(dataset, text_columns, origins)
     _require_text(dataset, text_columns, "text", "data.text_columns")
     if unlabelled_test and "test" in dataset and label_column in dataset["test"].column_names:
         dataset["test"] = dataset["test"].remove_columns(label_column)

@@ -24,6 +24,7 @@ from finetune.common import (
     FinetuneJob,
     FinetuneResult,
     check_best_metric,
+    check_vocabulary,
     data_files,
     dataset_names,
     initialisation,
@@ -197,6 +198,7 @@ def encoder_head(config, path: str, build: Callable[[], Any], num_labels: int, f
     with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(path, revision=model_cfg.revision)
     model = build()
+    check_vocabulary(tokenizer, model.config, model_cfg.checkpoint)
     max_length = positions_limit(
         config.data.max_seq_length, model.config.max_position_embeddings, "data.max_seq_length"
     )

@@ -31,6 +31,7 @@ from pathlib import Path  # noqa: E402
 from finetune.common import (  # noqa: E402
     EvalConfig,
     check_best_metric,
+    check_vocabulary,
     cli,
     finetune_training,
     pop_flags,
@@ -250,6 +251,8 @@ def build_model(model_cfg, predict: bool):
             AutoTokenizer.from_pretrained(encoder_path, revision=revision),
             AutoTokenizer.from_pretrained(decoder_path, revision=revision),
         )
+    check_vocabulary(tokenizers.encoder, model.config.encoder, model_cfg.encoder_checkpoint)
+    check_vocabulary(tokenizers.decoder, model.config.decoder, model_cfg.decoder_checkpoint)
     summary = {
         "encoder": model_cfg.encoder_checkpoint,
         "decoder": model_cfg.decoder_checkpoint,

@@ -88,3 +88,61 @@ def test_mlm_alone_trains_on_two_processes_and_exports_a_fill_mask_model(tmp_pat
         assert model(**inputs).logits.shape[-1] == model.config.vocab_size
     _, info = AutoModelForSequenceClassification.from_pretrained(final, output_loading_info=True, num_labels=2)
     assert all(key.startswith(("classifier.", "model.pooler.")) for key in info["missing_keys"]), info
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 16: empty text cells in a classification file
+
+
+def test_empty_text_cells_in_a_classification_file_are_named_by_file_column_and_row(kiln_checkpoints, tmp_path):  # noqa: F811
+    import csv
+
+    from test_finetune_scripts import write_sentiment
+
+    encoder, _ = kiln_checkpoints
+    files = write_sentiment(tmp_path, sizes=(32, 8, 8))
+    with open(files["train"], newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    rows[4][0] = rows[9][0] = ""  # data rows 4 and 9 (line 1 is the header)
+    with open(files["train"], "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    out = tmp_path / "cls"
+    status, output = script_cli("finetune/classify.py", "--model.checkpoint", encoder, "--training.output_dir", out,
+                                "--data.train_file", files["train"], "--data.validation_file", files["validation"],
+                                "--data.test_file", files["test"], "--training.max_steps", 1)  # fmt: skip
+    message = assert_one_line_error(status, output)
+    assert message == (f"error: {files['train']}: text column 'sentence' is empty in row 4 and 1 more rows (rows "
+                       "counted from 1, without a header line); fill in or drop those rows"), output  # fmt: skip
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 17: a tokenizer larger than the model's vocabulary
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_they_load(kiln_checkpoints, tmp_path):  # noqa: F811
+    import shutil
+
+    from test_finetune_scripts import write_sentiment
+    from transformers import AutoTokenizer
+
+    encoder, _ = kiln_checkpoints
+    folder = tmp_path / "encoder"
+    shutil.copytree(encoder, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens([f"newword{i}" for i in range(100)])  # ids past the model's embeddings
+    tokenizer.save_pretrained(folder)
+    vocab_size = __import__("json").loads((folder / "config.json").read_text())["vocab_size"]
+    assert len(tokenizer) > vocab_size
+    files = write_sentiment(tmp_path, sizes=(32, 8, 8))
+    for split in ("train", "validation", "test"):  # without the check: an index error at the first batch
+        with open(files[split], "a", encoding="utf-8") as f:
+            f.write("the newword7 was good,positive\n")
+    out = tmp_path / "cls"
+    status, output = script_cli("finetune/classify.py", "--model.checkpoint", folder, "--training.output_dir", out,
+                                "--data.train_file", files["train"], "--data.validation_file", files["validation"],
+                                "--data.test_file", files["test"], "--training.max_steps", 1)  # fmt: skip
+    message = assert_one_line_error(status, output)
+    assert message.startswith(f"error: {folder}: its tokenizer has {len(tokenizer)} tokens but the model only "
+                              f"{vocab_size} embeddings; put the tokenizer the model was trained with"), output  # fmt: skip
+    assert not out.exists()
