@@ -428,7 +428,13 @@ def run_cli(
     finish as asked, what was saved is kept) prints one line and exits with status 1. `user_errors` may be a
     function returning the classes, so that their (heavy) modules are imported only once an error occurs and
     `--help` stays fast."""
-    stop_with_launcher()
+    from . import launcher
+
+    global STOPPING
+    STOPPING = False
+    launcher.stop_with_launcher()
+    if not ("-h" in (argv or sys.argv) or "--help" in (argv or sys.argv)):
+        launcher.default_cpu_threads()
     _stop_on_sigterm()
     try:
         return main(argv)
@@ -440,6 +446,7 @@ def run_cli(
         )
         raise SystemExit(0) from None
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves a checkpoint and exits 0 instead)
+        _absorb_stop_signals()
         _close_progress_bars()
         print(
             "error: interrupted (Ctrl-C); checkpoints completed before it are kept (continue with "
@@ -468,6 +475,10 @@ def run_cli(
 PENDING_SIGNAL: int | None = None
 """A SIGTERM received before the Trainer took over signals (read by the Trainer, which then stops at once)."""
 
+STOPPING = False
+"""Whether a stop signal was received (by the Trainer or before it): repeats of it are absorbed, not raised again
+(under accelerate's single-process launcher Linux sends one SIGTERM per launcher thread, see kiln.launcher)."""
+
 
 class SignalStop(BaseException):
     """SIGTERM arrived outside the training loop (data, tokenizer, model set-up; between runs)."""
@@ -486,36 +497,37 @@ def _stop_on_sigterm() -> None:
     import signal
 
     def stop(signum, _frame):
-        global PENDING_SIGNAL
+        global PENDING_SIGNAL, STOPPING
+        if STOPPING:  # a repeat of the signal that is already stopping this run
+            return
+        STOPPING = True
         PENDING_SIGNAL = signum  # if the exception is swallowed (raised inside a callback), the Trainer stops
         raise SignalStop(signum)
+
+    def interrupt(signum, frame):
+        if STOPPING:  # a repeat (the terminal's Ctrl-C and a forwarding launcher's copy of it)
+            return
+        signal.default_int_handler(signum, frame)
 
     try:
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, stop)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, interrupt)
     except ValueError:  # not the main thread: keep the default
         pass
 
 
-def stop_with_launcher() -> None:
-    """Under `accelerate launch`, ask Linux for a SIGTERM when the launcher dies.
+def _absorb_stop_signals() -> None:
+    """Once a stop is being reported, further SIGINT/SIGTERM (a Ctrl-C reaching this process from the terminal
+    and again from a forwarding launcher) must not interrupt the report with a traceback."""
+    import signal
 
-    accelerate's single-process launcher does not forward signals: a SIGTERM sent to it (by a scheduler,
-    `kill`, a container runtime) ends it at once and leaves this process running on, orphaned. With this, the
-    training process gets the SIGTERM too, so it saves a checkpoint and exits cleanly. Only under a launcher
-    (accelerate sets ACCELERATE_* variables for its child): a plain `python` run under `nohup` must outlive
-    its shell. Multi-process launches go through torchrun, whose agent forwards signals itself."""
-    if not sys.platform.startswith("linux") or not any(k.startswith("ACCELERATE_") for k in os.environ):
-        return
-    if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
-        return  # torchrun's agent (multi-process launches) forwards signals to its workers itself
+    global STOPPING
+    STOPPING = True
     try:
-        import ctypes
-        import signal
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):  # no libc prctl: keep the default behaviour
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
         pass
 
 

@@ -834,18 +834,19 @@ class Trainer:
     # --- stopping -----------------------------------------------------------------------------------------
 
     def _install_signal_handlers(self):
+        from . import config
+
         previous = {}
 
         def handler(signum, _frame):
             self._stop_signal = signum
+            config.STOPPING = True  # repeats of this signal after the loop are absorbed (kiln.config)
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 previous[sig] = signal.signal(sig, handler)
             except ValueError:  # not the main thread (e.g. inside a notebook executor): no handler
                 pass
-        from . import config
-
         if config.PENDING_SIGNAL is not None:  # a SIGTERM during set-up whose SignalStop was swallowed
             self._stop_signal, config.PENDING_SIGNAL = config.PENDING_SIGNAL, None
         return previous

@@ -5,12 +5,9 @@ configs are refused on resume, and bad settings fail before the output folder is
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 from kiln_testing import DEBUG, REPO, losses, run
@@ -46,8 +43,11 @@ def _cli(args, *, launcher=(), env_extra=None, env_drop=()):
     )  # fmt: skip
 
 
-ACCELERATE = (sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no")  # fmt: skip
+# `kiln-launch` (kiln/launcher.py): `accelerate launch` that ends with the training processes' own status and line
+KILN_LAUNCH = (sys.executable, "-m", "kiln.launcher", "--num_processes", "1", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no")  # fmt: skip
+KILN_LAUNCH_2 = (*KILN_LAUNCH[:3], "--multi_gpu", "--num_processes", "2", *KILN_LAUNCH[5:])
+CPU_PROCESSES = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -107,12 +107,12 @@ def test_classify_resume_after_sigterm_writes_final(tmp_path, monkeypatch, kiln_
 # item 2: a Hub that accepts connections and never answers
 
 
-def test_stalled_hub_costs_a_bounded_wait_then_one_line_error_and_exit_1(tmp_path, hub, installed_site):
+def test_stalled_hub_costs_a_bounded_wait_then_one_line_error_and_exit_1(tmp_path, hub):
     hub.stall()
     out = tmp_path / "stalled"
     proc = _cli(["--training.output_dir", out, "--training.max_steps", 2, "--training.save_steps", 0, *QUICK,
                  "--hub.push_to_hub", "--hub.model_id", "kiln-test/stalled", "--hub.timeout_s", 1,
-                 "--hub.final_push_timeout_s", 3], launcher=_accelerate_launch(installed_site))  # fmt: skip
+                 "--hub.final_push_timeout_s", 3], launcher=KILN_LAUNCH)  # fmt: skip
     try:
         output, _ = proc.communicate(timeout=180)
     finally:
@@ -126,219 +126,7 @@ def test_stalled_hub_costs_a_bounded_wait_then_one_line_error_and_exit_1(tmp_pat
 
 
 # ----------------------------------------------------------------------------------------------------------
-# item 7: SIGTERM to the `accelerate launch` process
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
-    except OSError:
-        return []
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
-def test_sigterm_to_accelerate_launch_stops_the_training_process_with_a_checkpoint(tmp_path):
-    out = tmp_path / "launched"
-    proc = _cli(["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0, *QUICK],
-                launcher=ACCELERATE)  # fmt: skip
-    metrics = out / "metrics.jsonl"
-    deadline = time.time() + 180
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
-        time.sleep(0.2)
-    children = _children(proc.pid)
-    assert children, "accelerate launch should run the training in a child process"
-    proc.send_signal(signal.SIGTERM)  # only the launcher, as `kill PID` or a container runtime does
-    child = children[0]
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline and _state(child) not in ("Z", "gone"):
-            time.sleep(0.2)
-        assert _state(child) in ("Z", "gone"), "the training process was left running after its launcher died"
-    finally:
-        if _state(child) not in ("Z", "gone"):
-            os.kill(child, signal.SIGKILL)
-        output, _ = proc.communicate(timeout=60)
-    checkpoints = find_checkpoints(out)
-    assert len(checkpoints) == 1, output
-    saved = json.loads((checkpoints[0] / "trainer_state.json").read_text())["global_step"]
-    assert saved >= 3 and max(losses(out)) == saved
-
-
-def _state(pid: int) -> str:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
-
-
-# The same, with Kiln installed as the README says (`pip install -e .`): its kiln-launch.pth makes the launcher
-# forward the signal and wait, so the command itself ends with the training process's status (kiln/launcher.py).
-
-
-@pytest.fixture(scope="module")
-def installed_site(tmp_path_factory):
-    """`pip install -e .` of this checkout (a copy of its package files) into a fresh prefix, without network
-    (no dependencies, no build isolation); the wheel of a plain install is built too. Returns the prefix's
-    site-packages, which the launcher below reads as its interpreter reads site-packages at start-up."""
-    import zipfile
-
-    root = tmp_path_factory.mktemp("install")
-    project = root / "project"
-    project.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md", "kiln-launch.pth"):
-        shutil.copy(REPO / name, project / name)
-    for package in ("kiln", "pretrain", "finetune"):
-        shutil.copytree(REPO / package, project / package, ignore=shutil.ignore_patterns("__pycache__"))
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INDEX": "1"}
-    pip = [sys.executable, "-m", "pip", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", root / "wheel", project],
-                   check=True, capture_output=True, env=env, cwd=root)  # fmt: skip
-    (wheel,) = (root / "wheel").glob("kiln-*.whl")
-    assert "kiln-launch.pth" in zipfile.ZipFile(wheel).namelist()  # at the top of the wheel: site-packages
-    prefix = root / "prefix"
-    installed_before = _installed_kiln()
-    # --ignore-installed: without it pip uninstalls the Kiln installed in this environment (the user's own
-    # `pip install -e .`, CI's) before installing into the prefix
-    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", "--ignore-installed", "--prefix", prefix,
-                    "-e", project], check=True, capture_output=True, env=env, cwd=root)  # fmt: skip
-    assert _installed_kiln() == installed_before, "installing into the prefix must leave this environment's Kiln"
-    (site,) = {p.parent for p in prefix.rglob("kiln-launch.pth")}
-    return site
-
-
-def _installed_kiln() -> list[str]:
-    """The files of the Kiln distributions installed in this interpreter's own site-packages."""
-    import site as site_module
-
-    found = []
-    for folder in site_module.getsitepackages():
-        found += sorted(p.name for p in Path(folder).glob("*") if "kiln" in p.name.lower())
-    return found
-
-
-def _accelerate_launch(site) -> tuple:
-    """`accelerate launch --num_processes 1 ...` (the console script's own main) by an interpreter whose
-    site-packages is `site`: its .pth files are read as at start-up."""
-    boot = (f"import site, sys; sys.argv[0] = 'accelerate'; site.addsitedir({str(site)!r}); "
-            "from accelerate.commands.accelerate_cli import main; sys.exit(main())")  # fmt: skip
-    return (sys.executable, "-c", boot, "launch", *ACCELERATE[3:])
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux only")
-def test_sigterm_to_accelerate_launch_saves_a_checkpoint_and_the_command_exits_0(tmp_path, installed_site):
-    out = tmp_path / "launched"
-    proc = _cli(["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0, *QUICK],
-                launcher=_accelerate_launch(installed_site))  # fmt: skip
-    metrics = out / "metrics.jsonl"
-    deadline = time.time() + 180
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
-        time.sleep(0.2)
-    (child,) = _children(proc.pid)
-    proc.send_signal(signal.SIGTERM)  # only the launcher, as `kill PID`, `timeout` or a container runtime does
-    try:
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if _state(child) not in ("Z", "gone"):
-            os.kill(child, signal.SIGKILL)
-        proc.kill()
-    assert proc.returncode == 0, output
-    assert _state(child) == "gone"  # the launcher waited for it: nothing runs on, orphaned
-    (checkpoint,) = find_checkpoints(out)
-    saved = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
-    assert saved >= 3 and max(losses(out)) == saved, output  # no step trained after the checkpoint
-    assert output.strip().splitlines()[-1] == f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints"
-    assert "Traceback" not in output
-
-
-def test_accelerate_launch_ends_on_the_one_line_error_with_status_2(tmp_path, installed_site):
-    proc = _cli(["--training.output_dir", tmp_path / "q", "--training.lr", -1], launcher=_accelerate_launch(installed_site))
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 2, output
-    assert output.strip().splitlines()[-1] == "error: training.lr must be a non-negative number, got -1.0", output
-    assert "Traceback" not in output and "CalledProcessError" not in output
-
-    # a script that is not Kiln's keeps accelerate's own behaviour
-    other = tmp_path / "other.py"
-    other.write_text("raise SystemExit(3)\n")
-    result = subprocess.run([*_accelerate_launch(installed_site), str(other)], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-    assert result.returncode == 1 and "CalledProcessError" in result.stderr
-
-
-def test_accelerate_launch_trains_on_every_core_of_a_cpu_machine_unless_told_otherwise(tmp_path, installed_site):
-    """accelerate's launcher pins a single-process run to one thread unless `--cpu` is given (its default for GPU
-    training); on a machine without an accelerator Kiln's scripts get one thread per physical core
-    (kiln.launcher.cpu_threads), and a thread count the user set, by OMP_NUM_THREADS or accelerate's flag, is kept."""
-    from types import SimpleNamespace
-
-    import psutil
-
-    from kiln.launcher import _accelerator_available, cpu_threads
-
-    if _accelerator_available():
-        pytest.skip("a machine with an accelerator keeps accelerate's thread default")
-    cores = min(psutil.cpu_count(logical=False) or os.cpu_count(), len(os.sched_getaffinity(0)))
-    launch_args = SimpleNamespace(num_cpu_threads_per_process=1)  # accelerate's default when nothing was set
-    assert cpu_threads(launch_args, environ={}, argv=["accelerate", "launch", "pretrain/run.py"]) == (
-        cores if cores > 1 else None)  # fmt: skip
-    assert cpu_threads(launch_args, environ={"OMP_NUM_THREADS": "1"}, argv=[]) is None
-    assert cpu_threads(launch_args, environ={}, argv=["--num_cpu_threads_per_process=1"]) is None
-    assert cpu_threads(SimpleNamespace(num_cpu_threads_per_process=3), environ={}, argv=[]) is None
-
-    def summary_device(env_extra):
-        out = tmp_path / f"threads-{len(env_extra)}"
-        proc = _cli(["--training.output_dir", out, "--training.max_steps", 1, *QUICK],
-                    launcher=_accelerate_launch(installed_site), env_extra=env_extra, env_drop=("OMP_NUM_THREADS",))  # fmt: skip
-        output, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, output
-        return next(line.strip() for line in output.splitlines() if line.strip().startswith("device = "))
-
-    assert summary_device({}) == f"device = cpu, {cores} thread{'' if cores == 1 else 's'} per process"
-    assert summary_device({"OMP_NUM_THREADS": "1"}) == "device = cpu, 1 thread per process"
-
-
-def _multi_process_launch(site) -> tuple:
-    """`accelerate launch --multi_gpu --num_processes 2` (torchrun's agent, gloo on CPU) by an interpreter whose
-    site-packages is `site`, as `_accelerate_launch`."""
-    boot = (f"import site, sys; sys.argv[0] = 'accelerate'; site.addsitedir({str(site)!r}); "
-            "from accelerate.commands.accelerate_cli import main; sys.exit(main())")  # fmt: skip
-    return (sys.executable, "-c", boot, "launch", "--multi_gpu", "--num_processes", "2", *ACCELERATE[5:])
-
-
-CPU_PROCESSES = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-
-
-def test_multi_process_launch_ends_on_the_one_line_error_said_once(tmp_path, installed_site):
-    proc = _cli(["--training.output_dir", tmp_path / "q", "--training.lr", -1],
-                launcher=_multi_process_launch(installed_site), env_extra=CPU_PROCESSES)  # fmt: skip
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 2, output
-    line = "error: training.lr must be a non-negative number, got -1.0"
-    assert output.strip().splitlines()[-1] == line, output
-    assert output.count(line) == 1, output  # every process finds it; the first one says it
-    assert "Traceback" not in output and "ChildFailedError" not in output and "exitcode" not in output
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux only")
-def test_sigterm_to_multi_process_launch_saves_a_checkpoint_and_the_command_exits_0(tmp_path, installed_site):
-    out = tmp_path / "launched"
-    proc = _cli(["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0, *QUICK],
-                launcher=_multi_process_launch(installed_site), env_extra=CPU_PROCESSES)  # fmt: skip
-    metrics = out / "metrics.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)  # only the launcher (torchrun's agent forwards it to both processes)
-    try:
-        output, _ = proc.communicate(timeout=180)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, output
-    (checkpoint,) = find_checkpoints(out)
-    saved = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
-    assert saved >= 3 and max(losses(out)) == saved, output
-    assert output.strip().splitlines()[-1] == f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints"
-    assert "Traceback" not in output and "SignalException" not in output
+# item 7: SIGTERM to the launcher, and the launcher's ending: tests/test_launching.py
 
 
 def test_sigterm_during_set_up_stops_with_status_0_and_loses_nothing(tmp_path):
@@ -900,12 +688,12 @@ def test_a_full_then_read_only_disk_is_one_line_and_keeps_every_completed_checkp
     assert {c.name: _checkpoint_files(c) for c in find_checkpoints(out) if c.name in kept} == kept
 
 
-def test_a_full_disk_under_a_multi_process_launch_ends_every_process_with_the_one_line(small_disk, installed_site):
+def test_a_full_disk_under_a_multi_process_launch_ends_every_process_with_the_one_line(small_disk):
     """The disk fills while the first process writes a checkpoint: the others (waiting for it) must not hang."""
     out = small_disk / "run"
     args = ["--training.output_dir", out, "--training.max_steps", 40, "--training.save_steps", 2,
             "--training.save_total_limit", 0, *QUICK]  # fmt: skip
-    proc = _cli(args, launcher=_multi_process_launch(installed_site), env_extra=CPU_PROCESSES)
+    proc = _cli(args, launcher=KILN_LAUNCH_2, env_extra=CPU_PROCESSES)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, output
     last = output.strip().splitlines()[-1]
@@ -916,7 +704,7 @@ def test_a_full_disk_under_a_multi_process_launch_ends_every_process_with_the_on
     kept = {c.name: _checkpoint_files(c) for c in completed}
 
     _remount(small_disk, "rw,size=64m")
-    proc = _cli([*args, "--training.resume_from_checkpoint", "latest"], launcher=_multi_process_launch(installed_site),
+    proc = _cli([*args, "--training.resume_from_checkpoint", "latest"], launcher=KILN_LAUNCH_2,
                 env_extra=CPU_PROCESSES)  # fmt: skip
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output

@@ -1,0 +1,243 @@
+"""Kiln's scripts under `accelerate launch` (docs/launching.md), with nothing installed into the interpreter's
+start-up: every behaviour is the training process's own (kiln.launcher, kiln.config.run_cli) or `kiln-launch`'s,
+so it holds for `accelerate launch`, `python -m accelerate.commands.launch` and a checkout other than the
+installed one alike.
+
+- SIGTERM to `accelerate launch` (one process): the launcher ends at once with 143 (accelerate's), the training
+  process saves a checkpoint, says so in one line and exits 0 (asked for a signal when its launcher dies).
+- Several processes: torchrun's agent forwards the signal; the processes save a checkpoint; the agent ends with
+  its SignalException (status 1).
+- `kiln-launch` (`python -m kiln.launcher`, same arguments as `accelerate launch`): SIGTERM ends in the checkpoint
+  and status 0; an error ends in the process's one line and status, no launcher traceback.
+- CPU threads: a single process that accelerate pinned to one thread by default gets one per physical core."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from kiln_testing import REPO, losses
+
+from kiln.trainer import find_checkpoints
+
+QUICK = ["--training.eval_steps", 0]
+ONE_PROCESS = ("--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no")
+TWO_PROCESSES = ("--multi_gpu", "--num_processes", "2", *ONE_PROCESS[2:])
+ACCELERATE_LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # `accelerate launch`
+PYTHON_M_ACCELERATE = (sys.executable, "-m", "accelerate.commands.launch")
+KILN_LAUNCH = (sys.executable, "-m", "kiln.launcher")
+CPU_PROCESSES = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+LONG_RUN = ["--training.max_steps", 100000, "--training.save_steps", 0, *QUICK]
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and parent-death signals")
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    """A copy of this repository's code, configs and sample data: a checkout other than the installed one."""
+    root = tmp_path_factory.mktemp("checkout")
+    for folder in ("kiln", "pretrain", "configs"):
+        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "data/pretrain", root / "data/pretrain")
+    return root
+
+
+def _launch(launcher, args, *, repo=REPO, env_extra=None, env_drop=()):
+    env = {key: value for key, value in os.environ.items() if key not in env_drop}
+    env = {**env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(repo), **(env_extra or {})}
+    command = [*launcher, str(repo / "pretrain/run.py"), "--config", str(repo / "configs/pretrain/debug.yaml")]
+    return subprocess.Popen([*command, *map(str, args)], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def _wait_for_steps(out, steps=3, timeout=240):
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + timeout
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < steps):
+        time.sleep(0.2)
+    assert metrics.exists(), "the run did not start training"
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _checkpointed_at_last_step(out, output):
+    (checkpoint,) = find_checkpoints(out)
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+    assert saved >= 3 and max(losses(out)) == saved, output  # nothing trained after the checkpoint
+    return saved
+
+
+# ----------------------------------------------------------------------------------------------------------
+# SIGTERM to the launcher
+
+
+@linux_only
+def test_sigterm_to_accelerate_launch_from_another_checkout_saves_a_checkpoint(tmp_path, checkout):
+    """Only the launcher gets the signal (as from `kill PID`, `timeout` or a container runtime): it ends at once
+    (accelerate's 143) and the training process, signalled by Linux when its launcher dies, saves a checkpoint,
+    says so and exits 0. Linux signals it again for each of the launcher's threads, and a repeat while it stops
+    (here one more, sent by hand, as the stop is reported) must not end it in a traceback."""
+    out = tmp_path / "launched"
+    proc = _launch((*ACCELERATE_LAUNCH, *ONE_PROCESS), ["--training.output_dir", out, *LONG_RUN], repo=checkout)
+    _wait_for_steps(out)
+    (child,) = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    lines = []
+    try:
+        for line in proc.stdout:  # the training process keeps the pipe after its launcher is gone
+            lines.append(line)
+            if line.startswith("stopped by signal at step"):
+                try:
+                    os.kill(child, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + 120
+        while time.time() < deadline and not _gone(child):
+            time.sleep(0.2)
+        assert _gone(child), "the training process was left running after its launcher died"
+    finally:
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
+        proc.kill()
+    output = "".join(lines)
+    assert proc.wait() == -signal.SIGTERM  # accelerate's launcher does not wait: documented in docs/launching.md
+    saved = _checkpointed_at_last_step(out, output)
+    assert output.strip().splitlines()[-1] == f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints"
+    assert "Traceback" not in output and "SignalStop" not in output, output
+
+
+@linux_only
+def test_sigterm_to_kiln_launch_from_another_checkout_saves_a_checkpoint_and_exits_0(tmp_path, checkout):
+    out = tmp_path / "launched"
+    proc = _launch((*KILN_LAUNCH, *ONE_PROCESS), ["--training.output_dir", out, *LONG_RUN], repo=checkout)
+    _wait_for_steps(out)
+    (child,) = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)  # only the launcher
+    try:
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output
+    assert _gone(child)  # the launcher waited for it
+    saved = _checkpointed_at_last_step(out, output)
+    assert output.strip().splitlines()[-1] == f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints"
+    assert "Traceback" not in output
+
+
+@linux_only
+@pytest.mark.parametrize("launcher", ["python -m accelerate.commands.launch", "kiln-launch"])
+def test_sigterm_to_a_multi_process_launch_saves_a_checkpoint(tmp_path, launcher):
+    """torchrun's agent forwards the signal to both processes, which save one checkpoint; it then ends with its
+    own SignalException traceback and status 1. kiln-launch forwards it instead and ends with status 0."""
+    out = tmp_path / "launched"
+    command = (*PYTHON_M_ACCELERATE, *TWO_PROCESSES) if launcher.startswith("python") else (*KILN_LAUNCH, *TWO_PROCESSES)
+    proc = _launch(command, ["--training.output_dir", out, *LONG_RUN], env_extra=CPU_PROCESSES)
+    _wait_for_steps(out)
+    proc.send_signal(signal.SIGTERM)  # only the launcher
+    try:
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    saved = _checkpointed_at_last_step(out, output)
+    assert f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints" in output, output
+    if launcher == "kiln-launch":
+        assert proc.returncode == 0, output
+        assert output.strip().splitlines()[-1].startswith("stopped by signal at step"), output
+        assert "Traceback" not in output and "SignalException" not in output
+    else:
+        assert proc.returncode == 1 and "SignalException" in output, output
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A user error
+
+
+def test_an_unknown_key_under_kiln_launch_from_another_checkout_is_one_line_with_status_2(tmp_path, checkout):
+    proc = _launch((*KILN_LAUNCH, *ONE_PROCESS), ["--training.output_dir", tmp_path / "q", "--training.bogus", 1],
+                   repo=checkout)  # fmt: skip
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, output
+    assert output.strip().splitlines()[-1].startswith("error: unknown config key 'training.bogus'"), output
+    assert "Traceback" not in output and "CalledProcessError" not in output
+
+
+def test_an_error_under_accelerate_launch_is_said_by_the_training_process_then_accelerate_adds_its_own(tmp_path):
+    """What remains under plain `accelerate launch` (docs/launching.md): the process's line, then accelerate's
+    CalledProcessError traceback and status 1."""
+    proc = _launch((*ACCELERATE_LAUNCH, *ONE_PROCESS), ["--training.output_dir", tmp_path / "q", "--training.lr", -1])
+    output, _ = proc.communicate(timeout=300)
+    line = "error: training.lr must be a non-negative number, got -1.0"
+    assert proc.returncode == 1 and output.count(line) == 1 and "CalledProcessError" in output, output
+
+
+def test_multi_process_kiln_launch_ends_on_the_one_line_error_said_once(tmp_path):
+    proc = _launch((*KILN_LAUNCH, *TWO_PROCESSES), ["--training.output_dir", tmp_path / "q", "--training.lr", -1],
+                   env_extra=CPU_PROCESSES)  # fmt: skip
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, output
+    line = "error: training.lr must be a non-negative number, got -1.0"
+    assert output.strip().splitlines()[-1] == line, output
+    assert output.count(line) == 1, output  # every process finds it; the first one says it
+    assert "Traceback" not in output and "ChildFailedError" not in output and "exitcode" not in output
+
+
+def test_kiln_launch_leaves_other_scripts_as_accelerate_ends_them(tmp_path):
+    other = tmp_path / "other.py"
+    other.write_text("import sys; print('failing'); sys.exit(3)\n")
+    result = subprocess.run([*KILN_LAUNCH, *ONE_PROCESS, str(other)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert result.returncode == 3 and "failing" in result.stdout and "Traceback" not in result.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CPU threads
+
+
+def test_accelerate_launch_trains_on_every_core_of_a_cpu_machine_unless_told_otherwise(tmp_path):
+    """accelerate's launcher pins a single process to one thread unless `--cpu`, its flag or OMP_NUM_THREADS is
+    given (its default for GPU training); on a machine without an accelerator the training process takes one
+    per physical core (kiln.launcher.default_cpu_threads), and a count the user set is kept."""
+    import psutil
+
+    from kiln.launcher import _accelerator_available, default_cpu_threads
+
+    if _accelerator_available():
+        pytest.skip("a machine with an accelerator keeps accelerate's thread default")
+    cores = min(psutil.cpu_count(logical=False) or os.cpu_count(), len(os.sched_getaffinity(0)))
+    if cores < 2:
+        pytest.skip("one core: nothing to choose")
+    launched = {"OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "False"}  # what accelerate's launcher passes on
+    kept = {"OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "False", "WORLD_SIZE": "2"}
+    assert default_cpu_threads(kept, launcher_environ=[], launcher_argv=[]) is None  # several processes
+    assert default_cpu_threads(launched, launcher_environ=["OMP_NUM_THREADS"], launcher_argv=[]) is None
+    flag = ["accelerate", "launch", "--num_cpu_threads_per_process=1", "run.py"]
+    assert default_cpu_threads(launched, launcher_environ=[], launcher_argv=flag) is None
+
+    def summary_device(launcher, env_extra):
+        out = tmp_path / f"threads-{len(os.listdir(tmp_path))}"
+        proc = _launch(launcher, ["--training.output_dir", out, "--training.max_steps", 1, *QUICK],
+                       env_extra=env_extra, env_drop=("OMP_NUM_THREADS",))  # fmt: skip
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, output
+        return next(line.strip() for line in output.splitlines() if line.strip().startswith("device = "))
+
+    assert summary_device((*ACCELERATE_LAUNCH, *ONE_PROCESS), {}) == f"device = cpu, {cores} threads per process"
+    assert summary_device((*PYTHON_M_ACCELERATE, *ONE_PROCESS), {"OMP_NUM_THREADS": "1"}) == (
+        "device = cpu, 1 thread per process")  # fmt: skip
+    flagged = (*ACCELERATE_LAUNCH, "--num_cpu_threads_per_process", "1", *ONE_PROCESS)
+    assert summary_device(flagged, {}) == "device = cpu, 1 thread per process"
