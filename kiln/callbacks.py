@@ -175,7 +175,8 @@ class FinalExport(TrainerCallback):
         end.final_dir = export.export_model(
             acc, trainer.model, self.tokenizer, trainer.run_config, end.card_state, self.save_dir, card=card
         )
-        acc.print(f"final model saved in {end.final_dir}")
+        if acc.is_main_process:  # rank 0 writes it (node-local disks: on its node only)
+            print(f"final model saved in {end.final_dir}")
 
 
 class HubSync(TrainerCallback):

@@ -39,6 +39,10 @@ class TrainingConfig:
     """Where checkpoints, logs and the final model go."""
     overwrite_output_dir: bool = False
     """Allow writing into an output_dir that holds a different run."""
+    save_on_each_node: bool | None = None
+    """Several nodes: every node's local main process writes its own copy of the config, tokenizer and
+    checkpoints into output_dir (true: node-local disks) or rank 0 writes them once (false: a folder all nodes
+    share). None: detected at start (markers written by each node, see kiln/nodes.py and docs/multi-node.md)."""
     seed: int = 42
     """Seed for weights, data order and masking."""
     per_device_train_batch_size: int = 32

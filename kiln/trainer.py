@@ -33,6 +33,7 @@ from transformers import get_scheduler
 from .callbacks import RunEnd, TrainerCallback
 from .config import ConfigError, LoggingConfig, TrainingConfig, disk_writes, flatten, save_config
 from .elastic import convert_position, layout_of, saved_layout
+from .nodes import resolve_disk_layout, writes_run_files
 
 logger = logging.getLogger("kiln")
 
@@ -262,19 +263,21 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
     resume = training.resume_from_checkpoint
     if resume and not resume.startswith("hub:"):
         check_config_change(resolve_checkpoint(resume, str(out), quiet=True), config)
+    resolve_disk_layout(accelerator, training)  # several nodes: one shared folder, or one per node
+    writer = writes_run_files(accelerator, training)
     holds_run = bool(find_checkpoints(out)) or (out / "final").is_dir()
     if holds_run and not resume and not training.overwrite_output_dir:
         raise ConfigError(
             f"output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint "
             "latest, start over with --training.overwrite_output_dir, or pick another --training.output_dir"
         )
-    if accelerator.is_main_process and not resume and out.is_dir():
+    if writer and not resume and out.is_dir():
         # start over, or a folder with nothing resumable in it: stale files of the failed run must not mix in
         for name in RUN_FILES:
             path = out / name
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
+    if writer:
         out.mkdir(parents=True, exist_ok=True)
         if not resume or not (out / "config.yaml").is_file():
             save_config(config, out / "config.yaml")
@@ -424,6 +427,7 @@ def resolve_checkpoint(
 # settings that may change between a run and its resume without changing what is trained
 _RESUME_FREE_KEYS = (
     "training.output_dir", "training.resume_from_checkpoint", "training.overwrite_output_dir",
+    "training.save_on_each_node",
     "training.allow_config_change", "training.eval_steps", "training.save_steps", "training.save_total_limit",
     "training.max_eval_batches", "training.per_device_eval_batch_size", "training.max_train_time_s",
     "training.metric_for_best_model", "training.greater_is_better", "training.early_stopping_patience",
@@ -670,7 +674,8 @@ class Trainer:
         root = self.output_dir / "checkpoints"
         final = root / f"{CHECKPOINT_PREFIX}{self.state.global_step:08d}"
         tmp = root / f"{final.name}.tmp"
-        if acc.is_main_process:
+        writer = writes_run_files(acc, self.training)  # rank 0, or each node's local main on node-local disks
+        if writer:
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
         acc.wait_for_everyone()
@@ -678,7 +683,7 @@ class Trainer:
             with disk_writes(tmp):
                 acc.save_state(str(tmp))
                 acc.wait_for_everyone()
-                if acc.is_main_process:
+                if writer:
                     meta = {"global_step": self.state.global_step, "epoch": self.state.epoch, **self.metadata,
                             **layout_of(self.training, acc.num_processes).as_dict()}
                     (tmp / TRAINER_STATE_FILE).write_text(json.dumps(meta, indent=2))
@@ -691,7 +696,7 @@ class Trainer:
             # writing its own files into it (a leftover is removed when the next run starts, `_remove_partial`)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if acc.is_main_process:
+        if writer:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             self._rotate_checkpoints(keep=final)
@@ -703,7 +708,7 @@ class Trainer:
     def _remove_partial_checkpoints(self) -> None:
         """Half-written checkpoint folders (`*.tmp`) a killed or failed run left behind: never resumed from, they
         only hold disk space."""
-        if self.accelerator.is_main_process:
+        if writes_run_files(self.accelerator, self.training):
             for partial in (self.output_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*.tmp"):
                 shutil.rmtree(partial, ignore_errors=True)
 
@@ -730,6 +735,7 @@ class Trainer:
 
     def resume(self, spec: str) -> Path:
         path = resolve_checkpoint(spec, str(self.output_dir), self._download_checkpoint)
+        self._check_same_checkpoint(path)
         check_checkpoint_metadata(path, self.metadata)
         if self.run_config is not None:
             check_config_change(path, self.run_config)
@@ -752,6 +758,22 @@ class Trainer:
             self._forget_metrics_after(self.state.global_step)
         logger.info("resumed from %s at step %d", path, self.state.global_step)
         return path
+
+    def _check_same_checkpoint(self, path: Path) -> None:
+        """Every process resumes the same step: on node-local disks each node resolves `latest` in its own folder,
+        and a node whose newest checkpoint is missing or damaged would otherwise resume elsewhere."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return
+        from accelerate.utils import gather_object
+
+        steps = gather_object([int(json.loads((path / TRAINER_STATE_FILE).read_text())["global_step"])])
+        if len(set(steps)) > 1:
+            raise ConfigError(
+                f"the processes would resume different checkpoints (steps {steps} by rank): a node's newest "
+                f"checkpoint is missing or damaged; resume all from one step, e.g. --training.resume_from_checkpoint "
+                f"{path.parent}/{CHECKPOINT_PREFIX}{min(steps):08d}"
+            )
 
     def _download_checkpoint(self, spec: str, local_dir: str) -> str:
         for callback in self.callbacks:
@@ -869,7 +891,7 @@ class Trainer:
         """The whole run: callbacks' on_train_begin, resume, the epochs, the final evaluation, on_train_end."""
         for callback in self.callbacks:
             callback.on_train_begin(self)
-        if self.accelerator.is_main_process:
+        if writes_run_files(self.accelerator, self.training):
             self.output_dir.mkdir(parents=True, exist_ok=True)
         self._remove_partial_checkpoints()
         if self.training.resume_from_checkpoint:

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from kiln.config import resolve_path
-from .common import DataError, main_process_first
+from .common import DataError, main_process_first, share_files
 from .corpus import iter_texts, load_documents
 
 if TYPE_CHECKING:
@@ -272,7 +272,9 @@ def prepare_tokenizer(
             )
             save_dir.mkdir(parents=True, exist_ok=True)
             tokenizer.save_pretrained(save_dir)
-        tokenizer = load_tokenizer(str(save_dir), data_cfg.max_seq_length)
+    # trained once, on rank 0, and broadcast: every node loads the same files, whether it shares save_dir or not
+    share_files(save_dir, accelerator)
+    tokenizer = load_tokenizer(str(save_dir), data_cfg.max_seq_length)
     check_special_tokens(tokenizer, model_kind)
     return tokenizer
 
