@@ -146,3 +146,46 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_they_load(kiln_c
     assert message.startswith(f"error: {folder}: its tokenizer has {len(tokenizer)} tokens but the model only "
                               f"{vocab_size} embeddings; put the tokenizer the model was trained with"), output  # fmt: skip
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 20: a UTF-16 or UTF-32 corpus file
+
+
+def test_a_utf16_corpus_names_the_iconv_command_that_re_encodes_it_and_the_command_works(tmp_path):
+    import codecs
+    import shutil
+
+    text = (REPO / "data/pretrain").glob("*.txt").__next__().read_text(encoding="utf-8")[:20000]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    utf16 = corpus / "notes.txt"
+    utf16.write_bytes(codecs.BOM_UTF16_LE + text.encode("utf-16-le"))  # what Windows' Notepad writes as "Unicode"
+    out = tmp_path / "run"
+    status, output = script_cli("pretrain/run.py", "--config", DEBUG, "--data.data_files", corpus / "*.txt",
+                                "--training.output_dir", out, "--training.max_steps", 1)  # fmt: skip
+    message = assert_one_line_error(status, output)
+    command = f"iconv -f UTF-16 -t UTF-8 {utf16} > {utf16}.utf8 && mv {utf16}.utf8 {utf16}"
+    assert message == (f"error: {utf16} is UTF-16 text (it starts with a UTF-16 byte-order mark); Kiln reads "
+                       f"UTF-8: re-encode it with `{command}`"), output  # fmt: skip
+    if shutil.which("iconv"):  # the command it names gives the text back as UTF-8 (latin1 gave NULs)
+        subprocess.run(command, shell=True, check=True)
+        assert utf16.read_bytes() == text.encode("utf-8")
+
+    # the prepare command (python -m pretrain.data prepare) reads files in chunks of its own: the same line
+    utf32 = corpus / "notes.txt"
+    utf32.write_bytes(codecs.BOM_UTF32_BE + text.encode("utf-32-be"))
+    env = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "pretrain.data", "prepare", "--config", DEBUG, "--data.data_files",
+                           str(corpus / "*.txt"), "--output", str(tmp_path / "prepared")], cwd=REPO,
+                          env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=300)  # fmt: skip
+    message = assert_one_line_error(done.returncode, done.stdout)
+    assert message.startswith(f"error: {utf32} is UTF-32 text (it starts with a UTF-32 byte-order mark); Kiln "
+                              f"reads UTF-8: re-encode it with `iconv -f UTF-32 -t UTF-8 {utf32} >"), done.stdout  # fmt: skip
+
+    from pretrain.data.corpus import check_utf8
+
+    with_bom = tmp_path / "utf-8-sig.txt"  # a UTF-8 byte-order mark is UTF-8: read (split_documents drops it)
+    with_bom.write_bytes(codecs.BOM_UTF8 + text.encode("utf-8"))
+    check_utf8([str(with_bom)])

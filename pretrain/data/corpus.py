@@ -33,11 +33,13 @@ Streaming: every document whose hash falls below the percentage.
 from __future__ import annotations
 
 import bz2
+import codecs
 import glob
 import gzip
 import lzma
 import os
 import re
+import shlex
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,17 +214,53 @@ def find_invalid_utf8(path: str) -> tuple[int, bytes] | None:
                 return None
 
 
+# byte-order marks, longest first (the UTF-32 LE mark begins with the UTF-16 LE one)
+_BYTE_ORDER_MARKS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF8, "UTF-8"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def detect_encoding(path: str) -> str:
+    """The encoding a file's byte-order mark names (UTF-8, UTF-16 or UTF-32); UTF-8 when it has none. (A UTF-8
+    mark is read as UTF-8: split_documents drops it.)"""
+    opener = COMPRESSED.get(Path(path).suffix.lower(), open)
+    if opener is None:
+        return "UTF-8"
+    with opener(path, "rb") as f:
+        start = f.read(4)
+    return next((name for mark, name in _BYTE_ORDER_MARKS if start.startswith(mark)), "UTF-8")
+
+
+def not_utf8_error(path: str) -> DataError:
+    """The one-line error for a corpus file that is not UTF-8, with the iconv command that fixes it: a UTF-16 or
+    UTF-32 file (named by its byte-order mark) needs that source encoding, not latin1, which would turn every
+    other byte into a NUL."""
+    encoding = detect_encoding(path)
+    if encoding != "UTF-8":
+        quoted = shlex.quote(path)
+        fix = f"re-encode it with `iconv -f {encoding} -t UTF-8 {quoted} > {quoted}.utf8 && mv {quoted}.utf8 {quoted}`"
+        if Path(path).suffix.lower() in COMPRESSED:
+            fix = f"decompress it, re-encode the text with `iconv -f {encoding} -t UTF-8` and compress it again"
+        return DataError(
+            f"{path} is {encoding} text (it starts with a {encoding} byte-order mark); Kiln reads UTF-8: {fix}"
+        )
+    bad = find_invalid_utf8(path)
+    where = f"line {bad[0]}: bytes {bad[1].hex(' ')} are" if bad else "some bytes are"
+    return DataError(
+        f"{path}, {where} not valid UTF-8; re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+    )
+
+
 def check_utf8(files: list[str]) -> None:
     for path in files:
         if "://" in path:
             continue
-        bad = find_invalid_utf8(path)
-        if bad is not None:
-            line, raw = bad
-            raise DataError(
-                f"{path}, line {line}: bytes {raw.hex(' ')} are not valid UTF-8; re-encode the file as UTF-8 "
-                f"(e.g. `iconv -f latin1 -t utf-8`)"
-            )
+        if detect_encoding(path) != "UTF-8" or find_invalid_utf8(path) is not None:
+            raise not_utf8_error(path)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -430,9 +468,11 @@ __all__ = [
     "ABBREVIATIONS",
     "CorpusSplits",
     "check_utf8",
+    "detect_encoding",
     "find_invalid_utf8",
     "iter_texts",
     "load_documents",
+    "not_utf8_error",
     "resolve_data_files",
     "split_documents",
     "split_sentences",

@@ -58,7 +58,7 @@ from .corpus import (
     COMPRESSED,
     DOCUMENT_MODES,
     SENTENCE_MODES,
-    find_invalid_utf8,
+    not_utf8_error,
     resolve_data_files,
     split_documents,
     split_sentences,
@@ -158,11 +158,7 @@ def _decode(raw: bytes, path: str) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        bad = find_invalid_utf8(path)
-        where = f"line {bad[0]}: bytes {bad[1].hex(' ')}" if bad else "invalid bytes"
-        raise DataError(
-            f"{path}, {where} are not valid UTF-8; re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
-        ) from None
+        raise not_utf8_error(path) from None
     if "\r" in text:  # universal newlines, as `datasets` reads text files
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text
