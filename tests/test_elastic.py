@@ -42,14 +42,25 @@ def _close(resumed: dict, reference: dict):
         assert abs(resumed[step] - reference[step]) < 1e-4, (step, resumed[step], reference[step])
 
 
-def test_two_processes_resume_on_one(tmp_path):
+def prepared_corpus(folder: Path) -> list[str]:
+    """`python -m pretrain.data prepare` on one book (16 chapters); the run arguments that train from it."""
+    from pretrain.data.__main__ import prepare_main
+
+    data = ["--data.data_files", str(REPO / "data/pretrain/the_time_machine.txt")]
+    assert prepare_main(["--config", DEBUG, *data, "--output", str(folder)]) == 0
+    return [*data, "--data.prepared", str(folder)]
+
+
+@pytest.mark.parametrize("data", ["map-style", "prepared"])
+def test_two_processes_resume_on_one(tmp_path, data):
+    common = [*COMMON, *(prepared_corpus(tmp_path / "prepared") if data == "prepared" else [])]
     full = tmp_path / "two"
-    launch_two(full, 29641, *COMMON, "--training.save_steps", 1)
+    launch_two(full, 29641 + 10 * (data == "prepared"), *common, "--training.save_steps", 1)
     checkpoint = full / "checkpoints" / f"step-{RESUME_AT:08d}"
     assert saved_layout(checkpoint) == BatchLayout(2, 4, 1)
     out = tmp_path / "one"
     # same command, one process: accumulation 1 -> 2 keeps the global batch of 8
-    state = run(out, *COMMON, "--training.save_steps", 0, "--training.resume_from_checkpoint", checkpoint)
+    state = run(out, *common, "--training.save_steps", 0, "--training.resume_from_checkpoint", checkpoint)
     assert state.global_step == 6
     config = (out / "config.yaml").read_text()
     assert "gradient_accumulation_steps: 2" in config
