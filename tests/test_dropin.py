@@ -172,8 +172,13 @@ def test_a_mistyped_keyword_argument_is_an_error(model_class):
     input_ids = torch.randint(3, 200, (2, 6))
     with pytest.raises(TypeError, match=f"{model_class.__name__}.forward\\(\\) got unexpected keyword argument.*labls"):
         model(input_ids, labls=input_ids)
-    # what transformers' Trainer and generate pass to every model is accepted
-    assert model(input_ids, num_items_in_batch=torch.tensor(7), output_attentions=False) is not None
+    # what transformers' Trainer and generate pass to every model is accepted, and without labels changes nothing
+    with torch.no_grad():
+        passed = model(input_ids, num_items_in_batch=torch.tensor(7), output_attentions=False)
+        plain = model(input_ids)
+    assert passed.keys() == plain.keys() and "attentions" not in passed
+    for name in plain.keys() - {"cache", "past_key_values"}:  # a decoder cache: not a tensor to compare
+        torch.testing.assert_close(passed[name], plain[name], atol=0, rtol=0, msg=name)
 
 
 # ------------------------------------------------------------------------------------------ all-padding rows

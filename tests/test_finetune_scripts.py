@@ -255,7 +255,8 @@ def test_classify_sentence_pairs_with_float_labels_is_regression(kiln_checkpoint
     assert result.state.stop_reason == "early_stopping" and result.state.global_step == 2 * steps_per_epoch
     evals = eval_rows(out)
     assert {"eval/pearson", "eval/spearmanr", "eval/mse"} <= set(evals[-1])
-    assert all(-1 <= row["eval/pearson"] <= 1 for row in evals)
+    # at lr 0 the model never changes: every evaluation scores the same predictions (dropout is off in evaluation)
+    assert len(evals) >= 2 and len({(row["eval/pearson"], row["eval/mse"]) for row in evals}) == 1
     assert result.state.best_step == steps_per_epoch and result.predictions_file is None
     config = json.loads((out / "final" / "config.json").read_text())
     assert len(config["id2label"]) == 1 and config["problem_type"] == "regression"

@@ -97,13 +97,27 @@ def test_resume_latest_and_refusals(tmp_path):
 
 
 def test_trackers_write_files(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     out = tmp_path / "tracked"
     run(out, "--training.max_steps", 2, "--logging.report_to", "all", "--training.save_steps", 0)
-    events = list((out / "logs").rglob("events.out.tfevents.*"))
-    assert events and events[0].stat().st_size > 0
-    wandb_runs = list((out / "wandb").glob("offline-run-*"))
-    assert wandb_runs, list(out.iterdir())
-    assert list(wandb_runs[0].glob("*.wandb"))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = {(row["step"], key): value for row in rows for key, value in row.items() if key != "step"}
+    assert {key for _, key in logged} >= {"train/loss", "train/lr", "eval/loss", "eval/mlm_accuracy"}
+    # TensorBoard holds every value metrics.jsonl holds, at the same step (as float32)
+    scalars = {}
+    for folder in {path.parent for path in (out / "logs").rglob("events.out.tfevents.*")}:
+        events = EventAccumulator(str(folder))
+        events.Reload()
+        scalars |= {(event.step, tag): event.value for tag in events.Tags()["scalars"] for event in events.Scalars(tag)}
+    assert scalars.keys() == logged.keys()
+    for key, value in logged.items():
+        assert scalars[key] == pytest.approx(value, rel=1e-6), key
+    # the offline wandb run holds them too: its record file carries each value as the JSON text metrics.jsonl has
+    (record,) = (out / "wandb").glob("offline-run-*/*.wandb")
+    raw = record.read_bytes()
+    missing = [key for key, value in logged.items() if json.dumps(value).encode() not in raw or key[1].encode() not in raw]
+    assert not missing, missing
 
 
 def _cli(args, env_extra=None, **kwargs):
@@ -202,6 +216,11 @@ def test_total_batch_size_and_gradient_checkpointing(tmp_path):
     assert state.global_step == 2
     rows = [json.loads(line) for line in (tmp_path / "gc" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["train/tokens_per_s"] > 0 for r in rows if "train/loss" in r)
+    # checkpointing recomputes activations in the backward pass (with the same dropout masks): the same training
+    plain = run(tmp_path / "plain", "--training.total_train_batch_size", 12, "--training.gradient_accumulation_steps",
+                2, "--training.max_steps", 2, "--training.save_steps", 0)  # fmt: skip
+    assert plain.global_step == 2
+    assert losses(tmp_path / "gc") == pytest.approx(losses(tmp_path / "plain"), rel=1e-6)
     saved = (tmp_path / "gc" / "config.yaml").read_text()
     # the saved config is the resolved one: 12 sequences = 1 process x 2 accumulation steps x 6
     assert "total_train_batch_size: 12" in saved and "per_device_train_batch_size: 6" in saved
