@@ -17,7 +17,7 @@ a blank line between documents), one folder per source, so a config picks its mi
                          translation model later trains on, so pretraining on them adds compute, not data
   multi30k-de-valid/val.txt    the German side of Multi30k's validation pairs, for that decoder's perplexity
 
-Takes a few seconds; the 30-minute experiment counts it (experiments/encoder_30min.sh).
+Takes a few seconds; the 30-minute experiment counts it (experiments/recipe.yaml runs it first).
 """
 
 from __future__ import annotations
