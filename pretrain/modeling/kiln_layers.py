@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_kiln import check_heads
@@ -24,6 +25,13 @@ try:  # model-agnostic keyword arguments transformers' own models take through `
     PASSTHROUGH_KWARGS = frozenset(TransformersKwargs.__annotations__)
 except ImportError:  # pragma: no cover - older transformers
     PASSTHROUGH_KWARGS = frozenset({"num_items_in_batch", "output_attentions", "output_hidden_states"})
+
+
+# transformers 5.24 renamed the KV cache `past_key_values` -> `cache`, in forward arguments (generate passes `cache=`)
+# and in output fields (generate reads `outputs.cache`); the old names stay as deprecated aliases until 5.40.
+# Kiln's decoder takes both names and writes its outputs under the field this transformers has.
+_OUTPUT_FIELDS = BaseModelOutputWithPastAndCrossAttentions.__dataclass_fields__
+CACHE_FIELD = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
 
 
 def check_kwargs(model: nn.Module, kwargs: dict) -> None:

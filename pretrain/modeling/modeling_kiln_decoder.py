@@ -29,6 +29,7 @@ from transformers.modeling_utils import PreTrainedModel
 
 from .configuration_kiln import KilnDecoderConfig
 from .kiln_layers import (
+    CACHE_FIELD,
     KilnCrossAttention,
     KilnDropout,
     KilnMLP,
@@ -106,7 +107,7 @@ class KilnDecoderPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["KilnDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["past_key_values", "cache"]
     _supports_sdpa = True
 
     @torch.no_grad()
@@ -156,6 +157,7 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
         self,
         input_ids: torch.LongTensor | None = None,
         past_key_values=None,
+        cache=None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
@@ -175,6 +177,7 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
             separate segment table).
         """
         check_kwargs(self, kwargs)
+        past_key_values = past_key_values if past_key_values is not None else cache
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         config = self.config
@@ -237,7 +240,7 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
 
         output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
+            **{CACHE_FIELD: past_key_values if use_cache else None},
             hidden_states=all_hidden_states,
             attentions=all_attentions,
             cross_attentions=all_cross_attentions,
@@ -277,6 +280,7 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
         self,
         input_ids: torch.LongTensor | None = None,
         past_key_values=None,
+        cache=None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
@@ -303,6 +307,7 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
             the number of target tokens of the whole accumulation window) instead of their mean.
         """
         check_kwargs(self, kwargs)
+        past_key_values = past_key_values if past_key_values is not None else cache
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         has_targets = labels is not None or shift_labels is not None
         if has_targets and use_cache is None:
@@ -346,7 +351,7 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
         output = CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             cross_attentions=outputs.cross_attentions,
@@ -369,6 +374,7 @@ class KilnDecoderForSequenceClassification(KilnDecoderPreTrainedModel):
         self,
         input_ids: torch.LongTensor | None = None,
         past_key_values=None,
+        cache=None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
@@ -383,6 +389,7 @@ class KilnDecoderForSequenceClassification(KilnDecoderPreTrainedModel):
         r"""labels: (B,) class ids, (B, num_labels) floats (multi-label) or (B,) floats (regression); logits:
         (B, num_labels). A batch of more than one sequence needs `config.pad_token_id`."""
         check_kwargs(self, kwargs)
+        past_key_values = past_key_values if past_key_values is not None else cache
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids,
@@ -415,7 +422,7 @@ class KilnDecoderForSequenceClassification(KilnDecoderPreTrainedModel):
         output = SequenceClassifierOutputWithPast(
             loss=loss,
             logits=pooled_logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
@@ -438,6 +445,7 @@ class KilnDecoderForTokenClassification(KilnDecoderPreTrainedModel):
         self,
         input_ids: torch.LongTensor | None = None,
         past_key_values=None,
+        cache=None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
@@ -451,6 +459,7 @@ class KilnDecoderForTokenClassification(KilnDecoderPreTrainedModel):
     ) -> TokenClassifierOutput | tuple:
         r"""labels: (B, T) class ids, -100 where nothing is scored. logits: (B, T, num_labels)."""
         check_kwargs(self, kwargs)
+        past_key_values = past_key_values if past_key_values is not None else cache
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids,
