@@ -556,11 +556,43 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
+def cache_error_message(err: OSError, cache_dir: str | None = None) -> str | None:
+    """A one-line message when the disk refuses a write into a Hugging Face cache (read-only, forbidden, full):
+    the fix is to move the cache, not the output folder. `cache_dir`: a cache folder the run chose itself
+    (data.cache_dir). None when `err` is no such write."""
+    import errno
+
+    if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT) or not err.filename:
+        return None
+    path = Path(os.path.abspath(err.filename))
+    if cache_dir and path.is_relative_to(os.path.abspath(cache_dir)):
+        return f"the datasets cache data.cache_dir {cache_dir} is not writable ({err.strerror}); pick a writable data.cache_dir"
+    # (cache folder, its name, the variable that moves it alone): the libraries' own settings, read only when
+    # they are in use
+    caches = []
+    if "datasets" in sys.modules:
+        caches.append((sys.modules["datasets"].config.HF_DATASETS_CACHE, "datasets cache", "HF_DATASETS_CACHE"))
+    if "huggingface_hub" in sys.modules:
+        constants = sys.modules["huggingface_hub"].constants
+        caches += [(constants.HF_HUB_CACHE, "Hub cache", "HF_HUB_CACHE"), (constants.HF_HOME, "HF_HOME", None)]
+    for folder, name, variable in caches:
+        if path.is_relative_to(os.path.abspath(folder)):
+            alone = f"{variable} (this cache only) or " if variable else ""
+            return (
+                f"the {name} {folder} is not writable ({err.strerror}); point {alone}HF_HOME (every Hugging Face "
+                "cache) at a writable folder, e.g. `export HF_HOME=/scratch/$USER/huggingface`"
+            )
+    return None
+
+
 def disk_error_message(err: OSError) -> str | None:
     """A one-line message for the disk faults a user fixes outside Kiln (full disk, read-only or forbidden
     folder, a file where a folder belongs); None for other OS errors."""
     import errno
 
+    cache_message = cache_error_message(err)
+    if cache_message is not None:
+        return cache_message
     where = err.filename or "the output folder"
     fixes = {
         errno.ENOSPC: f"no space left on the device holding {where}; free some space or pick another "

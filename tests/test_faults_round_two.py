@@ -189,3 +189,41 @@ def test_a_utf16_corpus_names_the_iconv_command_that_re_encodes_it_and_the_comma
     with_bom = tmp_path / "utf-8-sig.txt"  # a UTF-8 byte-order mark is UTF-8: read (split_documents drops it)
     with_bom.write_bytes(codecs.BOM_UTF8 + text.encode("utf-8"))
     check_utf8([str(with_bom)])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 21: a read-only Hugging Face cache
+
+
+def read_only_command(folder) -> list[str]:
+    """A command prefix under which `folder` cannot be written: a read-only bind mount in a private mount namespace
+    for root (whom permissions do not stop), the folder's own permissions for anyone else."""
+    import shutil
+
+    import pytest
+
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o555)
+        return []
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("a read-only folder for root needs unshare -m (a private mount namespace)")
+    mount = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"'
+    return ["unshare", "-m", "sh", "-c", mount, str(folder)]
+
+
+def test_a_read_only_hf_home_names_the_datasets_cache_and_how_to_move_it(tmp_path):
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    prefix = read_only_command(home)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HOME": str(home)}
+    env.pop("HF_DATASETS_CACHE", None)
+    out = tmp_path / "run"
+    done = subprocess.run([*prefix, sys.executable, str(REPO / "pretrain/run.py"), "--config", DEBUG,
+                           "--training.output_dir", str(out), "--training.max_steps", "1"], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
+    message = assert_one_line_error(done.returncode, done.stdout)
+    cache = home / "datasets"
+    assert message.startswith(f"error: the datasets cache {cache} is not writable ("), done.stdout
+    assert message.endswith("); point HF_DATASETS_CACHE (this cache only) or HF_HOME (every Hugging Face cache) at "
+                            "a writable folder, e.g. `export HF_HOME=/scratch/$USER/huggingface`"), done.stdout  # fmt: skip
+    assert "well-formed" not in message

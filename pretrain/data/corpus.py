@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from datasets import Dataset, IterableDataset, load_dataset
 
-from kiln.config import resolve_path
+from kiln.config import cache_error_message, resolve_path
 from .common import DataError, num_proc_for
 
 if TYPE_CHECKING:
@@ -282,6 +282,10 @@ def _load(builder_or_name: str, streaming: bool, what: str, fix: str, **kwargs):
     except DataError:
         raise
     except Exception as err:  # datasets raises many types; the first line of its message is what matters
+        # a cache that cannot be written is no fault of the data: say which cache and how to move it
+        cache_message = cache_error_message(err, kwargs.get("cache_dir")) if isinstance(err, OSError) else None
+        if cache_message is not None:
+            raise DataError(cache_message) from None
         reason = str(err).strip().split("\n")[0] or type(err).__name__
         raise DataError(f"could not load {what}: {reason}. {fix}") from None
 
