@@ -41,7 +41,7 @@ machines), see `python -m pretrain.data prepare --help`."""
 
 PREPARE_DESCRIPTION = """Prepare once, train many: read the corpus of a run config (data.data_files, any mix of file
 sizes, a single huge file included) in bounded chunks, train the tokenizer on a seeded sample of at most
-tokenizer.input_sentence_size lines (default 100,000), and write the tokenized, sentence-split, document-indexed
+tokenizer.input_sentence_size lines (default 50,000), and write the tokenized, sentence-split, document-indexed
 corpus to --output as Arrow shards with tokenizer/ and manifest.json. Then train from it with
 `accelerate launch pretrain/run.py --config X --data.prepared DIR` (memory-mapped, nothing tokenized again).
 

@@ -1,0 +1,221 @@
+"""How the prepared data path scales with the corpus: CPU-seconds, wall clock, peak memory, disk, time to first step.
+
+    python bench/data_scale.py --sizes 50 200 1000 --json bench/results/data-scale.json
+
+For each corpus size (MB) and layout it generates a corpus from the shipped books (data/pretrain/*.txt, split
+into their blank-line documents; each copy of the books is a seeded shuffle of those documents, separated by
+blank lines): `files`, one file per copy (about 2 MB each), and `big`, every copy in one file. Then it runs, as
+a user would, `python -m pretrain.data prepare` with the default run config at each --num_proc and measures:
+- cpu_s: user + system CPU-seconds of the prepare process and all its workers (resource.getrusage of children),
+  tokenizer sample training included; mb_per_cpu_s = corpus MB / cpu_s;
+- wall_s, and the load average (1 min) before and after, since the machine may be shared;
+- peak_rss_mb: the largest sum of the resident memory of the prepare process tree, polled every 0.1 s with
+  psutil (ru_maxrss of the children, the largest single process, is recorded too);
+- disk_mb: the size of the prepared folder;
+- first_step_s (once per layout and size, on the num_proc 1 folder): from starting `accelerate launch
+  pretrain/run.py --data.prepared DIR` (one process) to its first logged training step.
+Results are appended per measurement, so a long run can be read while it goes; --keep-corpus keeps the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import psutil  # noqa: E402
+
+from pretrain.data.corpus import split_documents  # noqa: E402
+
+MB = 1_000_000
+
+
+def book_documents() -> list[str]:
+    documents = []
+    for path in sorted(glob.glob(str(REPO_ROOT / "data" / "pretrain" / "*.txt"))):
+        documents += split_documents(Path(path).read_text(encoding="utf-8"), "blank_line")
+    return documents
+
+
+def write_corpus(folder: Path, megabytes: float, layout: str, seed: int = 0) -> int:
+    """Shuffled copies of the books' documents until `megabytes`: one file per copy or one big file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    documents = book_documents()
+    rng = random.Random(seed)
+    written, copy = 0, 0
+    big = open(folder / "corpus.txt", "w", encoding="utf-8") if layout == "big" else None
+    try:
+        while written < megabytes * MB:
+            order = documents[:]
+            rng.shuffle(order)
+            text = "\n\n".join(order) + "\n\n"
+            text = text[: max(int(megabytes * MB - written), 0)] if written + len(text) > megabytes * MB else text
+            if big is not None:
+                big.write(text)
+            else:
+                (folder / f"copy-{copy:05d}.txt").write_text(text, encoding="utf-8")
+            written += len(text.encode("utf-8"))
+            copy += 1
+    finally:
+        if big is not None:
+            big.close()
+    return written
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+class TreeMemory:
+    """Peak of the summed RSS of a process and its descendants, polled in a thread."""
+
+    def __init__(self, pid: int, interval: float = 0.1):
+        self.pid, self.interval, self.peak = pid, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self):
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                total = root.memory_info().rss
+                for child in root.children(recursive=True):
+                    try:
+                        total += child.memory_info().rss
+                    except psutil.Error:
+                        pass
+                self.peak = max(self.peak, total)
+            except psutil.Error:
+                pass
+            self._stop.wait(self.interval)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def run_prepare(corpus: Path, output: Path, num_proc: int, extra: list[str]) -> dict:
+    shutil.rmtree(output, ignore_errors=True)
+    command = [
+        sys.executable, "-m", "pretrain.data", "prepare", "--output", str(output), "--num_proc", str(num_proc),
+        "--data.data_files", str(corpus / "*.txt"), *extra,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    load_before = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    memory = TreeMemory(process.pid)
+    output_text, _ = process.communicate()
+    wall = time.perf_counter() - start
+    peak = memory.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if process.returncode != 0:
+        raise SystemExit(f"prepare failed ({process.returncode}):\n{output_text[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {
+        "num_proc": num_proc,
+        "cpu_s": round(cpu, 2),
+        "wall_s": round(wall, 2),
+        "peak_rss_mb": round(peak / MB, 1),
+        "children_maxrss_mb": round(after.ru_maxrss * 1024 / MB, 1),  # Linux: KiB; the largest single process
+        "disk_mb": round(folder_bytes(output) / MB, 1),
+        "load_before": round(load_before, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+        "log_tail": output_text.strip().splitlines()[-1],
+    }
+
+
+def time_to_first_step(prepared: Path, run_dir: Path, extra: list[str], timeout: float = 600) -> float:
+    """Seconds from `accelerate launch` to the first logged training step (the run is then stopped)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    command = [
+        "accelerate", "launch", "--num_processes", "1", "pretrain/run.py", "--data.prepared", str(prepared),
+        "--training.output_dir", str(run_dir), "--training.max_steps", "3", "--logging.logging_steps", "1",
+        "--training.eval_steps", "1000", "--training.save_steps", "1000", *extra,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    start = time.perf_counter()
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    seen = b""
+    try:
+        while time.perf_counter() - start < timeout:
+            chunk = process.stdout.read1(4096)
+            if not chunk:
+                break
+            seen = (seen + chunk)[-20000:]
+            if b"loss=" in seen or b"step 1:" in seen:
+                return round(time.perf_counter() - start, 2)
+        raise SystemExit(f"no training step seen:\n{seen.decode(errors='replace')[-3000:]}")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)  # the launch we started and its own children
+        process.wait()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[50, 200, 1000], help="corpus sizes in MB")
+    parser.add_argument("--layouts", nargs="+", default=["files", "big"], choices=["files", "big"])
+    parser.add_argument("--num_proc", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--json", default=str(REPO_ROOT / "bench" / "results" / "data-scale.json"))
+    parser.add_argument("--workdir", default=None, help="where corpora and prepared folders go (default: a temp dir)")
+    parser.add_argument("--no-first-step", action="store_true", help="skip the time-to-first-step runs")
+    parser.add_argument("--keep-corpus", action="store_true")
+    parser.add_argument("extra", nargs="*", help="dotted config overrides for prepare and the run (after --)")
+    args = parser.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kiln-data-scale-"))
+    results = {
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "config": "pretrain/run.py defaults" + (f" + {' '.join(args.extra)}" if args.extra else ""),
+        "rows": [],
+    }
+    for size in args.sizes:
+        for layout in args.layouts:
+            corpus = workdir / f"corpus-{layout}-{size:g}"
+            shutil.rmtree(corpus, ignore_errors=True)
+            corpus_bytes = write_corpus(corpus, size, layout)
+            for num_proc in args.num_proc:
+                output = workdir / f"prepared-{layout}-{size:g}-{num_proc}"
+                row = {"layout": layout, "corpus_mb": round(corpus_bytes / MB, 1),
+                       "files": len(list(corpus.glob("*.txt")))}
+                row.update(run_prepare(corpus, output, num_proc, args.extra))
+                row["mb_per_cpu_s"] = round(corpus_bytes / MB / row["cpu_s"], 2)
+                if not args.no_first_step and num_proc == args.num_proc[0]:
+                    row["first_step_s"] = time_to_first_step(output, workdir / "run", args.extra)
+                    row["load_after_first_step"] = round(os.getloadavg()[0], 2)
+                if num_proc != args.num_proc[0]:
+                    shutil.rmtree(output, ignore_errors=True)
+                results["rows"].append(row)
+                print(json.dumps(row), flush=True)
+                if args.json:
+                    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+            for output in workdir.glob(f"prepared-{layout}-{size:g}-*"):
+                shutil.rmtree(output, ignore_errors=True)
+            if not args.keep_corpus:
+                shutil.rmtree(corpus, ignore_errors=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
