@@ -21,7 +21,7 @@ MUST_SHRINK = [
     "--model.intermediate_size", "256",
     # 1,024 sequences a step; 8 keeps 2 processes x 4 (the per-device batch is derived from the total as on GPUs)
     "--training.total_train_batch_size", "8",
-    # 250k steps, 10k of warm-up, an evaluation and a checkpoint every 5k: 3 steps, each kind once
+    # 250k steps, 10k of warm-up, an evaluation every 10k, a checkpoint every 25k: 3 steps, each kind once
     "--training.max_steps", "3", "--training.warmup_steps", "1", "--training.eval_steps", "2",
     "--training.save_steps", "2", "--training.max_eval_batches", "1",
     # bf16 is the GPUs' precision; on CPU the accelerate config's (none) applies
