@@ -8,10 +8,11 @@ and hands each the one config section it needs:
       ... loop ...
       on_save          HubSync: push the model (and the resumable state) by hub.strategy
       on_best          BestModel: save the best weights in output_dir/best
-      on_train_end     (in list order, sharing one RunEnd)
+      on_train_end     (in list order, sharing one RunEnd; also when an error, a divergence or a signal ended
+                        the run: then RunEnd.completed is False and nothing is exported)
                        BestModel: load the best weights back      FinalExport: output_dir/final + model card
                        HubSync: push final/, wait for the pushes  Trackers: close the trackers
-      RunEnd.error raised, once every callback has run (a final push that did not complete)
+      RunEnd.failure (what ended the run) or RunEnd.error raised, once every callback has run
 
 `download_checkpoint` answers a `hub:user/name` resume for the Trainer.
 """
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("kiln")
 
+SIGNAL_GRACE_S = 5.0
+"""After a stop signal, how long queued Hub pushes may still take before they are handed to the user."""
+
 
 @dataclass
 class RunEnd:
@@ -46,6 +50,16 @@ class RunEnd:
     """The exported model folder (None when the run stopped on a signal)."""
     error: Exception | None = None
     """Raised by the Trainer once every callback has run, so trackers are closed first."""
+    failure: BaseException | None = None
+    """What ended the run before it completed (an exception in the loop, a divergence, a disk fault, or an
+    error in an earlier on_train_end); re-raised by the Trainer once every callback has run."""
+    handed_off: list[str] = field(default_factory=list)
+    """Commands printed for the user to finish what a stop signal interrupted (`hf upload ...`)."""
+
+    @property
+    def completed(self) -> bool:
+        """Whether the run trained to its end (no failure, no stop signal): only then is there a model to export."""
+        return self.failure is None and self.card_state.stop_reason != "signal"
 
 
 class TrainerCallback:
@@ -61,7 +75,8 @@ class TrainerCallback:
         """After an evaluation that improved training.metric_for_best_model (on every process)."""
 
     def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
-        """After the loop and its final evaluation, also when a signal stopped it (trainer.state.stop_reason)."""
+        """After the loop and its final evaluation; also when a signal, an error or a divergence ended the run
+        (`end.completed` is then False): close what on_train_begin opened, export nothing."""
 
     def download_checkpoint(self, trainer: Trainer, spec: str, local_dir: str) -> str | None:
         """The local folder of the `hub:` checkpoint `spec` downloaded into `local_dir`; None: not this callback's."""
@@ -120,7 +135,7 @@ class BestModel(TrainerCallback):
 
     def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
         state = trainer.state
-        if state.stop_reason == "signal" or not self.load_at_end:
+        if not end.completed or not self.load_at_end:
             return
         end.card_state = self._load_best(trainer, end.card_state)
         if state.best_step is not None:
@@ -168,6 +183,8 @@ class FinalExport(TrainerCallback):
         from . import export  # looked up now: a script may wrap export.export_model (experiments/)
 
         acc, state = trainer.accelerator, trainer.state
+        if end.failure is not None:
+            return  # the error says what happened and what was kept
         if state.stop_reason == "signal":
             acc.print(f"stopped by signal at step {state.global_step}; checkpoint saved in {trainer.output_dir}/checkpoints")
             return
@@ -197,6 +214,7 @@ class HubSync(TrainerCallback):
         self.pusher = HubPusher(
             hub.model_id, private=hub.private, revision=hub.revision, enabled=trainer.accelerator.is_main_process
         )
+        self.pusher.exit_wait_s = hub.final_push_timeout_s
 
     def on_save(self, trainer: Trainer, checkpoint: Path, state: TrainState) -> None:
         if self.pusher is None or self.hub.strategy == "end":
@@ -210,6 +228,7 @@ class HubSync(TrainerCallback):
             if self.hub.strategy == "checkpoint":
                 self.pusher.push(
                     checkpoint,
+                    source=checkpoint,
                     path_in_repo="last-checkpoint",
                     commit_message=f"Checkpoint at step {state.global_step}",
                     delete_patterns=["*"],
@@ -247,19 +266,42 @@ class HubSync(TrainerCallback):
             return
         if end.final_dir is not None:
             self.pusher.push(end.final_dir, commit_message="Final model")
-        if not self._wait() and end.final_dir is not None:
+        # a stop signal (before or during the wait) hands the queued pushes to the user instead of waiting on
+        # a stalled Hub: every pushed folder is complete on disk, so `hf upload` finishes the job by hand
+        before = trainer.stop_signals
+        grace = min(SIGNAL_GRACE_S, self.hub.final_push_timeout_s) if before else self.hub.final_push_timeout_s
+        if self.pusher.unpushed():
+            logger.info("waiting (at most %g s) for the pushes to %s; a stop signal hands them to you", grace,
+                        self.hub.model_id)
+        ok = self.pusher.wait(timeout=grace, stop=lambda: trainer.stop_signals > before)
+        if ok:
+            return
+        unpushed = self.pusher.unpushed()
+        if trainer.stop_signals and unpushed:
+            self.pusher.close()
+            end.handed_off = [self._upload_command(source, path_in_repo) for source, path_in_repo in unpushed]
+            for command in end.handed_off:
+                print(f"stopped by signal before the push to {self.hub.model_id} completed; finish it with `{command}`",
+                      flush=True)
+            return
+        self._log_incomplete()
+        if end.final_dir is not None and end.completed:
             end.error = self._push_error(end.final_dir)
 
-    def _wait(self) -> bool:
-        """Wait (at most hub.final_push_timeout_s) for the queued pushes; False when one did not complete."""
-        ok = self.pusher.wait(timeout=self.hub.final_push_timeout_s)
-        if not ok:
-            logger.error(
-                "the push to %s did not complete (%s); the model is saved locally",
-                self.hub.model_id,
-                self.pusher.last_error or f"no answer within hub.final_push_timeout_s={self.hub.final_push_timeout_s:g}",
-            )
-        return ok
+    def _upload_command(self, source: Path, path_in_repo: str | None) -> str:
+        command = f"hf upload {self.hub.model_id} {source}"
+        if path_in_repo:
+            command += f" {path_in_repo}"
+        if self.hub.revision:
+            command += f" --revision {self.hub.revision}"
+        return command
+
+    def _log_incomplete(self) -> None:
+        logger.error(
+            "the push to %s did not complete (%s); the model is saved locally",
+            self.hub.model_id,
+            self.pusher.last_error or f"no answer within hub.final_push_timeout_s={self.hub.final_push_timeout_s:g}",
+        )
 
     def _push_error(self, final_dir: Path) -> Exception:
         """A final push that was asked for and did not complete fails the run."""
@@ -269,7 +311,7 @@ class HubSync(TrainerCallback):
         reason = self.pusher.last_error or f"no answer within {self.hub.final_push_timeout_s:g} s"
         return RunError(
             f"the final model is saved locally in {final_dir}, but the push to {model_id} did not complete "
-            f"({reason}); push it later with `hf upload {model_id} {final_dir}`"
+            f"({reason}); push it later with `{self._upload_command(final_dir, None)}`"
         )
 
 

@@ -101,6 +101,10 @@ class TrainingConfig:
     """`latest`, a checkpoint folder, or `hub:user/name` to continue a run exactly."""
     max_nonfinite_steps: int = 3
     """Optimizer steps in a row whose loss or gradient norm is NaN/inf that are skipped (not applied) before the run stops with an error; 0: stop at the first."""
+    divergence_factor: float = 10.0
+    """Stop the run as diverged (exit status 1, no final model) when the training loss stays above
+    max(divergence_factor x its lowest value so far, lowest + divergence_factor) for 3 optimizer steps in a row;
+    no checkpoint is saved while it is that high. 0: off (a NaN/inf loss still stops the run)."""
     allow_config_change: bool = False
     """Resume even though settings that make resuming inexact (batch size, sequence length, seed, max_steps, ...) differ from the checkpoint's run."""
     metric_for_best_model: str | None = None
@@ -413,7 +417,8 @@ def check_training_values(training: Any) -> None:
             f"training.save_total_limit must be a positive number of checkpoints to keep (0 or none: keep all), "
             f"got {training.save_total_limit}"
         )
-    for name in ("eval_steps", "save_steps", "warmup_steps", "max_grad_norm", "weight_decay", "max_nonfinite_steps"):
+    for name in ("eval_steps", "save_steps", "warmup_steps", "max_grad_norm", "weight_decay", "max_nonfinite_steps",
+                 "divergence_factor"):
         if getattr(training, name) < 0:
             raise ConfigError(f"training.{name} must not be negative, got {getattr(training, name)}")
     if not 0 <= training.warmup_ratio <= 1:

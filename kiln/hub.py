@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,8 @@ class _PushRequest:
     commit_message: str
     ignore_patterns: list[str] | None
     delete_patterns: list[str] | None
+    source: Path | None = None
+    """The folder the snapshot was taken from (named when the push is handed to the user)."""
 
 
 class HubPusher:
@@ -152,9 +155,17 @@ class HubPusher:
         self._cond = threading.Condition()
         self._pending: OrderedDict[str, _PushRequest] = OrderedDict()
         self._uploading = False
+        self._in_flight: _PushRequest | None = None
         self._stalled = False  # the last upload failed: the next push() or wait() retries
         self._repo_ready = False
         self._worker: threading.Thread | None = None
+        self._closed = False
+        # The worker is a daemon, so a request stalled on a dead Hub never keeps the process alive after a stop
+        # signal handed the push to the user (`close`); pushes queued at exit are never dropped silently: the
+        # exit waits for them (at most exit_wait_s), then names what did not land
+
+    exit_wait_s = 600.0
+    """At interpreter exit, how long queued pushes nobody waited for (an error ended the program) may take."""
 
     def push(
         self,
@@ -165,6 +176,7 @@ class HubPusher:
         ignore_patterns: list[str] | str | None = None,
         delete_patterns: list[str] | str | None = None,
         immutable: bool = False,
+        source: str | os.PathLike | None = None,
     ) -> None:
         """Queue an upload of `folder` (to `path_in_repo`, default the repo root) and return.
 
@@ -173,7 +185,8 @@ class HubPusher:
         `delete_patterns` removes matching remote files under `path_in_repo` that this upload does not
         overwrite. `immutable`: no file of the folder is ever rewritten in place, only deleted (a Kiln
         checkpoint): its files are hard-linked instead of copied where the staging folder is on the same
-        filesystem, so a checkpoint push writes nothing more to disk.
+        filesystem, so a checkpoint push writes nothing more to disk. `source`: the folder to name when the
+        push is handed to the user (`unpushed`), default `folder`.
         """
         if not self.enabled:
             return
@@ -187,7 +200,7 @@ class HubPusher:
         except OSError as err:  # e.g. a full disk: skip this push rather than stop training
             logger.warning("Skipping the push of %s: could not copy it aside (%s)", folder, err)
             return
-        request = _PushRequest(snapshot, path_in_repo, commit_message, ignore, delete)
+        request = _PushRequest(snapshot, path_in_repo, commit_message, ignore, delete, Path(source or folder))
         key = (path_in_repo or "").strip("/")
         with self._cond:
             superseded = self._pending.pop(key, None)
@@ -199,15 +212,21 @@ class HubPusher:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="kiln-hub-push", daemon=True)
                 self._worker.start()
+                # registered after the staging folder's removal, so it runs before it (atexit is last in, first out)
+                atexit.register(self._wait_at_exit)
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until every queued upload has landed, retrying failed ones a few times; True if all did."""
+    def wait(self, timeout: float | None = None, stop: Callable[[], bool] | None = None) -> bool:
+        """Block until every queued upload has landed, retrying failed ones a few times; True if all did.
+        `stop`: polled a few times a second; when it returns True the wait ends at once (False)."""
         if not self.enabled:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         retries = 0
+        poll = 0.2 if stop is not None else None
         with self._cond:
             while self._pending or self._uploading:
+                if stop is not None and stop():
+                    return False
                 if self._stalled:
                     if retries >= self.wait_retries:
                         return False
@@ -217,15 +236,45 @@ class HubPusher:
                         return False
                     retries += 1
                     while self._stalled and (remaining := retry_at - time.monotonic()) > 0:
-                        self._cond.wait(remaining)
+                        if stop is not None and stop():
+                            return False
+                        self._cond.wait(remaining if poll is None else min(remaining, poll))
                     self._stalled = False
                     self._cond.notify_all()
                     continue
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._cond.wait(remaining)
+                self._cond.wait(poll if remaining is None else (remaining if poll is None else min(remaining, poll)))
             return True
+
+    def unpushed(self) -> list[tuple[Path, str | None]]:
+        """(source folder, path in the repo) of every queued or in-flight push that has not landed."""
+        if not self.enabled:
+            return []
+        with self._cond:
+            requests = list(self._pending.values())
+            if self._uploading and self._in_flight is not None:
+                requests.insert(0, self._in_flight)
+        return [(request.source, request.path_in_repo) for request in requests]
+
+    def close(self) -> None:
+        """Stop caring about queued pushes (they were handed to the user): the exit does not wait for them."""
+        self._closed = True
+
+    def _wait_at_exit(self) -> None:
+        if not self.enabled or self._closed or self._worker is None:
+            return
+        with self._cond:
+            if not (self._pending or self._uploading):
+                return
+        logger.warning("waiting (at most %g s) for the queued pushes to %s", self.exit_wait_s, self.model_id)
+        if not self.wait(timeout=self.exit_wait_s):
+            for source, path_in_repo in self.unpushed():
+                logger.error(
+                    "the push of %s to %s did not complete; push it with `hf upload %s %s%s`",
+                    source, self.model_id, self.model_id, source, f" {path_in_repo}" if path_in_repo else "",
+                )
 
     # ------------------------------------------------------------------------------------------- worker
     def _snapshot(self, folder: Path, ignore_patterns: list[str] | None, link: bool = False) -> Path:
@@ -252,10 +301,10 @@ class HubPusher:
                 while not self._pending or self._stalled:
                     self._cond.wait()
                 key, request = self._pending.popitem(last=False)
-                self._uploading = True
+                self._uploading, self._in_flight = True, request
             error = self._upload(request)
             with self._cond:
-                self._uploading = False
+                self._uploading, self._in_flight = False, None
                 self.last_error = error
                 if error is None or key in self._pending:  # done, or superseded by a newer snapshot
                     shutil.rmtree(request.snapshot, ignore_errors=True)

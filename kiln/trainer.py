@@ -33,6 +33,7 @@ from transformers import get_scheduler
 from .callbacks import RunEnd, TrainerCallback
 from .config import ConfigError, LoggingConfig, TrainingConfig, disk_writes, flatten, save_config
 from .elastic import convert_position, layout_of, saved_layout
+from .fingerprint import write_fingerprint
 from .nodes import resolve_disk_layout, writes_run_files
 
 logger = logging.getLogger("kiln")
@@ -79,6 +80,9 @@ class TrainState:
     evals_without_improvement: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     stop_reason: str | None = None
+    lowest_loss: float | None = None
+    """The lowest training loss of an optimizer step so far (divergence is measured against it)."""
+    lowest_loss_step: int | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -265,6 +269,7 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
         check_config_change(resolve_checkpoint(resume, str(out), quiet=True), config)
     resolve_disk_layout(accelerator, training)  # several nodes: one shared folder, or one per node
     writer = writes_run_files(accelerator, training)
+    lock_output_dir(out, accelerator, writer)  # before anything in it is removed or written
     holds_run = bool(find_checkpoints(out)) or (out / "final").is_dir()
     if holds_run and not resume and not training.overwrite_output_dir:
         raise ConfigError(
@@ -283,6 +288,68 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
             save_config(config, out / "config.yaml")
     accelerator.wait_for_everyone()
     return out
+
+
+LOCK_FILE = ".kiln.lock"
+"""In output_dir: locked (flock) by the run writing there, with its PID and host inside."""
+_output_locks: dict[str, Any] = {}
+
+
+def lock_output_dir(out: Path, accelerator: Accelerator, writer: bool) -> None:
+    """Refuse to start when another run is writing into `out`: the process that writes the run folder (`writer`:
+    rank 0 on a shared folder, each node's local main on node-local disks) holds an exclusive flock on
+    out/.kiln.lock for the whole run (released by `release_output_lock`, or by the kernel when the process ends,
+    so a lock left by a killed run never blocks); every process stops alike when one of them finds it taken."""
+    message = None
+    if writer:
+        message = _take_lock(out)
+    if accelerator.num_processes > 1:  # any node's refusal stops every process
+        from accelerate.utils import gather_object
+
+        messages = gather_object([message])
+        message = next((m for m in messages if m is not None), None)
+    if message is not None:
+        raise ConfigError(message)
+
+
+def _take_lock(out: Path) -> str | None:
+    key = str(out.resolve())
+    if key in _output_locks:  # this process already holds it (a run it started before, in-process)
+        return None
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    handle = open(out / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        return (
+            f"output_dir {out} is in use by another run (PID {holder}); wait for it to end, stop it, or pick "
+            "another --training.output_dir"
+        )
+    except OSError:  # a file system without flock (some network mounts): run unguarded
+        handle.close()
+        return None
+    import socket
+
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    _output_locks[key] = handle
+    return None
+
+
+def release_output_lock(out: str | os.PathLike) -> None:
+    """Let another run into `out` (the end of Trainer.train; a process that ends releases it anyway)."""
+    handle = _output_locks.pop(str(Path(out).resolve()), None)
+    if handle is not None:
+        handle.close()  # closing the last descriptor releases the flock
 
 
 def build_optimizer(
@@ -322,6 +389,9 @@ def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
 
 
+DIVERGENCE_STEPS = 3
+"""Optimizer steps in a row with the loss far above its lowest (training.divergence_factor) that stop a run."""
+
 MANIFEST_FILE = "checksums.json"
 """Written last into every checkpoint: the size and sha256 of each file, verified before a resume loads it."""
 CONFIG_FILE = "kiln_config.yaml"
@@ -358,7 +428,7 @@ def checkpoint_problem(folder: Path) -> str | None:
         return f"{TRAINER_STATE_FILE} is unreadable ({type(err).__name__})"
     manifest_path = folder / MANIFEST_FILE
     if not manifest_path.is_file():
-        return None
+        return _unverified_problem(folder)
     try:
         manifest = json.loads(manifest_path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -372,6 +442,30 @@ def checkpoint_problem(folder: Path) -> str | None:
             return f"{name} has {size} bytes instead of {expected['size']} (truncated?)"
         if _sha256(path) != expected["sha256"]:
             return f"{name} does not match its checksum (changed on disk)"
+    return None
+
+
+def _unverified_problem(folder: Path) -> str | None:
+    """For a checkpoint without a manifest (written before manifests existed, or whose manifest was lost): the
+    structural checks that need no checksum. A safetensors file must hold as many bytes as its header says, and
+    a torch pickle (a zip archive) must end with its central directory: a truncated file fails either."""
+    import struct
+    import zipfile
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as fh:
+                (header_size,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(header_size))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            return f"{path.name} is unreadable"
+        size = path.stat().st_size
+        if size < 8 + header_size + end:
+            return f"{path.name} is truncated ({size} bytes, its header needs {8 + header_size + end})"
+    for path in sorted([*folder.glob("*.bin"), *folder.glob("*.pt"), *folder.glob("*.pth")]):
+        if not zipfile.is_zipfile(path):
+            return f"{path.name} is truncated or not a torch file"
     return None
 
 
@@ -431,6 +525,7 @@ _RESUME_FREE_KEYS = (
     "training.allow_config_change", "training.eval_steps", "training.save_steps", "training.save_total_limit",
     "training.max_eval_batches", "training.per_device_eval_batch_size", "training.max_train_time_s",
     "training.metric_for_best_model", "training.greater_is_better", "training.early_stopping_patience",
+    "training.divergence_factor",
     "data.num_workers", "data.num_proc", "data.cache_dir", "data.max_eval_documents",
     "tokenizer.name_or_path", "predict", "logging.", "hub.", "eval.",
 )  # fmt: skip
@@ -456,33 +551,43 @@ def saved_run_config(checkpoint: Path) -> dict[str, Any] | None:
 
 def check_config_change(checkpoint: Path, config: Any) -> None:
     """Refuse a resume whose settings differ from the checkpoint's run where that makes resuming inexact
-    (batch size, sequence length, seed, data, model shape, steps, ...), unless --training.allow_config_change."""
+    (batch size, sequence length, seed, data, model shape, steps, ...), or whose data files changed since (their
+    sizes and sha256, `kiln.fingerprint`), unless --training.allow_config_change."""
     import dataclasses
 
-    saved = saved_run_config(checkpoint)
-    if saved is None:
-        return
-    old, new = flatten(saved), flatten(dataclasses.asdict(config))
-    changed = [
-        key
-        for key in sorted(set(old) | set(new))
-        if not key.startswith(_RESUME_FREE_KEYS) and key not in _RESUME_FREE_KEYS and key in old and key in new
-        and old[key] != new[key]
-        and not (isinstance(old[key], (int, float)) and isinstance(new[key], (int, float)) and old[key] == new[key])
-    ]
-    if changed and set(changed) <= _LAYOUT_CONFIG_KEYS:
-        from .elastic import layout_change_is_elastic
+    from .fingerprint import data_changes, data_fingerprint, saved_fingerprint
 
-        if layout_change_is_elastic(checkpoint, config):
-            return  # another number of processes at the same global batch: still an exact continuation
-    if not changed:
+    problems = []
+    saved = saved_run_config(checkpoint)
+    if saved is not None:
+        old, new = flatten(saved), flatten(dataclasses.asdict(config))
+        changed = [
+            key
+            for key in sorted(set(old) | set(new))
+            if not key.startswith(_RESUME_FREE_KEYS) and key not in _RESUME_FREE_KEYS and key in old and key in new
+            and old[key] != new[key]
+            and not (isinstance(old[key], (int, float)) and isinstance(new[key], (int, float)) and old[key] == new[key])
+        ]
+        if changed and set(changed) <= _LAYOUT_CONFIG_KEYS:
+            from .elastic import layout_change_is_elastic
+
+            if layout_change_is_elastic(checkpoint, config):
+                changed = []  # another number of processes at the same global batch: still an exact continuation
+        if changed:
+            problems.append("changed settings: " + ", ".join(f"{key} {old[key]!r} -> {new[key]!r}" for key in changed))
+    saved_prints = saved_fingerprint(checkpoint)
+    if saved_prints is not None:
+        data_diff = data_changes(saved_prints, data_fingerprint(getattr(config, "data", None)))
+        if data_diff:
+            problems.append("changed data: " + ", ".join(data_diff))
+    if not problems:
         return
-    diff = ", ".join(f"{key} {old[key]!r} -> {new[key]!r}" for key in changed)
+    diff = "; ".join(problems)
     if config.training.allow_config_change:
-        logger.warning("resuming with changed settings (%s): the run is no longer an exact continuation", diff)
+        logger.warning("resuming with %s: the run is no longer an exact continuation", diff)
         return
     raise ConfigError(
-        f"resuming {checkpoint} with changed settings: {diff}; keep the saved values, or pass "
+        f"resuming {checkpoint} with {diff}; keep the saved values and data, or pass "
         "--training.allow_config_change to resume anyway (the result then differs from an uninterrupted run)"
     )
 
@@ -564,6 +669,8 @@ class Trainer:
         self.output_dir = Path(training.output_dir)
         self.state = TrainState()
         self._stop_signal: int | None = None
+        self.stop_signals = 0
+        """How many stop signals (SIGTERM, SIGINT) the run received; end-of-run callbacks watch it."""
         self._eval_loader = None
         self._train_loader = None
         self._epoch_batches: int | None = None
@@ -671,6 +778,9 @@ class Trainer:
         if getattr(self, "_nonfinite_run", None):  # the weights are not to be trusted: keep the last good one
             logger.warning("step %d: no checkpoint while the loss is not finite", self.state.global_step)
             return None
+        if getattr(self, "_high_loss_steps", None):
+            logger.warning("step %d: no checkpoint while the loss is far above its lowest", self.state.global_step)
+            return None
         root = self.output_dir / "checkpoints"
         final = root / f"{CHECKPOINT_PREFIX}{self.state.global_step:08d}"
         tmp = root / f"{final.name}.tmp"
@@ -689,6 +799,7 @@ class Trainer:
                     (tmp / TRAINER_STATE_FILE).write_text(json.dumps(meta, indent=2))
                     if self.run_config is not None:
                         save_config(self.run_config, tmp / CONFIG_FILE)
+                        write_fingerprint(self._data_fingerprint(), tmp)
                     write_manifest(tmp)
         except BaseException:
             # a full disk, a kill: the half-written folder goes (it holds space a resume will need); the
@@ -704,6 +815,14 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_save(self, final, self.state)
         return final
+
+    def _data_fingerprint(self) -> dict[str, str]:
+        """What this run trains on (computed once: the files are hashed at the first checkpoint)."""
+        if getattr(self, "_data_prints", None) is None:
+            from .fingerprint import data_fingerprint
+
+            self._data_prints = data_fingerprint(getattr(self.run_config, "data", None))
+        return self._data_prints
 
     def _remove_partial_checkpoints(self) -> None:
         """Half-written checkpoint folders (`*.tmp`) a killed or failed run left behind: never resumed from, they
@@ -863,6 +982,7 @@ class Trainer:
         def handler(signum, _frame):
             self._stop_signal = signum
             config.STOPPING = True  # repeats of this signal after the loop are absorbed (kiln.config)
+            self.stop_signals += 1
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -871,6 +991,7 @@ class Trainer:
                 pass
         if config.PENDING_SIGNAL is not None:  # a SIGTERM during set-up whose SignalStop was swallowed
             self._stop_signal, config.PENDING_SIGNAL = config.PENDING_SIGNAL, None
+            self.stop_signals += 1
         return previous
 
     def _agreed_stop(self, elapsed: float) -> str | None:
@@ -888,40 +1009,52 @@ class Trainer:
     # --- train --------------------------------------------------------------------------------------------
 
     def train(self) -> TrainState:
-        """The whole run: callbacks' on_train_begin, resume, the epochs, the final evaluation, on_train_end."""
-        for callback in self.callbacks:
-            callback.on_train_begin(self)
-        if writes_run_files(self.accelerator, self.training):
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-        self._remove_partial_checkpoints()
-        if self.training.resume_from_checkpoint:
-            self.resume(self.training.resume_from_checkpoint)
-        self._print_summary()
-        previous_handlers = self._install_signal_handlers()
-        redirect = logging_redirect_tqdm(loggers=[logging.getLogger()])  # log lines above the bar, not on it
-        redirect.__enter__()
-        progress = tqdm(
-            total=self.total_steps,
-            initial=self.state.global_step,
-            disable=not self.accelerator.is_local_main_process,
-            desc="train",
-            dynamic_ncols=True,
-        )
+        """The whole run: callbacks' on_train_begin, resume, the epochs, the final evaluation, on_train_end.
+
+        Whatever ends the run (the last step, a signal, an exception, a divergence, a disk fault), every
+        callback's on_train_end runs, in order; then the error that ended it is raised."""
+        previous_handlers: dict = {}
+        progress = None
         try:
-            self._run_epochs(progress)
-            progress.close()
-            redirect.__exit__(None, None, None)
+            for callback in self.callbacks:
+                callback.on_train_begin(self)
+            if writes_run_files(self.accelerator, self.training):
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+            self._remove_partial_checkpoints()
+            if self.training.resume_from_checkpoint:
+                self.resume(self.training.resume_from_checkpoint)
+            if self.accelerator.is_main_process and self.run_config is not None:
+                self._data_fingerprint()  # the data as this run read it, saved with every checkpoint
+            self._print_summary()
+            previous_handlers = self._install_signal_handlers()
+            with logging_redirect_tqdm(loggers=[logging.getLogger()]):  # log lines above the bar, not on it
+                progress = tqdm(
+                    total=self.total_steps,
+                    initial=self.state.global_step,
+                    disable=not self.accelerator.is_local_main_process,
+                    desc="train",
+                    dynamic_ncols=True,
+                )
+                self._run_epochs(progress)
+                progress.close()
             if self.state.stop_reason != "signal":
                 self._final_evaluation()
+        except BaseException as failure:
+            if progress is not None:
+                progress.close()
+            self._end_run(failure)
+            raise
+        else:
             # a signal from here on is held until the final evaluation, export and push are done (bounded): the
             # run then ends as completed rather than leaving no final/ and no checkpoint of its last steps
             state = self._end_run()
-            if self._stop_signal is not None and state.stop_reason != "signal":
+            if self._stop_signal is not None and state.stop_reason != "signal" and not self.end.handed_off:
                 self.accelerator.print("a stop signal came after the last step; the run was completed first")
             return state
         finally:
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
+            release_output_lock(self.output_dir)
 
     def _run_epochs(self, progress) -> None:
         """Epoch after epoch until max_steps, the epochs, early stopping, the clock or a signal stop the run."""
@@ -967,6 +1100,34 @@ class Trainer:
             self._log(metrics)
             progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
             self._window = _LogWindow()
+        self._check_divergence()
+
+    def _check_divergence(self) -> None:
+        """Stop with a RunError once the loss of DIVERGENCE_STEPS optimizer steps in a row is far above its
+        lowest value so far (training.divergence_factor): a run whose schedule decays the learning rate to 0
+        before the loss overflows must not be exported as if it had trained."""
+        factor, state = self.training.divergence_factor, self.state
+        loss = getattr(self, "_step_loss", None)
+        if not factor or loss is None or getattr(self, "_nonfinite_run", None) or not math.isfinite(loss):
+            return
+        if state.lowest_loss is None or loss < state.lowest_loss:
+            state.lowest_loss, state.lowest_loss_step = loss, state.global_step
+        if loss <= max(factor * state.lowest_loss, state.lowest_loss + factor):
+            self._high_loss_steps = []
+            return
+        self._high_loss_steps = [*getattr(self, "_high_loss_steps", []), state.global_step]
+        if len(self._high_loss_steps) < DIVERGENCE_STEPS:
+            return
+        from .config import RunError
+
+        checkpoints = find_checkpoints(self.output_dir)
+        kept = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
+        raise RunError(
+            f"training diverged: the loss rose from {state.lowest_loss:.4g} (step {state.lowest_loss_step}) to "
+            f"{loss:.4g} at steps {self._high_loss_steps[0]}-{state.global_step} (more than "
+            f"--training.divergence_factor {factor:g} times its lowest); {kept}; no final model was exported; "
+            "lower --training.lr or raise --training.warmup_steps, then resume or start over"
+        )
 
     def _final_evaluation(self) -> None:
         final_metrics = self.evaluate()
@@ -976,12 +1137,21 @@ class Trainer:
                 print(_format_metrics(self.state.global_step, final_metrics))
             self._track_best(final_metrics)
 
-    def _end_run(self) -> TrainState:
-        """The callbacks' on_train_end, in order; then the error one of them left (trackers are closed by now)."""
-        self.end = RunEnd(card_state=self.state)
+    def _end_run(self, failure: BaseException | None = None) -> TrainState:
+        """The callbacks' on_train_end, in order, each one even when an earlier one failed; then the error one of
+        them left (trackers are closed by now). `failure`: what ended the run early (the caller re-raises it)."""
+        self.end = RunEnd(card_state=self.state, failure=failure)
         for callback in self.callbacks:
-            callback.on_train_end(self, self.end)
-        if self.end.error is not None:
+            try:
+                callback.on_train_end(self, self.end)
+            except BaseException as err:
+                if self.end.failure is not None:  # the first failure is the one reported
+                    logger.error("%s.on_train_end failed after the run had failed: %s", type(callback).__name__, err)
+                    continue
+                self.end.failure = err
+        if failure is None and self.end.failure is not None:
+            raise self.end.failure
+        if failure is None and self.end.error is not None:
             raise self.end.error
         return self.state
 
@@ -1062,9 +1232,13 @@ class Trainer:
         if acc.mixed_precision != "fp16":  # fp16: an overflowing gradient is the loss scaler's business
             values.append(torch.as_tensor(grad_norm, device=acc.device).detach().float().reshape(()))
         bad = torch.stack(values).isfinite().all().logical_not().float() if values else torch.zeros(())
-        if acc.num_processes > 1:  # every process must take (or skip) the same steps
-            bad = acc.reduce(bad.to(acc.device), reduction="sum")
-        if not bool(bad):
+        # this process's share of the step's global mean loss (the sum over processes is the mean)
+        share = parts["loss"] if "loss" in parts else sum(parts.values(), torch.zeros((), device=acc.device))
+        flags = torch.stack([bad.to(acc.device), share.detach().float().reshape(()).to(acc.device)])
+        if acc.num_processes > 1:  # every process must take (or skip) the same steps, and see the same loss
+            flags = acc.reduce(flags, reduction="sum")
+        bad, self._step_loss = bool(flags[0]), float(flags[1])
+        if not bad:
             self._nonfinite_run = []
             return False
         step = self.state.global_step + 1
@@ -1260,7 +1434,9 @@ __all__ = [
     "configure_deepspeed",
     "find_checkpoints",
     "guess_peak_flops",
+    "lock_output_dir",
     "prepare_output",
+    "release_output_lock",
     "resolve_batch_size",
     "resolve_checkpoint",
     "start_run",

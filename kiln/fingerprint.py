@@ -1,0 +1,112 @@
+"""What a run trained on, as a fingerprint saved with every checkpoint and compared on resume.
+
+Local files are named by their path relative to the folder they share (never by where they lie on the user's
+disk: checkpoints may be pushed to the Hub) with their size and sha256, read in 1 MiB blocks so memory stays
+flat however large the corpus. A Hub dataset is named by its name, configuration and revision; a prepared
+corpus folder (`data.prepared`) by its manifest files. A resume whose data differs is refused like a changed
+setting (`check_data_change`), with one line naming what changed.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FINGERPRINT_FILE = "data_fingerprint.json"
+"""Written into every checkpoint next to its kiln_config.yaml."""
+
+_HUB_KEYS = ("dataset_name", "dataset_config", "dataset_config_name", "dataset_revision", "revision", "dataset_split")
+_hash_cache: dict[tuple[str, int, int], str] = {}
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """sha256 of a file, read in 1 MiB blocks; cached per (path, size, mtime) for the life of the process."""
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _hash_cache:
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        _hash_cache[key] = digest.hexdigest()
+    return _hash_cache[key]
+
+
+def _local_files(data: Any) -> list[str]:
+    """Every local file the data section names (fields ending in `_file` or `_files`; globs expanded)."""
+    from .config import resolve_path
+
+    found: list[str] = []
+    for name, value in sorted(vars(data).items()):
+        if not name.endswith(("_file", "_files")) or not value:
+            continue
+        for spec in [value] if isinstance(value, (str, os.PathLike)) else list(value):
+            path = resolve_path(os.fspath(spec))
+            matches = sorted(glob.glob(path)) if any(c in path for c in "*?[") else [path]
+            found += [m for m in matches if os.path.isfile(m)]
+    return sorted(set(found))
+
+
+def data_fingerprint(data: Any) -> dict[str, str]:
+    """{what: size + sha256 (files) or value (Hub dataset)} for the `data` section of a run's config."""
+    if data is None:
+        return {}
+    prints: dict[str, str] = {}
+    prepared = getattr(data, "prepared", None)
+    if prepared and os.path.isdir(prepared):  # the manifest describes the tokenized shards and their source
+        for manifest in sorted(Path(prepared).glob("*.json")):
+            prints[f"prepared/{manifest.name}"] = f"{manifest.stat().st_size} bytes, sha256 {sha256_file(manifest)}"
+        return prints
+    if getattr(data, "dataset_name", None):
+        for key in _HUB_KEYS:
+            if getattr(data, key, None) is not None:
+                prints[f"hub {key}"] = str(getattr(data, key))
+        return prints
+    files = _local_files(data)
+    if not files:
+        return prints
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    for path in files:
+        name = os.path.relpath(os.path.abspath(path), root)
+        prints[name] = f"{os.path.getsize(path)} bytes, sha256 {sha256_file(path)}"
+    return prints
+
+
+def write_fingerprint(prints: dict[str, str], folder: Path) -> None:
+    (Path(folder) / FINGERPRINT_FILE).write_text(json.dumps(prints, indent=1, sort_keys=True))
+
+
+def saved_fingerprint(checkpoint: Path) -> dict[str, str] | None:
+    """The fingerprint saved with a checkpoint; None for checkpoints written before fingerprints existed."""
+    try:
+        return json.loads((Path(checkpoint) / FINGERPRINT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def data_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """What differs between two fingerprints, one short phrase each: `b.txt 1200 -> 1350 bytes`, ..."""
+    changes = []
+    for name in sorted(set(old) | set(new)):
+        before, after = old.get(name), new.get(name)
+        if before == after:
+            continue
+        if before is None:
+            changes.append(f"{name} added")
+        elif after is None:
+            changes.append(f"{name} removed")
+        elif name.startswith("hub "):
+            changes.append(f"{name[4:]} {before!r} -> {after!r}")
+        else:
+            old_size, new_size = before.split(" bytes")[0], after.split(" bytes")[0]
+            changes.append(
+                f"{name} {old_size} -> {new_size} bytes" if old_size != new_size else f"{name} content changed"
+            )
+    return changes
+
+
+__all__ = ["FINGERPRINT_FILE", "data_changes", "data_fingerprint", "saved_fingerprint", "sha256_file", "write_fingerprint"]
