@@ -559,7 +559,7 @@ class TestPredictions(TrainerCallback):
 
     def on_train_end(self, trainer, end) -> None:
         acc, state = trainer.accelerator, trainer.state
-        if state.stop_reason == "signal":
+        if not end.completed:  # stopped by a signal or failed: no model to predict with
             return
         self.metrics, self.path = _predict_split(self.config, acc, self.job, trainer.model)
         if self.metrics and acc.is_main_process and acc.trackers:
@@ -581,7 +581,7 @@ class FinalEvaluation(TrainerCallback):
         from kiln.export import latest_metrics
 
         acc = trainer.accelerator
-        if trainer.state.stop_reason == "signal":
+        if not end.completed:
             return
         history = end.card_state.history
         metrics = {

@@ -108,7 +108,8 @@ def test_a_second_run_into_a_busy_output_folder_is_refused_with_one_line(tmp_pat
         while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
             time.sleep(0.2)
         (child,) = _children(first.pid)
-        code, last = _cli_in_process(capsys, *args)
+        # the same command (bounded in time, should it be let in)
+        code, last = _cli_in_process(capsys, *args, "--training.max_train_time_s", 2)
         assert code == 2
         assert last == (f"error: output_dir {out} is in use by another run (PID {child} on {socket.gethostname()}); "
                         "wait for it to end, stop it, or pick another --training.output_dir")  # fmt: skip
