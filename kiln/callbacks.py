@@ -274,11 +274,11 @@ class HubSync(TrainerCallback):
             logger.info("waiting (at most %g s) for the pushes to %s; a stop signal hands them to you", grace,
                         self.hub.model_id)
         ok = self.pusher.wait(timeout=grace, stop=lambda: trainer.stop_signals > before)
+        self.pusher.close()  # waited for (and what did not land is reported below): the exit need not wait again
         if ok:
             return
         unpushed = self.pusher.unpushed()
         if trainer.stop_signals and unpushed:
-            self.pusher.close()
             end.handed_off = [self._upload_command(source, path_in_repo) for source, path_in_repo in unpushed]
             for command in end.handed_off:
                 print(f"stopped by signal before the push to {self.hub.model_id} completed; finish it with `{command}`",

@@ -37,12 +37,13 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def _local_files(data: Any) -> list[str]:
-    """Every local file the data section names (fields ending in `_file` or `_files`; globs expanded)."""
+    """Every local file the data section trains or evaluates on (fields ending in `_file` or `_files`, globs
+    expanded; not `test_file`: the test split is only predicted at the end, it does not change what is trained)."""
     from .config import resolve_path
 
     found: list[str] = []
     for name, value in sorted(vars(data).items()):
-        if not name.endswith(("_file", "_files")) or not value:
+        if not name.endswith(("_file", "_files")) or name.startswith("test") or not value:
             continue
         for spec in [value] if isinstance(value, (str, os.PathLike)) else list(value):
             path = resolve_path(os.fspath(spec))

@@ -259,7 +259,7 @@ class HubPusher:
         return [(request.source, request.path_in_repo) for request in requests]
 
     def close(self) -> None:
-        """Stop caring about queued pushes (they were handed to the user): the exit does not wait for them."""
+        """Stop caring about queued pushes (waited for, or handed to the user): the exit does not wait for them."""
         self._closed = True
 
     def _wait_at_exit(self) -> None:
