@@ -58,10 +58,8 @@ def data_fingerprint(data: Any) -> dict[str, str]:
         return {}
     prints: dict[str, str] = {}
     prepared = getattr(data, "prepared", None)
-    if prepared and os.path.isdir(prepared):  # the manifest describes the tokenized shards and their source
-        for manifest in sorted(Path(prepared).glob("*.json")):
-            prints[f"prepared/{manifest.name}"] = f"{manifest.stat().st_size} bytes, sha256 {sha256_file(manifest)}"
-        return prints
+    if prepared and os.path.isdir(prepared):
+        return _prepared_fingerprint(Path(prepared))
     if getattr(data, "dataset_name", None):
         for key in _HUB_KEYS:
             if getattr(data, key, None) is not None:
@@ -74,6 +72,22 @@ def data_fingerprint(data: Any) -> dict[str, str]:
     for path in files:
         name = os.path.relpath(os.path.abspath(path), root)
         prints[name] = f"{os.path.getsize(path)} bytes, sha256 {sha256_file(path)}"
+    return prints
+
+
+def _prepared_fingerprint(folder: Path) -> dict[str, str]:
+    """A prepared corpus (`python -m pretrain.data prepare`): the sources its manifest records (name, size,
+    sha256), and the tokenized shards (their records, sha256 each, hashed together)."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):  # not (yet) a complete prepared folder: its json files as they are
+        return {f"prepared {p.name}": f"{p.stat().st_size} bytes, sha256 {sha256_file(p)}" for p in folder.glob("*.json")}
+    prints = {}
+    for split, sources in sorted((manifest.get("sources") or {}).items()):
+        for source in sources:
+            prints[f"{split}: {source['name']}"] = f"{source['bytes']} bytes, sha256 {source['sha256']}"
+    shards = json.dumps(manifest.get("shards"), sort_keys=True).encode()
+    prints["prepared shards"] = f"{len(shards)} bytes, sha256 {hashlib.sha256(shards).hexdigest()}"
     return prints
 
 

@@ -2,23 +2,18 @@
 end-of-run callbacks on errors, a stop signal during a stalled final push, an unverifiable damaged checkpoint."""
 
 import json
-import os
 import shutil
 import signal
 import socket
-import sys
 import time
 
 import pytest
 from kiln_testing import REPO, losses, run
-from test_faults import ACCELERATE, QUICK, _children, _cli, _cli_in_process
+from test_faults import KILN_LAUNCH, QUICK, _cli, _cli_in_process
+from test_launching import _children
 
 from kiln.config import ConfigError
 from kiln.trainer import find_checkpoints
-
-# exit status 1 through a launcher of another checkout ends in accelerate's CalledProcessError traceback (issue 24
-# item 22, the launcher's business): runs that fail are started as fresh `python pretrain/run.py` processes
-PYTHON = (sys.executable,)
 
 
 def _lines_until(proc, marker: str, timeout: float = 240) -> list[str]:
@@ -78,7 +73,7 @@ def test_resume_refuses_a_changed_corpus_with_one_line_naming_the_file(tmp_path,
 def test_a_loss_far_above_its_lowest_stops_the_run_as_diverged_with_no_export(tmp_path):
     out = tmp_path / "diverged"
     proc = _cli(["--training.output_dir", out, "--training.lr", 1e3, "--training.max_steps", 9,
-                 "--training.save_steps", 3, *QUICK], launcher=PYTHON)  # fmt: skip
+                 "--training.save_steps", 3, *QUICK], launcher=KILN_LAUNCH)  # fmt: skip
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, output
     last = output.strip().splitlines()[-1]
@@ -101,7 +96,7 @@ def test_a_loss_far_above_its_lowest_stops_the_run_as_diverged_with_no_export(tm
 def test_a_second_run_into_a_busy_output_folder_is_refused_with_one_line(tmp_path, capsys):
     out = tmp_path / "shared"
     args = ["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0, *QUICK]
-    first = _cli(args, launcher=ACCELERATE)
+    first = _cli(args, launcher=KILN_LAUNCH)
     try:
         metrics = out / "metrics.jsonl"
         deadline = time.time() + 240
@@ -113,7 +108,7 @@ def test_a_second_run_into_a_busy_output_folder_is_refused_with_one_line(tmp_pat
         assert code == 2
         assert last == (f"error: output_dir {out} is in use by another run (PID {child} on {socket.gethostname()}); "
                         "wait for it to end, stop it, or pick another --training.output_dir")  # fmt: skip
-        os.kill(child, signal.SIGTERM)
+        first.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler does: it forwards it
         output, _ = first.communicate(timeout=120)
     finally:
         first.kill()
@@ -136,7 +131,7 @@ def test_an_error_in_the_loop_still_waits_for_queued_pushes_and_closes_the_track
     proc = _cli(["--training.output_dir", out, "--training.lr", 1e6, "--training.max_steps", 20,
                  "--training.save_steps", 2, *QUICK, "--logging.report_to", "tensorboard",
                  "--hub.push_to_hub", "--hub.model_id", "kiln-test/nan", "--hub.strategy", "every_save"],
-                launcher=PYTHON)  # fmt: skip
+                launcher=KILN_LAUNCH)  # fmt: skip
     try:
         lines = _lines_until(proc, "waiting (at most")  # a run that does not wait just ends
         assert gate.entered.is_set(), "".join(lines)
@@ -165,13 +160,12 @@ def test_a_stop_signal_during_a_stalled_final_push_ends_the_run_with_the_hf_uplo
     out = tmp_path / "stalled"
     proc = _cli(["--training.output_dir", out, "--training.max_steps", 2, "--training.save_steps", 0, *QUICK,
                  "--hub.push_to_hub", "--hub.model_id", "kiln-test/stalled", "--hub.timeout_s", 60,
-                 "--hub.final_push_timeout_s", 600], launcher=ACCELERATE)  # fmt: skip
+                 "--hub.final_push_timeout_s", 600], launcher=KILN_LAUNCH)  # fmt: skip
     try:
         lines = _lines_until(proc, "final model saved in")
-        (child,) = _children(proc.pid)
         time.sleep(1)  # the push is under way, stalled
         signalled = time.monotonic()
-        os.kill(child, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler does: it forwards it
         rest, _ = proc.communicate(timeout=60)
         took = time.monotonic() - signalled
     finally:
