@@ -24,6 +24,9 @@ class FakeAccelerator:
     def main_process_first(self):
         return contextlib.nullcontext()
 
+    def local_main_process_first(self):
+        return contextlib.nullcontext()
+
 
 @pytest.fixture(scope="module")
 def tokenizer():
