@@ -444,11 +444,15 @@ def run_cli(
     launcher.stop_with_launcher()
     if not ("-h" in (argv or sys.argv) or "--help" in (argv or sys.argv)):
         launcher.default_cpu_threads()
+        launcher.watch_for_failures()
     _stop_on_sigterm()
     try:
         return main(argv)
     except SignalStop as stop:  # SIGTERM outside the training loop (the Trainer holds it while it runs)
         _close_progress_bars()
+        failed = launcher.failed_first()
+        if failed:  # the launcher stops this process because another one failed: that one says why
+            launcher.end_after_peer(failed)
         print(
             f"stopped by {stop.name} outside the training loop; checkpoints and models completed before it are kept",
             file=sys.stderr,
@@ -464,20 +468,27 @@ def run_cli(
         )
         raise SystemExit(130) from None
     except Exception as err:
+        _absorb_stop_signals()  # this process is ending already: a SIGTERM (a launcher stopping the others once
+        # one failed) must not interrupt the report with a SignalStop traceback
         known = (ConfigError, *(user_errors() if callable(user_errors) else user_errors))
         if isinstance(err, known):
             message, status = _one_line(err), 2
-            if _other_rank():  # a bad setting or input fails every process alike: the first one says it
-                _close_progress_bars()
-                raise SystemExit(status) from None
         elif isinstance(err, RunError):
             message, status = _one_line(err), 1
         elif as_disk_fault(err) is not None:
             message, status = disk_error_message(as_disk_fault(err)), 2
         else:
-            raise
+            message, status = None, 1
+        if not launcher.claim_failure():  # several processes, and another failed first (alike, or so that this
+            _close_progress_bars()  # one's collective failed): that one says why, this one ends quietly
+            launcher.end_after_peer(launcher.failed_first() or "another process", status)
+        if message is None:
+            raise  # not a mistake of the user's: the traceback, from the process that failed first
         _close_progress_bars()
-        print(f"error: {message}", file=sys.stderr)
+        name = launcher.process_name()
+        print(f"error: {message}" + (f" ({name})" if name else ""), file=sys.stderr)
+        if name:  # one of several processes: torch's teardown of the process group waits for the peers that
+            launcher.end_now(status)  # are stopping because of this failure (measured: 7-10 s); nothing is left to save
         raise SystemExit(status) from None
 
 
@@ -528,8 +539,9 @@ def _stop_on_sigterm() -> None:
 
 
 def _absorb_stop_signals() -> None:
-    """Once a stop is being reported, further SIGINT/SIGTERM (a Ctrl-C reaching this process from the terminal
-    and again from a forwarding launcher) must not interrupt the report with a traceback."""
+    """Once a stop or an error is being reported, further SIGINT/SIGTERM (a Ctrl-C reaching this process from the
+    terminal and again from a forwarding launcher; torchrun stopping the other processes) must not interrupt the
+    report with a traceback."""
     import signal
 
     global STOPPING
@@ -538,14 +550,6 @@ def _absorb_stop_signals() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread
         pass
-
-
-def _other_rank() -> bool:
-    """Whether this is one of several processes of a torchrun-style launch, other than the first."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) != 0
-    except ValueError:
-        return False
 
 
 def _close_progress_bars() -> None:

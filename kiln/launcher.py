@@ -121,6 +121,146 @@ def _accelerator_available() -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# Several processes, one or more nodes: a failure is said once, by the process that failed, and the others stop
+#
+# The processes of a torchrun launch share a key-value store, torchrun's own rendezvous store (at MASTER_ADDR:
+# MASTER_PORT, hosted by node 0's agent). The first process to fail claims the failure there before it says
+# anything; the others, whose collectives then fail ("Connection closed by peer") or who wait for a process that
+# will never come, find the claim and end quietly with status 1 instead of their own traceback. A process on
+# another node than the one that failed says where the error is, in one line that is not an error of its own.
+
+FAILURE_KEY = "kiln/failure"
+_board = None  # the store client, once connected (None: a single process, or no store reachable)
+_board_tried = False
+_claimed = False  # this process failed first and says so
+_ending = None  # a lock: the main thread and the watcher must not both end the process
+
+
+def several_processes() -> bool:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+def process_name() -> str:
+    """`node 1, rank 2 of 4` (several nodes), `rank 1 of 2` (one node), '' for a single process."""
+    if not several_processes():
+        return ""
+    rank, world = os.environ.get("RANK", "?"), os.environ["WORLD_SIZE"]
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1) > 1:
+        return f"node {os.environ.get('GROUP_RANK', '?')}, rank {rank} of {world}"
+    return f"rank {rank} of {world}"
+
+
+def _failure_board():
+    """A client of torchrun's rendezvous store, or None (one process, not under torchrun, unreachable)."""
+    global _board, _board_tried, _ending
+    if _board_tried or not several_processes() or not under_torchrun():
+        return _board
+    _board_tried = True
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port:
+        return None
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        _board = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+    except Exception:  # noqa: BLE001  (any failure to reach it: each process then speaks for itself)
+        return None
+    _ending = threading.Lock()
+    return _board
+
+
+def _key() -> str:
+    return f"{FAILURE_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def claim_failure() -> bool:
+    """Whether this process is the first of its run to fail, and so the one to say it (True when it is alone
+    or the store cannot be reached: better said twice than never)."""
+    global _claimed
+    board = _failure_board()
+    if board is None:
+        return True
+    name = process_name()
+    _claimed = True  # before the claim is visible: this process's own watcher must not end it
+    try:  # atomic: the key is set only where it is absent, and the value read back names the first
+        _claimed = board.compare_set(_key(), "", name).decode() == name
+    except Exception:  # noqa: BLE001
+        return True
+    return _claimed
+
+
+def failed_first() -> str | None:
+    """The process that failed first (`node 1, rank 2 of 4`) if another process of this run has failed."""
+    board = _failure_board()
+    if board is None or _claimed:
+        return None
+    try:
+        return board.get(_key()).decode() if board.check([_key()]) else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def end_after_peer(who: str, status: int = 1) -> None:
+    """End this process quietly, with `status`, because `who` failed first; on another node than `who`'s, its
+    first process says where the error is (each node's console shows only its own processes)."""
+    if _ending is not None and not _ending.acquire(blocking=True, timeout=30):
+        return
+    node = os.environ.get("GROUP_RANK", "0")
+    if os.environ.get("LOCAL_RANK", "0") == "0" and not who.startswith(f"node {node},") and who.startswith("node"):
+        print(f"stopped: {who} failed; its error is in that node's output", file=sys.stderr, flush=True)
+    end_now(status)
+
+
+def end_now(status: int) -> None:
+    """Exit at once (output flushed), skipping the interpreter's teardown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def watch_for_failures(interval_s: float = 0.5) -> None:
+    """Start a thread that ends this process (status 1) as soon as another process of the run fails: a process
+    waiting in a collective or in the start-up rendezvous for a process that is gone would otherwise wait for
+    the backend's timeout (minutes) or end in its traceback."""
+    if _failure_board() is None:
+        return
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:  # a connection of its own: the main thread's client may be in use when this one asks
+        board = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
+        )
+    except Exception:  # noqa: BLE001
+        return
+
+    def watch():
+        key = _key()
+        while True:
+            time.sleep(interval_s)
+            try:
+                if not board.check([key]):
+                    continue
+                who = board.get(key).decode()
+            except Exception:  # noqa: BLE001  (the store is gone: the run ended)
+                return
+            if not _claimed:
+                end_after_peer(who)
+            return
+
+    threading.Thread(target=watch, name="kiln-failure-watch", daemon=True).start()
+
+
+# ------------------------------------------------------------------------------------------------------------
 # kiln-launch: accelerate launch, ending as the training processes end
 
 

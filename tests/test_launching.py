@@ -13,6 +13,7 @@ installed one alike.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -191,9 +192,58 @@ def test_multi_process_kiln_launch_ends_on_the_one_line_error_said_once(tmp_path
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, output
     line = "error: training.lr must be a non-negative number, got -1.0"
-    assert output.strip().splitlines()[-1] == line, output
+    assert re.fullmatch(re.escape(line) + r" \(rank [01] of 2\)", output.strip().splitlines()[-1]), output
     assert output.count(line) == 1, output  # every process finds it; the first one says it
     assert "Traceback" not in output and "ChildFailedError" not in output and "exitcode" not in output
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("launcher", ["python -m accelerate.commands.launch", "kiln-launch"])
+def test_an_error_on_one_node_is_said_once_by_that_process_and_every_node_stops(tmp_path, launcher):
+    """Two nodes of one process each on loopback (gloo); node 1 cannot read the data (as on a node-local disk
+    that lacks it). Node 1's process says so in one line naming it; node 0's process, whose first collective
+    with it fails, stops without a traceback and says where the error is. Under accelerate's launcher torchrun
+    then adds its ChildFailedError report on each node (docs/launching.md); under kiln-launch nothing follows."""
+    port = _free_port()
+    head = PYTHON_M_ACCELERATE if launcher.startswith("python") else KILN_LAUNCH
+    missing = tmp_path / "not-on-node-1" / "*.txt"
+    nodes = []
+    for node in (0, 1):
+        node_args = ("--multi_gpu", "--num_machines", "2", "--machine_rank", str(node), "--num_processes", "2",
+                     "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--rdzv_backend", "static",
+                     "--mixed_precision", "no", "--dynamo_backend", "no")  # fmt: skip
+        run_args = ["--training.output_dir", tmp_path / "run", "--training.max_steps", 20, *QUICK]
+        if node == 1:
+            run_args += ["--data.data_files", missing]
+        nodes.append(_launch((*head, *node_args), run_args, env_extra=CPU_PROCESSES))
+    outputs = []
+    try:
+        for proc in nodes:
+            outputs.append(proc.communicate(timeout=300)[0])
+    finally:
+        for proc in nodes:
+            proc.kill()
+    node0, node1 = outputs
+    said = [line for line in node1.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and said[0].endswith("matches no files (relative paths start at the repo root); fix the "
+                                               "path (node 1, rank 1 of 2)"), node1  # fmt: skip
+    assert "error: " not in node0 and "Connection closed by peer" not in node0 + node1, node0
+    assert "stopped: node 1, rank 1 of 2 failed; its error is in that node's output" in node0, node0
+    assert not (tmp_path / "run" / "checkpoints").exists() or not find_checkpoints(tmp_path / "run")
+    if launcher == "kiln-launch":
+        assert [proc.returncode for proc in nodes] == [1, 2], outputs
+        assert node1.strip().splitlines()[-1] == said[0] and "Traceback" not in node0 + node1, outputs
+        assert node0.strip().splitlines()[-1].startswith("stopped: node 1"), node0
+    else:  # what torchrun adds, on both nodes
+        assert [proc.returncode for proc in nodes] == [1, 1] and "ChildFailedError" in node0 and "ChildFailedError" in node1
+        assert "[rank0]: Traceback" not in node0 and "[rank1]: Traceback" not in node1, outputs
 
 
 def test_kiln_launch_leaves_other_scripts_as_accelerate_ends_them(tmp_path):
