@@ -61,23 +61,35 @@ SAVED_CONFIG_DEFAULTS = {"sparse_prediction": False, "chunked_mlm_loss": False}
 
 
 def save_model_files(accelerator: Accelerator, model, tokenizer, save_dir: Path) -> None:
-    """save_pretrained (safetensors, with auto_map and code files) + tokenizer; main process writes."""
+    """save_pretrained (safetensors, with auto_map and code files) + tokenizer; main process writes.
+
+    A model trained as several (ELECTRA: a discriminator and its generator) names them in `saved_parts()`,
+    {folder relative to save_dir: (state-dict prefix, sub-model)}: each is saved as an ordinary model folder."""
     state_dict = accelerator.get_state_dict(model)  # gathers FSDP/DeepSpeed shards
     if accelerator.is_main_process:
-        save_dir.mkdir(parents=True, exist_ok=True)
         with plain_class(accelerator.unwrap_model(model)) as unwrapped:
-            config = unwrapped.config
-            in_training = {name: getattr(config, name) for name in SAVED_CONFIG_DEFAULTS if hasattr(config, name)}
-            try:
-                for name in in_training:
-                    setattr(config, name, SAVED_CONFIG_DEFAULTS[name])
-                unwrapped.save_pretrained(save_dir, state_dict=state_dict, safe_serialization=True)
-            finally:
-                for name, value in in_training.items():
-                    setattr(config, name, value)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(save_dir)
+            saved_parts = getattr(unwrapped, "saved_parts", None)
+            parts = saved_parts() if saved_parts is not None else {"": ("", unwrapped)}
+            for folder, (prefix, part) in parts.items():
+                part_state = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+                _save_pretrained(part, part_state, save_dir / folder, tokenizer)
     accelerator.wait_for_everyone()
+
+
+def _save_pretrained(model, state_dict: dict, save_dir: Path, tokenizer) -> None:
+    """`model.save_pretrained` with the training-only fast paths off in the saved config, and the tokenizer."""
+    save_dir.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    in_training = {name: getattr(config, name) for name in SAVED_CONFIG_DEFAULTS if hasattr(config, name)}
+    try:
+        for name in in_training:
+            setattr(config, name, SAVED_CONFIG_DEFAULTS[name])
+        model.save_pretrained(save_dir, state_dict=state_dict, safe_serialization=True)
+    finally:
+        for name, value in in_training.items():
+            setattr(config, name, value)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(save_dir)
 
 
 def check_finite_weights(model, save_dir: Path) -> None:

@@ -215,17 +215,19 @@ def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerat
 
 class _TiedWeightsFilter(logging.Filter):
     """Drops accelerate's "Removed shared tensor {...} while saving" when every name is a tied output projection
-    (`mlm_head.decoder.weight`, `lm_head.weight`): safetensors stores tied weights once and loading re-ties them,
-    so the warning came with every checkpoint and meant nothing. Any other shared tensor still warns."""
+    (`mlm_head.decoder.weight`, `lm_head.weight`) or an ELECTRA generator's embeddings (the discriminator's):
+    safetensors stores shared weights once and loading re-ties them, so the warning came with every checkpoint
+    and meant nothing. Any other shared tensor still warns."""
 
     TIED = ("mlm_head.decoder.weight", "lm_head.weight")
+    SHARED = ("generator.model.embeddings.",)  # ELECTRA: the generator's embeddings are the discriminator's
 
     def filter(self, record: logging.LogRecord) -> bool:
         match = re.search(r"Removed shared tensor \{(.*?)\} while saving", record.getMessage())
         if match is None:
             return True
         names = [name.strip(" '\"") for name in match.group(1).split(",")]
-        return not all(name.endswith(self.TIED) for name in names)
+        return not all(name.endswith(self.TIED) or name.startswith(self.SHARED) for name in names)
 
 
 def quiet_tied_weight_warning() -> None:
@@ -626,6 +628,10 @@ class Trainer:
     `num_items_in_batch`): accumulation 4 x batch 2, accumulation 1 x batch 8 and 2 processes x batch 4 take
     the same step, also when micro-batches hold different numbers of masked tokens, and a partial window at an
     epoch's end is one step over what it holds.
+
+    `loss_weights`: the weight of each loss part in the objective (default 1), e.g. ELECTRA's lambda on the
+    discriminator's loss. A part weighted 0 is only logged, as a per-item mean (e.g. an accuracy). Parts are
+    logged unweighted; `train/loss` is the weighted sum the step minimises.
     """
 
     def __init__(
@@ -645,6 +651,7 @@ class Trainer:
         callbacks: Sequence[TrainerCallback] = (),
         num_workers: int = 0,
         loss_items: LossItems | None = None,
+        loss_weights: dict[str, float] | None = None,
         run_config: Any = None,
     ):
         self.accelerator = accelerator
@@ -664,6 +671,7 @@ class Trainer:
         self.num_workers = num_workers
         # the collator that builds the labels knows what each loss part averages over (MLM: masked tokens)
         self.loss_items = loss_items or getattr(collator, "loss_items", None) or count_loss_items
+        self.loss_weights = dict(loss_weights or {})
         self.run_config = run_config
         """The run's whole config (saved with each checkpoint, compared on resume); None: neither."""
         self.output_dir = Path(training.output_dir)
@@ -1204,6 +1212,10 @@ class Trainer:
                         continue  # e.g. no masked token in this micro-batch: its mean would be NaN
                     term = value * (items / global_counts[name])
                     parts[name] = parts[name] + term.detach()
+                    weight = self.loss_weights.get(name, 1.0)
+                    if not weight:
+                        continue  # logged only
+                    term = term * weight if weight != 1.0 else term
                     objective = term if objective is None else objective + term
                 if objective is None:  # nothing to learn from here; keep every process's backward in step
                     objective = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
@@ -1212,16 +1224,19 @@ class Trainer:
         grad_norm = acc.clip_grad_norm_(model.parameters(), max_norm)
         if self._skip_nonfinite(parts, grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
-            if "loss" not in parts and parts:
-                parts["loss"] = sum(parts.values())
+            self._add_total(parts)
             return parts, grad_norm, int(totals[-1])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if not acc.optimizer_step_was_skipped:  # fp16 overflow: no step taken, so the schedule does not move
             self.scheduler.step()
-        if "loss" not in parts and parts:
-            parts["loss"] = sum(parts.values())  # e.g. MLM + NSP: the total the model optimises
+        self._add_total(parts)
         return parts, grad_norm, int(totals[-1])
+
+    def _add_total(self, parts: dict[str, torch.Tensor]) -> None:
+        """`loss`: the weighted sum of the parts, the total the model optimises (e.g. MLM + NSP)."""
+        if "loss" not in parts and parts:
+            parts["loss"] = sum(value * self.loss_weights.get(name, 1.0) for name, value in parts.items())
 
     def _skip_nonfinite(self, parts: dict[str, torch.Tensor], grad_norm) -> bool:
         """True when this step's loss or gradient norm is NaN/inf: the step is then not applied (the weights stay

@@ -18,7 +18,11 @@ class ModelConfig:
     kind: str = "encoder"
     """`encoder` (BERT-like, masked LM) or `decoder` (GPT-like, causal LM)."""
     objective: str = "mlm+nsp"
-    """Encoder pretraining objective: `mlm+nsp`, `mlm+sop` (sentence-order prediction) or `mlm`. Decoders always use `clm`."""
+    """Encoder pretraining objective: `mlm+nsp`, `mlm+sop` (sentence-order prediction), `mlm`, or `electra` (replaced-token detection with a small MLM generator, docs/electra.md). Decoders always use `clm`."""
+    generator_size: float = 0.25
+    """ELECTRA only: the generator's hidden size, attention heads and feed-forward width as a fraction of this model's (the paper's 1/4); same depth."""
+    discriminator_weight: float = 50.0
+    """ELECTRA only: lambda, the weight of the discriminator's replaced-token loss beside the generator's MLM loss (the paper's 50)."""
     init_from: str | None = None
     """Start from this Kiln checkpoint (local folder or Hub id) instead of random weights."""
     hidden_size: int = 128

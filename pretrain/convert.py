@@ -1,10 +1,13 @@
-"""Convert transformers BERT / GPT-2 models to Kiln and back: the proof that Kiln computes the same function.
+"""Convert transformers BERT / ELECTRA / GPT-2 models to Kiln and back: the proof that Kiln computes the same
+function.
 
     from_transformers(BertModel | BertForPreTraining | BertForMaskedLM | BertForNextSentencePrediction
                       | BertForSequenceClassification | BertForMultipleChoice | BertForTokenClassification
-                      | BertForQuestionAnswering | GPT2Model | GPT2LMHeadModel | GPT2ForSequenceClassification
-                      | GPT2ForTokenClassification) -> matching Kiln model
-    to_transformers(Kiln model) -> matching transformers model
+                      | BertForQuestionAnswering | ElectraModel | ElectraForPreTraining (discriminator)
+                      | ElectraForMaskedLM (generator) | GPT2Model | GPT2LMHeadModel
+                      | GPT2ForSequenceClassification | GPT2ForTokenClassification) -> matching Kiln model
+    to_transformers(Kiln model, family=None) -> matching transformers model (BERT, or ELECTRA for the
+                      discriminator and for encoders with an embedding projection; family="electra" forces it)
 
 Layouts differ in two places only: Kiln fuses the query/key/value projections into one `qkv` Linear (BERT's
 three Linears are concatenated along the output dimension), and GPT-2's Conv1D stores weights transposed.
@@ -36,10 +39,12 @@ from pretrain.modeling import (
     KilnEncoderForNextSentencePrediction,
     KilnEncoderForPreTraining,
     KilnEncoderForQuestionAnswering,
+    KilnEncoderForReplacedTokenDetection,
     KilnEncoderForSequenceClassification,
     KilnEncoderForTokenClassification,
     KilnEncoderModel,
 )
+from pretrain.modeling.modeling_kiln_encoder import embedding_width
 
 # transformers class name -> Kiln class; the reverse direction uses the same table
 ENCODER_CLASSES = {
@@ -58,8 +63,17 @@ DECODER_CLASSES = {
     "GPT2ForSequenceClassification": KilnDecoderForSequenceClassification,
     "GPT2ForTokenClassification": KilnDecoderForTokenClassification,
 }
-TO_KILN = {**ENCODER_CLASSES, **DECODER_CLASSES}
-TO_TRANSFORMERS = {kiln_class: name for name, kiln_class in TO_KILN.items()}
+# ELECTRA's discriminator and generator are BERT-shaped encoders with other heads (and, in the generator, an
+# embedding projection); ElectraModel has no pooler
+ELECTRA_CLASSES = {
+    "ElectraModel": KilnEncoderModel,
+    "ElectraForPreTraining": KilnEncoderForReplacedTokenDetection,
+    "ElectraForMaskedLM": KilnEncoderForMaskedLM,
+}
+TO_KILN = {**ENCODER_CLASSES, **ELECTRA_CLASSES, **DECODER_CLASSES}
+TO_TRANSFORMERS = {kiln_class: name for name, kiln_class in {**ENCODER_CLASSES, **DECODER_CLASSES}.items()}
+TO_ELECTRA = {kiln_class: name for name, kiln_class in ELECTRA_CLASSES.items()}
+TO_TRANSFORMERS[KilnEncoderForReplacedTokenDetection] = "ElectraForPreTraining"
 
 ENCODER_FIELDS = (
     "vocab_size",
@@ -119,6 +133,25 @@ def encoder_config_from_bert(config: BertConfig) -> KilnEncoderConfig:
     return KilnEncoderConfig(position_embedding_type="learned", **fields, **_task_fields(config))
 
 
+def encoder_config_from_electra(config: transformers.ElectraConfig) -> KilnEncoderConfig:
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        raise ValueError(
+            f"ELECTRA position_embedding_type={config.position_embedding_type!r} is not supported by Kiln."
+        )
+    if not isinstance(config.hidden_act, str):
+        raise ValueError("Only string hidden_act (e.g. 'gelu') can be converted.")
+    fields = {name: getattr(config, name) for name in ENCODER_FIELDS}
+    embedding_size = config.embedding_size if config.embedding_size != config.hidden_size else None
+    return KilnEncoderConfig(
+        position_embedding_type="learned", embedding_size=embedding_size, **fields, **_task_fields(config)
+    )
+
+
+def electra_config_from_encoder(config: KilnEncoderConfig) -> transformers.ElectraConfig:
+    fields = {name: getattr(config, name) for name in ENCODER_FIELDS}
+    return transformers.ElectraConfig(embedding_size=embedding_width(config), **fields, **_task_fields(config))
+
+
 def bert_config_from_encoder(config: KilnEncoderConfig) -> BertConfig:
     # A sinusoidal table becomes BERT's learned table (initialised to it): same function
     fields = {name: getattr(config, name) for name in ENCODER_FIELDS}
@@ -145,9 +178,47 @@ def gpt2_config_from_decoder(config: KilnDecoderConfig) -> GPT2Config:
 # ------------------------------------------------------------------------------------------------ state dicts
 def _prefixes(name: str) -> tuple[str, str]:
     """(transformers, Kiln) prefix of the base model's keys; bare models have none."""
-    if name in ("BertModel", "GPT2Model"):
+    if name in ("BertModel", "ElectraModel", "GPT2Model"):
         return "", ""
-    return ("bert." if name.startswith("Bert") else "transformer."), "model."
+    family = next(prefix for family, prefix in FAMILY_PREFIXES.items() if name.startswith(family))
+    return family, "model."
+
+
+FAMILY_PREFIXES = {"Bert": "bert.", "Electra": "electra.", "GPT2": "transformer."}
+# ELECTRA head and projection names -> Kiln's (both directions; the encoder blocks are named as in BERT)
+ELECTRA_HEADS = {
+    "discriminator_predictions.dense.": "discriminator_head.dense.",
+    "discriminator_predictions.dense_prediction.": "discriminator_head.dense_prediction.",
+    "generator_predictions.dense.": "mlm_head.dense.",
+    "generator_predictions.LayerNorm.": "mlm_head.layer_norm.",
+    "generator_lm_head.": "mlm_head.decoder.",
+}
+
+
+def electra_to_kiln_state(electra: dict, num_layers: int, name: str) -> dict:
+    b, k = _prefixes(name)
+    out = bert_to_kiln_state(electra, num_layers, name)
+    for p in ("weight", "bias"):
+        if f"{b}embeddings_project.{p}" in electra:
+            out[f"{k}embeddings_project.{p}"] = electra[f"{b}embeddings_project.{p}"]
+        for theirs, ours in ELECTRA_HEADS.items():
+            if f"{theirs}{p}" in electra:
+                out[f"{ours}{p}"] = electra[f"{theirs}{p}"]
+    return out
+
+
+def kiln_to_electra_state(kiln: dict, num_layers: int, name: str) -> dict:
+    b, k = _prefixes(name)
+    out = kiln_to_bert_state(kiln, num_layers, name, position_table=None)
+    for key in [key for key in out if key.startswith("cls.")]:  # BERT's MLM head names: ELECTRA's come below
+        del out[key]
+    for p in ("weight", "bias"):
+        if f"{k}embeddings_project.{p}" in kiln:
+            out[f"{b}embeddings_project.{p}"] = kiln[f"{k}embeddings_project.{p}"]
+        for theirs, ours in ELECTRA_HEADS.items():
+            if f"{ours}{p}" in kiln:
+                out[f"{theirs}{p}"] = kiln[f"{ours}{p}"]
+    return out
 
 
 def bert_to_kiln_state(bert: dict, num_layers: int, name: str) -> dict:
@@ -316,14 +387,39 @@ def from_transformers(model: torch.nn.Module) -> torch.nn.Module:
     if name in ENCODER_CLASSES:
         config = encoder_config_from_bert(model.config)
         kiln_state = bert_to_kiln_state(state, config.num_hidden_layers, name)
+    elif name in ELECTRA_CLASSES:
+        config = encoder_config_from_electra(model.config)
+        if name == "ElectraForMaskedLM" and config.hidden_act != "gelu":
+            raise ValueError(
+                f"ElectraForMaskedLM's head always uses gelu, but this model's hidden_act is {config.hidden_act!r}; "
+                "Kiln's MLM head uses hidden_act, so the converted generator would compute another function."
+            )
+        kiln_state = electra_to_kiln_state(state, config.num_hidden_layers, name)
+        if name == "ElectraModel":
+            return _build(KilnEncoderModel, config, kiln_state, model, add_pooling_layer=False)
     else:
         config = decoder_config_from_gpt2(model.config)
         kiln_state = gpt2_to_kiln_state(state, config.num_hidden_layers, name)
     return _build(TO_KILN[name], config, kiln_state, model, **_pooling_kwargs(name, model))
 
 
-def to_transformers(model: torch.nn.Module) -> torch.nn.Module:
-    """A Kiln model -> the matching transformers BERT / GPT-2 model, same weights (config converted too)."""
+def electra_shaped(model: torch.nn.Module) -> bool:
+    """A Kiln encoder only ELECTRA's classes can hold: the discriminator, or embeddings of their own width."""
+    config = model.config
+    return isinstance(model, KilnEncoderForReplacedTokenDetection) or (
+        isinstance(config, KilnEncoderConfig) and embedding_width(config) != config.hidden_size
+    )
+
+
+def to_transformers(model: torch.nn.Module, family: str | None = None) -> torch.nn.Module:
+    """A Kiln model -> the matching transformers BERT / ELECTRA / GPT-2 model, same weights (config converted
+    too). `family`: "bert" or "electra" for an encoder (None: ELECTRA where only ELECTRA fits, else BERT)."""
+    if family not in (None, "bert", "electra"):
+        raise ValueError(f"family={family!r}: use 'bert' or 'electra'.")
+    if family == "electra" or (family is None and electra_shaped(model)):
+        return _to_electra(model)
+    if electra_shaped(model):
+        raise ValueError(f"{type(model).__name__} with these shapes has no BERT equivalent; convert it to ELECTRA.")
     if type(model) not in TO_TRANSFORMERS:
         supported = ", ".join(kiln_class.__name__ for kiln_class in TO_TRANSFORMERS)
         raise ValueError(f"Cannot convert {type(model).__name__}; supported: {supported}.")
@@ -338,6 +434,25 @@ def to_transformers(model: torch.nn.Module) -> torch.nn.Module:
         config = gpt2_config_from_decoder(model.config)
         hf_state = kiln_to_gpt2_state(state, config.num_hidden_layers, name)
     return _build(getattr(transformers, name), config, hf_state, model, **_pooling_kwargs(name, model))
+
+
+def _to_electra(model: torch.nn.Module) -> torch.nn.Module:
+    if type(model) not in TO_ELECTRA:
+        supported = ", ".join(kiln_class.__name__ for kiln_class in TO_ELECTRA)
+        raise ValueError(f"Cannot convert {type(model).__name__} to ELECTRA; supported: {supported}.")
+    name = TO_ELECTRA[type(model)]
+    config = model.config
+    if getattr(model, "pooler", None) is not None:
+        raise ValueError("ElectraModel has no pooler; convert a KilnEncoderModel built with add_pooling_layer=False.")
+    if config.position_embedding_type != "learned":
+        raise ValueError("ELECTRA has learned positions only; convert a model with position_embedding_type=learned.")
+    if name == "ElectraForMaskedLM" and config.hidden_act != "gelu":
+        raise ValueError(
+            f"ElectraForMaskedLM's head always uses gelu, but this model's hidden_act is {config.hidden_act!r}."
+        )
+    state = {key: value.detach() for key, value in model.state_dict().items()}
+    electra_state = kiln_to_electra_state(state, config.num_hidden_layers, name)
+    return _build(getattr(transformers, name), electra_config_from_encoder(config), electra_state, model)
 
 
 # -------------------------------------------------------------------------------------------------------- CLI
@@ -360,9 +475,9 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     config = json.loads(config_file.read_text())
     model_type = config.get("model_type")
     architecture = (config.get("architectures") or [None])[0]
-    if model_type in ("bert", "gpt2"):
-        default = "BertForPreTraining" if model_type == "bert" else "GPT2LMHeadModel"
-        name = architecture if architecture in TO_KILN else default
+    if model_type in ("bert", "electra", "gpt2"):
+        default = {"bert": "BertForPreTraining", "electra": "ElectraForPreTraining", "gpt2": "GPT2LMHeadModel"}
+        name = architecture if architecture in TO_KILN else default[model_type]
         converted = from_transformers(getattr(transformers, name).from_pretrained(src))
     elif model_type in ("kiln_encoder", "kiln_decoder"):
         by_name = {kiln_class.__name__: kiln_class for kiln_class in TO_TRANSFORMERS}
@@ -371,7 +486,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
         converted = to_transformers(kiln_class.from_pretrained(src))
     else:
         raise ValueError(
-            f"{src} holds a `{model_type}` model; only bert, gpt2, kiln_encoder, kiln_decoder convert."
+            f"{src} holds a `{model_type}` model; only bert, electra, gpt2, kiln_encoder, kiln_decoder convert."
         )
     converted.save_pretrained(dst)
     for file_name in TOKENIZER_FILES:
@@ -383,8 +498,10 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m pretrain.convert",
-        description="Convert a transformers BERT/GPT-2 checkpoint to Kiln, or a Kiln checkpoint to "
-        "BERT/GPT-2. The direction follows SRC_DIR's config.json model_type.",
+        description="Convert a transformers BERT/ELECTRA/GPT-2 checkpoint to Kiln, or a Kiln checkpoint to "
+        "BERT/ELECTRA/GPT-2. The direction follows SRC_DIR's config.json model_type; a Kiln ELECTRA discriminator "
+        "(final/ of an electra run) becomes ElectraForPreTraining, its generator (final/generator/) "
+        "ElectraForMaskedLM.",
     )
     parser.add_argument("src_dir", metavar="SRC_DIR", help="folder written by save_pretrained")
     parser.add_argument("dst_dir", metavar="DST_DIR", help="output folder (created)")

@@ -26,7 +26,8 @@ def _progress(loader, accelerator: Accelerator):
 
 @torch.no_grad()
 def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float]:
-    """MLM loss/accuracy over all masked tokens of the eval set (token-weighted), NSP/SOP loss/accuracy per pair."""
+    """MLM loss/accuracy over all masked tokens of the eval set (token-weighted), NSP/SOP loss/accuracy per pair;
+    for ELECTRA, the generator's MLM numbers and the discriminator's loss/accuracy over every real token."""
     sums: dict[str, list[torch.Tensor]] = {}
     for batch in _progress(loader, accelerator):
         outputs = model(**batch)
@@ -55,6 +56,8 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
             per_seq["nsp_correct"] = (nsp_logits.argmax(-1) == nsp_labels).double()
             per_seq["nsp_loss_sum"] = F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="none").double()
             per_seq["nsp_count"] = torch.ones(batch_size, device=labels.device, dtype=torch.float64)
+        if getattr(outputs, "replaced", None) is not None:  # ELECTRA's discriminator
+            per_seq.update(_replaced_token_sums(outputs, batch["attention_mask"].bool()))
         _sum_gathered(accelerator, sums, per_seq)
     total = {key: float(torch.stack(values).sum()) for key, values in sums.items()}
     metrics = {}
@@ -65,9 +68,32 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
     if total.get("nsp_count"):
         metrics["nsp_loss"] = total["nsp_loss_sum"] / total["nsp_count"]
         metrics["nsp_accuracy"] = total["nsp_correct"] / total["nsp_count"]
-    # the same definition as the training loss (MLM + NSP/SOP), so the two curves are comparable
-    metrics["loss"] = metrics.get("mlm_loss", float("nan")) + metrics.get("nsp_loss", 0.0)
+    if total.get("rtd_tokens"):
+        metrics["rtd_loss"] = total["rtd_loss_sum"] / total["rtd_tokens"]
+        metrics["rtd_accuracy"] = total["rtd_correct"] / total["rtd_tokens"]
+        metrics["replaced_fraction"] = total["replaced"] / total["rtd_tokens"]
+        metrics["replaced_recall"] = total["replaced_found"] / max(total["replaced"], 1.0)
+    # the same definition as the training loss (MLM + NSP/SOP, or MLM + lambda * RTD), so the curves compare
+    weight = getattr(accelerator.unwrap_model(model), "discriminator_weight", 1.0)
+    metrics["loss"] = (
+        metrics.get("mlm_loss", float("nan")) + metrics.get("nsp_loss", 0.0) + weight * metrics.get("rtd_loss", 0.0)
+    )
     return metrics
+
+
+def _replaced_token_sums(outputs, real: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per sequence: the discriminator's loss sum and right answers over its real tokens, how many of them the
+    generator replaced and how many of those the discriminator found."""
+    logits, replaced = outputs.discriminator_logits.float(), outputs.replaced.bool() & real
+    token_loss = F.binary_cross_entropy_with_logits(logits, replaced.float(), reduction="none")
+    judged = logits > 0
+    return {
+        "rtd_loss_sum": (token_loss * real).sum(-1).double(),
+        "rtd_correct": ((judged == replaced) & real).sum(-1).double(),
+        "rtd_tokens": real.sum(-1).double(),
+        "replaced": replaced.sum(-1).double(),
+        "replaced_found": (judged & replaced).sum(-1).double(),
+    }
 
 
 @torch.no_grad()

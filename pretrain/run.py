@@ -25,7 +25,7 @@ decoder (causal LM) from scratch: trains a tokenizer on the corpus (or reuses on
 shared accelerate loop with evaluation, resumable checkpoints and tracking, then saves output_dir/final/
 (safetensors, tokenizer, config, model card) and optionally pushes it to the Hugging Face Hub."""
 
-ENCODER_OBJECTIVES = ("mlm+nsp", "mlm+sop", "mlm")
+ENCODER_OBJECTIVES = ("mlm+nsp", "mlm+sop", "mlm", "electra")
 
 
 def validate(config: RunConfig) -> None:
@@ -41,6 +41,8 @@ def validate(config: RunConfig) -> None:
             f"model.hidden_size {model.hidden_size} is not divisible by model.num_attention_heads "
             f"{model.num_attention_heads}; pick a head count that divides it (e.g. {_divisor_near(model)})"
         )
+    if model.objective == "electra":
+        validate_electra(model)
     if model.init_from and _looks_local(model.init_from) and not os.path.isdir(model.init_from):
         raise ConfigError(
             f"model.init_from {model.init_from} is not a folder; point it at a checkpoint folder saved by Kiln "
@@ -52,6 +54,33 @@ def validate(config: RunConfig) -> None:
             f"{model.max_position_embeddings}: lower data.max_seq_length or raise model.max_position_embeddings"
         )
     validate_run_sections(config)
+
+
+def validate_electra(model) -> None:
+    """The generator must be a model of its own: a fraction in (0, 1] whose head count divides its width."""
+    from pretrain.modeling import electra_generator_shape
+
+    if not 0 < model.generator_size <= 1:
+        raise ConfigError(
+            f"model.generator_size {model.generator_size} must be in (0, 1] (a fraction of the discriminator; "
+            "the paper's 0.25)"
+        )
+    if model.discriminator_weight <= 0:
+        raise ConfigError(f"model.discriminator_weight {model.discriminator_weight} must be > 0 (the paper's 50)")
+    hidden, heads, _ = electra_generator_shape(
+        model.hidden_size, model.num_attention_heads, model.intermediate_size, model.generator_size
+    )
+    if hidden % heads:
+        raise ConfigError(
+            f"model.generator_size {model.generator_size} gives a generator of hidden size {hidden} with {heads} "
+            "attention heads, which do not divide it; pick a generator_size that keeps hidden_size * size "
+            "divisible by num_attention_heads * size (e.g. 0.25 or 0.5)"
+        )
+    if model.init_from:
+        raise ConfigError(
+            "model.init_from is not supported with model.objective electra yet; start ELECTRA from random "
+            "weights, or fine-tune its final/ folder (the discriminator) directly"
+        )
 
 
 def _looks_local(spec: str) -> bool:
@@ -112,6 +141,7 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
         KilnDecoderConfig,
         KilnDecoderForCausalLM,
         KilnEncoderConfig,
+        KilnEncoderForElectraPreTraining,
         KilnEncoderForMaskedLM,
         KilnEncoderForPreTraining,
     )
@@ -146,6 +176,12 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
             )
         return model
     kwargs = model_config_kwargs(config, vocab_size, tokenizer)
+    if m.objective == "electra":
+        model_config = KilnEncoderConfig(
+            **kwargs, generator_size=m.generator_size, discriminator_weight=m.discriminator_weight
+        )
+        model_config._attn_implementation = m.attn_implementation
+        return KilnEncoderForElectraPreTraining(model_config)
     if m.kind == "encoder":
         model_config = KilnEncoderConfig(**kwargs)
         model_config._attn_implementation = m.attn_implementation
@@ -213,6 +249,7 @@ def build_trainer(config: RunConfig, accelerator, model, data, metadata: dict, c
     from pretrain.modeling import count_flops_per_token
 
     encoder = config.model.kind == "encoder"
+    electra = config.model.objective == "electra"
     return Trainer(
         accelerator,
         model,
@@ -224,16 +261,43 @@ def build_trainer(config: RunConfig, accelerator, model, data, metadata: dict, c
         eval_collator=data.eval_collator,
         evaluator=evaluate_encoder if encoder else evaluate_decoder,
         # the encoder's vocabulary projection runs only at the masked positions (sparse prediction)
-        flops_per_token=count_flops_per_token(
+        flops_per_token=electra_flops_per_token(model, config.data)
+        if electra
+        else count_flops_per_token(
             model.config,
             config.data.max_seq_length,
             lm_head_fraction=config.data.mlm_probability if encoder else 1.0,
         ),
+        # ELECTRA: lambda on the discriminator's loss; its accuracy is logged beside the losses
+        loss_weights={"rtd_loss": config.model.discriminator_weight, "rtd_accuracy": 0.0} if electra else None,
         metadata=metadata,
         callbacks=callbacks,
         num_workers=config.data.num_workers,
         run_config=config,
     )
+
+
+def electra_flops_per_token(model, data_cfg) -> float:
+    """ELECTRA's step: the discriminator on every token (its one-logit head left out, like the pooler), the
+    generator with its vocabulary projection at the masked positions."""
+    from pretrain.modeling import count_flops_per_token
+
+    seq_len, generator = data_cfg.max_seq_length, model.generator.config
+    vocabulary_projection = 6 * generator.embedding_size * generator.vocab_size * data_cfg.mlm_probability
+    return (
+        count_flops_per_token(model.discriminator.config, seq_len)
+        + count_flops_per_token(generator, seq_len)
+        + vocabulary_projection
+    )
+
+
+ELECTRA_USAGE = """from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
+
+# the discriminator: load it into any encoder head (AutoModelForSequenceClassification, ...) to fine-tune it
+tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)
+encoder = AutoModel.from_pretrained("{repo}", trust_remote_code=True)
+# the generator that trained it, a small masked LM
+generator = AutoModelForMaskedLM.from_pretrained("{repo}", subfolder="generator", trust_remote_code=True)"""
 
 
 def run_callbacks(config: RunConfig, tokenizer, out) -> list:
@@ -247,6 +311,7 @@ def run_callbacks(config: RunConfig, tokenizer, out) -> list:
         datasets=card_datasets(config.data),
         model_id=config.hub.model_id,
         license=config.hub.license,
+        usage=ELECTRA_USAGE if config.model.objective == "electra" else None,
     )
     # on_train_end runs in this order: export, push and wait, then close the trackers
     return [FinalExport(out / "final", tokenizer, card), HubSync(config.hub, tokenizer), Trackers(config.logging)]

@@ -4,7 +4,7 @@
 """
 
 from .clm import BlockPacker, pack_documents
-from .collator import CLMCollator, MLMCollator, pad_batch
+from .collator import CLMCollator, ElectraCollator, MLMCollator, pad_batch
 from .common import DataError
 from .corpus import CorpusSplits, load_documents, resolve_data_files, split_documents, split_sentences
 from .nsp import PairInstance, build_pair_instances, create_nsp_examples, instance_features
@@ -22,6 +22,7 @@ __all__ = [
     "CLMCollator",
     "CorpusSplits",
     "DataError",
+    "ElectraCollator",
     "MLMCollator",
     "PairInstance",
     "PretrainingData",

@@ -21,7 +21,7 @@ from kiln.config import ConfigError, build_config
 
 from ..config import RunConfig
 from .common import DataError
-from .pipeline import build_pretraining_data
+from .pipeline import PAIR_TASK, build_pretraining_data
 from .tokenizer import padded_vocab_size, prepare_tokenizer
 
 DESCRIPTION = """Inspect the pretraining data of a run config without training: reads the corpus, trains the tokenizer
@@ -246,7 +246,7 @@ def inspect(cfg: RunConfig, examples: int, stat_sequences: int, out=None) -> dic
                 f"{1 - cfg.data.mask_replace_prob - cfg.data.random_replace_prob:.0%})",
                 file=out,
             )
-            if objective != "mlm":
+            if PAIR_TASK[objective] != "none":
                 print(
                     f"  IsNext (label 0): {_pct(stats['is_next'], stats['sequences'])} (asked "
                     f"{1 - cfg.data.nsp_probability:.0%})",

@@ -171,17 +171,28 @@ class MLMCollator:
         batch = pad_batch(features, self.pad_id, self.pad_to_multiple_of, keys)
         if "next_sentence_label" in features[0]:
             batch["next_sentence_label"] = torch.tensor([int(f["next_sentence_label"]) for f in features])
-        draws = None
-        if self.seed is not None and "example_index" in features[0]:
-            draws = self._example_draws([int(f["example_index"]) for f in features], batch["attention_mask"])
-        batch["input_ids"], batch["labels"] = self.mask_tokens(batch["input_ids"], batch["attention_mask"], draws=draws)
+        draws = self._draws(features, batch["attention_mask"])
+        batch["input_ids"], batch["labels"] = self.mask_tokens(
+            batch["input_ids"], batch["attention_mask"], draws=draws[:4]
+        )
         return batch
 
+    draw_rows = 4
+    """Uniforms drawn per position: selection, the cap's order, the 80/10/10 choice and the random token."""
+
+    def _draws(self, features: Sequence[Mapping], attention_mask: torch.Tensor) -> torch.Tensor:
+        """(draw_rows, B, T) uniforms: per example when the features carry their index (see the module
+        docstring), else from the batch's seeded generator (or the global RNG without a seed)."""
+        if self.seed is not None and "example_index" in features[0]:
+            return self._example_draws([int(f["example_index"]) for f in features], attention_mask)
+        return torch.rand((self.draw_rows, *attention_mask.shape), generator=self._rng.next_generator())
+
     def _example_draws(self, example_indices: list[int], attention_mask: torch.Tensor) -> torch.Tensor:
-        """(4, B, T) uniforms, row b drawn from example b's own generator over its real (unpadded) length."""
-        draws = torch.ones((4, *attention_mask.shape))  # padding: never selected (and never a candidate)
+        """(draw_rows, B, T) uniforms, row b drawn from example b's own generator over its real (unpadded) length."""
+        rows = self.draw_rows
+        draws = torch.ones((rows, *attention_mask.shape))  # padding: never selected (and never a candidate)
         for row, (index, length) in enumerate(zip(example_indices, attention_mask.sum(1).tolist())):
-            draws[:, row, :length] = torch.rand(4, length, generator=self._rng.example_generator(index))
+            draws[:, row, :length] = torch.rand(rows, length, generator=self._rng.example_generator(index))
         return draws
 
     @staticmethod
@@ -258,6 +269,32 @@ class MLMCollator:
         return selected
 
 
+class ElectraCollator(MLMCollator):
+    """The MLM collator for ELECTRA: the same masking, plus `sampling_uniforms` (B, T), the uniforms from which
+    the generator's replacements are drawn (`KilnEncoderForElectraPreTraining`). They come from the same
+    per-example generators as the masks, so replacements too are the same on any number of processes and
+    after a resume."""
+
+    draw_rows = 5
+
+    def __call__(self, features: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+        keys = ["input_ids"] + (["token_type_ids"] if "token_type_ids" in features[0] else [])
+        batch = pad_batch(features, self.pad_id, self.pad_to_multiple_of, keys)
+        draws = self._draws(features, batch["attention_mask"])
+        batch["input_ids"], batch["labels"] = self.mask_tokens(
+            batch["input_ids"], batch["attention_mask"], draws=draws[:4]
+        )
+        batch["sampling_uniforms"] = draws[4]
+        return batch
+
+    @staticmethod
+    def loss_items(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The generator's MLM loss averages over the masked tokens; the discriminator's loss and its accuracy
+        (logged, not trained on) over every non-padding token."""
+        real = batch["attention_mask"].sum()
+        return {"mlm_loss": (batch["labels"] != -100).sum(), "rtd_loss": real, "rtd_accuracy": real}
+
+
 class CLMCollator:
     """Pads blocks for causal LM: input_ids, attention_mask, labels (= input_ids, -100 on padding).
 
@@ -285,4 +322,4 @@ class CLMCollator:
         return batch
 
 
-__all__ = ["CLMCollator", "MLMCollator", "pad_batch"]
+__all__ = ["CLMCollator", "ElectraCollator", "MLMCollator", "pad_batch"]

@@ -25,7 +25,7 @@ from datasets.distributed import split_dataset_by_node
 from datasets.fingerprint import Hasher
 
 from .clm import BlockPacker
-from .collator import CLMCollator, MLMCollator
+from .collator import CLMCollator, ElectraCollator, MLMCollator
 from .common import DataError, main_process_first, num_proc_for, process_rank_and_count
 from .corpus import load_documents, split_sentences
 from .nsp import pair_examples_batch
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = {"encoder": ("mlm+nsp", "mlm+sop", "mlm"), "decoder": ("clm",)}
-PAIR_TASK = {"mlm+nsp": "nsp", "mlm+sop": "sop", "mlm": "none"}
+OBJECTIVES = {"encoder": ("mlm+nsp", "mlm+sop", "mlm", "electra"), "decoder": ("clm",)}
+PAIR_TASK = {"mlm+nsp": "nsp", "mlm+sop": "sop", "mlm": "none", "electra": "none"}  # ELECTRA: single segments
 DOCUMENT_POOL = 1000
 """Documents per map batch: NotNext segments are drawn from the same batch. The training documents are
 shuffled (seeded, per epoch) first, as Google's create_pretraining_data.py does, so a pool is a random sample of
@@ -108,7 +108,7 @@ def build_pretraining_data(
     accelerator=None,
     vocab_size: int | None = None,
 ) -> PretrainingData:
-    """Read, tokenize and shape the corpus for `objective` ("mlm+nsp" | "mlm+sop" | "mlm" | "clm").
+    """Read, tokenize and shape the corpus for `objective` ("mlm+nsp" | "mlm+sop" | "mlm" | "electra" | "clm").
 
     `vocab_size` (the model's, when known) is checked against the tokenizer.
     """
@@ -118,8 +118,8 @@ def build_pretraining_data(
         check_tokenizer_fits(tokenizer, vocab_size)
     if model_kind == "encoder":
         collator, eval_collator = (
-            make_mlm_collator(data_cfg, tokenizer, seed),
-            make_mlm_collator(data_cfg, tokenizer, seed + 1),
+            make_mlm_collator(data_cfg, tokenizer, seed, objective),
+            make_mlm_collator(data_cfg, tokenizer, seed + 1, objective),
         )
     else:
         collator = eval_collator = CLMCollator(tokenizer, data_cfg.pad_to_multiple_of)
@@ -194,9 +194,11 @@ def _content_indices(batch) -> dict[str, list[int]]:
     return {"example_index": keys}
 
 
-def make_mlm_collator(data_cfg: DataConfig, tokenizer, seed: int | None) -> MLMCollator:
-    """The MLM collator configured by `data_cfg` (seed None: global torch RNG)."""
-    return MLMCollator(
+def make_mlm_collator(data_cfg: DataConfig, tokenizer, seed: int | None, objective: str = "mlm") -> MLMCollator:
+    """The MLM collator configured by `data_cfg` (seed None: global torch RNG); ELECTRA's adds the uniforms its
+    generator samples replacements with."""
+    collator_class = ElectraCollator if objective == "electra" else MLMCollator
+    return collator_class(
         tokenizer,
         mlm_probability=data_cfg.mlm_probability,
         mask_replace_prob=data_cfg.mask_replace_prob,

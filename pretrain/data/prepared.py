@@ -455,8 +455,8 @@ def build_prepared_data(
                 "NSP needs at least 2 training documents but the corpus has 1: add documents, split them "
                 "differently (data.document_separator=line or heading), or use model.objective=mlm+sop"
             )
-        collator = make_mlm_collator(data_cfg, tokenizer, seed)
-        eval_collator = make_mlm_collator(data_cfg, tokenizer, seed + 1)
+        collator = make_mlm_collator(data_cfg, tokenizer, seed, objective)
+        eval_collator = make_mlm_collator(data_cfg, tokenizer, seed + 1, objective)
         settings = (data_cfg.max_seq_length, data_cfg.short_seq_prob, data_cfg.nsp_probability, seed)
 
         def examples(index, documents, epoch, pool):

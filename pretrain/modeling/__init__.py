@@ -20,17 +20,24 @@ from .modeling_kiln_decoder import (
     KilnDecoderPreTrainedModel,
 )
 from .modeling_kiln_encoder import (
+    ELECTRA_DEFAULTS,
     ENCODER_AUTO_CLASSES,
+    KilnElectraPreTrainingOutput,
+    KilnEncoderForElectraPreTraining,
     KilnEncoderForMaskedLM,
     KilnEncoderForMultipleChoice,
     KilnEncoderForNextSentencePrediction,
     KilnEncoderForPreTraining,
     KilnEncoderForPreTrainingOutput,
     KilnEncoderForQuestionAnswering,
+    KilnEncoderForReplacedTokenDetection,
     KilnEncoderForSequenceClassification,
     KilnEncoderForTokenClassification,
     KilnEncoderModel,
     KilnEncoderPreTrainedModel,
+    KilnReplacedTokenDetectionOutput,
+    electra_generator_shape,
+    sample_from_logits,
 )
 from .modeling_kiln_encoder_decoder import ENCODER_DECODER_AUTO_CLASSES, KilnEncoderDecoderModel
 
@@ -47,6 +54,10 @@ def _register() -> None:
             getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
             if model_class._auto_class is None:  # a class serving two Auto classes keeps its first
                 model_class.register_for_auto_class(auto_name)
+    # ELECTRA's discriminator (what its final/ holds) is no Auto class of the Kiln encoder, whose
+    # AutoModelForPreTraining is MLM + NSP; marked as this folder's AutoModelForPreTraining (as transformers'
+    # ElectraForPreTraining is ELECTRA's), so that save_pretrained ships the code and a remote-code load finds it
+    KilnEncoderForReplacedTokenDetection.register_for_auto_class("AutoModelForPreTraining")
 
 
 _register()
@@ -71,6 +82,13 @@ def count_flops_per_token(config, seq_len: int, lm_head_fraction: float = 0.0) -
 
 
 __all__ = [
+    "ELECTRA_DEFAULTS",
+    "KilnElectraPreTrainingOutput",
+    "KilnEncoderForElectraPreTraining",
+    "KilnEncoderForReplacedTokenDetection",
+    "KilnReplacedTokenDetectionOutput",
+    "electra_generator_shape",
+    "sample_from_logits",
     "KilnDecoderConfig",
     "KilnDecoderForCausalLM",
     "KilnDecoderForSequenceClassification",

@@ -75,6 +75,11 @@ class KilnEncoderConfig(_KilnConfig):
             real positions are the padded path's, those at padded positions are zeros (the padded path returns
             values there that nothing should read). Only batches with at least 10% padding (below that the
             gathers cost more than they save) and right padding; off when per-layer hidden states are requested.
+        embedding_size: width of the token, position and segment embeddings (None: `hidden_size`). When it
+            differs from `hidden_size`, a linear `embeddings_project` maps the embeddings to the hidden size and
+            the MLM head maps back to it before the tied vocabulary projection, as in ELECTRA (`ElectraConfig.
+            embedding_size`): an ELECTRA generator narrower than its discriminator shares the discriminator's
+            embeddings this way.
     """
 
     model_type = "kiln_encoder"
@@ -100,6 +105,7 @@ class KilnEncoderConfig(_KilnConfig):
         chunked_mlm_loss: bool = False,
         unpad_inputs: bool = True,
         tie_word_embeddings: bool = True,
+        embedding_size: int | None = None,
         **kwargs,
     ):
         if position_embedding_type not in POSITION_EMBEDDING_TYPES:
@@ -124,6 +130,7 @@ class KilnEncoderConfig(_KilnConfig):
         self.classifier_dropout = classifier_dropout
         self.chunked_mlm_loss = chunked_mlm_loss
         self.unpad_inputs = unpad_inputs
+        self.embedding_size = embedding_size
         self.is_decoder = False
         self.add_cross_attention = False
         # pad_token_id / tie_word_embeddings go through the base class: some transformers 5.x own them there

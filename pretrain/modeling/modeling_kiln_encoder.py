@@ -63,20 +63,24 @@ def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
 UNPAD_MIN_PADDING = 0.1
 
 
+def embedding_width(config: KilnEncoderConfig) -> int:
+    """Width of the embeddings: `config.embedding_size`, or the hidden size when it is unset."""
+    return getattr(config, "embedding_size", None) or config.hidden_size
+
+
 class KilnEmbeddings(nn.Module):
     def __init__(self, config: KilnEncoderConfig):
         super().__init__()
         self.config = config
-        self.word_embeddings = nn.Embedding(
-            config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
-        )
+        width = embedding_width(config)
+        self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
         if config.position_embedding_type == "learned":
-            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
         else:
-            table = sinusoidal_table(config.max_position_embeddings, config.hidden_size)
+            table = sinusoidal_table(config.max_position_embeddings, width)
             self.register_buffer("position_table", table, persistent=False)  # fixed, rebuilt on load
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width)
+        self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = KilnDropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
@@ -150,14 +154,17 @@ class KilnPooler(nn.Module):
 
 
 class KilnMLMHead(nn.Module):
-    """dense + act + LayerNorm, then the vocabulary projection (weight tied to the input embeddings)."""
+    """dense + act + LayerNorm, then the vocabulary projection (weight tied to the input embeddings). With an
+    `embedding_size` other than the hidden size, the dense layer maps to the embedding width (ELECTRA's
+    generator head)."""
 
     def __init__(self, config: KilnEncoderConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        width = embedding_width(config)
+        self.dense = nn.Linear(config.hidden_size, width)
         self.act = activation_module(config.hidden_act)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(width, config.vocab_size)
 
     def transform(self, hidden_states):
         return self.layer_norm(self.act(self.dense(hidden_states)))
@@ -191,7 +198,7 @@ class KilnEncoderPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
         elif isinstance(module, KilnEmbeddings) and hasattr(module, "position_table"):
-            table = sinusoidal_table(self.config.max_position_embeddings, self.config.hidden_size)
+            table = sinusoidal_table(self.config.max_position_embeddings, embedding_width(self.config))
             init.copy_(module.position_table, table)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -207,6 +214,9 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
     def __init__(self, config: KilnEncoderConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = KilnEmbeddings(config)
+        width = embedding_width(config)
+        # embeddings narrower or wider than the blocks (ELECTRA's generator): one linear map to the hidden size
+        self.embeddings_project = nn.Linear(width, config.hidden_size) if width != config.hidden_size else None
         self.layers = nn.ModuleList(KilnEncoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.pooler = KilnPooler(config) if add_pooling_layer else None
         self.post_init()
@@ -266,6 +276,8 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
 
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, C)
+        if self.embeddings_project is not None:
+            hidden_states = self.embeddings_project(hidden_states)  # (B, T, E) -> (B, T, C)
         mask = padding_mask(attention_mask)  # None or (B, 1, 1, T)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
@@ -763,6 +775,238 @@ class KilnEncoderForQuestionAnswering(KilnEncoderPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+class KilnDiscriminatorHead(nn.Module):
+    """ELECTRA's discriminator head (transformers' `ElectraDiscriminatorPredictions`): dense + activation, then
+    one logit per token that it was replaced."""
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation_module(config.hidden_act)
+        self.dense_prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden_states):
+        return self.dense_prediction(self.act(self.dense(hidden_states))).squeeze(-1)  # (B, T)
+
+
+@dataclass
+class KilnReplacedTokenDetectionOutput(ModelOutput):
+    """Output of [`KilnEncoderForReplacedTokenDetection`] (transformers' `ElectraForPreTrainingOutput`).
+
+    loss: binary cross-entropy of the replaced-token logits, a mean over the non-padding tokens.
+    logits: (B, T), > 0 where the token is judged replaced.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class KilnEncoderForReplacedTokenDetection(KilnEncoderPreTrainedModel):
+    """Encoder + ELECTRA's discriminator head (transformers' `ElectraForPreTraining`): which tokens did a
+    generator replace? What ELECTRA pretraining leaves in `final/`; its encoder weights load into every head."""
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__(config)
+        self.model = KilnEncoderModel(config, add_pooling_layer=False)
+        self.discriminator_head = KilnDiscriminatorHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> KilnReplacedTokenDetectionOutput | tuple:
+        r"""labels: (B, T) 1 where the token was replaced, 0 where it is the original; the loss averages over
+        the tokens under `attention_mask` (all tokens without one), as ElectraForPreTraining does."""
+        check_kwargs(self, kwargs)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            unpad=True,  # the loss reads real tokens only
+        )
+        logits = self.discriminator_head(outputs.last_hidden_state)  # (B, T)
+        loss = None
+        if labels is not None:
+            active = attention_mask.bool() if attention_mask is not None else torch.ones_like(labels, dtype=torch.bool)
+            loss = F.binary_cross_entropy_with_logits(logits[active], labels[active].to(logits.dtype))
+        output = KilnReplacedTokenDetectionOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+# ELECTRA settings a KilnEncoderForElectraPreTraining config carries beside the discriminator's own fields
+ELECTRA_DEFAULTS = {"generator_size": 0.25, "discriminator_weight": 50.0}
+
+
+def electra_generator_shape(hidden_size: int, num_attention_heads: int, intermediate_size: int, size: float):
+    """(hidden, heads, intermediate) of an ELECTRA generator `size` times the discriminator (the paper's 1/4
+    for Base: hidden size, heads and feed-forward width scale alike; the depth stays)."""
+    return (
+        max(1, round(hidden_size * size)),
+        max(1, round(num_attention_heads * size)),
+        max(1, round(intermediate_size * size)),
+    )
+
+
+def _sub_config(config: KilnEncoderConfig, **changes) -> KilnEncoderConfig:
+    fields = {k: v for k, v in config.to_dict().items() if k not in ELECTRA_DEFAULTS}
+    fields.pop("architectures", None)
+    fields.pop("auto_map", None)
+    sub = KilnEncoderConfig.from_dict({**fields, **changes})
+    sub._attn_implementation = config._attn_implementation
+    return sub
+
+
+def sample_from_logits(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One id per row of `logits` (M, V), drawn from softmax(logits) by inverting its CDF at `uniforms` (M,)
+    in [0, 1): the same draw as a multinomial, but a function of the uniforms, so the masking collator can draw
+    them per example (identical samples on any number of processes and after a resume)."""
+    cdf = torch.softmax(logits.float(), dim=-1).cumsum(dim=-1)  # (M, V)
+    targets = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]  # scaled by the total: the cumsum's rounding
+    return torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+
+
+@dataclass
+class KilnElectraPreTrainingOutput(ModelOutput):
+    """Output of [`KilnEncoderForElectraPreTraining`].
+
+    loss: mlm_loss + discriminator_weight * rtd_loss (ELECTRA's objective; lambda = 50 in the paper).
+    mlm_loss: the generator's masked-LM loss, a mean over the masked tokens.
+    rtd_loss: the discriminator's replaced-token loss, a mean over the non-padding tokens.
+    rtd_accuracy: the share of non-padding tokens the discriminator labels right (no gradient).
+    prediction_logits: the generator's logits, as in [`KilnEncoderForMaskedLM`]: (M, V) at the masked
+        positions with `config.sparse_prediction`, else (B, T, V).
+    discriminator_logits: (B, T) replaced-token logits on `discriminator_input_ids`.
+    replaced: (B, T) the discriminator's labels: 1 where its input differs from the original token.
+    discriminator_input_ids: (B, T) the original tokens with the generator's samples at the masked positions.
+    """
+
+    loss: torch.Tensor | None = None
+    mlm_loss: torch.Tensor | None = None
+    rtd_loss: torch.Tensor | None = None
+    rtd_accuracy: torch.Tensor | None = None
+    prediction_logits: torch.Tensor | None = None
+    discriminator_logits: torch.Tensor | None = None
+    replaced: torch.Tensor | None = None
+    discriminator_input_ids: torch.Tensor | None = None
+
+
+class KilnEncoderForElectraPreTraining(KilnEncoderPreTrainedModel):
+    """ELECTRA (Clark et al., 2020): a small MLM generator fills the masked positions with samples from its
+    softmax, and the discriminator learns which tokens of the result were replaced, at every position.
+
+    `config` is the discriminator's, plus `generator_size` (the generator's hidden size, heads and feed-forward
+    width as a fraction of the discriminator's; default 0.25) and `discriminator_weight` (lambda, default 50).
+    Both models share one embeddings module (token, position and segment tables and their LayerNorm) as in the
+    paper; the generator projects it to its own width (`embedding_size`). Saved as two ordinary folders: the
+    discriminator ([`KilnEncoderForReplacedTokenDetection`]) and the generator ([`KilnEncoderForMaskedLM`]), see
+    `saved_parts`.
+    """
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__(config)
+        settings = {name: getattr(config, name, default) for name, default in ELECTRA_DEFAULTS.items()}
+        self.discriminator_weight = float(settings["discriminator_weight"])
+        discriminator_config = _sub_config(config)
+        hidden, heads, intermediate = electra_generator_shape(
+            config.hidden_size, config.num_attention_heads, config.intermediate_size, settings["generator_size"]
+        )
+        generator_config = _sub_config(
+            config,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            embedding_size=embedding_width(config),
+            chunked_mlm_loss=False,  # the logits at the masked positions are sampled from
+        )
+        self.discriminator = KilnEncoderForReplacedTokenDetection(discriminator_config)
+        self.generator = KilnEncoderForMaskedLM(generator_config)
+        # one embeddings module for both (the paper's tied embeddings); the generator's MLM decoder stays tied to
+        # its word table, now the shared one
+        self.generator.model.embeddings = self.discriminator.model.embeddings
+        self.generator.mlm_head.decoder.weight = self.discriminator.model.embeddings.word_embeddings.weight
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.discriminator.model.embeddings.word_embeddings
+
+    def saved_parts(self) -> dict[str, tuple[str, KilnEncoderPreTrainedModel]]:
+        """Folder (relative to the save directory) -> (state-dict prefix, model): what Kiln's export writes
+        instead of this joint model, the discriminator as the folder's model and the generator beside it."""
+        return {"": ("discriminator.", self.discriminator), "generator": ("generator.", self.generator)}
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        sampling_uniforms: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> KilnElectraPreTrainingOutput | tuple:
+        r"""
+        input_ids: (B, T) the masked tokens (the generator's input), as the MLM collator makes them.
+        labels: (B, T) the original ids at the masked positions, -100 elsewhere. Without labels, only the
+            discriminator runs, on `input_ids` as they are.
+        sampling_uniforms: (B, T) uniforms in [0, 1) that pick the generator's samples (see
+            `sample_from_logits`); drawn from the global torch RNG when not given.
+        """
+        check_kwargs(self, kwargs)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        inputs = dict(attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids)
+        if labels is None:
+            scored = self.discriminator(input_ids, **inputs, return_dict=True)
+            output = KilnElectraPreTrainingOutput(discriminator_logits=scored.logits)
+            return output if return_dict else output.to_tuple()
+        generated = self.generator(input_ids, **inputs, labels=labels, return_dict=True)
+        selected = labels != -100
+        logits = generated.logits if generated.logits.dim() == 2 else generated.logits[selected]  # (M, V)
+        with torch.no_grad():  # no gradient through sampling: the generator learns from its MLM loss only
+            if sampling_uniforms is not None:
+                uniforms = sampling_uniforms[selected]
+            else:
+                uniforms = torch.rand(logits.shape[0], device=logits.device)
+            original = torch.where(selected, labels, input_ids)
+            corrupted = original.masked_scatter(selected, sample_from_logits(logits, uniforms))
+            replaced = (corrupted != original).long()  # a sample equal to the original counts as original
+        scored = self.discriminator(corrupted, **inputs, labels=replaced, return_dict=True)
+        real = attention_mask.bool() if attention_mask is not None else torch.ones_like(selected)
+        rtd_accuracy = ((scored.logits.detach() > 0).long() == replaced)[real].float().mean()
+        mlm_loss = generated.loss if logits.shape[0] else None  # no masked token: no MLM term (not NaN)
+        loss = self.discriminator_weight * scored.loss
+        output = KilnElectraPreTrainingOutput(
+            loss=loss if mlm_loss is None else mlm_loss + loss,
+            mlm_loss=mlm_loss,
+            rtd_loss=scored.loss,
+            rtd_accuracy=rtd_accuracy,
+            prediction_logits=generated.logits,
+            discriminator_logits=scored.logits,
+            replaced=replaced,
+            discriminator_input_ids=corrupted,
+        )
+        return output if return_dict else output.to_tuple()
+
+
 # Auto class -> Kiln class: registered by `pretrain.modeling`, written into each saved checkpoint's auto_map
 ENCODER_AUTO_CLASSES = {
     "AutoModel": KilnEncoderModel,
@@ -776,7 +1020,14 @@ ENCODER_AUTO_CLASSES = {
 }
 
 __all__ = [
+    "ELECTRA_DEFAULTS",
     "ENCODER_AUTO_CLASSES",
+    "KilnElectraPreTrainingOutput",
+    "KilnEncoderForElectraPreTraining",
+    "KilnEncoderForReplacedTokenDetection",
+    "KilnReplacedTokenDetectionOutput",
+    "electra_generator_shape",
+    "sample_from_logits",
     "KilnEncoderForMaskedLM",
     "KilnEncoderForMultipleChoice",
     "KilnEncoderForNextSentencePrediction",
