@@ -29,10 +29,11 @@ def _window(kind, accumulation, batch, out, processes=1):
     return torch.load(out)
 
 
-@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+@pytest.mark.parametrize("kind", ["encoder", "electra", "decoder"])
 def test_accumulation_and_processes_take_the_same_step(tmp_path, kind):
     """accumulation 4 x batch 2 == accumulation 1 x batch 8 == 2 processes x batch 4: the same gradient, although
-    the 8 sequences hold 1..9 masked tokens (encoder) or 1..10 predicted tokens (decoder, padded)."""
+    the 8 sequences hold 1..9 masked tokens (encoder; ELECTRA: with 5..12 real tokens, over which its
+    discriminator loss averages) or 1..10 predicted tokens (decoder, padded)."""
     one_batch = _window(kind, 1, 8, tmp_path / "a1b8.pt")
     accumulated = _window(kind, 4, 2, tmp_path / "a4b2.pt")
     two_procs = _window(kind, 1, 4, tmp_path / "p2b4.pt", processes=2)
@@ -41,6 +42,8 @@ def test_accumulation_and_processes_take_the_same_step(tmp_path, kind):
         assert other["grads"].keys() == one_batch["grads"].keys()
         for name, grad in one_batch["grads"].items():
             torch.testing.assert_close(other["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    for name, grad in one_batch["direct"].items():  # ELECTRA: lambda weighs the discriminator's part of the step
+        torch.testing.assert_close(one_batch["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
     # not vacuous: per-micro-batch means (the old loop) would have given another gradient
     assert any(g.abs().max() > 1e-3 for g in one_batch["grads"].values())
 

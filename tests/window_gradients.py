@@ -4,7 +4,7 @@ Used by tests/test_exact_training.py in-process and under `accelerate launch --n
 sequences are split (accumulation 4 x batch 2, accumulation 1 x batch 8, 2 processes x batch 4), the step must
 use the same gradient, although the sequences hold different numbers of masked / predicted tokens.
 
-    python tests/window_gradients.py encoder|decoder ACCUMULATION PER_DEVICE_BATCH OUT.pt
+    python tests/window_gradients.py encoder|electra|decoder ACCUMULATION PER_DEVICE_BATCH OUT.pt
 """
 
 from __future__ import annotations
@@ -20,12 +20,24 @@ VOCAB, LENGTH, ROWS = 64, 12, 8
 
 
 def fixed_examples(kind: str) -> list[dict[str, torch.Tensor]]:
-    """8 sequences whose label counts differ a lot (1 to 9 masked tokens; lengths 3 to 12 for the decoder)."""
+    """8 sequences whose label counts differ a lot (1 to 9 masked tokens; lengths 3 to 12 for the decoder and, for
+    ELECTRA, whose discriminator loss averages over the real tokens, 5 to 12)."""
     g = torch.Generator().manual_seed(0)
     rows = []
     for i in range(ROWS):
         ids = torch.randint(5, VOCAB, (LENGTH,), generator=g)
-        if kind == "encoder":
+        if kind == "electra":
+            length = 5 + (i * 3) % (LENGTH - 4)
+            mask = (torch.arange(LENGTH) < length).long()
+            labels = torch.full((LENGTH,), -100)
+            chosen = torch.randperm(length, generator=g)[: 1 + i % min(length, 9)]
+            labels[chosen] = ids[chosen]
+            masked = (ids * mask).masked_fill(labels != -100, 4)  # [MASK]
+            rows.append({
+                "input_ids": masked, "attention_mask": mask, "labels": labels,
+                "sampling_uniforms": torch.rand(LENGTH, generator=g),
+            })
+        elif kind == "encoder":
             labels = torch.full((LENGTH,), -100)
             chosen = torch.randperm(LENGTH, generator=g)[: 1 + i % 9]
             labels[chosen] = ids[chosen]
@@ -50,11 +62,12 @@ def stack(features):
 def main(kind: str, accumulation: int, batch: int, out: str) -> None:
     from kiln.config import LoggingConfig, TrainingConfig
     from kiln.trainer import Trainer, start_run
-    from pretrain.data.collator import CLMCollator, MLMCollator
+    from pretrain.data.collator import CLMCollator, ElectraCollator, MLMCollator
     from pretrain.modeling import (
         KilnDecoderConfig,
         KilnDecoderForCausalLM,
         KilnEncoderConfig,
+        KilnEncoderForElectraPreTraining,
         KilnEncoderForPreTraining,
     )
 
@@ -68,7 +81,13 @@ def main(kind: str, accumulation: int, batch: int, out: str) -> None:
     torch.manual_seed(0)
     common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   max_position_embeddings=LENGTH, pad_token_id=0)
-    if kind == "encoder":
+    loss_weights = None
+    if kind == "electra":
+        config = KilnEncoderConfig(**common, intermediate_size=64, hidden_dropout_prob=0.0,
+                                   attention_probs_dropout_prob=0.0, sparse_prediction=True, generator_size=0.5)
+        model, loss_items = KilnEncoderForElectraPreTraining(config), ElectraCollator.loss_items
+        loss_weights = {"rtd_loss": 50.0, "rtd_accuracy": 0.0}
+    elif kind == "encoder":
         config = KilnEncoderConfig(**common, intermediate_size=64, hidden_dropout_prob=0.0,
                                    attention_probs_dropout_prob=0.0, chunked_mlm_loss=True)
         model, loss_items = KilnEncoderForPreTraining(config), MLMCollator.loss_items
@@ -76,8 +95,16 @@ def main(kind: str, accumulation: int, batch: int, out: str) -> None:
         config = KilnDecoderConfig(**common, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         model, loss_items = KilnDecoderForCausalLM(config), CLMCollator.loss_items
     examples = fixed_examples(kind)
+    direct = {}
+    if kind == "electra":  # the model's own loss on all 8 (MLM + 50 x RTD): what the weighted step must follow
+        import copy
+
+        reference = copy.deepcopy(model)
+        reference(**stack(examples)).loss.backward()
+        direct = {name: param.grad.detach().clone() for name, param in reference.named_parameters()}
     trainer = Trainer(accelerator, model, training=training, logging_cfg=logging_cfg,
-                      train_dataset=lambda epoch: examples, collator=stack, loss_items=loss_items)
+                      train_dataset=lambda epoch: examples, collator=stack, loss_items=loss_items,
+                      loss_weights=loss_weights)
     captured = {}
     inner = trainer.optimizer.optimizer
 
@@ -89,7 +116,7 @@ def main(kind: str, accumulation: int, batch: int, out: str) -> None:
     state = trainer.train()
     if accelerator.is_main_process:
         loss = next(row["train/loss"] for row in state.history if "train/loss" in row)
-        torch.save({"grads": captured, "loss": loss}, out)
+        torch.save({"grads": captured, "loss": loss, "direct": direct}, out)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
