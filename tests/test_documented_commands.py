@@ -43,9 +43,9 @@ def test_the_main_job_runs_end_to_end_and_leaves_a_loadable_folder(tmp_path):
     """README "The main job": `accelerate launch pretrain/run.py` with its default (encoder-tiny) config,
     shortened to 3 steps and a 2-batch evaluation."""
     out = tmp_path / "encoder-tiny"
-    command(*ACCELERATE_LAUNCH, "--num_processes", "1", "pretrain/run.py", "--training.output_dir", out,
-            "--training.max_steps", 3, "--training.eval_steps", 3, "--training.max_eval_batches", 2,
-            "--logging.logging_steps", 1)  # fmt: skip
+    done = command(*ACCELERATE_LAUNCH, "--num_processes", "1", "pretrain/run.py", "--training.output_dir", out,
+                   "--training.max_steps", 3, "--training.eval_steps", 3, "--training.max_eval_batches", 2,
+                   "--logging.logging_steps", 1)  # fmt: skip
     default = yaml.safe_load((REPO / "configs/pretrain/encoder-tiny.yaml").read_text())
     saved = json.loads((out / "final" / "config.json").read_text())
     assert saved["model_type"] == "kiln_encoder" and "AutoModelForPreTraining" in saved["auto_map"]
@@ -64,6 +64,19 @@ def test_the_main_job_runs_end_to_end_and_leaves_a_loadable_folder(tmp_path):
     evaluation = [row for row in rows if "eval/mlm_loss" in row]
     assert [row["step"] for row in evaluation] == [3]
     assert {"eval/mlm_accuracy", "eval/nsp_accuracy", "eval/loss"} <= set(evaluation[0])
+
+    # docs/results.md's loss-against-wall-clock plot (experiments/plot_pretraining.py) reads this run and its log
+    log, png = tmp_path / "run.log", tmp_path / "loss.png"
+    log.write_text(done.stdout + done.stderr)
+    command(sys.executable, "experiments/plot_pretraining.py", "--png", png, f"{out}:{log}")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        from plot_pretraining import series
+    finally:
+        sys.path.remove(str(REPO / "experiments"))
+    points = series(out, log, "train/mlm_loss")  # (minutes, loss) at the steps the progress bar timed
+    assert len(points) >= 2 and {loss for _, loss in points} <= {row["train/mlm_loss"] for row in train}
 
 
 def test_the_two_process_cpu_config_trains_on_two_processes(tmp_path):
