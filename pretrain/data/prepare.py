@@ -311,20 +311,63 @@ class TokenEncoder:
             and pre.get("type") == "BertPreTokenizer"
             and not any(c.isspace() for token in added for c in token)
         )
-        self.cache: dict[str, list[int]] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        # piece -> number; piece number k holds tokens[starts[k] : starts[k] + lengths[k]]
+        self.cache: dict[str, int] = {}
+        self.tokens = np.zeros(1 << 16, dtype=np.int64)
+        self.starts = np.zeros(1 << 12, dtype=np.int64)
+        self.lengths = np.zeros(1 << 12, dtype=np.int64)
+        self.used = 0
+
+    def _add(self, pieces: list[str]) -> None:
+        if len(self.cache) + len(pieces) > self.CACHE_LIMIT:
+            self._reset()
+        ids = self._rust(pieces)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        first = len(self.cache)
+        count = first + len(pieces)
+        if count > len(self.starts):
+            size = max(count, 2 * len(self.starts))
+            self.starts, self.lengths = np.resize(self.starts, size), np.resize(self.lengths, size)
+        if self.used + len(flat) > len(self.tokens):
+            self.tokens = np.resize(self.tokens, max(self.used + len(flat), 2 * len(self.tokens)))
+        self.starts[first:count] = self.used + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        self.lengths[first:count] = lengths
+        self.tokens[self.used : self.used + len(flat)] = flat
+        self.used += len(flat)
+        self.cache.update(zip(pieces, range(first, count)))
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids of all texts one after the other, tokens per text)."""
+        if not self.piece_cache_usable:
+            ids = self._rust(texts)
+            lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            return np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum())), lengths
+        if not texts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        pieces = " ".join(texts).split(" ")  # the pieces of every text in order
+        per_text = np.fromiter((text.count(" ") + 1 for text in texts), dtype=np.int64, count=len(texts))
+        new = list(set(pieces).difference(self.cache))
+        if new:
+            self._add(new)
+        numbers = np.fromiter(map(self.cache.__getitem__, pieces), dtype=np.int64, count=len(pieces))
+        lengths, starts = self.lengths[numbers], self.starts[numbers]
+        total = int(lengths.sum())
+        # token i of the output is tokens[start of its piece + its position in the piece]
+        piece_of_token = np.repeat(np.arange(len(numbers)), lengths)
+        first_token = np.cumsum(lengths) - lengths
+        flat = self.tokens[starts[piece_of_token] + np.arange(total) - first_token[piece_of_token]]
+        piece_ends = np.cumsum(per_text)
+        text_token_ends = np.concatenate([[0], np.cumsum(lengths)])[piece_ends]
+        return flat, np.diff(np.concatenate([[0], text_token_ends]))
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        if not self.piece_cache_usable:
-            return self._rust(texts)
-        cache = self.cache
-        pieces = [text.split(" ") for text in texts]
-        new = list(set(chain.from_iterable(pieces)).difference(cache))
-        if new:
-            if len(cache) + len(new) > self.CACHE_LIMIT:
-                cache.clear()
-            cache.update(zip(new, self._rust(new)))
-        look_up = cache.__getitem__
-        return [list(chain.from_iterable(map(look_up, text))) for text in pieces]
+        flat, lengths = self.encode_flat(texts)
+        ends = np.cumsum(lengths)
+        return [flat[end - length : end].tolist() for end, length in zip(ends.tolist(), lengths.tolist())]
 
     def _rust(self, texts: list[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
@@ -348,22 +391,19 @@ def documents_record_batch(documents: list[str], encoder: TokenEncoder, sentence
     else:
         per_doc = [split_sentences(doc, sentence_split) for doc in documents]
     flat = [s for sentences in per_doc for s in sentences]
-    ids = encoder.encode(flat) if flat else []
-    values: list[int] = []
-    sentence_offsets, document_offsets = [0], [0]
-    k = 0
-    for sentences in per_doc:
-        for sentence in ids[k : k + len(sentences)]:
-            if sentence:
-                values += sentence
-                sentence_offsets.append(len(values))
-        k += len(sentences)
-        document_offsets.append(len(sentence_offsets) - 1)
+    values, lengths = encoder.encode_flat(flat)
+    # empty sentences (nothing but characters the tokenizer drops) are left out, as the in-memory path does
+    sentences_per_doc = np.fromiter(map(len, per_doc), dtype=np.int64, count=len(per_doc))
+    kept = lengths > 0
+    doc_of_sentence = np.repeat(np.arange(len(per_doc)), sentences_per_doc)
+    kept_per_doc = np.bincount(doc_of_sentence[kept], minlength=len(per_doc))
+    sentence_offsets = np.concatenate([[0], np.cumsum(lengths[kept])])
+    document_offsets = np.concatenate([[0], np.cumsum(kept_per_doc)])
     dtype, arrow_type = _token_type(vocab_size)
     inner = pa.ListArray.from_arrays(
-        pa.array(np.asarray(sentence_offsets, dtype=np.int32)), pa.array(np.asarray(values, dtype=dtype), arrow_type)
+        pa.array(sentence_offsets.astype(np.int32)), pa.array(values.astype(dtype), arrow_type)
     )
-    outer = pa.ListArray.from_arrays(pa.array(np.asarray(document_offsets, dtype=np.int32)), inner)
+    outer = pa.ListArray.from_arrays(pa.array(document_offsets.astype(np.int32)), inner)
     hashes = pa.array(np.asarray([zlib.crc32(doc.encode("utf-8")) for doc in documents], dtype=np.uint32))
     return pa.RecordBatch.from_arrays([outer, hashes], schema=shard_schema(vocab_size))
 
