@@ -268,3 +268,18 @@ def test_training_from_a_prepared_folder_through_accelerate_launch_on_1_and_2_pr
     assert results[1] == reference  # one process: the same batches, the same arithmetic
     for step, loss in reference.items():
         assert abs(results[2][step] - loss) < 1e-4, (step, loss, results[2][step])
+
+
+def test_the_spaced_sentence_rule_gives_the_general_rules_sentences(monkeypatch):
+    import re
+
+    from pretrain.data import corpus
+
+    text = Path(REPO / "data/pretrain/pride_and_prejudice.txt").read_text(encoding="utf-8")[:200_000]
+    documents = corpus.split_documents(text, "blank_line") + [
+        "Mr. Smith went. He said “Hi.” Then (A. B. Wells) left!  Yes?\nNo. x.  Y", " lead. Trail ", "a.\nB",
+        "Dr.\nWho. The end… And “So.” ‘Ok’ (Yes.) [No.] Z",
+    ]
+    fast = [corpus.split_sentences(doc) for doc in documents]
+    monkeypatch.setattr(corpus, "_OTHER_WHITESPACE", re.compile(r""))  # every document takes the general rule
+    assert fast == [corpus.split_sentences(doc) for doc in documents]
