@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedType
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Subset
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -1199,6 +1199,10 @@ class Trainer:
         # so the gradient is that of the global per-item mean
         scale = acc.gradient_accumulation_steps * acc.num_processes
         parts = {n: torch.zeros((), device=acc.device) for n in names}
+        # DeepSpeed takes its optimizer step inside the window's last `backward` (accelerate calls engine.step()
+        # there) and accumulates inside its engine, so a non-finite loss must be caught before its own backward:
+        # after it, nothing is left to skip
+        deepspeed = acc.distributed_type == DistributedType.DEEPSPEED
         for i, (batch, counts) in enumerate(zip(micro_batches, local)):
             last = i == len(micro_batches) - 1
             acc.sync_gradients = last
@@ -1219,10 +1223,20 @@ class Trainer:
                     objective = term if objective is None else objective + term
                 if objective is None:  # nothing to learn from here; keep every process's backward in step
                     objective = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+                if deepspeed and self._nonfinite(parts):
+                    # neither this backward nor the rest of the window's: the engine does not step, and no NaN/inf
+                    # gradient enters its buffers (the finite micro-batches before this one stay there and count
+                    # towards the next step; with no accumulation there are none)
+                    acc.sync_gradients = True
+                    self._skip_nonfinite(parts, None)
+                    self._add_total(parts)
+                    return parts, float("nan"), int(totals[-1])
                 acc.backward(objective * scale)
         max_norm = self.training.max_grad_norm if self.training.max_grad_norm > 0 else float("inf")
         grad_norm = acc.clip_grad_norm_(model.parameters(), max_norm)
         if self._skip_nonfinite(parts, grad_norm):
+            if deepspeed and not acc.optimizer_step_was_skipped:
+                self._applied_nonfinite_step()
             self.optimizer.zero_grad(set_to_none=True)
             self._add_total(parts)
             return parts, grad_norm, int(totals[-1])
@@ -1238,13 +1252,13 @@ class Trainer:
         if "loss" not in parts and parts:
             parts["loss"] = sum(value * self.loss_weights.get(name, 1.0) for name, value in parts.items())
 
-    def _skip_nonfinite(self, parts: dict[str, torch.Tensor], grad_norm) -> bool:
-        """True when this step's loss or gradient norm is NaN/inf: the step is then not applied (the weights stay
-        finite). After training.max_nonfinite_steps such steps in a row the run stops with a RunError; the last
-        checkpoint stays the last good one and no final model is exported."""
+    def _nonfinite(self, parts: dict[str, torch.Tensor], grad_norm=None) -> bool:
+        """Whether this step's loss or gradient norm (None: not known yet) is NaN/inf on any process; sets
+        `_step_loss`, the step's global mean loss."""
         acc = self.accelerator
         values = [v.detach().float().reshape(()) for v in parts.values()]
-        if acc.mixed_precision != "fp16":  # fp16: an overflowing gradient is the loss scaler's business
+        # fp16: an overflowing gradient is the loss scaler's business
+        if grad_norm is not None and acc.mixed_precision != "fp16":
             values.append(torch.as_tensor(grad_norm, device=acc.device).detach().float().reshape(()))
         bad = torch.stack(values).isfinite().all().logical_not().float() if values else torch.zeros(())
         # this process's share of the step's global mean loss (the sum over processes is the mean)
@@ -1252,8 +1266,28 @@ class Trainer:
         flags = torch.stack([bad.to(acc.device), share.detach().float().reshape(()).to(acc.device)])
         if acc.num_processes > 1:  # every process must take (or skip) the same steps, and see the same loss
             flags = acc.reduce(flags, reduction="sum")
-        bad, self._step_loss = bool(flags[0]), float(flags[1])
-        if not bad:
+        self._step_loss = float(flags[1])
+        return bool(flags[0])
+
+    def _applied_nonfinite_step(self):
+        """DeepSpeed took a step whose gradient norm was NaN/inf (the loss was finite, so Kiln could not catch it
+        before the engine stepped, and DeepSpeed's own overflow check did not skip it): the weights may now hold
+        NaN/inf, so the run stops at once, exporting nothing."""
+        from .config import RunError
+
+        checkpoints = find_checkpoints(self.output_dir)
+        kept = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
+        raise RunError(
+            f"training diverged: DeepSpeed applied step {self.state.global_step + 1} with a NaN/inf gradient norm; "
+            f"{kept}; no final model was exported; turn on DeepSpeed's overflow check (bf16.check_grad_overflow), "
+            "lower --training.lr or keep --training.max_grad_norm on, then resume or start over"
+        )
+
+    def _skip_nonfinite(self, parts: dict[str, torch.Tensor], grad_norm) -> bool:
+        """True when this step's loss or gradient norm is NaN/inf: the step is then not applied (the weights stay
+        finite). After training.max_nonfinite_steps such steps in a row the run stops with a RunError; the last
+        checkpoint stays the last good one and no final model is exported."""
+        if not self._nonfinite(parts, grad_norm):
             self._nonfinite_run = []
             return False
         step = self.state.global_step + 1

@@ -227,3 +227,119 @@ def test_a_read_only_hf_home_names_the_datasets_cache_and_how_to_move_it(tmp_pat
     assert message.endswith("); point HF_DATASETS_CACHE (this cache only) or HF_HOME (every Hugging Face cache) at "
                             "a writable folder, e.g. `export HF_HOME=/scratch/$USER/huggingface`"), done.stdout  # fmt: skip
     assert "well-formed" not in message
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 11: the NaN guard under DeepSpeed
+
+
+class FakeDeepSpeedEngine:
+    """What accelerate's DeepSpeedEngineWrapper does with a DeepSpeed engine, on one CPU process: `backward` at the
+    window's end clips and takes the optimizer step itself (DeepSpeed's engine.step()), with no overflow check
+    of its own (DeepSpeed in fp32, or bf16 with check_grad_overflow off). DeepSpeed itself cannot run here."""
+
+    def __init__(self, model, optimizer, max_norm: float):
+        self.model, self.optimizer, self.max_norm = model, optimizer, max_norm
+        self.steps, self.norm = 0, None
+
+    def backward(self, loss, sync_gradients=True, **kwargs):
+        import torch
+
+        loss.backward(**kwargs)
+        if sync_gradients:
+            self.norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.steps += 1
+
+    def get_global_grad_norm(self):
+        return self.norm
+
+
+class _StepsInsideTheEngine:
+    """accelerate's DeepSpeedOptimizerWrapper: step and zero_grad are the engine's, in backward."""
+
+    def __init__(self, wrapped):
+        self.wrapped = wrapped
+
+    def step(self):
+        pass
+
+    def zero_grad(self, set_to_none=None):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self.wrapped, name)
+
+
+def test_under_deepspeed_a_nan_loss_is_caught_before_the_engine_steps(tmp_path, monkeypatch, caplog):
+    """Tested at the plugin level (see tests/test_engines.py): the Trainer's step runs with accelerate's
+    DeepSpeed code paths (backward through the engine wrapper, the engine's gradient norm) around a fake engine
+    that steps inside backward as DeepSpeed does; one forward's loss is NaN."""
+    import torch
+    from accelerate import DistributedType
+    from kiln_testing import losses, run
+    from safetensors.torch import load_file
+
+    import pretrain.run as run_module
+    from kiln.trainer import Trainer
+
+    original_build, forwards = run_module.build_model, []
+
+    def build_model_with_one_nan_loss(*args, **kwargs):
+        model = original_build(*args, **kwargs)
+
+        def poison_third_forward(module, args, kwargs, output):
+            forwards.append(1)
+            if len(forwards) == 3:
+                for key in [k for k in output.keys() if k.endswith("loss")]:
+                    output[key] = output[key] * float("nan")
+            return output
+
+        model.register_forward_hook(poison_third_forward, with_kwargs=True)
+        return model
+
+    # the shipped DeepSpeed config's plugin (ZeRO-2, bf16), as `accelerate launch --config_file` gives it
+    from accelerate.utils import DeepSpeedPlugin
+    from test_engines import DEEPSPEED_YAML, launch_env
+
+    from kiln.config import TrainingConfig
+    from kiln.trainer import configure_deepspeed
+
+    with monkeypatch.context() as launched:
+        env = launch_env(DEEPSPEED_YAML)
+        for key, value in env.items():
+            launched.setenv(key, value)
+        plugin = DeepSpeedPlugin()
+        configure_deepspeed(plugin, TrainingConfig(per_device_train_batch_size=8))
+        plugin.set_mixed_precision(env["ACCELERATE_MIXED_PRECISION"])
+        plugin._set_selected(True)  # what AcceleratorState does when it enables the plugin (minus transformers hooks)
+
+    original_step, engines = Trainer._optimizer_step, []
+
+    def step_under_deepspeed(self, micro_batches):
+        acc = self.accelerator
+        if not engines:
+            engines.append(FakeDeepSpeedEngine(acc.unwrap_model(self.model), self.optimizer.optimizer, 1.0))
+        saved = acc.state.distributed_type, acc.state.deepspeed_plugins, self.optimizer
+        acc.state.distributed_type, acc.state.deepspeed_plugins = DistributedType.DEEPSPEED, {"default": plugin}
+        acc.deepspeed_engine_wrapped, self.optimizer = engines[0], _StepsInsideTheEngine(self.optimizer)
+        try:
+            return original_step(self, micro_batches)
+        finally:
+            (acc.state.distributed_type, acc.state.deepspeed_plugins, self.optimizer) = saved
+            acc.deepspeed_engine_wrapped = None
+
+    monkeypatch.setattr(run_module, "build_model", build_model_with_one_nan_loss)
+    monkeypatch.setattr(Trainer, "_optimizer_step", step_under_deepspeed)
+    out = tmp_path / "deepspeed-nan"
+    with caplog.at_level("WARNING", logger="kiln"):
+        state = run(out, "--training.max_steps", 6, "--training.save_steps", 0, "--training.eval_steps", 0)
+    assert "step 3: the loss or gradient norm is not finite" in caplog.text and "(1 in a row, limit 3)" in caplog.text
+    assert engines[0].steps == 5  # the engine never stepped on the NaN loss
+    assert plugin.deepspeed_config["bf16"]["enabled"] and plugin.deepspeed_config["zero_optimization"]["stage"] == 2
+    assert state.global_step == 6 and state.stop_reason == "max_steps"
+    curve = losses(out)
+    assert curve[3] != curve[3] and all(curve[s] == curve[s] for s in (1, 2, 4, 5, 6))
+    weights = load_file(out / "final" / "model.safetensors")
+    assert all(bool(torch.isfinite(w).all()) for w in weights.values())
