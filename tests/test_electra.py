@@ -224,6 +224,54 @@ def test_final_is_the_discriminator_with_the_generator_beside_it(electra_run, tm
         torch.testing.assert_close(hf_gen(**batch).logits, generator(**batch).logits, atol=1e-5, rtol=0)
 
 
+# a fresh interpreter that cannot import Kiln: what a Hub user of the pushed folder has
+REMOTE_CHILD = r"""
+import importlib.abc, sys
+from pathlib import Path
+
+class RefuseRepoPackages(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("kiln", "pretrain", "finetune"):
+            raise ImportError(f"remote code must not import {name}")
+
+sys.meta_path.insert(0, RefuseRepoPackages())
+repo_root = Path(sys.argv[1]).resolve()
+sys.path = [p for p in sys.path if p and Path(p).resolve() != repo_root]
+import torch, transformers
+
+final, out_file = sys.argv[2:4]
+ids = torch.tensor([[2, 40, 41, 42, 43, 3]])
+load = dict(trust_remote_code=True)
+with torch.no_grad():
+    results = {
+        "encoder": transformers.AutoModel.from_pretrained(final, **load).eval()(ids).last_hidden_state,
+        "discriminator": transformers.AutoModelForPreTraining.from_pretrained(final, **load).eval()(ids).logits,
+        "generator": transformers.AutoModelForMaskedLM.from_pretrained(final, subfolder="generator", **load)
+        .eval()(ids).logits,
+    }
+torch.save(results, out_file)
+"""
+
+
+def test_final_loads_with_remote_code_where_kiln_is_not_installed(electra_run, tmp_path):
+    out, _ = electra_run
+    final = out / "final"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", REMOTE_CHILD, str(REPO), str(final), str(tmp_path / "r.pt")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = torch.load(tmp_path / "r.pt")
+    ids = torch.tensor([[2, 40, 41, 42, 43, 3]])
+    with torch.no_grad():
+        encoder = KilnEncoderModel.from_pretrained(final).eval()
+        discriminator = KilnEncoderForReplacedTokenDetection.from_pretrained(final).eval()
+        generator = KilnEncoderForMaskedLM.from_pretrained(final / "generator").eval()
+        torch.testing.assert_close(remote["encoder"], encoder(ids).last_hidden_state)
+        torch.testing.assert_close(remote["discriminator"], discriminator(ids).logits)
+        torch.testing.assert_close(remote["generator"], generator(ids).logits)
+
+
 def test_a_fine_tuning_script_runs_from_final(electra_run, tmp_path):
     from test_finetune_scripts import FAST, classify, write_sentiment
 
