@@ -2,8 +2,9 @@
 
     python experiments/decoder_samples.py runs/decoder-30min/final docs/results/decoder-samples.md
 
-Loads the folder the way a user would (AutoModelForCausalLM with trust_remote_code, AutoTokenizer), so the samples
-are what anyone downloading the checkpoint gets. Sampling is seeded (top-k 50, temperature 0.8): rerunning the
+Loads the folder the way a user would (AutoModelForCausalLM, AutoTokenizer), so the samples are what anyone
+downloading the checkpoint gets; the model code is Kiln's own, registered with the Auto classes, never Python files
+the folder names (the same code, for a folder Kiln wrote). Sampling is seeded (top-k 50, temperature 0.8): rerunning the
 command rewrites the same text.
 """
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import pretrain.modeling  # noqa: F401  (registers Kiln's classes with the Auto classes)
 
 PROMPTS = [
     "Once upon a time",
@@ -29,8 +32,8 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    tokenizer = AutoTokenizer.from_pretrained(args.folder, trust_remote_code=True)
-    model = AutoModelForCausalLM.from_pretrained(args.folder, trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.folder, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(args.folder, trust_remote_code=False).eval()
     lines = [f"# Samples from `{args.folder}`", "",
              f"`python experiments/decoder_samples.py {args.folder} {args.out}`: {args.max_new_tokens} new tokens, "
              "greedy, then sampled (top-k 50, temperature 0.8, seed "

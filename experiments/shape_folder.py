@@ -40,7 +40,7 @@ def main() -> None:
     from pretrain.run import build_model
 
     config = config_from_dict(RunConfig, yaml.safe_load((run / "config.yaml").read_text()))
-    tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer", trust_remote_code=False)
     model = build_model(config, tokenizer, padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -29,6 +29,7 @@ from typing import Any
 from kiln.callbacks import TrainerCallback
 from kiln.config import ConfigError, TrainingConfig, resolve_path, run_cli, validate_run_sections
 from kiln.export import quiet_transformers
+from kiln.model_files import read_model_config
 
 logger = logging.getLogger("kiln")
 
@@ -166,20 +167,41 @@ def resolve_checkpoint(spec: str, option: str, expected: Sequence[str], revision
         raise ConfigError(
             f"{option} {spec} not found; {hint}point {option} at a Kiln checkpoint folder or Hub id"
         )
-    try:
-        with quiet_transformers():
-            config = AutoConfig.from_pretrained(path, revision=revision)
-    except (OSError, ValueError) as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"cannot load {option} {spec}: {first_line}") from None
-    if config.model_type not in expected:
+    try:  # read as data first: a checkpoint of another type never gets its own code (auto_map) imported
+        found_type = read_model_config(path, revision).get("model_type")
+    except OSError as err:
+        raise ConfigError(f"cannot load {option} {spec}: {err}") from None
+    if found_type not in expected:
         wanted = " or ".join(expected)
         default_dir, command = PRETRAIN_COMMANDS.get(expected[0], (None, None))
         example = f", e.g. {default_dir} from `{command}`" if command else ""
         raise ConfigError(
-            f"{option} {spec} is a {config.model_type} checkpoint, but a {wanted} checkpoint is needed here{example}"
+            f"{option} {spec} is a {found_type} checkpoint, but a {wanted} checkpoint is needed here{example}"
         )
+    try:  # a Kiln or transformers type: its registered class, never the checkpoint's own code
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"cannot load {option} {spec}: {first_line}") from None
     return path, config
+
+
+def load_tokenizer(path: str, option: str, revision: str | None = None, subfolder: str = ""):
+    """The tokenizer saved with checkpoint `path` (`option` names the setting in errors); a tokenizer that needs
+    code of its own (auto_map) is refused in one line, never run nor asked about."""
+    from transformers import AutoTokenizer
+
+    try:
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(
+                path, subfolder=subfolder, revision=revision, trust_remote_code=False
+            )
+    except (OSError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"cannot load the tokenizer of {option} {path}: {first_line}") from None
+    tokenizer.init_kwargs.pop("auto_map", None)  # saved again by this run: name no code it did not run
+    return tokenizer
 
 
 def scratch_model(auto_class, path: str, model_cfg, **from_pretrained_kwargs):
@@ -192,7 +214,9 @@ def scratch_model(auto_class, path: str, model_cfg, **from_pretrained_kwargs):
     loading = ("revision", "attn_implementation", "ignore_mismatched_sizes")
     config_overrides = {k: v for k, v in from_pretrained_kwargs.items() if k not in loading}
     with quiet_transformers():
-        config = AutoConfig.from_pretrained(path, revision=model_cfg.revision, **config_overrides)
+        config = AutoConfig.from_pretrained(
+            path, revision=model_cfg.revision, trust_remote_code=False, **config_overrides
+        )
         model = auto_class.from_config(config, attn_implementation=model_cfg.attn_implementation)
     logger.info("%s: shape and tokenizer only, all weights randomly initialised (--model.from_scratch)", path)
     return model
@@ -701,6 +725,7 @@ __all__ = [
     "hub_base_models",
     "initialisation",
     "is_fine_tuned",
+    "load_tokenizer",
     "make_loader",
     "only_test_split",
     "pop_flags",

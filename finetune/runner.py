@@ -28,6 +28,7 @@ from finetune.common import (
     data_files,
     dataset_names,
     initialisation,
+    load_tokenizer,
     only_test_split,
     positions_limit,
     predict_files,
@@ -190,13 +191,10 @@ def encoder_head(config, path: str, build: Callable[[], Any], num_labels: int, f
     """The Head of a Kiln encoder with a task head: its tokenizer, the model `build()` returns, its sequence
     length (data.max_seq_length capped at max_position_embeddings), FLOPs per token and card facts (`facts`
     between the initialisation and the length)."""
-    from transformers import AutoTokenizer
-
     from pretrain.modeling import count_flops_per_token
 
     model_cfg = config.model
-    with quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=model_cfg.revision)
+    tokenizer = load_tokenizer(path, "--model.checkpoint", model_cfg.revision)
     model = build()
     check_vocabulary(tokenizer, model.config, model_cfg.checkpoint)
     max_length = positions_limit(
@@ -241,7 +239,8 @@ def encoder_model(auto_class, path: str, model_cfg, new_head: dict | None, head_
     if model_cfg.from_scratch:
         return scratch_model(auto_class, path, model_cfg, **kwargs)
     with quiet_transformers():
-        model, info = auto_class.from_pretrained(path, output_loading_info=True, **kwargs)
+        # a Kiln type (resolve_checkpoint): Kiln's registered class, never the checkpoint's own code
+        model, info = auto_class.from_pretrained(path, output_loading_info=True, trust_remote_code=False, **kwargs)
     report_loading(info, path, allowed_missing=lambda key: key.startswith(head_prefixes))
     fine_tuned_before = not any(key.startswith("classifier.") for key in info["missing_keys"])
     # --model.reset_head on a fine-tuned checkpoint: a new head (ignore_mismatched_sizes only replaces it when the

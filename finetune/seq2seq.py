@@ -34,6 +34,7 @@ from finetune.common import (  # noqa: E402
     check_vocabulary,
     cli,
     finetune_training,
+    load_tokenizer,
     pop_flags,
     positions_limit,
     quiet_transformers,
@@ -183,13 +184,10 @@ class Seq2SeqTokenizers:
 
     @classmethod
     def from_pretrained(cls, path: str, revision: str | None = None) -> Seq2SeqTokenizers:
-        from transformers import AutoTokenizer
-
-        with quiet_transformers():
-            return cls(
-                AutoTokenizer.from_pretrained(path, subfolder=cls.ENCODER_FOLDER, revision=revision),
-                AutoTokenizer.from_pretrained(path, subfolder=cls.DECODER_FOLDER, revision=revision),
-            )
+        return cls(
+            load_tokenizer(path, "--model.checkpoint", revision, subfolder=cls.ENCODER_FOLDER),
+            load_tokenizer(path, "--model.checkpoint", revision, subfolder=cls.DECODER_FOLDER),
+        )
 
 
 def freeze_pooler(encoder) -> None:
@@ -201,7 +199,7 @@ def freeze_pooler(encoder) -> None:
 
 def build_model(model_cfg, predict: bool):
     """(KilnEncoderDecoderModel, Seq2SeqTokenizers, summary facts for the model card)."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoModelForSeq2SeqLM
 
     from pretrain.modeling import KilnDecoderForCausalLM, KilnEncoderDecoderModel, KilnEncoderModel
 
@@ -211,7 +209,7 @@ def build_model(model_cfg, predict: bool):
             model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder_decoder", "encoder-decoder"), revision
         )
         with quiet_transformers():  # a Kiln folder, or an older plain EncoderDecoderModel one
-            model = AutoModelForSeq2SeqLM.from_pretrained(path, revision=revision)
+            model = AutoModelForSeq2SeqLM.from_pretrained(path, revision=revision, trust_remote_code=False)
         freeze_pooler(model.encoder)
         return model, Seq2SeqTokenizers.from_pretrained(path, revision), {"base model": model_cfg.checkpoint}
     if predict:
@@ -247,10 +245,10 @@ def build_model(model_cfg, predict: bool):
     freeze_pooler(encoder)
     with quiet_transformers():
         model = KilnEncoderDecoderModel(encoder=encoder, decoder=decoder)
-        tokenizers = Seq2SeqTokenizers(
-            AutoTokenizer.from_pretrained(encoder_path, revision=revision),
-            AutoTokenizer.from_pretrained(decoder_path, revision=revision),
-        )
+    tokenizers = Seq2SeqTokenizers(
+        load_tokenizer(encoder_path, "--model.encoder_checkpoint", revision),
+        load_tokenizer(decoder_path, "--model.decoder_checkpoint", revision),
+    )
     check_vocabulary(tokenizers.encoder, model.config.encoder, model_cfg.encoder_checkpoint)
     check_vocabulary(tokenizers.decoder, model.config.decoder, model_cfg.decoder_checkpoint)
     summary = {

@@ -81,13 +81,21 @@ def _save_pretrained(model, state_dict: dict, save_dir: Path, tokenizer) -> None
     save_dir.mkdir(parents=True, exist_ok=True)
     config = model.config
     in_training = {name: getattr(config, name) for name in SAVED_CONFIG_DEFAULTS if hasattr(config, name)}
+    # auto_map is rebuilt by save_pretrained from the model's own classes: entries that a loaded checkpoint
+    # carried for Python files of its own (never run by Kiln, not saved) are not passed on
+    configs = [c for c in (config, getattr(config, "encoder", None), getattr(config, "decoder", None)) if c]
+    auto_maps = [getattr(c, "auto_map", None) for c in configs]
     try:
         for name in in_training:
             setattr(config, name, SAVED_CONFIG_DEFAULTS[name])
+        for sub_config in configs:
+            sub_config.auto_map = None
         model.save_pretrained(save_dir, state_dict=state_dict, safe_serialization=True)
     finally:
         for name, value in in_training.items():
             setattr(config, name, value)
+        for sub_config, auto_map in zip(configs, auto_maps):
+            sub_config.auto_map = auto_map
     if tokenizer is not None:
         tokenizer.save_pretrained(save_dir)
 

@@ -48,6 +48,8 @@ def validate(config: RunConfig) -> None:
             f"model.init_from {model.init_from} is not a folder; point it at a checkpoint folder saved by Kiln "
             "(e.g. runs/encoder-tiny/final) or a Hub id (user/name)"
         )
+    if model.init_from:
+        check_init_from(model)
     if not model.init_from and config.data.max_seq_length > model.max_position_embeddings:
         raise ConfigError(
             f"data.max_seq_length={config.data.max_seq_length} exceeds model.max_position_embeddings="
@@ -81,6 +83,33 @@ def validate_electra(model) -> None:
             "model.init_from is not supported with model.objective electra yet; start ELECTRA from random "
             "weights, or fine-tune its final/ folder (the discriminator) directly"
         )
+
+
+def check_init_from(model) -> None:
+    """model.init_from is a checkpoint of model.kind, decided from its config.json read as data: nothing it names
+    is imported or run here (a non-Kiln checkpoint with code of its own is refused unless model.trust_remote_code)."""
+    from kiln.model_files import carries_code, read_model_config
+
+    try:
+        found = read_model_config(model.init_from)
+    except OSError as err:  # not a folder with config.json, not a Hub repo, no network
+        raise ConfigError(
+            f"model.init_from {model.init_from}: cannot load a checkpoint from it ({err}); point it at a "
+            "checkpoint folder saved by Kiln (e.g. runs/encoder-tiny/final) or a Hub id (user/name)"
+        ) from None
+    expected_type = "kiln_encoder" if model.kind == "encoder" else "kiln_decoder"
+    found_type = found.get("model_type")
+    if found_type == expected_type or (model.trust_remote_code and carries_code(found)):
+        return
+    own_code = (
+        " with Python code of its own (auto_map), which Kiln runs only with --model.trust_remote_code,"
+        if carries_code(found)
+        else ""
+    )
+    raise ConfigError(
+        f"model.init_from {model.init_from} is a {found_type} checkpoint{own_code} but model.kind is {model.kind}; "
+        f"point it at a {expected_type} checkpoint or change model.kind"
+    )
 
 
 def _looks_local(spec: str) -> bool:
@@ -135,7 +164,7 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
 
 
 def build_model(config: RunConfig, tokenizer, vocab_size: int):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForPreTraining
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForPreTraining
 
     from pretrain.modeling import (
         KilnDecoderConfig,
@@ -147,25 +176,17 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
     )
 
     m = config.model
-    expected_type = "kiln_encoder" if m.kind == "encoder" else "kiln_decoder"
-    if m.init_from:
-        try:
-            found = AutoConfig.from_pretrained(m.init_from, trust_remote_code=True)
-        except (OSError, ValueError) as err:  # not a folder with config.json, not a Hub repo, no network
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            raise ConfigError(
-                f"model.init_from {m.init_from}: cannot load a checkpoint from it ({first}); point it at a "
-                "checkpoint folder saved by Kiln (e.g. runs/encoder-tiny/final) or a Hub id (user/name)"
-            ) from None
-        if found.model_type != expected_type:
-            raise ConfigError(
-                f"model.init_from {m.init_from} is a {found.model_type} checkpoint but model.kind is {m.kind}; "
-                f"point it at a {expected_type} checkpoint or change model.kind"
-            )
-        auto = AutoModelForCausalLM
-        if m.kind == "encoder":
-            auto = AutoModelForMaskedLM if m.objective == "mlm" else AutoModelForPreTraining
-        model = auto.from_pretrained(m.init_from, attn_implementation=m.attn_implementation)
+    if m.init_from:  # a checkpoint of model.kind (check_init_from)
+        if m.trust_remote_code:  # the user opted into the checkpoint's own code
+            auto = AutoModelForCausalLM
+            if m.kind == "encoder":
+                auto = AutoModelForMaskedLM if m.objective == "mlm" else AutoModelForPreTraining
+            model = auto.from_pretrained(m.init_from, attn_implementation=m.attn_implementation, trust_remote_code=True)
+        else:
+            kiln_class = KilnDecoderForCausalLM
+            if m.kind == "encoder":
+                kiln_class = KilnEncoderForMaskedLM if m.objective == "mlm" else KilnEncoderForPreTraining
+            model = kiln_class.from_pretrained(m.init_from, attn_implementation=m.attn_implementation)
         if m.kind == "encoder":
             for name, value in PRETRAINING_FAST_PATHS.items():
                 setattr(model.config, name, value)

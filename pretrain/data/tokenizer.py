@@ -200,7 +200,8 @@ def load_tokenizer(name_or_path: str, model_max_length: int | None = None) -> Pr
     """Load a saved tokenizer (folder or Hub id) as a fast tokenizer."""
     location = resolve_path(name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location)
+        # never the folder's own tokenizer code (auto_map), and never a prompt asking whether to run it
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=False)
     except Exception as err:  # OSError, ValueError, HTTP errors: all mean "not loadable here"
         reason = str(err).strip().split("\n")[0]
         raise DataError(
@@ -211,6 +212,7 @@ def load_tokenizer(name_or_path: str, model_max_length: int | None = None) -> Pr
         raise DataError(
             f"tokenizer {name_or_path!r} is not a fast (tokenizers-backed) tokenizer; convert it or train one"
         )
+    tokenizer.init_kwargs.pop("auto_map", None)  # saved again by this run: name no code it did not run
     if model_max_length is not None:
         tokenizer.model_max_length = model_max_length
     return tokenizer

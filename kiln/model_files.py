@@ -1,0 +1,46 @@
+"""A saved model's config.json read as data, never as code.
+
+transformers' Auto classes run the Python files a folder or Hub repo names in its `auto_map` when asked to trust
+remote code, and without that flag they may stop and prompt on the terminal. Kiln decides what a checkpoint is by
+reading its config.json as plain JSON (a local file, or `hf_hub_download` of that one file), then loads it with
+Kiln's own classes; a checkpoint's code runs only when the user passes `--model.trust_remote_code`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def read_model_config(spec: str, revision: str | None = None) -> dict:
+    """config.json of the folder or Hub repo `spec`, as a dict. OSError (first line of the cause) when there is
+    none, it is not a JSON object, or the Hub cannot be reached."""
+    if os.path.isdir(spec):
+        path = os.path.join(spec, "config.json")
+    else:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            path = hf_hub_download(spec, "config.json", revision=revision)
+        except Exception as err:  # not found, no access, no network, invalid id: all mean "cannot read it here"
+            raise OSError(_first_line(err)) from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise OSError(f"cannot read {os.path.basename(path)}: {_first_line(err)}") from None
+    if not isinstance(config, dict):
+        raise OSError("config.json does not hold a JSON object")
+    return config
+
+
+def carries_code(config: dict) -> bool:
+    """Whether the checkpoint names Python files of its own (`auto_map`), which Kiln does not run by default."""
+    return bool(config.get("auto_map"))
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+
+
+__all__ = ["carries_code", "read_model_config"]

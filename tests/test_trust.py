@@ -1,0 +1,136 @@
+"""Trust (issue 24): no code runs that the user did not ask for, nothing private is published, files follow the
+umask; and the one-line refusals of settings that would silently do something else.
+
+Every case runs as a user runs it: `accelerate launch` in a fresh process."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kiln_testing import DEBUG, REPO
+from test_finetune_scripts import kiln_checkpoints, write_sentiment  # noqa: F401  (the shared tiny checkpoints)
+
+ACCELERATE = (sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no")  # fmt: skip
+ONE_STEP = ["--training.max_steps", 1, "--training.eval_steps", 0, "--training.save_steps", 0]
+
+
+def launch(script: str, *args, env_extra=None) -> subprocess.Popen:
+    """`accelerate launch SCRIPT ARGS` from the repo root, started (not waited for)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env_extra or {})}
+    return subprocess.Popen(
+        [*ACCELERATE, str(REPO / script), *map(str, args)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def finish(*procs: subprocess.Popen) -> list[tuple[int, str]]:
+    """Wait for processes started together (they run side by side); (exit status, output) of each."""
+    return [(proc.wait(timeout=240), proc.stdout.read()) for proc in procs]
+
+
+def error_line(output: str) -> str:
+    """The training process's one-line error."""
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, output[-3000:]
+    return errors[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 1: a checkpoint's own code (auto_map) never runs unless the user passes --model.trust_remote_code
+
+STRANGER_CODE = """import pathlib
+pathlib.Path({marker!r}).write_text("the checkpoint's code ran")
+from transformers import PretrainedConfig
+class StrangerConfig(PretrainedConfig):
+    model_type = {model_type!r}
+"""
+
+
+def stranger_checkpoint(folder: Path, kiln_folder: Path, model_type: str, marker: Path) -> Path:
+    """A copy of `kiln_folder` whose config.json and tokenizer_config.json name `stranger.py` (auto_map), a file
+    that writes `marker` when imported; config.json says `model_type`."""
+    shutil.copytree(kiln_folder, folder)
+    (folder / "stranger.py").write_text(STRANGER_CODE.format(marker=str(marker), model_type=model_type))
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = model_type
+    config["auto_map"] = {name: "stranger.StrangerConfig" for name in config["auto_map"]}
+    config["auto_map"]["AutoTokenizer"] = [None, "stranger.StrangerConfig"]
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config["auto_map"] = {"AutoTokenizer": [None, "stranger.StrangerConfig"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    return folder
+
+
+def classify_args(tmp_path: Path, checkpoint, name: str) -> list:
+    files = write_sentiment(tmp_path, sizes=(16, 8, 8))
+    return ["--model.checkpoint", checkpoint, "--training.output_dir", tmp_path / name, *ONE_STEP,
+            "--data.train_file", files["train"], "--data.validation_file", files["validation"],
+            "--data.test_file", files["test"], "--training.per_device_train_batch_size", 8]  # fmt: skip
+
+
+def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(tmp_path, kiln_checkpoints):  # noqa: F811
+    encoder, _ = kiln_checkpoints
+    marker = tmp_path / "MARKER"
+    stranger = stranger_checkpoint(tmp_path / "stranger", encoder, "stranger_bert", marker)
+    pretraining = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "p",
+                         "--model.init_from", stranger, "--tokenizer.name_or_path", stranger, *ONE_STEP)  # fmt: skip
+    fine_tuning = launch("finetune/classify.py", *classify_args(tmp_path, stranger, "f"))
+    (p_code, p_out), (f_code, f_out) = finish(pretraining, fine_tuning)
+    assert not marker.exists(), "the checkpoint's own code ran"
+    assert p_code != 0 and f_code != 0
+    assert "Do you wish to run the custom code" not in p_out + f_out  # refused, not asked about
+    assert error_line(p_out) == (
+        f"error: model.init_from {stranger} is a stranger_bert checkpoint with Python code of its own (auto_map), "
+        "which Kiln runs only with --model.trust_remote_code, but model.kind is encoder; point it at a kiln_encoder "
+        "checkpoint or change model.kind"
+    )
+    assert error_line(f_out).startswith(f"error: --model.checkpoint {stranger} is a stranger_bert checkpoint")
+    assert not (tmp_path / "p").exists() and not (tmp_path / "f").exists()
+
+
+def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes(tmp_path, kiln_checkpoints):  # noqa: F811
+    encoder, _ = kiln_checkpoints
+    marker = tmp_path / "MARKER"
+    stranger = stranger_checkpoint(tmp_path / "stranger", encoder, "kiln_encoder", marker)
+    pretraining = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "p",
+                         "--model.init_from", stranger, "--tokenizer.name_or_path", stranger, *ONE_STEP)  # fmt: skip
+    fine_tuning = launch("finetune/classify.py", *classify_args(tmp_path, stranger, "f"))
+    (p_code, p_out), (f_code, f_out) = finish(pretraining, fine_tuning)
+    assert not marker.exists(), "the checkpoint's own code ran"
+    assert p_code == 0, p_out[-3000:]
+    assert f_code == 0, f_out[-3000:]
+    # what the runs save names Kiln's code only, never the stranger's file it did not run
+    for final in (tmp_path / "p" / "final", tmp_path / "f" / "final"):
+        assert not (final / "stranger.py").exists()
+        for name in ("config.json", "tokenizer_config.json"):
+            assert "stranger" not in (final / name).read_text(), (final, name)
+
+
+def test_a_hub_checkpoint_of_another_type_with_code_is_refused_without_running_it(
+    tmp_path, hub, kiln_checkpoints  # noqa: F811
+):
+    from huggingface_hub import HfApi
+
+    encoder, _ = kiln_checkpoints
+    marker = tmp_path / "MARKER"
+    stranger = stranger_checkpoint(tmp_path / "stranger", encoder, "stranger_bert", marker)
+    hub.create_repo("stranger/bert-init")
+    HfApi().upload_folder(repo_id="stranger/bert-init", folder_path=stranger, commit_message="init")
+    home = {"HF_HOME": str(tmp_path / "hf-home")}  # a fresh machine: nothing cached
+    pretraining = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "p",
+                         "--model.init_from", "stranger/bert-init", *ONE_STEP, env_extra=home)  # fmt: skip
+    fine_tuning = launch("finetune/classify.py", *classify_args(tmp_path, "stranger/bert-init", "f"), env_extra=home)
+    (p_code, p_out), (f_code, f_out) = finish(pretraining, fine_tuning)
+    assert not marker.exists(), "the checkpoint's own code ran"
+    assert p_code != 0 and f_code != 0
+    assert "Do you wish to run the custom code" not in p_out + f_out
+    assert error_line(p_out).startswith("error: model.init_from stranger/bert-init is a stranger_bert checkpoint with")
+    assert error_line(f_out).startswith("error: --model.checkpoint stranger/bert-init is a stranger_bert checkpoint")
+    # only config.json was read; none of the repo's Python files was even downloaded
+    downloaded = [str(p) for p in (tmp_path / "hf-home").rglob("*.py")]
+    assert downloaded == []
