@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import disk_writes, save_config
+from .config import disk_writes
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -200,10 +200,9 @@ def save_model_folder(accelerator: Accelerator, model, tokenizer, save_dir: str 
 
 def _write_run_files(config, state, save_dir: Path) -> None:
     """The resolved config (tokens redacted) and the training history next to the weights."""
-    from .hub import redact
+    from .public import save_public_config
 
-    save_config(config, save_dir / "kiln_config.yaml")
-    (save_dir / "kiln_config.yaml").write_text(redact((save_dir / "kiln_config.yaml").read_text()))
+    save_public_config(config, save_dir / "kiln_config.yaml")  # pushed with the model: no local paths, no tokens
     (save_dir / "training_history.json").write_text(json.dumps(state.history, indent=1))
 
 
@@ -235,11 +234,13 @@ def _write_card(
     accelerator: Accelerator, model, config, state, save_dir: Path, final_dir: Path, card: ModelCardFacts
 ) -> None:
     """The loss plot and the model card in `save_dir`, which becomes `final_dir` once complete."""
-    from .hub import plot_loss_curve, replace_card_usage, write_model_card
+    from .hub import local_usage_name, plot_loss_curve, replace_card_usage, write_model_card
+    from .public import public_name
 
     plot = None
     if any("train/loss" in entry for entry in state.history):
-        plot = plot_loss_curve(state.history, str(save_dir / "loss_curve.png"), title=config.training.output_dir)
+        title = public_name(config.training.output_dir)  # the image is published: the run's name, not its path
+        plot = plot_loss_curve(state.history, str(save_dir / "loss_curve.png"), title=title)
     kind = card.model_kind or "encoder"
     metrics = {k.removeprefix("eval/"): v for k, v in latest_metrics(state.history).items() if k.startswith("eval/")}
     write_model_card(
@@ -257,7 +258,7 @@ def _write_card(
         final_dir=final_dir,
     )
     if card.usage:
-        replace_card_usage(save_dir / "README.md", card.usage.format(repo=card.model_id or final_dir))
+        replace_card_usage(save_dir / "README.md", card.usage.format(repo=card.model_id or local_usage_name(final_dir)))
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundErro
 from huggingface_hub.utils import filter_repo_objects
 
 from .config import flatten
+from .public import describe_data_files, public_name
 
 logger = logging.getLogger(__name__)
 
@@ -426,7 +427,8 @@ def write_model_card(
     `hardware` also open the training section (so do `optimizer steps`, `tokens seen`, `training time (s)`
     and `device`). Keys naming secrets (`token`, `password`, ...) are left out.
     `metrics`: final evaluation numbers, e.g. {"eval/loss": 2.1, "eval/perplexity": 8.2}.
-    `datasets`: Hub dataset ids go into the metadata; local paths are only mentioned in the text.
+    `datasets`: Hub dataset ids go into the metadata; local files are named in the text by file name, size and
+    content hash, never by their path (kiln.public). Facts that are local paths are reduced to their last part.
     `loss_plot`: an image path; copied into `save_dir` when it lies elsewhere, and embedded by relative path.
     `task`: the pipeline tag (fill-mask, text-generation, text-classification, token-classification, ...).
     `final_dir`: where the folder will live when it is written elsewhere first (the card names that path).
@@ -437,15 +439,17 @@ def write_model_card(
     save_dir.mkdir(parents=True, exist_ok=True)
     model_name = (model_id or _local_name(Path(final_dir or save_dir))).split("/")[-1]
     card_data = _card_metadata(model_name, task, metrics, datasets, license, tags, base_model)
-    facts = {k: v for k, v in flatten(summary).items() if not _SECRET_KEY.search(k.lower())}
+    facts = {k: public_name(v) for k, v in flatten(summary).items() if not _SECRET_KEY.search(k.lower())}
+    local_data = [d for d in datasets if not _is_hub_dataset(d)]
     lines = [
         f"# {model_name}",
         "",
-        _card_origin(model_kind, base_model, datasets),
+        _card_origin(model_kind, base_model, [public_name(d) for d in datasets]),
+        *_data_section(local_data),
         *_training_section(facts),
         *_results_section(metrics),
         *_loss_curve_section(_place_plot(loss_plot, save_dir)),
-        *_usage_section(task, model_id or str(final_dir or save_dir)),
+        *_usage_section(task, model_id or local_usage_name(final_dir or save_dir)),
     ]
     content = redact(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(lines))
     try:
@@ -455,6 +459,19 @@ def write_model_card(
     path = save_dir / "README.md"
     path.write_text(content, encoding="utf-8")
     return str(path)
+
+
+def local_usage_name(save_dir: str | os.PathLike) -> str:
+    """What a card's usage code loads when the model has no Hub id: a placeholder path ending in the folder's
+    name, not the place it lies on this machine."""
+    return f"path/to/{Path(save_dir).name}"
+
+
+def _data_section(local_data: list[str]) -> list[str]:
+    """The local training data by file name, size and content hash (their paths stay on this machine)."""
+    if not local_data:
+        return []
+    return ["", "## Training data", "", *(f"- {line}" for line in describe_data_files(local_data))]
 
 
 def _local_name(save_dir: Path) -> str:

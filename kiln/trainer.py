@@ -35,6 +35,7 @@ from .config import ConfigError, LoggingConfig, TrainingConfig, disk_writes, fla
 from .elastic import convert_position, layout_of, saved_layout
 from .fingerprint import write_fingerprint
 from .nodes import resolve_disk_layout, writes_run_files
+from .public import public_config, save_public_config
 
 logger = logging.getLogger("kiln")
 
@@ -562,7 +563,9 @@ def check_config_change(checkpoint: Path, config: Any) -> None:
     problems = []
     saved = saved_run_config(checkpoint)
     if saved is not None:
-        old, new = flatten(saved), flatten(dataclasses.asdict(config))
+        # a checkpoint keeps its config without local paths (kiln.public), so both sides are compared that way:
+        # a corpus or run folder moved to another place or machine (a resume from the Hub) is the same run
+        old, new = flatten(public_config(saved)), flatten(public_config(dataclasses.asdict(config)))
         changed = [
             key
             for key in sorted(set(old) | set(new))
@@ -806,7 +809,7 @@ class Trainer:
                             **layout_of(self.training, acc.num_processes).as_dict()}
                     (tmp / TRAINER_STATE_FILE).write_text(json.dumps(meta, indent=2))
                     if self.run_config is not None:
-                        save_config(self.run_config, tmp / CONFIG_FILE)
+                        save_public_config(self.run_config, tmp / CONFIG_FILE)  # pushed by hub.strategy checkpoint
                         write_fingerprint(self._data_fingerprint(), tmp)
                     write_manifest(tmp)
         except BaseException:

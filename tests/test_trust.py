@@ -134,3 +134,40 @@ def test_a_hub_checkpoint_of_another_type_with_code_is_refused_without_running_i
     # only config.json was read; none of the repo's Python files was even downloaded
     downloaded = [str(p) for p in (tmp_path / "hf-home").rglob("*.py")]
     assert downloaded == []
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 2: what is published names data by what it is, never by where it lay on the user's disk
+
+
+def pushed_files(hub, repo_id: str) -> dict[str, bytes]:
+    """Every file of every commit of `repo_id` on the test Hub, by `commit/path`."""
+    repo = hub.repo(repo_id)
+    return {f"{oid[:8]}/{path}": blob.data for oid, commit in repo.commits.items() for path, blob in commit.files.items()}
+
+
+def test_nothing_published_names_a_local_path(tmp_path, hub):
+    home = tmp_path / "home" / "alice"
+    corpus = home / "corpus"
+    corpus.mkdir(parents=True)
+    for text in sorted((REPO / "data/pretrain").glob("*.txt")):
+        shutil.copy(text, corpus / text.name)
+    out = home / "runs" / "x"
+    proc = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", out,
+                  "--data.data_files", f"{corpus}/*.txt", "--training.max_steps", 2, "--training.save_steps", 2,
+                  "--training.eval_steps", 0, "--hub.push_to_hub", "--hub.model_id", "kiln-test/x",
+                  "--hub.strategy", "checkpoint", env_extra={"HOME": str(home)})  # fmt: skip
+    ((code, output),) = finish(proc)
+    assert code == 0, output[-3000:]
+    published = pushed_files(hub, "kiln-test/x")
+    published |= {f"final/{p.name}": p.read_bytes() for p in (out / "final").iterdir()}
+    assert "last-checkpoint/kiln_config.yaml" in {name.split("/", 1)[1] for name in published}
+    private = [str(tmp_path), str(Path.home()), "/home/"]
+    leaks = {name: [p for p in private if p.encode() in data] for name, data in published.items()}
+    assert {name: found for name, found in leaks.items() if found} == {}
+    # the card names the data by file name, size and content; the run folder's own config keeps the full paths
+    card = (out / "final" / "README.md").read_text()
+    for text in sorted((REPO / "data/pretrain").glob("*.txt")):
+        assert text.name in card
+    assert "sha256" in card
+    assert f"{corpus}/*.txt" in (out / "config.yaml").read_text()
