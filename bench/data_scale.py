@@ -57,19 +57,22 @@ def write_corpus(folder: Path, megabytes: float, layout: str, seed: int = 0) -> 
     documents = book_documents()
     rng = random.Random(seed)
     written, copy = 0, 0
-    big = open(folder / "corpus.txt", "w", encoding="utf-8") if layout == "big" else None
+    big = open(folder / "corpus.txt", "wb") if layout == "big" else None
     try:
         while written < megabytes * MB:
             order = documents[:]
             rng.shuffle(order)
-            text = "\n\n".join(order) + "\n\n"
-            text = text[: max(int(megabytes * MB - written), 0)] if written + len(text) > megabytes * MB else text
+            data = ("\n\n".join(order) + "\n\n").encode("utf-8")
+            # the last copy is cut to the size (at a character boundary)
+            data = data[: int(megabytes * MB) - written].decode("utf-8", "ignore").encode("utf-8")
             if big is not None:
-                big.write(text)
+                big.write(data)
             else:
-                (folder / f"copy-{copy:05d}.txt").write_text(text, encoding="utf-8")
-            written += len(text.encode("utf-8"))
+                (folder / f"copy-{copy:05d}.txt").write_bytes(data)
+            written += len(data)
             copy += 1
+            if not data:
+                break
     finally:
         if big is not None:
             big.close()

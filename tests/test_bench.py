@@ -311,3 +311,20 @@ def test_padding_bench_counts_real_tokens_and_profiles_the_runs_step(tmp_path, m
     assert set(report["timing"]["variants"]) == set(padding.VARIANTS)
     check = report["timing"]["check"]  # padded and unpadded agree before anything is timed
     assert check["loss_padded"] == pytest.approx(check["loss_unpadded"], rel=1e-4)
+
+
+def test_data_scale_bench_prepares_its_corpus_and_writes_the_measurements(tmp_path):
+    """bench/data_scale.py on a 0.3 MB corpus: the generated corpus has the asked size in both layouts, and one
+    prepare (2 worker processes) is measured into the JSON (the README's corpus-size table comes from it)."""
+    data_scale = load_bench("data_scale")
+    for layout, files in (("big", 1), ("files", 2)):
+        written = data_scale.write_corpus(tmp_path / layout, 3.0, layout)
+        assert 2_999_990 < written <= 3_000_000 and len(list((tmp_path / layout).glob("*.txt"))) == files
+    results = data_scale.main(["--sizes", "0.3", "--layouts", "files", "--num_proc", "2", "--no-first-step",
+                               "--workdir", str(tmp_path / "work"), "--json", str(tmp_path / "scale.json"),
+                               "--", "--tokenizer.vocab_size", "512"])  # fmt: skip
+    row = json.loads((tmp_path / "scale.json").read_text())["rows"][0]
+    assert results["rows"] == [row]
+    assert row["corpus_mb"] == 0.3 and row["num_proc"] == 2 and row["cpu_s"] > 0 and row["disk_mb"] > 0
+    assert row["peak_rss_mb"] > 50 and row["mb_per_cpu_s"] == round(0.3 / row["cpu_s"], 2)
+    assert "manifest.json" in row["log_tail"]
