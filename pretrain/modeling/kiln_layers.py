@@ -16,6 +16,7 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_kiln import check_heads
 
@@ -32,6 +33,14 @@ except ImportError:  # pragma: no cover - older transformers
 # Kiln's decoder takes both names and writes its outputs under the field this transformers has.
 _OUTPUT_FIELDS = BaseModelOutputWithPastAndCrossAttentions.__dataclass_fields__
 CACHE_FIELD = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
+
+
+def takes_cache(forward):
+    """A decoder forward that takes the KV cache as `cache` (and, on a transformers that renamed it, the old
+    `past_key_values` with transformers' own deprecation warning, as its models do until 5.40)."""
+    if CACHE_FIELD != "cache":
+        return forward
+    return deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")(forward)
 
 
 def check_kwargs(model: nn.Module, kwargs: dict) -> None:

@@ -42,6 +42,7 @@ from .kiln_layers import (
     linear_cross_entropy,
     padding_mask,
     sequence_classification_loss,
+    takes_cache,
 )
 
 
@@ -153,6 +154,7 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
     def set_input_embeddings(self, value):
         self.word_embeddings = value
 
+    @takes_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -276,6 +278,7 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
             and head.bias is None
         )
 
+    @takes_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -314,7 +317,7 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
             use_cache = False
         outputs = self.model(
             input_ids,
-            past_key_values=past_key_values,
+            cache=past_key_values,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
@@ -370,6 +373,7 @@ class KilnDecoderForSequenceClassification(KilnDecoderPreTrainedModel):
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
+    @takes_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -393,7 +397,7 @@ class KilnDecoderForSequenceClassification(KilnDecoderPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids,
-            past_key_values=past_key_values,
+            cache=past_key_values,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
@@ -441,6 +445,7 @@ class KilnDecoderForTokenClassification(KilnDecoderPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @takes_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -463,7 +468,7 @@ class KilnDecoderForTokenClassification(KilnDecoderPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids,
-            past_key_values=past_key_values,
+            cache=past_key_values,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
