@@ -11,6 +11,16 @@ DECODER = [
 ]  # fmt: skip
 
 
+def free_port() -> int:
+    """A TCP port free on this machine now, for launches that must agree on one (several nodes); a single-node
+    launch takes `--main_process_port 0` and lets accelerate pick."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def reset_accelerate():
     """accelerate keeps process-wide singletons; each in-process run must start from a clean state."""
     from accelerate.state import AcceleratorState, GradientState, PartialState

@@ -42,7 +42,7 @@ def test_bert_base_config_dry_run_on_two_processes(tmp_path):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     result = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--main_process_port", "29761", str(REPO / "pretrain/run.py"), "--config", str(CONFIG), *TINY_CORPUS,
+         "--main_process_port", "0", str(REPO / "pretrain/run.py"), "--config", str(CONFIG), *TINY_CORPUS,
          "--data.prepared", str(prepared), "--training.output_dir", str(out), *MUST_SHRINK],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -254,7 +254,7 @@ def test_training_from_a_prepared_folder_through_accelerate_launch_on_1_and_2_pr
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
         if processes > 1:
-            launcher += ["--multi_gpu", "--main_process_port", "29583"]
+            launcher += ["--multi_gpu", "--main_process_port", "0"]  # 0: accelerate picks a free port
         result = subprocess.run(
             [*launcher, str(REPO / "pretrain/run.py"), "--config", str(config_path), "--training.output_dir",
              str(folder), "--data.prepared", str(out), *map(str, common),

@@ -22,7 +22,7 @@ def _window(kind, accumulation, batch, out, processes=1):
         command = [sys.executable, str(WINDOW_SCRIPT)]
     else:
         command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-                   str(processes), "--main_process_port", str(29600 + (os.getpid() % 200)), str(WINDOW_SCRIPT)]
+                   str(processes), "--main_process_port", "0", str(WINDOW_SCRIPT)]  # 0: a free port
     result = subprocess.run([*command, kind, str(accumulation), str(batch), str(out)], cwd=out.parent, env=env,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

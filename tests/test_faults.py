@@ -46,7 +46,7 @@ def _cli(args, *, launcher=(), env_extra=None, env_drop=()):
 # `kiln-launch` (kiln/launcher.py): `accelerate launch` that ends with the training processes' own status and line
 KILN_LAUNCH = (sys.executable, "-m", "kiln.launcher", "--num_processes", "1", "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no")  # fmt: skip
-KILN_LAUNCH_2 = (*KILN_LAUNCH[:3], "--multi_gpu", "--num_processes", "2", *KILN_LAUNCH[5:])
+KILN_LAUNCH_2 = (*KILN_LAUNCH[:3], "--multi_gpu", "--num_processes", "2", "--main_process_port", "0", *KILN_LAUNCH[5:])
 CPU_PROCESSES = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
 
 

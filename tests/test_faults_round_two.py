@@ -52,7 +52,8 @@ def test_a_conll_word_line_without_its_tag_is_named_not_learnt_as_a_tag(kiln_che
 def multi_process_launch(script: str, *args, env_extra=None, timeout=300) -> tuple[int, str]:
     """`accelerate launch --multi_gpu --num_processes 2 SCRIPT ARGS...` on CPU (torchrun's agent, gloo)."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+              "--num_machines", "1", "--main_process_port", "0",  # 0: accelerate picks a free port
+              "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
     env = {key: value for key, value in os.environ.items() if not key.startswith(("ACCELERATE_", "FSDP_"))}
     env = {**env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "ACCELERATE_USE_CPU": "1", **(env_extra or {})}  # fmt: skip

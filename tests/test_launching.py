@@ -21,13 +21,13 @@ import sys
 import time
 
 import pytest
-from kiln_testing import REPO, losses
+from kiln_testing import REPO, free_port, losses
 
 from kiln.trainer import find_checkpoints
 
 QUICK = ["--training.eval_steps", 0]
 ONE_PROCESS = ("--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no")
-TWO_PROCESSES = ("--multi_gpu", "--num_processes", "2", *ONE_PROCESS[2:])
+TWO_PROCESSES = ("--multi_gpu", "--num_processes", "2", "--main_process_port", "0", *ONE_PROCESS[2:])  # 0: a free port
 ACCELERATE_LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # `accelerate launch`
 PYTHON_M_ACCELERATE = (sys.executable, "-m", "accelerate.commands.launch")
 KILN_LAUNCH = (sys.executable, "-m", "kiln.launcher")
@@ -197,21 +197,13 @@ def test_multi_process_kiln_launch_ends_on_the_one_line_error_said_once(tmp_path
     assert "Traceback" not in output and "ChildFailedError" not in output and "exitcode" not in output
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("launcher", ["python -m accelerate.commands.launch", "kiln-launch"])
 def test_an_error_on_one_node_is_said_once_by_that_process_and_every_node_stops(tmp_path, launcher):
     """Two nodes of one process each on loopback (gloo); node 1 cannot read the data (as on a node-local disk
     that lacks it). Node 1's process says so in one line naming it; node 0's process, whose first collective
     with it fails, stops without a traceback and says where the error is. Under accelerate's launcher torchrun
     then adds its ChildFailedError report on each node (docs/launching.md); under kiln-launch nothing follows."""
-    port = _free_port()
+    port = free_port()
     head = PYTHON_M_ACCELERATE if launcher.startswith("python") else KILN_LAUNCH
     missing = tmp_path / "not-on-node-1" / "*.txt"
     nodes = []

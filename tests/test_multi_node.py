@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from kiln_testing import DEBUG, REPO, losses
+from kiln_testing import DEBUG, REPO, free_port, losses
 
 from kiln.trainer import find_checkpoints
 
@@ -76,12 +76,12 @@ def _resume_latest(run_dir, disks, port: int, node_local: bool):
 
 def test_two_nodes_share_one_run_folder(tmp_path):
     run_dir = tmp_path / "run"
-    two_nodes(run_dir, 29721, False, *ARGS)
+    two_nodes(run_dir, free_port(), False, *ARGS)
     checkpoint = find_checkpoints(run_dir)[-1]
     # one writer: both processes' random states in the one checkpoint, the files once
     assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors"} <= {p.name for p in checkpoint.iterdir()}
     assert "save_on_each_node: false" in (run_dir / "config.yaml").read_text()
-    _resume_latest(run_dir, [run_dir], 29723, False)
+    _resume_latest(run_dir, [run_dir], free_port(), False)
 
 
 def test_two_nodes_with_node_local_disks(tmp_path):
@@ -89,7 +89,7 @@ def test_two_nodes_with_node_local_disks(tmp_path):
     if reason:
         pytest.skip(reason)
     run_dir = tmp_path / "run"
-    two_nodes(run_dir, 29725, True, *ARGS)
+    two_nodes(run_dir, free_port(), True, *ARGS)
     node1 = tmp_path / "run-node1-disk"
     # each node holds what it needs to go on: the config, the tokenizer and whole checkpoints
     for disk, rank in ((run_dir, 0), (node1, 1)):
@@ -101,4 +101,4 @@ def test_two_nodes_with_node_local_disks(tmp_path):
     assert (run_dir / "tokenizer/tokenizer.json").read_bytes() == (node1 / "tokenizer/tokenizer.json").read_bytes()
     assert "save_on_each_node: true" in (run_dir / "config.yaml").read_text()
     assert (run_dir / "final" / "model.safetensors").is_file() and not (node1 / "final").exists()
-    _resume_latest(run_dir, [run_dir, node1], 29727, True)
+    _resume_latest(run_dir, [run_dir, node1], free_port(), True)
