@@ -318,7 +318,7 @@ def test_two_processes_match_one(tmp_path):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--main_process_port", str(29640 + os.getpid() % 50), str(REPO / "pretrain/run.py"), "--config", DEBUG,
+         "--main_process_port", "0", str(REPO / "pretrain/run.py"), "--config", DEBUG,
          "--training.output_dir", str(two), *map(str, common), "--training.per_device_train_batch_size", "4",
          "--training.per_device_eval_batch_size", "8", "--tokenizer.name_or_path", str(one / "tokenizer")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
