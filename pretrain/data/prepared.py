@@ -32,7 +32,7 @@ import torch
 
 from kiln.config import resolve_path
 from .collator import CLMCollator
-from .common import DataError, main_process_first
+from .common import DataError
 from .nsp import IS_NEXT, NOT_NEXT, TASKS
 from .pipeline import DOCUMENT_POOL, EVAL_EPOCH, PAIR_TASK, PretrainingData, make_mlm_collator, validate_settings
 from .prepare import FORMAT, MANIFEST, PLAN, VERSION, merged_manifest, tokenizer_fingerprint
@@ -426,7 +426,10 @@ def build_prepared_data(
     accelerator=None,
     vocab_size: int | None = None,
 ) -> PretrainingData:
-    """PretrainingData from a prepared folder: the same examples as build_pretraining_data would give."""
+    """PretrainingData from a prepared folder: the same examples as build_pretraining_data would give.
+
+    `accelerator` is accepted for the same signature; nothing is written, so the processes need no ordering.
+    """
     validate_settings(data_cfg, model_kind, objective, max_position_embeddings)
     check_special_tokens(tokenizer, model_kind)
     if vocab_size is not None:
@@ -494,10 +497,6 @@ def build_prepared_data(
     if eval_dataset is not None and len(eval_dataset) == 0:
         eval_dataset = None
 
-    def build_train_once(epoch: int):
-        with main_process_first(accelerator):  # keeps the processes in step, as the in-memory path
-            return build_train(epoch)
-
     return PretrainingData(
         tokenizer=tokenizer,
         eval_dataset=eval_dataset,
@@ -506,7 +505,7 @@ def build_prepared_data(
         objective=objective,
         streaming=False,
         num_train_documents=len(train_docs),
-        _build_train=build_train_once,
+        _build_train=build_train,  # every process plans its own copy at once: nothing is written
     )
 
 
