@@ -150,14 +150,29 @@ class BestModel(TrainerCallback):
         last_eval_step = max((entry["step"] for entry in state.history if _is_eval(entry)), default=None)
         if state.best_step == last_eval_step == state.global_step:
             return state  # the final model is the best one
+        from accelerate import DistributedType
+
         from .export import quiet_transformers
 
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        with quiet_transformers():
-            best = type(model).from_pretrained(self.save_dir)
-        model.load_state_dict(best.state_dict())
-        del best
-        trainer.accelerator.print(f"loaded the best model (step {state.best_step}) from {self.save_dir}")
+        acc = trainer.accelerator
+        model = acc.unwrap_model(trainer.model)
+        sharded = acc.distributed_type == DistributedType.FSDP
+        best_state = {}
+        if acc.is_main_process or not sharded:
+            with quiet_transformers():
+                best = _model_class(model).from_pretrained(self.save_dir)
+            best_state = best.state_dict()
+            del best
+        if sharded:
+            # FSDP holds each process's shard of every weight: the full weights read by rank 0 are scattered into
+            # the shards by torch's state-dict API (the one accelerator.get_state_dict gathers them with)
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(trainer.model, best_state, options=options)
+        else:
+            model.load_state_dict(best_state)
+        acc.print(f"loaded the best model (step {state.best_step}) from {self.save_dir}")
         best_entry = next(
             (entry for entry in reversed(state.history) if entry["step"] == state.best_step and _is_eval(entry)),
             None,
@@ -165,6 +180,13 @@ class BestModel(TrainerCallback):
         if best_entry is None:
             return state
         return dataclasses.replace(state, history=[*state.history, dict(best_entry)])
+
+
+def _model_class(model) -> type:
+    """The model's own class: FSDP2 swaps it for a subclass made in torch's FSDP module."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
 
 
 def _is_eval(entry: dict) -> bool:

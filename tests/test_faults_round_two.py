@@ -344,3 +344,82 @@ def test_under_deepspeed_a_nan_loss_is_caught_before_the_engine_steps(tmp_path, 
     assert curve[3] != curve[3] and all(curve[s] == curve[s] for s in (1, 2, 4, 5, 6))
     weights = load_file(out / "final" / "model.safetensors")
     assert all(bool(torch.isfinite(w).all()) for w in weights.values())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 12: the best model under FSDP2
+
+_BEST_UNDER_FSDP2 = """\
+import sys, types, json
+import torch, torch.distributed as dist
+from accelerate import DistributedType
+from accelerate.utils import FullyShardedDataParallelPlugin
+from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+sys.path.insert(0, "tests")
+from kiln_testing import tiny_encoder_config
+from kiln.callbacks import BestModel
+from kiln.trainer import TrainState
+from pretrain.modeling import KilnEncoderForPreTraining
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+full = lambda m: get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+torch.manual_seed(0)
+model = KilnEncoderForPreTraining(tiny_encoder_config())
+accelerator = types.SimpleNamespace(  # what BestModel reads of accelerate's Accelerator under FSDP2
+    state=types.SimpleNamespace(fsdp_plugin=FullyShardedDataParallelPlugin()), mixed_precision="no",
+    is_main_process=rank == 0, is_local_main_process=rank == 0, device=torch.device("cpu"),
+    torch_device_mesh=None, parallelism_config=None, distributed_type=DistributedType.FSDP, get_state_dict=full,
+    unwrap_model=lambda m: m, wait_for_everyone=dist.barrier, print=lambda *a: print(*a) if rank == 0 else None,
+)
+sharded = fsdp2_prepare_model(accelerator, model)
+state = TrainState(global_step=2, best_step=2, best_metric=0.5, history=[{"step": 2, "eval/loss": 0.5}])
+trainer = types.SimpleNamespace(accelerator=accelerator, model=sharded, state=state,
+                                training=types.SimpleNamespace(metric_for_best_model="loss"))
+best = BestModel(sys.argv[1], tokenizer=None)
+best.on_best(trainer, state)
+best_weights = {k: v.clone() for k, v in full(sharded).items()}
+with torch.no_grad():  # later steps move every weight away from the best
+    for p in sharded.parameters():
+        p.add_(1.0)
+state.global_step = 4
+state.history.append({"step": 4, "eval/loss": 0.9})
+moved = full(sharded)
+card_state = best._load_best(trainer, state)
+loaded = full(sharded)
+if rank == 0:
+    print("RESULT", json.dumps(dict(
+        moved=max(float((moved[k] - best_weights[k]).abs().max()) for k in best_weights),
+        worst=max(float((loaded[k] - best_weights[k]).abs().max()) for k in best_weights),
+        keys=sorted(loaded) == sorted(best_weights), card_step=card_state.history[-1]["step"],
+        tied=sharded.mlm_head.decoder.weight is sharded.model.embeddings.word_embeddings.weight)))
+dist.destroy_process_group()
+"""
+
+
+def test_the_best_model_under_fsdp2_is_saved_and_loaded_back_into_the_shards(tmp_path):
+    """BestModel with accelerate's own FSDP2 preparation of the shipped config, 2 gloo processes on CPU (as
+    tests/test_engines.py; accelerate runs FSDP on CPU only at this level): the best weights saved from the
+    shards come back into them at the end, after later steps moved them."""
+    import json
+    import socket
+
+    from test_engines import FSDP_YAML, launch_env
+
+    script = tmp_path / "best_fsdp2.py"
+    script.write_text(_BEST_UNDER_FSDP2)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
+    env = {**keep, **launch_env(FSDP_YAML), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    done = subprocess.run([*command, str(script), str(tmp_path / "best")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    assert result["moved"] >= 1.0 - 1e-6 and result["keys"] and result["tied"]
+    assert result["worst"] == 0.0, result
+    assert result["card_step"] == 2  # the card describes the best evaluation
+    assert (tmp_path / "best" / "model.safetensors").is_file()
