@@ -241,9 +241,15 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
             setattr(obj, key, _convert(value, tp, dotted))
 
 
-def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a YAML config; `_base_: other.yaml` (or a list of them) is merged underneath, relative to the file."""
+def load_yaml(path: str | os.PathLike, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a YAML config; `_base_: other.yaml` (or a list of them) is merged underneath, relative to the file.
+    (`_chain`: the files whose `_base_` led here, to name a loop instead of recursing forever.)"""
     path = Path(path)
+    if path.resolve() in [p.resolve() for p in _chain]:
+        loop = " -> ".join(p.name for p in (*_chain[[p.resolve() for p in _chain].index(path.resolve()) :], path))
+        raise ConfigError(
+            f"the _base_ chain of {_chain[0]} loops: {loop}; remove the _base_ entry that leads back"
+        )
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}. Pick one of the YAML files under configs/ or fix the path.")
     try:
@@ -256,7 +262,7 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     bases = [bases] if isinstance(bases, str) else bases
     merged: dict[str, Any] = {}
     for base in bases:
-        _deep_merge(merged, load_yaml(path.parent / base))
+        _deep_merge(merged, load_yaml(path.parent / base, (*_chain, path)))
     _deep_merge(merged, data)
     return merged
 
@@ -395,6 +401,10 @@ def validate_run_sections(config: Any) -> None:
         )
 
 
+MIXED_PRECISIONS = ("no", "bf16", "fp16", "fp8")
+"""The values of training.mixed_precision (accelerate's)."""
+
+
 def check_training_values(training: Any) -> None:
     """Signs and ranges of the training section, each a one-line ConfigError naming the fix."""
     out = training.output_dir
@@ -412,6 +422,12 @@ def check_training_values(training: Any) -> None:
         raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
     if not (training.lr >= 0 and training.lr < float("inf")):
         raise ConfigError(f"training.lr must be a non-negative number, got {training.lr}")
+    if training.lr == 0:  # every step would leave the weights as they are, and the untrained model be exported
+        raise ConfigError(f"training.lr must be a positive number (0 trains nothing), got {float(training.lr)}")
+    if training.mixed_precision is not None and training.mixed_precision not in MIXED_PRECISIONS:
+        raise ConfigError(
+            f"training.mixed_precision {training.mixed_precision!r} is unknown; use one of: {', '.join(MIXED_PRECISIONS)}"
+        )
     if training.save_total_limit is not None and training.save_total_limit < 0:
         raise ConfigError(
             f"training.save_total_limit must be a positive number of checkpoints to keep (0 or none: keep all), "

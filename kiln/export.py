@@ -91,6 +91,7 @@ def _save_pretrained(model, state_dict: dict, save_dir: Path, tokenizer) -> None
         for sub_config in configs:
             sub_config.auto_map = None
         model.save_pretrained(save_dir, state_dict=state_dict, safe_serialization=True)
+        follow_umask(save_dir)
     finally:
         for name, value in in_training.items():
             setattr(config, name, value)
@@ -98,6 +99,29 @@ def _save_pretrained(model, state_dict: dict, save_dir: Path, tokenizer) -> None
             sub_config.auto_map = auto_map
     if tokenizer is not None:
         tokenizer.save_pretrained(save_dir)
+
+
+def follow_umask(folder: Path) -> None:
+    """safetensors writes its files owner-only (0600, through a temporary file renamed into place) whatever the
+    umask; give the weights the mode every other file of the folder gets (0644 under umask 0022), so a teammate or
+    a serving user on a shared machine can read an exported model."""
+    mode = 0o666 & ~current_umask()
+    for path in Path(folder).rglob("*.safetensors"):
+        os.chmod(path, mode)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc/self/status)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o077)  # elsewhere: read by setting it, for an instant, to a value that exposes nothing
+    os.umask(mask)
+    return mask
 
 
 def check_finite_weights(model, save_dir: Path) -> None:

@@ -33,6 +33,7 @@ from transformers import get_scheduler
 from .callbacks import RunEnd, TrainerCallback
 from .config import ConfigError, LoggingConfig, TrainingConfig, disk_writes, flatten, save_config
 from .elastic import convert_position, layout_of, saved_layout
+from .export import follow_umask
 from .fingerprint import write_fingerprint
 from .nodes import resolve_disk_layout, writes_run_files
 from .public import public_config, save_public_config
@@ -154,6 +155,12 @@ def align_engine(accelerator: Accelerator, training: TrainingConfig) -> None:
     None), refuse an accumulation count that `accelerate launch` overrode, and align DeepSpeed with Kiln."""
     if training.mixed_precision is None:
         training.mixed_precision = str(accelerator.mixed_precision)
+    if str(accelerator.mixed_precision) == "fp16" and accelerator.device.type == "cpu":
+        # accelerate turns fp16 autocast off on a CPU: the run would be fp32 while its config and card say fp16
+        raise ConfigError(
+            "training.mixed_precision fp16 is not applied on a CPU (accelerate runs it in fp32); use bf16, which "
+            "is, or no (from --training.mixed_precision or the accelerate config / launch --mixed_precision)"
+        )
     if accelerator.gradient_accumulation_steps != training.gradient_accumulation_steps:
         # accelerate reads ACCELERATE_GRADIENT_ACCUMULATION_STEPS (set by `accelerate launch` from a DeepSpeed
         # section's gradient_accumulation_steps or --gradient_accumulation_steps) over the value Kiln passes
@@ -805,6 +812,7 @@ class Trainer:
                 acc.save_state(str(tmp))
                 acc.wait_for_everyone()
                 if writer:
+                    follow_umask(tmp)  # safetensors writes model.safetensors owner-only
                     meta = {"global_step": self.state.global_step, "epoch": self.state.epoch, **self.metadata,
                             **layout_of(self.training, acc.num_processes).as_dict()}
                     (tmp / TRAINER_STATE_FILE).write_text(json.dumps(meta, indent=2))

@@ -239,11 +239,12 @@ def test_classify_sentence_pairs_with_float_labels_is_regression(kiln_checkpoint
             f.write(json.dumps({"sentence1": f"{a} was here", "sentence2": f"{b} was there",
                                 "score": 5.0 if a == b else rng.uniform(0, 2)}) + "\n")  # fmt: skip
     out = tmp_path / "run"
-    # lr 0: the eval loss cannot improve after the first epoch, so patience 1 stops training after the second
+    # lr 1e-30, too small to change any weight (0 is refused): the eval loss cannot improve after the first
+    # epoch, so patience 1 stops training after the second
     result = classify(
         "--model.checkpoint", encoder, "--training.output_dir", out, "--data.train_file", path,
         "--data.validation_file", "", "--data.test_file", "", "--data.label_column", "score",
-        "--data.validation_split_percentage", 25, "--training.num_train_epochs", 5, "--training.lr", 0,
+        "--data.validation_split_percentage", 25, "--training.num_train_epochs", 5, "--training.lr", 1e-30,
         "--training.metric_for_best_model", "loss", "--training.greater_is_better", "false",
         "--training.early_stopping_patience", 1,
         # 16 per optimizer step = 8 per device x 2 accumulated micro-steps (ignored, 32 per device: 1 step/epoch)
@@ -255,7 +256,7 @@ def test_classify_sentence_pairs_with_float_labels_is_regression(kiln_checkpoint
     assert result.state.stop_reason == "early_stopping" and result.state.global_step == 2 * steps_per_epoch
     evals = eval_rows(out)
     assert {"eval/pearson", "eval/spearmanr", "eval/mse"} <= set(evals[-1])
-    # at lr 0 the model never changes: every evaluation scores the same predictions (dropout is off in evaluation)
+    # at lr 1e-30 the model never changes: every evaluation scores the same predictions (dropout is off in evaluation)
     assert len(evals) >= 2 and len({(row["eval/pearson"], row["eval/mse"]) for row in evals}) == 1
     assert result.state.best_step == steps_per_epoch and result.predictions_file is None
     config = json.loads((out / "final" / "config.json").read_text())
@@ -433,8 +434,8 @@ def test_seq2seq_translation_from_scratch(kiln_checkpoints, tmp_path):
         "--data.test_file", tmp_path / "test.en", "--training.per_device_train_batch_size", 16,
         "--generation.max_new_tokens", 8,
     )  # fmt: skip
-    # the untrained start, scored: one step at learning rate 0 changes no weight
-    seq2seq(*command, "--training.output_dir", tmp_path / "untrained", "--training.max_steps", 1, "--training.lr", 0)
+    # the untrained start, scored: one step at learning rate 1e-30 changes no weight (0 is refused)
+    seq2seq(*command, "--training.output_dir", tmp_path / "untrained", "--training.max_steps", 1, "--training.lr", 1e-30)
     out = tmp_path / "run"
     result = seq2seq(*command, "--training.output_dir", out, "--training.max_steps", 12, "--training.lr", 5e-3)
     untrained, last = eval_rows(tmp_path / "untrained")[-1], eval_rows(out)[-1]

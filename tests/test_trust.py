@@ -18,12 +18,12 @@ ACCELERATE = (sys.executable, "-m", "accelerate.commands.launch", "--num_process
 ONE_STEP = ["--training.max_steps", 1, "--training.eval_steps", 0, "--training.save_steps", 0]
 
 
-def launch(script: str, *args, env_extra=None) -> subprocess.Popen:
+def launch(script: str, *args, env_extra=None, umask: int = -1) -> subprocess.Popen:
     """`accelerate launch SCRIPT ARGS` from the repo root, started (not waited for)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env_extra or {})}
     return subprocess.Popen(
         [*ACCELERATE, str(REPO / script), *map(str, args)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, umask=umask,
     )  # fmt: skip
 
 
@@ -171,3 +171,49 @@ def test_nothing_published_names_a_local_path(tmp_path, hub):
         assert text.name in card
     assert "sha256" in card
     assert f"{corpus}/*.txt" in (out / "config.yaml").read_text()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 3: every file a run writes follows the umask, the weights included
+
+
+def test_every_saved_file_follows_the_umask(tmp_path, kiln_checkpoints):  # noqa: F811
+    encoder, _ = kiln_checkpoints
+    out = tmp_path / "f"
+    args = classify_args(tmp_path, encoder, "f")
+    args[args.index("--training.max_steps") + 1] = 2
+    args[args.index("--training.save_steps") + 1] = 1
+    args[args.index("--training.eval_steps") + 1] = 1  # an evaluation at each step: best/ is written
+    ((code, output),) = finish(launch("finetune/classify.py", *args, umask=0o022))
+    assert code == 0, output[-3000:]
+    folders = [out / "final", out / "best", *sorted((out / "checkpoints").iterdir())]
+    assert len(folders) >= 3 and all(folder.is_dir() for folder in folders)
+    modes = {str(p.relative_to(out)): oct(p.stat().st_mode & 0o777) for f in folders for p in f.rglob("*") if p.is_file()}
+    assert any(name.endswith("model.safetensors") for name in modes)
+    assert {name: mode for name, mode in modes.items() if mode != oct(0o644)} == {}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# items 6, 9, 15, 18: settings that would silently do something else are one line
+
+
+def test_settings_that_would_train_otherwise_than_asked_are_one_line(tmp_path):
+    (tmp_path / "a.yaml").write_text("_base_: b.yaml\ntraining:\n  max_steps: 2\n")
+    (tmp_path / "b.yaml").write_text("_base_: a.yaml\nmodel:\n  hidden_size: 32\n")
+    cases = {
+        "lr 0": (["--config", DEBUG, "--training.lr", 0],
+                 "error: training.lr must be a positive number (0 trains nothing), got 0.0"),
+        "fp8 typo": (["--config", DEBUG, "--training.mixed_precision", "fp8x"],
+                     "error: training.mixed_precision 'fp8x' is unknown; use one of: no, bf16, fp16, fp8"),
+        "fp16 on CPU": (["--config", DEBUG, "--training.mixed_precision", "fp16"],
+                        "error: training.mixed_precision fp16 is not applied on a CPU"),
+        "base loop": (["--config", tmp_path / "a.yaml"],
+                      f"error: the _base_ chain of {tmp_path / 'a.yaml'} loops: a.yaml -> b.yaml -> a.yaml"),
+    }  # fmt: skip
+    procs = {name: launch("pretrain/run.py", *args, "--training.output_dir", tmp_path / name.replace(" ", "-"))
+             for name, (args, _) in cases.items()}  # fmt: skip
+    for (name, (_, expected)), (code, output) in zip(cases.items(), finish(*procs.values())):
+        assert code != 0, (name, output[-2000:])
+        assert error_line(output).startswith(expected), (name, error_line(output))
+        assert "Traceback" not in output.split("error: ")[0], (name, output[-2000:])  # the training process's own
+        assert not (tmp_path / name.replace(" ", "-")).exists(), name
