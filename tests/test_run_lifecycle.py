@@ -201,3 +201,23 @@ def test_a_truncated_checkpoint_without_checksums_falls_back_to_the_previous_one
     assert "skipping damaged checkpoint(s) step-00000004: model.safetensors is truncated" in caplog.text
     assert "resuming from step-00000002, the newest valid one" in caplog.text
     assert state.global_step == 4 and losses(out) == reference
+
+
+def test_a_prepared_corpus_is_fingerprinted_by_its_manifest(tmp_path):
+    """`--data.prepared`: the sources the manifest records name what changed; a re-tokenized folder differs too."""
+    from types import SimpleNamespace
+
+    from kiln.fingerprint import data_changes, data_fingerprint
+
+    folder = tmp_path / "prepared"
+    folder.mkdir()
+    manifest = {"sources": {"train": [{"name": "a.txt", "bytes": 10, "sha256": "aa"}]},
+                "shards": {"train": [{"name": "train-00000", "sha256": "s1"}]}}  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    data = SimpleNamespace(prepared=str(folder), data_files=["ignored/*.txt"])
+    before = data_fingerprint(data)
+    assert sorted(before) == ["prepared shards", "train: a.txt"]
+    manifest["sources"]["train"][0].update(bytes=12, sha256="bb")
+    manifest["shards"]["train"][0]["sha256"] = "s2"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert data_changes(before, data_fingerprint(data)) == ["prepared shards content changed", "train: a.txt 10 -> 12 bytes"]
