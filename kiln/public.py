@@ -66,6 +66,9 @@ def describe_data_files(patterns: list[str]) -> list[str]:
     """Local data files (paths or glob patterns) as `name (size, sha256 prefix)` lines for a model card; a pattern
     that matches nothing here is named by its last part."""
     from .config import resolve_path
+    from .fingerprint import sha256_file
+
+    # sha256_file is cached per process: the checkpoints' data fingerprints have hashed these files already
 
     described, files = [], []
     for pattern in patterns:
@@ -74,21 +77,13 @@ def describe_data_files(patterns: list[str]) -> list[str]:
             described.append(f"`{public_name(pattern)}`")
         files += matched
     for path in files[:MAX_FILES_LISTED]:
-        described.append(f"`{os.path.basename(path)}` ({os.path.getsize(path):,} bytes, sha256 {_sha256(path)[:16]})")
+        described.append(f"`{os.path.basename(path)}` ({os.path.getsize(path):,} bytes, sha256 {sha256_file(path)[:16]})")
     if len(files) > MAX_FILES_LISTED:
         rest = files[MAX_FILES_LISTED:]
-        digest = hashlib.sha256("".join(_sha256(p) for p in rest).encode()).hexdigest()
+        digest = hashlib.sha256("".join(sha256_file(p) for p in rest).encode()).hexdigest()
         size = sum(os.path.getsize(p) for p in rest)
         described.append(f"{len(rest)} more files ({size:,} bytes, sha256 of their hashes {digest[:16]})")
     return described
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 __all__ = ["describe_data_files", "is_local_path", "public_config", "public_name", "save_public_config"]
