@@ -10,7 +10,8 @@ a user would, `python -m pretrain.data prepare` with the default run config at e
   tokenizer sample training included; mb_per_cpu_s = corpus MB / cpu_s;
 - wall_s, and the load average (1 min) before and after, since the machine may be shared;
 - peak_rss_mb: the largest sum of the resident memory of the prepare process tree, polled every 0.1 s with
-  psutil (ru_maxrss of the children, the largest single process, is recorded too);
+  psutil (peak_pss_mb: the same with proportional set sizes, which count pages shared by the forked workers
+  once; ru_maxrss of the children, the largest single process, is recorded too);
 - disk_mb: the size of the prepared folder;
 - first_step_s (once per layout and size, on the num_proc 1 folder): from starting `accelerate launch
   pretrain/run.py --data.prepared DIR` (one process) to its first logged training step.
@@ -84,10 +85,11 @@ def folder_bytes(folder: Path) -> int:
 
 
 class TreeMemory:
-    """Peak of the summed RSS of a process and its descendants, polled in a thread."""
+    """Peaks of the summed RSS and PSS of a process and its descendants, polled in a thread. The RSS sum counts
+    pages the forked workers share with their parent (the imported libraries) once per process; PSS splits them."""
 
     def __init__(self, pid: int, interval: float = 0.1):
-        self.pid, self.interval, self.peak = pid, interval, 0
+        self.pid, self.interval, self.peak, self.peak_pss = pid, interval, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -96,13 +98,14 @@ class TreeMemory:
         while not self._stop.is_set():
             try:
                 root = psutil.Process(self.pid)
-                total = root.memory_info().rss
-                for child in root.children(recursive=True):
+                total = pss = 0
+                for process in [root, *root.children(recursive=True)]:
                     try:
-                        total += child.memory_info().rss
+                        info = process.memory_full_info()
+                        total, pss = total + info.rss, pss + getattr(info, "pss", info.rss)
                     except psutil.Error:
                         pass
-                self.peak = max(self.peak, total)
+                self.peak, self.peak_pss = max(self.peak, total), max(self.peak_pss, pss)
             except psutil.Error:
                 pass
             self._stop.wait(self.interval)
@@ -138,6 +141,7 @@ def run_prepare(corpus: Path, output: Path, num_proc: int, extra: list[str]) -> 
         "cpu_s": round(cpu, 2),
         "wall_s": round(wall, 2),
         "peak_rss_mb": round(peak / MB, 1),
+        "peak_pss_mb": round(memory.peak_pss / MB, 1),
         "children_maxrss_mb": round(after.ru_maxrss * 1024 / MB, 1),  # Linux: KiB; the largest single process
         "disk_mb": round(folder_bytes(output) / MB, 1),
         "load_before": round(load_before, 2),
