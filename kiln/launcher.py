@@ -230,8 +230,8 @@ def watch_for_failures(interval_s: float = 0.5) -> None:
     the backend's timeout (minutes) or end in its traceback."""
     if _failure_board() is None:
         return
+    import atexit
     import threading
-    import time
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -243,10 +243,11 @@ def watch_for_failures(interval_s: float = 0.5) -> None:
     except Exception:  # noqa: BLE001
         return
 
+    stop = threading.Event()
+
     def watch():
         key = _key()
-        while True:
-            time.sleep(interval_s)
+        while not stop.wait(interval_s):
             try:
                 if not board.check([key]):
                     continue
@@ -257,7 +258,16 @@ def watch_for_failures(interval_s: float = 0.5) -> None:
                 end_after_peer(who)
             return
 
-    threading.Thread(target=watch, name="kiln-failure-watch", daemon=True).start()
+    watcher = threading.Thread(target=watch, name="kiln-failure-watch", daemon=True)
+    watcher.start()
+
+    def stop_watching():
+        # a daemon thread still inside a store call while the interpreter tears down (and with it torch's C++
+        # objects) can abort the process at exit; end it first
+        stop.set()
+        watcher.join(timeout=5)
+
+    atexit.register(stop_watching)
 
 
 # ------------------------------------------------------------------------------------------------------------
