@@ -219,6 +219,10 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         except (TypeError, ValueError):
             raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}") from None
     if tp is str:
+        if isinstance(value, bool):
+            # YAML 1.1 reads an unquoted no/yes (off/on, false/true) as a boolean: for a text field such as
+            # mixed_precision, whose values include "no", the user meant the word
+            return "yes" if value else "no"
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)

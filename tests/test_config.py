@@ -27,6 +27,16 @@ def test_dotted_overrides_are_typed():
     assert config.data.streaming is True
 
 
+def test_a_yaml_boolean_word_given_to_a_text_field_is_that_word(tmp_path):
+    # YAML 1.1 reads an unquoted `no` as False; mixed_precision's values include "no"
+    assert build_config(RunConfig, ["--training.mixed_precision", "no"]).training.mixed_precision == "no"
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("training:\n  mixed_precision: no\n")
+    config = build_config(RunConfig, ["--config", str(config_file)])
+    assert config.training.mixed_precision == "no"
+    validate_run_sections(config)  # a valid value, not "unknown 'False'"
+
+
 def test_list_and_none_overrides():
     config = build_config(
         RunConfig, ["--data.data_files", "a.txt,b.txt", "--training.max_train_time_s", "none"]
