@@ -19,11 +19,11 @@ from dataclasses import dataclass, field  # noqa: E402
 from finetune.common import (  # noqa: E402
     EncoderModelConfig,
     EvalConfig,
-    cli,
     finetune_training,
     is_fine_tuned,
     pop_flags,
     report_truncation,
+    run_finetune_cli,
 )
 from finetune.runner import FinetuneTask, encoder_checkpoint, encoder_head, encoder_model, run_task  # noqa: E402
 from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
@@ -272,7 +272,7 @@ def make_scoring(labels: Labels):
 
 def start(config):
     """The GLUE preset (--data.glue_task) and the checkpoint, before the run starts."""
-    from finetune.glue import apply_preset
+    from finetune.glue_tasks import apply_preset
 
     return encoder_checkpoint(
         config, apply_preset(config.data, config.training) if config.data.glue_task else {}
@@ -358,4 +358,4 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    cli(main)
+    run_finetune_cli(main)

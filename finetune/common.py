@@ -141,7 +141,7 @@ def check_best_metric(training: TrainingConfig, available: Sequence[str], defaul
 # checkpoints
 
 
-def resolve_checkpoint(spec: str, option: str, expected: Sequence[str], revision: str | None = None):
+def resolve_start_model(spec: str, option: str, expected: Sequence[str], revision: str | None = None):
     """A Kiln checkpoint as a local folder or Hub id -> (path or id, its transformers config).
 
     `option` names the setting in errors (e.g. "--model.checkpoint"); `expected` lists the accepted
@@ -187,7 +187,7 @@ def resolve_checkpoint(spec: str, option: str, expected: Sequence[str], revision
     return path, config
 
 
-def load_tokenizer(path: str, option: str, revision: str | None = None, subfolder: str = ""):
+def load_checkpoint_tokenizer(path: str, option: str, revision: str | None = None, subfolder: str = ""):
     """The tokenizer saved with checkpoint `path` (`option` names the setting in errors); a tokenizer that needs
     code of its own (auto_map) is refused in one line, never run nor asked about."""
     from transformers import AutoTokenizer
@@ -700,7 +700,7 @@ def run_prediction(config, accelerator, job: FinetuneJob) -> FinetuneResult:
     return FinetuneResult(None, None, metrics, path)
 
 
-def cli(main: Callable, argv: list[str] | None = None):
+def run_finetune_cli(main: Callable, argv: list[str] | None = None):
     """Run a script's main(); user errors print one line `error: ...` and exit with status 2."""
     def user_errors():
         from finetune.data import FinetuneDataError
@@ -718,14 +718,14 @@ __all__ = [
     "FinetuneResult",
     "check_best_metric",
     "check_vocabulary",
-    "cli",
+    "run_finetune_cli",
     "data_files",
     "dataset_names",
     "finetune_training",
     "hub_base_models",
     "initialisation",
     "is_fine_tuned",
-    "load_tokenizer",
+    "load_checkpoint_tokenizer",
     "make_loader",
     "only_test_split",
     "pop_flags",
@@ -734,7 +734,7 @@ __all__ = [
     "quiet_transformers",
     "report_loading",
     "report_truncation",
-    "resolve_checkpoint",
+    "resolve_start_model",
     "run_finetuning",
     "scratch_model",
     "run_prediction",

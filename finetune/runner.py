@@ -10,7 +10,7 @@ inference, metric and prediction rows. `run_task` runs every script the same way
     -> tokenized splits (`tokenize`) -> `FinetuneJob` -> run_finetuning, or run_prediction with --predict
 
 A head that needs no label set (seq2seq) is built right after seeding, before the data is read. User errors
-raise (ConfigError, FinetuneDataError); a script's `__main__` runs `main` under `finetune.common.cli`, which
+raise (ConfigError, FinetuneDataError); a script's `__main__` runs `main` under `finetune.common.run_finetune_cli`, which
 prints them as one line.
 """
 
@@ -28,13 +28,13 @@ from finetune.common import (
     data_files,
     dataset_names,
     initialisation,
-    load_tokenizer,
+    load_checkpoint_tokenizer,
     only_test_split,
     positions_limit,
     predict_files,
     quiet_transformers,
     report_loading,
-    resolve_checkpoint,
+    resolve_start_model,
     run_finetuning,
     run_prediction,
     scratch_model,
@@ -181,7 +181,7 @@ class EncoderStart(NamedTuple):
 def encoder_checkpoint(config, loader_options: dict | None = None) -> EncoderStart:
     """--model.checkpoint resolved as a Kiln encoder."""
     model_cfg = config.model
-    path, checkpoint_config = resolve_checkpoint(
+    path, checkpoint_config = resolve_start_model(
         model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder",), model_cfg.revision
     )
     return EncoderStart(path, checkpoint_config, loader_options or {})
@@ -194,7 +194,7 @@ def encoder_head(config, path: str, build: Callable[[], Any], num_labels: int, f
     from pretrain.modeling import count_flops_per_token
 
     model_cfg = config.model
-    tokenizer = load_tokenizer(path, "--model.checkpoint", model_cfg.revision)
+    tokenizer = load_checkpoint_tokenizer(path, "--model.checkpoint", model_cfg.revision)
     model = build()
     check_vocabulary(tokenizer, model.config, model_cfg.checkpoint)
     max_length = positions_limit(
@@ -239,7 +239,7 @@ def encoder_model(auto_class, path: str, model_cfg, new_head: dict | None, head_
     if model_cfg.from_scratch:
         return scratch_model(auto_class, path, model_cfg, **kwargs)
     with quiet_transformers():
-        # a Kiln type (resolve_checkpoint): Kiln's registered class, never the checkpoint's own code
+        # a Kiln type (resolve_start_model): Kiln's registered class, never the checkpoint's own code
         model, info = auto_class.from_pretrained(path, output_loading_info=True, trust_remote_code=False, **kwargs)
     report_loading(info, path, allowed_missing=lambda key: key.startswith(head_prefixes))
     fine_tuned_before = not any(key.startswith("classifier.") for key in info["missing_keys"])

@@ -32,15 +32,15 @@ from finetune.common import (  # noqa: E402
     EvalConfig,
     check_best_metric,
     check_vocabulary,
-    cli,
     finetune_training,
-    load_tokenizer,
+    load_checkpoint_tokenizer,
     pop_flags,
     positions_limit,
     quiet_transformers,
     report_loading,
     report_truncation,
-    resolve_checkpoint,
+    resolve_start_model,
+    run_finetune_cli,
 )
 from finetune.runner import FinetuneTask, Head, run_task  # noqa: E402
 from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
@@ -185,8 +185,8 @@ class Seq2SeqTokenizers:
     @classmethod
     def from_pretrained(cls, path: str, revision: str | None = None) -> Seq2SeqTokenizers:
         return cls(
-            load_tokenizer(path, "--model.checkpoint", revision, subfolder=cls.ENCODER_FOLDER),
-            load_tokenizer(path, "--model.checkpoint", revision, subfolder=cls.DECODER_FOLDER),
+            load_checkpoint_tokenizer(path, "--model.checkpoint", revision, subfolder=cls.ENCODER_FOLDER),
+            load_checkpoint_tokenizer(path, "--model.checkpoint", revision, subfolder=cls.DECODER_FOLDER),
         )
 
 
@@ -205,7 +205,7 @@ def build_model(model_cfg, predict: bool):
 
     revision, attn = model_cfg.revision, model_cfg.attn_implementation
     if model_cfg.checkpoint:
-        path, _ = resolve_checkpoint(
+        path, _ = resolve_start_model(
             model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder_decoder", "encoder-decoder"), revision
         )
         with quiet_transformers():  # a Kiln folder, or an older plain EncoderDecoderModel one
@@ -216,10 +216,10 @@ def build_model(model_cfg, predict: bool):
         raise ConfigError(
             "--predict needs --model.checkpoint pointing at a fine-tuned seq2seq folder, e.g. runs/seq2seq-scitldr/final"
         )
-    encoder_path, encoder_config = resolve_checkpoint(
+    encoder_path, encoder_config = resolve_start_model(
         model_cfg.encoder_checkpoint, "--model.encoder_checkpoint", ("kiln_encoder",), revision
     )
-    decoder_path, decoder_config = resolve_checkpoint(
+    decoder_path, decoder_config = resolve_start_model(
         model_cfg.decoder_checkpoint, "--model.decoder_checkpoint", ("kiln_decoder",), revision
     )
     if model_cfg.from_scratch:
@@ -246,8 +246,8 @@ def build_model(model_cfg, predict: bool):
     with quiet_transformers():
         model = KilnEncoderDecoderModel(encoder=encoder, decoder=decoder)
     tokenizers = Seq2SeqTokenizers(
-        load_tokenizer(encoder_path, "--model.encoder_checkpoint", revision),
-        load_tokenizer(decoder_path, "--model.decoder_checkpoint", revision),
+        load_checkpoint_tokenizer(encoder_path, "--model.encoder_checkpoint", revision),
+        load_checkpoint_tokenizer(decoder_path, "--model.decoder_checkpoint", revision),
     )
     check_vocabulary(tokenizers.encoder, model.config.encoder, model_cfg.encoder_checkpoint)
     check_vocabulary(tokenizers.decoder, model.config.decoder, model_cfg.decoder_checkpoint)
@@ -533,4 +533,4 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    cli(main)
+    run_finetune_cli(main)

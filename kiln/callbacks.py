@@ -24,18 +24,38 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .config import HubConfig, LoggingConfig, flatten
+from .train_state import TrainState
 
 if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+
+    from .config import TrainingConfig
     from .export import ModelCardFacts
-    from .trainer import Trainer, TrainState
 
 logger = logging.getLogger("kiln")
 
 SIGNAL_GRACE_S = 5.0
 """After a stop signal, how long queued Hub pushes may still take before they are handed to the user."""
+
+
+class RunningTrainer(Protocol):
+    """What a callback sees of the Trainer that calls it (`kiln.trainer.Trainer`), described here so that this
+    module needs no import of the Trainer, which imports this one."""
+
+    accelerator: Accelerator
+    model: torch.nn.Module
+    """The prepared model (wrapped by accelerate)."""
+    training: TrainingConfig
+    run_config: Any
+    """The app's whole config (its dataclass: sections training, logging, hub, model, data, ...)."""
+    output_dir: Path
+    state: TrainState
+    stop_signals: int
+    """How many stop signals (SIGTERM, SIGINT) the run received."""
 
 
 @dataclass
@@ -65,20 +85,20 @@ class RunEnd:
 class TrainerCallback:
     """Hooks of a run's lifecycle; a callback overrides those it needs. `trainer.model` is the prepared model."""
 
-    def on_train_begin(self, trainer: Trainer) -> None:
+    def on_train_begin(self, trainer: RunningTrainer) -> None:
         """Once the model is prepared, before a resume and the first step."""
 
-    def on_save(self, trainer: Trainer, checkpoint: Path, state: TrainState) -> None:
+    def on_save(self, trainer: RunningTrainer, checkpoint: Path, state: TrainState) -> None:
         """After a complete checkpoint was written to `checkpoint` (on every process)."""
 
-    def on_best(self, trainer: Trainer, state: TrainState) -> None:
+    def on_best(self, trainer: RunningTrainer, state: TrainState) -> None:
         """After an evaluation that improved training.metric_for_best_model (on every process)."""
 
-    def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
+    def on_train_end(self, trainer: RunningTrainer, end: RunEnd) -> None:
         """After the loop and its final evaluation; also when a signal, an error or a divergence ended the run
         (`end.completed` is then False): close what on_train_begin opened, export nothing."""
 
-    def download_checkpoint(self, trainer: Trainer, spec: str, local_dir: str) -> str | None:
+    def download_checkpoint(self, trainer: RunningTrainer, spec: str, local_dir: str) -> str | None:
         """The local folder of the `hub:` checkpoint `spec` downloaded into `local_dir`; None: not this callback's."""
         return None
 
@@ -89,7 +109,7 @@ class Trackers(TrainerCallback):
     def __init__(self, logging_cfg: LoggingConfig):
         self.logging = logging_cfg
 
-    def on_train_begin(self, trainer: Trainer) -> None:
+    def on_train_begin(self, trainer: RunningTrainer) -> None:
         if self.logging.report_to == "none":
             return
         out = str(trainer.training.output_dir)
@@ -98,13 +118,13 @@ class Trackers(TrainerCallback):
             self.logging.project, config=tracker_config(trainer.run_config), init_kwargs=init_kwargs
         )
 
-    def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
+    def on_train_end(self, trainer: RunningTrainer, end: RunEnd) -> None:
         trainer.accelerator.end_training()
 
 
 def tracker_config(run_config: Any) -> dict[str, Any]:
     """The run's config as flat `section.key` hyperparameters, tokens redacted, non-scalars as strings."""
-    from .hub import redact
+    from .redaction import redact
 
     if run_config is None:
         return {}
@@ -122,7 +142,7 @@ class BestModel(TrainerCallback):
         self.tokenizer = tokenizer
         self.load_at_end = load_at_end
 
-    def on_best(self, trainer: Trainer, state: TrainState) -> None:
+    def on_best(self, trainer: RunningTrainer, state: TrainState) -> None:
         from .export import save_model_folder
 
         # the prepared (possibly FSDP/DeepSpeed-wrapped) model: accelerator.get_state_dict gathers it; staged, so
@@ -133,7 +153,7 @@ class BestModel(TrainerCallback):
             f"saved in {self.save_dir}"
         )
 
-    def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
+    def on_train_end(self, trainer: RunningTrainer, end: RunEnd) -> None:
         state = trainer.state
         if not end.completed or not self.load_at_end:
             return
@@ -142,7 +162,7 @@ class BestModel(TrainerCallback):
             metric = trainer.training.metric_for_best_model
             end.summary["best model"] = f"step {state.best_step} ({metric} {state.best_metric:.4g})"
 
-    def _load_best(self, trainer: Trainer, state: TrainState) -> TrainState:
+    def _load_best(self, trainer: RunningTrainer, state: TrainState) -> TrainState:
         """Put the weights saved by on_best back into the trained model; return the state to describe in the
         model card (the best evaluation last, so that the card's results are the exported model's)."""
         if state.best_step is None or not (self.save_dir / "config.json").is_file():
@@ -201,7 +221,7 @@ class FinalExport(TrainerCallback):
         self.tokenizer = tokenizer
         self.card = card
 
-    def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
+    def on_train_end(self, trainer: RunningTrainer, end: RunEnd) -> None:
         from . import export  # looked up now: a script may wrap export.export_model (experiments/)
 
         acc, state = trainer.accelerator, trainer.state
@@ -226,7 +246,7 @@ class HubSync(TrainerCallback):
         self.tokenizer = tokenizer
         self.pusher = None
 
-    def on_train_begin(self, trainer: Trainer) -> None:
+    def on_train_begin(self, trainer: RunningTrainer) -> None:
         if not self.hub.push_to_hub:
             return
         from .hub import HubPusher, set_request_timeout
@@ -238,7 +258,7 @@ class HubSync(TrainerCallback):
         )
         self.pusher.exit_wait_s = hub.final_push_timeout_s
 
-    def on_save(self, trainer: Trainer, checkpoint: Path, state: TrainState) -> None:
+    def on_save(self, trainer: RunningTrainer, checkpoint: Path, state: TrainState) -> None:
         if self.pusher is None or self.hub.strategy == "end":
             return
         from .export import save_model_files
@@ -257,11 +277,12 @@ class HubSync(TrainerCallback):
                     immutable=True,  # written once, renamed into place, only ever deleted
                 )
 
-    def download_checkpoint(self, trainer: Trainer, spec: str, local_dir: str) -> str:
+    def download_checkpoint(self, trainer: RunningTrainer, spec: str, local_dir: str) -> str:
         from accelerate.utils import broadcast_object_list
 
         from .config import ConfigError
-        from .hub import download_checkpoint, redact, set_request_timeout
+        from .hub import download_checkpoint, set_request_timeout
+        from .redaction import redact
 
         acc = trainer.accelerator
         set_request_timeout(self.hub.timeout_s)
@@ -282,7 +303,7 @@ class HubSync(TrainerCallback):
             path = str(next(Path(local_dir).rglob("trainer_state.json")).parent)
         return path
 
-    def on_train_end(self, trainer: Trainer, end: RunEnd) -> None:
+    def on_train_end(self, trainer: RunningTrainer, end: RunEnd) -> None:
         acc = trainer.accelerator
         if self.pusher is None or not acc.is_main_process:
             return

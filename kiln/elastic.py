@@ -80,7 +80,7 @@ def saved_layout(checkpoint: str | Path) -> BatchLayout | None:
         return None
     if all(isinstance(state.get(key), int) for key in LAYOUT_KEYS):
         return BatchLayout(*(state[key] for key in LAYOUT_KEYS))
-    from .trainer import saved_run_config
+    from .checkpoint_config import saved_run_config
 
     processes = len(list(checkpoint.glob("random_states_*.pkl")))
     training = (saved_run_config(checkpoint) or {}).get("training") or {}

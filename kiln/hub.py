@@ -4,8 +4,8 @@ Pushing never stalls or crashes training: `HubPusher.push` snapshots the folder 
 uploads one snapshot at a time, keeps only the newest pending snapshot per destination, logs failures and
 retries them at the next push (and, a few times with backoff, in the final `wait`).
 
-Tokens come from the `token` argument, `HF_TOKEN`, or `hf auth login`; `redact` masks them in anything the
-runner logs or saves.
+Tokens come from the `token` argument, `HF_TOKEN`, or `hf auth login`; `kiln.redaction.redact` masks them in anything
+the runner logs or saves.
 """
 
 from __future__ import annotations
@@ -25,48 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import huggingface_hub
-from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants, snapshot_download
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, snapshot_download
 from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import filter_repo_objects
 
 from .config import flatten
 from .public import describe_data_files, public_name
+from .redaction import redact, register_token
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FOLDER = "last-checkpoint"
 """Folder of a Hub repo holding the resumable accelerate state (pushed with `--hub.strategy checkpoint`)."""
-
-# ---------------------------------------------------------------------------------------------- secrets
-_TOKEN_SHAPE = re.compile(
-    r"\bhf_[A-Za-z0-9]{20,}\b"
-)  # a Hugging Face access token, even one we were never told of
-_TOKEN_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN")
-_registered_tokens: set[str] = set()
-
-
-def _known_tokens() -> set[str]:
-    tokens = set(_registered_tokens)
-    tokens.update(os.environ[var].strip() for var in _TOKEN_ENV_VARS if os.environ.get(var))
-    # Read the login files directly: `huggingface_hub.get_token()` may refresh an OAuth token online.
-    for path in (constants.HF_TOKEN_PATH, constants.HF_STORED_TOKENS_PATH):
-        try:
-            text = Path(path).read_text()
-        except OSError:
-            continue
-        if path == constants.HF_TOKEN_PATH:
-            tokens.add(text.strip())
-        else:
-            tokens.update(line.split("=", 1)[1].strip() for line in text.splitlines() if "=" in line)
-    return {token for token in tokens if len(token) >= 8}  # a short value would mangle ordinary text
-
-
-def redact(text: str) -> str:
-    """`text` with every Hugging Face token (environment, login, given to a `HubPusher`) replaced by ***."""
-    for token in sorted(_known_tokens(), key=len, reverse=True):
-        text = text.replace(token, "***")
-    return _TOKEN_SHAPE.sub("***", text)
-
 
 # --------------------------------------------------------------------------------------------- pushing
 def check_push_settings(model_id: str | None, token: str | None = None) -> None:
@@ -147,7 +117,7 @@ class HubPusher:
         if token is None and huggingface_hub.get_token() is None:
             raise ValueError("No Hugging Face token to push with: set HF_TOKEN or run `hf auth login`")
         if token:
-            _registered_tokens.add(token)
+            register_token(token)
         if timeout_s is not None:
             set_request_timeout(timeout_s)
         self._api = HfApi(token=token)
@@ -654,7 +624,6 @@ __all__ = [
     "set_request_timeout",
     "download_checkpoint",
     "plot_loss_curve",
-    "redact",
     "replace_card_usage",
     "write_model_card",
 ]

@@ -56,7 +56,7 @@ def save_public_config(config: Any, path: str | os.PathLike) -> None:
     """The run's config as YAML for a folder that may be published: local paths reduced, tokens redacted."""
     import yaml
 
-    from .hub import redact
+    from .redaction import redact
 
     text = yaml.safe_dump(public_config(config), sort_keys=False)
     Path(path).write_text(redact(text), encoding="utf-8")

@@ -19,7 +19,6 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +30,14 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
 
 from .callbacks import RunEnd, TrainerCallback
+from .checkpoint_config import CONFIG_FILE, saved_run_config
 from .config import ConfigError, LoggingConfig, TrainingConfig, disk_writes, flatten, save_config
 from .elastic import convert_position, layout_of, saved_layout
 from .export import follow_umask
 from .fingerprint import write_fingerprint
 from .nodes import resolve_disk_layout, writes_run_files
 from .public import public_config, save_public_config
+from .train_state import TrainState
 
 logger = logging.getLogger("kiln")
 
@@ -66,31 +67,6 @@ def optimizer_steps_per_epoch(micro_batches: int, gradient_accumulation_steps: i
     """An epoch of n micro-batches holds ceil(n / accumulation) optimizer steps: a partial last window is
     stepped too (as transformers' Trainer and accelerate do), its loss normalised by what it really holds."""
     return math.ceil(micro_batches / gradient_accumulation_steps)
-
-
-@dataclass
-class TrainState:
-    """Counters saved with every checkpoint (registered with accelerate, so save_state/load_state carry it)."""
-
-    global_step: int = 0
-    epoch: int = 0
-    batches_in_epoch: int = 0
-    tokens_seen: int = 0
-    train_time_s: float = 0.0
-    best_metric: float | None = None
-    best_step: int | None = None
-    evals_without_improvement: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-    stop_reason: str | None = None
-    lowest_loss: float | None = None
-    """The lowest training loss of an optimizer step so far (divergence is measured against it)."""
-    lowest_loss_step: int | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -404,8 +380,6 @@ DIVERGENCE_STEPS = 3
 
 MANIFEST_FILE = "checksums.json"
 """Written last into every checkpoint: the size and sha256 of each file, verified before a resume loads it."""
-CONFIG_FILE = "kiln_config.yaml"
-"""The run's resolved config, saved with every checkpoint and compared with the new one on resume."""
 
 
 def _sha256(path: Path) -> str:
@@ -543,20 +517,6 @@ _RESUME_FREE_KEYS = (
 
 _LAYOUT_CONFIG_KEYS = {"training.per_device_train_batch_size", "training.gradient_accumulation_steps"}
 """How the global batch is split: free to change with the number of processes (kiln.elastic)."""
-
-
-def saved_run_config(checkpoint: Path) -> dict[str, Any] | None:
-    """The config a checkpoint was written with (its own copy, else its run folder's config.yaml)."""
-    import yaml
-
-    checkpoint = Path(checkpoint)
-    for path in (checkpoint / CONFIG_FILE, checkpoint.parent.parent / "config.yaml"):
-        if path.is_file():
-            try:
-                return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-            except (OSError, yaml.YAMLError):
-                return None
-    return None
 
 
 def check_config_change(checkpoint: Path, config: Any) -> None:

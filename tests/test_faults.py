@@ -360,7 +360,7 @@ def test_fine_tuning_files_that_are_empty_or_hold_no_text_are_one_line_errors(tm
     from test_finetune_scripts import write_sentiment
 
     from finetune.classify import main as classify_main
-    from finetune.common import cli
+    from finetune.common import run_finetune_cli
     from finetune.data import (
         FinetuneDataError,
         load_classification_data,
@@ -386,7 +386,7 @@ def test_fine_tuning_files_that_are_empty_or_hold_no_text_are_one_line_errors(tm
     encoder, _ = kiln_checkpoints
     out = tmp_path / "cls"
     with pytest.raises(SystemExit) as exit_info:
-        cli(classify_main, ["--model.checkpoint", str(encoder), "--training.output_dir", str(out),
+        run_finetune_cli(classify_main, ["--model.checkpoint", str(encoder), "--training.output_dir", str(out),
                             "--data.train_file", str(files["train"]), "--data.test_file", str(empty)])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "Traceback" not in err

@@ -455,14 +455,14 @@ def test_seq2seq_translation_from_scratch(kiln_checkpoints, tmp_path):
 
 
 def cli_error(script, capsys, *args) -> str:
-    from finetune.common import cli
+    from finetune.common import run_finetune_cli
 
     module = {"classify": "finetune.classify", "tag": "finetune.tag", "seq2seq": "finetune.seq2seq"}[script]
     main = __import__(module, fromlist=["main"]).main
     reset_accelerate()
     try:
         with pytest.raises(SystemExit) as exit_info:
-            cli(main, [str(arg) for arg in args])
+            run_finetune_cli(main, [str(arg) for arg in args])
     finally:
         reset_accelerate()
     assert exit_info.value.code == 2

@@ -12,7 +12,7 @@ import torch
 from kiln_testing import reset_accelerate
 from test_finetune_scripts import kiln_checkpoints  # noqa: F401  (the shared tiny checkpoints fixture)
 
-from finetune.glue import GLUE_TASKS
+from finetune.glue_tasks import GLUE_TASKS
 
 WORDS = {
     0: ["bad", "awful", "sad", "cruel"],
@@ -107,7 +107,7 @@ def write_task(folder, name: str, sizes=None, seed=0) -> dict:
 
 def preset(name, glue_dir=None):
     """The data section classify.py would have after the preset, and the loader options it returns."""
-    from finetune.glue import apply_preset
+    from finetune.glue_tasks import apply_preset
 
     data = SimpleNamespace(
         glue_task=name, glue_dir=None if glue_dir is None else str(glue_dir), dataset_name=None,

@@ -17,7 +17,8 @@ from huggingface_hub import HfApi, ModelCard, constants, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils._runtime import is_xet_available
 
-from kiln.hub import HubPusher, download_checkpoint, plot_loss_curve, redact, write_model_card
+from kiln.hub import HubPusher, download_checkpoint, plot_loss_curve, write_model_card
+from kiln.redaction import redact
 
 REPO = f"{TEST_USER}/tiny"
 BINARY = bytes(range(256)) * 40  # has NUL bytes: the `auto` upload mode sends it through LFS
