@@ -56,7 +56,7 @@ class ClassifyDataConfig:
     label_list: list[str] | None = None
     """The full label set in class-id order (e.g. `[not_equivalent, equivalent]`: binary F1 scores class 1), also when some labels are missing from the training split (default: the training labels, sorted)."""
     glue_task: str | None = None
-    """A GLUE task preset (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli; finetune/glue.py): sets the data source, text and label columns, label set and best-model metric, and scores MNLI's mismatched dev set too; the data comes from glue_dir, else the Hub dataset nyu-mll/glue."""
+    """A GLUE task preset (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli; finetune/glue_tasks.py): sets the data source, text and label columns, label set and best-model metric, and scores MNLI's mismatched dev set too; the data comes from glue_dir, else the Hub dataset nyu-mll/glue."""
     glue_dir: str | None = None
     """With glue_task: the task's folder of the GLUE data (e.g. glue_data/MRPC with train.tsv, dev.tsv, test.tsv as in the GLUE zips); replaces dataset_name, the *_file options and text_columns, label_column, label_list."""
     validation_split_percentage: float = 10.0

@@ -562,7 +562,7 @@ def load_classification_data(
     default the first of ("sentence1", "sentence2"), ("sentence",), ("text",) present. A test split without
     labels is kept, without a `label` column. Float labels mean regression (see `is_regression`).
 
-    Beyond train/validation/test (used by the GLUE presets, finetune/glue.py): `extra_files` adds further
+    Beyond train/validation/test (used by the GLUE presets, finetune/glue_tasks.py): `extra_files` adds further
     labelled evaluation splits by name (MNLI's mismatched dev set); `hub_splits` maps split names to the Hub
     dataset's; `column_names` names the columns of files without a header line, by split; `int_label_names`
     turns int labels i into int_label_names[i] (files that write 0/1 where the Hub has names);
