@@ -383,7 +383,10 @@ def test_seq2seq_summarization_learns_saves_both_tokenizers_and_generates_the_sa
     assert (final / "decoder_tokenizer" / "tokenizer.json").is_file()
     card = (final / "README.md").read_text()
     assert "pipeline_tag: text2text-generation" in card and "rougeL" in card
-    exec(card.split("```python\n")[-1].split("```")[0], {})  # the card's usage code loads and generates
+    usage = card.split("```python\n")[-1].split("```")[0]
+    # a card names no local folder (it is published): its usage code says path/to/final where a Hub id would be
+    assert "path/to/final" in usage and str(tmp_path) not in card
+    exec(usage.replace("path/to/final", str(final)), {})  # the card's usage code loads and generates
     rows = read_jsonl(out / "predictions_test.jsonl")
     assert len(rows) == 8 and set(rows[0]) == {"source", "prediction", "reference"}
 

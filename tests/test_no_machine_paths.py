@@ -10,8 +10,11 @@ import subprocess
 
 from kiln_testing import REPO
 
-# an absolute path into one of these folders; the pattern is split so that this file does not match itself
-MACHINE_PATH = re.compile("(?<![\\w.$~-])/" + "(?:work|tmp|home|root)" + "/")
+# an absolute path into one of these folders; the pattern is split so that this file does not match itself.
+# The example user (alice's home folder) and an elided home path are illustrations in the docs.
+MACHINE_PATH = re.compile(
+    "(?<![\\w.$~-])/" + "(?:(?:work|tmp|root)/|" + "home/(?!alice/|\\.\\.\\.)(?=[\\w.-]))"
+)
 # where no git is at hand (an unpacked source archive): the folders the project's files live in
 SOURCE_FOLDERS = [".ci", "bench", "configs", "data", "docs", "experiments", "finetune", "kiln", "pretrain", "tests"]
 
@@ -44,5 +47,6 @@ def test_no_tracked_file_holds_an_absolute_machine_path():
 def test_the_pattern_finds_what_it_should():
     for line in ['"/wo' + 'rk/shared/data/sst2"', "cd /t" + "mp/kiln-x", "File /ro" + "ot/.cache/x", "/ho" + "me/u/x"]:
         assert MACHINE_PATH.search(line), line
-    for line in ["../shared/data/sst2", "$WORK/train.tsv", "runs/work/x", "~/tmp/x", "https://x.org/home/y"]:
+    examples = ["/ho" + "me/alice/corpus/*.txt", "`/ho" + "me/...` paths", 'private = ["/ho' + 'me/"]']
+    for line in ["../shared/data/sst2", "$WORK/train.tsv", "runs/work/x", "~/tmp/x", "https://x.org/home/y", *examples]:
         assert not MACHINE_PATH.search(line), line
