@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from kiln.callbacks import TrainerCallback
-from kiln.config import ConfigError, TrainingConfig, resolve_path, run_cli, validate_run_sections
+from kiln.cli import run_cli
+from kiln.config import TrainingConfig, resolve_path, validate_run_sections
+from kiln.errors import ConfigError
 from kiln.export import quiet_transformers
 from kiln.model_files import read_model_config
 

@@ -122,7 +122,7 @@ def task_folder(glue_dir: str, task: GlueTask) -> str:
     for name in (task.folder, task.name):
         if (Path(glue_dir) / name).is_dir():
             return str(Path(glue_dir) / name)
-    from kiln.config import ConfigError
+    from kiln.errors import ConfigError
 
     raise ConfigError(f"no {task.folder}/ (or {task.name}/) folder in {glue_dir}")
 

@@ -91,7 +91,7 @@ GLUE_TASKS = {
 
 
 def glue_task(name: str) -> GlueTask:
-    from kiln.config import ConfigError
+    from kiln.errors import ConfigError
 
     if name not in GLUE_TASKS:
         raise ConfigError(
@@ -104,7 +104,8 @@ def apply_preset(data, training) -> dict:
     """Fill the classify config's data section from `data.glue_task` (the source, text and label columns and
     the label set in GLUE's order; `data.glue_dir` for the TSV files, else the Hub) and the task's main metric
     as the default best-model metric. Returns the further loader options (load_classification_data)."""
-    from kiln.config import ConfigError, resolve_path
+    from kiln.config import resolve_path
+    from kiln.errors import ConfigError
 
     task = glue_task(data.glue_task)
     data.label_list = list(task.labels) if task.labels else None

@@ -43,7 +43,8 @@ from finetune.common import (  # noqa: E402
     run_finetune_cli,
 )
 from finetune.runner import FinetuneTask, Head, run_task  # noqa: E402
-from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
+from kiln.config import HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
+from kiln.errors import ConfigError  # noqa: E402
 
 DESCRIPTION = """Fine-tune an encoder-decoder built from a pretrained Kiln encoder and a pretrained Kiln decoder
 (local runs/.../final folders or Hub ids; the decoder's cross-attention is new), or the same shapes from

@@ -26,7 +26,8 @@ from finetune.common import (  # noqa: E402
     run_finetune_cli,
 )
 from finetune.runner import FinetuneTask, encoder_checkpoint, encoder_head, encoder_model, run_task  # noqa: E402
-from kiln.config import ConfigError, HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
+from kiln.config import HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
+from kiln.errors import ConfigError  # noqa: E402
 
 DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for token
 classification: CoNLL-style column files (tag column chosen), CoNLL-U files (UPOS or XPOS), or a Hub dataset

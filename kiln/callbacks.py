@@ -280,7 +280,7 @@ class HubSync(TrainerCallback):
     def download_checkpoint(self, trainer: RunningTrainer, spec: str, local_dir: str) -> str:
         from accelerate.utils import broadcast_object_list
 
-        from .config import ConfigError
+        from .errors import ConfigError
         from .hub import download_checkpoint, set_request_timeout
         from .redaction import redact
 
@@ -348,7 +348,7 @@ class HubSync(TrainerCallback):
 
     def _push_error(self, final_dir: Path) -> Exception:
         """A final push that was asked for and did not complete fails the run."""
-        from .config import RunError
+        from .errors import RunError
 
         model_id = self.hub.model_id
         reason = self.pusher.last_error or f"no answer within {self.hub.final_push_timeout_s:g} s"

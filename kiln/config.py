@@ -1,5 +1,6 @@
 """Typed run configuration: the engine's sections (training, logging, hub), YAML loading with `_base_`
-inheritance, dotted CLI overrides, one-line errors. Each app (pretrain/, finetune/) adds its own sections.
+inheritance, dotted CLI overrides, `--help` and the checks of the shared sections. Each app (pretrain/,
+finetune/) adds its own sections. Running a command and its one-line errors: `kiln.cli`, `kiln.errors`.
 
 Every field carries a docstring (the string literal right under it); `--help` prints them.
 """
@@ -10,27 +11,18 @@ import ast
 import dataclasses
 import inspect
 import os
-import re
 import sys
 import textwrap
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .errors import ConfigError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class ConfigError(ValueError):
-    """A configuration problem the user can fix; the message names the fix."""
-
-
-class RunError(RuntimeError):
-    """A run that could not finish as asked (e.g. a required Hub push that did not complete, a diverged loss);
-    what was saved is kept and the message says where. The command line prints it as one line, exit status 1."""
 
 
 @dataclass
@@ -447,265 +439,6 @@ def check_training_values(training: Any) -> None:
         raise ConfigError(f"training.max_train_time_s must not be negative, got {training.max_train_time_s}")
 
 
-def run_cli(
-    main: Callable,
-    argv: list[str] | None,
-    user_errors: tuple[type[Exception], ...] | Callable[[], tuple[type[Exception], ...]] = (),
-):
-    """Run an entry point's main(argv); user errors (ConfigError and `user_errors`) print one line
-    `error: ...` naming the fix and exit with status 2, without a traceback; a RunError (the run could not
-    finish as asked, what was saved is kept) prints one line and exits with status 1. `user_errors` may be a
-    function returning the classes, so that their (heavy) modules are imported only once an error occurs and
-    `--help` stays fast."""
-    from . import launcher
-
-    global STOPPING
-    STOPPING = False
-    launcher.stop_with_launcher()
-    if not ("-h" in (argv or sys.argv) or "--help" in (argv or sys.argv)):
-        launcher.default_cpu_threads()
-        launcher.watch_for_failures()
-    _stop_on_sigterm()
-    try:
-        return main(argv)
-    except SignalStop as stop:  # SIGTERM outside the training loop (the Trainer holds it while it runs)
-        _close_progress_bars()
-        failed = launcher.failed_first()
-        if failed:  # the launcher stops this process because another one failed: that one says why
-            launcher.end_after_peer(failed)
-        print(
-            f"stopped by {stop.name} outside the training loop; checkpoints and models completed before it are kept",
-            file=sys.stderr,
-        )
-        raise SystemExit(0) from None
-    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves a checkpoint and exits 0 instead)
-        _absorb_stop_signals()
-        _close_progress_bars()
-        print(
-            "error: interrupted (Ctrl-C); checkpoints completed before it are kept (continue with "
-            "--training.resume_from_checkpoint latest)",
-            file=sys.stderr,
-        )
-        raise SystemExit(130) from None
-    except Exception as err:
-        _absorb_stop_signals()  # this process is ending already: a SIGTERM (a launcher stopping the others once
-        # one failed) must not interrupt the report with a SignalStop traceback
-        known = (ConfigError, *(user_errors() if callable(user_errors) else user_errors))
-        if isinstance(err, known):
-            message, status = _one_line(err), 2
-        elif isinstance(err, RunError):
-            message, status = _one_line(err), 1
-        elif as_disk_fault(err) is not None:
-            message, status = disk_error_message(as_disk_fault(err)), 2
-        else:
-            message, status = None, 1
-        if not launcher.claim_failure():  # several processes, and another failed first (alike, or so that this
-            _close_progress_bars()  # one's collective failed): that one says why, this one ends quietly
-            launcher.end_after_peer(launcher.failed_first() or "another process", status)
-        if message is None:
-            raise  # not a mistake of the user's: the traceback, from the process that failed first
-        _close_progress_bars()
-        name = launcher.process_name()
-        print(f"error: {message}" + (f" ({name})" if name else ""), file=sys.stderr)
-        if name:  # one of several processes: torch's teardown of the process group waits for the peers that
-            launcher.end_now(status)  # are stopping because of this failure (measured: 7-10 s); nothing is left to save
-        raise SystemExit(status) from None
-
-
-PENDING_SIGNAL: int | None = None
-"""A SIGTERM received before the Trainer took over signals (read by the Trainer, which then stops at once)."""
-
-STOPPING = False
-"""Whether a stop signal was received (by the Trainer or before it): repeats of it are absorbed, not raised again
-(under accelerate's single-process launcher Linux sends one SIGTERM per launcher thread, see kiln.launcher)."""
-
-
-class SignalStop(BaseException):
-    """SIGTERM arrived outside the training loop (data, tokenizer, model set-up; between runs)."""
-
-    def __init__(self, signum: int):
-        import signal
-
-        self.name = signal.Signals(signum).name
-        super().__init__(self.name)
-
-
-def _stop_on_sigterm() -> None:
-    """Outside the Trainer's own handler (which finishes the step, saves a checkpoint and, after the loop, lets
-    the final export finish), SIGTERM stops the command at once with one line and status 0, instead of the
-    default abrupt death (status 143)."""
-    import signal
-
-    def stop(signum, _frame):
-        global PENDING_SIGNAL, STOPPING
-        if STOPPING:  # a repeat of the signal that is already stopping this run
-            return
-        STOPPING = True
-        PENDING_SIGNAL = signum  # if the exception is swallowed (raised inside a callback), the Trainer stops
-        raise SignalStop(signum)
-
-    def interrupt(signum, frame):
-        if STOPPING:  # a repeat (the terminal's Ctrl-C and a forwarding launcher's copy of it)
-            return
-        signal.default_int_handler(signum, frame)
-
-    try:
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, stop)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, interrupt)
-    except ValueError:  # not the main thread: keep the default
-        pass
-
-
-def _absorb_stop_signals() -> None:
-    """Once a stop or an error is being reported, further SIGINT/SIGTERM (a Ctrl-C reaching this process from the
-    terminal and again from a forwarding launcher; torchrun stopping the other processes) must not interrupt the
-    report with a traceback."""
-    import signal
-
-    global STOPPING
-    STOPPING = True
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread
-        pass
-
-
-def _close_progress_bars() -> None:
-    """An error raised mid-loop leaves tqdm bars open; closed later, they would print after the error line."""
-    if "tqdm" in sys.modules:
-        from tqdm import tqdm
-
-        for bar in list(getattr(tqdm, "_instances", ())):
-            bar.close()
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split())
-
-
-def cache_error_message(err: OSError, cache_dir: str | None = None) -> str | None:
-    """A one-line message when the disk refuses a write into a Hugging Face cache (read-only, forbidden, full):
-    the fix is to move the cache, not the output folder. `cache_dir`: a cache folder the run chose itself
-    (data.cache_dir). None when `err` is no such write."""
-    import errno
-
-    if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT) or not err.filename:
-        return None
-    path = Path(os.path.abspath(err.filename))
-    if cache_dir and path.is_relative_to(os.path.abspath(cache_dir)):
-        return f"the datasets cache data.cache_dir {cache_dir} is not writable ({err.strerror}); pick a writable data.cache_dir"
-    # (cache folder, its name, the variable that moves it alone): the libraries' own settings, read only when
-    # they are in use
-    caches = []
-    if "datasets" in sys.modules:
-        caches.append((sys.modules["datasets"].config.HF_DATASETS_CACHE, "datasets cache", "HF_DATASETS_CACHE"))
-    if "huggingface_hub" in sys.modules:
-        constants = sys.modules["huggingface_hub"].constants
-        caches += [(constants.HF_HUB_CACHE, "Hub cache", "HF_HUB_CACHE"), (constants.HF_HOME, "HF_HOME", None)]
-    for folder, name, variable in caches:
-        if path.is_relative_to(os.path.abspath(folder)):
-            alone = f"{variable} (this cache only) or " if variable else ""
-            return (
-                f"the {name} {folder} is not writable ({err.strerror}); point {alone}HF_HOME (every Hugging Face "
-                "cache) at a writable folder, e.g. `export HF_HOME=/scratch/$USER/huggingface`"
-            )
-    return None
-
-
-def disk_error_message(err: OSError) -> str | None:
-    """A one-line message for the disk faults a user fixes outside Kiln (full disk, read-only or forbidden
-    folder, a file where a folder belongs); None for other OS errors."""
-    import errno
-
-    cache_message = cache_error_message(err)
-    if cache_message is not None:
-        return cache_message
-    where = err.filename or "the output folder"
-    fixes = {
-        errno.ENOSPC: f"no space left on the device holding {where}; free some space or pick another "
-        "--training.output_dir (a run resumes with --training.resume_from_checkpoint latest)",
-        errno.EDQUOT: f"disk quota exceeded writing {where}; free some space or pick another --training.output_dir",
-        errno.EROFS: f"{where} is on a read-only file system; pick a writable --training.output_dir",
-        errno.EACCES: f"permission denied writing {where}; pick a writable --training.output_dir",
-        errno.EPERM: f"permission denied writing {where}; pick a writable --training.output_dir",
-        errno.ENOTDIR: f"{where}: a file stands where a folder is needed; remove it or pick another "
-        "--training.output_dir",
-        errno.EEXIST: f"{where} exists and is not a folder; remove it or pick another --training.output_dir",
-        errno.EFBIG: f"file size limit exceeded writing {where} (`ulimit -f`, or the file system's own limit); "
-        "raise the limit or pick another --training.output_dir",
-    }
-    return fixes.get(err.errno)
-
-
-_OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
-
-
-def as_disk_fault(err: BaseException, folder: str | os.PathLike | None = None) -> OSError | None:
-    """The disk fault behind `err` as an OSError with its errno (None when `err` is no disk fault we can name).
-
-    Libraries report a failed write in their own words: safetensors and tokenizers as `... No space left on
-    device (os error 28)` (a Rust I/O error), torch.save as `RuntimeError: [enforce fail at inline_container.cc]
-    unexpected pos ...` without any errno. So: an OSError is taken as it is; an `(os error N)` in the message
-    gives the errno; otherwise, when `folder` is given (the folder being written), the fault is reproduced with
-    a plain write there (1 MiB, synced), which fails with the real errno on a full, read-only or over-quota
-    disk and succeeds otherwise."""
-    if isinstance(err, OSError):
-        return err if disk_error_message(err) is not None else None
-    found = _OS_ERROR_IN_TEXT.search(str(err))
-    if found:
-        fault = OSError(int(found.group(1)), os.strerror(int(found.group(1))), str(folder) if folder else None)
-        return fault if disk_error_message(fault) is not None else None
-    if folder is None:
-        return None
-    probe = Path(folder) / ".kiln-disk-probe"
-    try:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        with open(probe, "wb") as fh:
-            fh.write(b"\0" * (1 << 20))
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as fault:
-        fault.filename = str(folder)
-        return fault if disk_error_message(fault) is not None else None
-    finally:
-        try:
-            probe.unlink(missing_ok=True)
-        except OSError:
-            pass
-    return None
-
-
-class disk_writes:
-    """`with disk_writes(folder):` around writes into `folder` (a checkpoint, the final model): a write that
-    fails because of the disk (full, read-only, over quota, file size limit) is re-raised as the OSError with
-    its errno and the folder's name, whatever the library that wrote said, so the command line prints one line
-    naming the fix (`disk_error_message`). Other errors pass through unchanged."""
-
-    def __init__(self, folder: str | os.PathLike):
-        self.folder = folder
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, err, tb):
-        if err is None or not isinstance(err, Exception):
-            return False
-        fault = as_disk_fault(err, self.folder)
-        if fault is None:
-            return False
-        # name the folder being written, not whatever path the failing call held (e.g. a copy's source file)
-        inside = fault.filename is not None and Path(os.path.abspath(fault.filename)).is_relative_to(
-            os.path.abspath(self.folder)
-        )
-        if not inside:
-            fault.filename, fault.filename2 = str(self.folder), None
-        if fault is err:
-            return False
-        raise fault from err
-
-
 def config_from_dict(cls: type, values: dict[str, Any]):
     config = cls()
     _apply(config, values)
@@ -737,10 +470,8 @@ def resolve_path(path: str) -> str:
 
 __all__ = [
     "REPO_ROOT",
-    "ConfigError",
     "HubConfig",
     "LoggingConfig",
-    "RunError",
     "TrainingConfig",
     "build_config",
     "config_from_dict",

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, TrainingConfig
+from .config import TrainingConfig
+from .errors import ConfigError
 
 logger = logging.getLogger("kiln")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import disk_writes
+from .disk import disk_writes
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -128,7 +128,7 @@ def check_finite_weights(model, save_dir: Path) -> None:
     """Never export NaN/inf weights: a RunError names the first bad parameter instead."""
     import torch
 
-    from .config import RunError
+    from .errors import RunError
 
     for name, param in model.named_parameters():
         try:

@@ -41,7 +41,7 @@ CHECKPOINT_FOLDER = "last-checkpoint"
 # --------------------------------------------------------------------------------------------- pushing
 def check_push_settings(model_id: str | None, token: str | None = None) -> None:
     """Before a run starts: a repo id of the form user/name and a token to push with (no network)."""
-    from .config import ConfigError
+    from .errors import ConfigError
 
     if not isinstance(model_id, str) or not _REPO_ID.match(model_id):
         raise ConfigError(f"hub.model_id must look like 'user/name' (letters, digits, '-', '_', '.'), got {model_id!r}")

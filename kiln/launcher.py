@@ -2,7 +2,7 @@
 
 Nothing here runs unless asked: no code at interpreter start, no patched library functions (docs/launching.md).
 
-In the training process (called by `kiln.config.run_cli`, whatever launched it: `accelerate launch`,
+In the training process (called by `kiln.cli.run_cli`, whatever launched it: `accelerate launch`,
 `python -m accelerate.commands.launch`, torchrun, plain `python`, from any checkout):
 
 - `stop_with_launcher`: accelerate's single-process launcher does not forward signals; asking Linux for a
@@ -45,7 +45,7 @@ def stop_with_launcher() -> None:
     container runtime) ends it at once with status 143 and would leave this process running on, orphaned. With
     this, the training process gets a SIGTERM too, so it saves a checkpoint and exits 0. The signal comes once
     per thread of the launcher (Linux sends it each time the thread that is the parent exits), so the handlers
-    in `kiln.config` absorb repeats. Only under a launcher: a plain `python` run under `nohup` must outlive its
+    in `kiln.signals` absorb repeats. Only under a launcher: a plain `python` run under `nohup` must outlive its
     shell. torchrun's agent (multi-process launches) forwards signals to its workers itself."""
     if not sys.platform.startswith("linux") or not under_accelerate_launcher() or under_torchrun():
         return

@@ -20,7 +20,8 @@ import os
 import uuid
 from pathlib import Path
 
-from .config import ConfigError, TrainingConfig
+from .config import TrainingConfig
+from .errors import ConfigError
 
 MARKER_PREFIX = ".kiln-node-"
 

@@ -31,8 +31,10 @@ from transformers import get_scheduler
 
 from .callbacks import RunEnd, TrainerCallback
 from .checkpoint_config import CONFIG_FILE, saved_run_config
-from .config import ConfigError, LoggingConfig, TrainingConfig, disk_writes, flatten, save_config
+from .config import LoggingConfig, TrainingConfig, flatten, save_config
+from .disk import disk_writes
 from .elastic import convert_position, layout_of, saved_layout
+from .errors import ConfigError
 from .export import follow_umask
 from .fingerprint import write_fingerprint
 from .nodes import resolve_disk_layout, writes_run_files
@@ -954,13 +956,13 @@ class Trainer:
     # --- stopping -----------------------------------------------------------------------------------------
 
     def _install_signal_handlers(self):
-        from . import config
+        from . import signals
 
         previous = {}
 
         def handler(signum, _frame):
             self._stop_signal = signum
-            config.STOPPING = True  # repeats of this signal after the loop are absorbed (kiln.config)
+            signals.STOPPING = True  # repeats of this signal after the loop are absorbed (kiln.signals)
             self.stop_signals += 1
 
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -968,8 +970,8 @@ class Trainer:
                 previous[sig] = signal.signal(sig, handler)
             except ValueError:  # not the main thread (e.g. inside a notebook executor): no handler
                 pass
-        if config.PENDING_SIGNAL is not None:  # a SIGTERM during set-up whose SignalStop was swallowed
-            self._stop_signal, config.PENDING_SIGNAL = config.PENDING_SIGNAL, None
+        if signals.PENDING_SIGNAL is not None:  # a SIGTERM during set-up whose SignalStop was swallowed
+            self._stop_signal, signals.PENDING_SIGNAL = signals.PENDING_SIGNAL, None
             self.stop_signals += 1
         return previous
 
@@ -1097,7 +1099,7 @@ class Trainer:
         self._high_loss_steps = [*getattr(self, "_high_loss_steps", []), state.global_step]
         if len(self._high_loss_steps) < DIVERGENCE_STEPS:
             return
-        from .config import RunError
+        from .errors import RunError
 
         checkpoints = find_checkpoints(self.output_dir)
         kept = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
@@ -1244,7 +1246,7 @@ class Trainer:
         """DeepSpeed took a step whose gradient norm was NaN/inf (the loss was finite, so Kiln could not catch it
         before the engine stepped, and DeepSpeed's own overflow check did not skip it): the weights may now hold
         NaN/inf, so the run stops at once, exporting nothing."""
-        from .config import RunError
+        from .errors import RunError
 
         checkpoints = find_checkpoints(self.output_dir)
         kept = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
@@ -1269,7 +1271,7 @@ class Trainer:
             step, ", ".join(f"{n} {float(v):.4g}" for n, v in parts.items()), len(self._nonfinite_run), limit,
         )
         if len(self._nonfinite_run) > limit:
-            from .config import RunError
+            from .errors import RunError
 
             checkpoints = find_checkpoints(self.output_dir)
             kept = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"

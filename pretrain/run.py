@@ -15,7 +15,9 @@ if __package__ in (None, ""):  # run as a script (accelerate launch pretrain/run
 import logging  # noqa: E402
 from functools import partial  # noqa: E402
 
-from kiln.config import ConfigError, build_config, run_cli, validate_run_sections  # noqa: E402
+from kiln.cli import run_cli  # noqa: E402
+from kiln.config import build_config, validate_run_sections  # noqa: E402
+from kiln.errors import ConfigError  # noqa: E402
 from pretrain.config import RunConfig  # noqa: E402
 
 logger = logging.getLogger("kiln")

@@ -3,16 +3,9 @@ import dataclasses
 import pytest
 import yaml
 
-from kiln.config import (
-    ConfigError,
-    build_config,
-    field_docs,
-    format_help,
-    load_yaml,
-    run_cli,
-    save_config,
-    validate_run_sections,
-)
+from kiln.cli import run_cli
+from kiln.config import build_config, field_docs, format_help, load_yaml, save_config, validate_run_sections
+from kiln.errors import ConfigError
 from pretrain.config import RunConfig
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from kiln_testing import DEBUG, REPO, losses, run
 
-from kiln.config import ConfigError, TrainingConfig
+from kiln.config import TrainingConfig
 from kiln.elastic import BatchLayout, adapt_to_world_size, convert_position, saved_layout
+from kiln.errors import ConfigError
 
 # dropout off: which process draws a sequence's dropout mask changes with the number of processes
 COMMON = ["--data.max_train_documents", 2, "--training.max_steps", 6, "--training.eval_steps", 0,

@@ -14,7 +14,8 @@ import transformers
 from kiln_testing import DEBUG, REPO, losses, run, tiny_encoder_config
 from safetensors.torch import load_file
 
-from kiln.config import REPO_ROOT, ConfigError
+from kiln.config import REPO_ROOT
+from kiln.errors import ConfigError
 from pretrain.convert import from_transformers, main, to_transformers
 from pretrain.data import ElectraCollator, train_tokenizer
 from pretrain.modeling import (

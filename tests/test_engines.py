@@ -244,7 +244,8 @@ def test_deepspeed_values_that_would_override_kiln_are_refused(launched, tmp_pat
     """The config as it shipped before: accumulation 1 and clipping 1.0 written into the accelerate config."""
     from accelerate.utils import DeepSpeedPlugin
 
-    from kiln.config import ConfigError, TrainingConfig
+    from kiln.config import TrainingConfig
+    from kiln.errors import ConfigError
     from kiln.trainer import configure_deepspeed
 
     old = tmp_path / "deepspeed-old.yaml"
@@ -268,7 +269,8 @@ def test_deepspeed_values_that_would_override_kiln_are_refused(launched, tmp_pat
 def test_accumulation_overridden_by_accelerate_launch_is_refused(monkeypatch, tmp_path):
     """`accelerate launch --gradient_accumulation_steps N` (or the key in a DeepSpeed section) sets an environment
     variable the Accelerator reads over Kiln's argument; Kiln would count optimizer steps wrongly."""
-    from kiln.config import ConfigError, LoggingConfig, TrainingConfig
+    from kiln.config import LoggingConfig, TrainingConfig
+    from kiln.errors import ConfigError
     from kiln.trainer import start_run
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")

@@ -13,7 +13,7 @@ import pytest
 from kiln_testing import DEBUG, REPO, losses, run
 from test_finetune_scripts import kiln_checkpoints  # noqa: F401  (the shared tiny checkpoints fixture)
 
-from kiln.config import ConfigError
+from kiln.errors import ConfigError
 from kiln.trainer import Trainer, find_checkpoints
 
 QUICK = ["--training.eval_steps", 0]
@@ -322,7 +322,7 @@ def test_user_mistakes_are_one_line_errors_with_exit_status_2(tmp_path, capsys):
 
 
 def test_ctrl_c_outside_the_training_loop_is_one_line_with_status_130(capsys):
-    from kiln.config import run_cli
+    from kiln.cli import run_cli
 
     def tokenizer_training(argv):
         raise KeyboardInterrupt  # Ctrl-C while the tokenizer trains or the data is prepared
@@ -340,7 +340,7 @@ def test_ctrl_c_outside_the_training_loop_is_one_line_with_status_130(capsys):
 def test_disk_faults_are_one_line_errors(capsys):
     import errno
 
-    from kiln.config import run_cli
+    from kiln.cli import run_cli
 
     def full_disk(argv):
         raise OSError(errno.ENOSPC, "No space left on device", "/data/run/checkpoints/step-00000200.tmp")
@@ -420,7 +420,7 @@ def test_no_validation_examples_is_a_warning_not_a_crash(tmp_path, kind, caplog)
 def test_a_diverged_run_stops_with_one_line_keeps_the_last_good_checkpoint_and_exports_nothing(tmp_path):
     from safetensors.torch import load_file
 
-    from kiln.config import RunError
+    from kiln.errors import RunError
 
     out = tmp_path / "diverged"
     with pytest.raises(RunError, match=r"training diverged: the loss or gradient norm was NaN/inf at steps 3-6; "
@@ -615,7 +615,7 @@ def test_library_write_errors_are_named_as_the_disk_fault_behind_them(tmp_path):
     import errno
     import resource
 
-    from kiln.config import as_disk_fault, disk_error_message
+    from kiln.disk import as_disk_fault, disk_error_message
 
     # what safetensors and tokenizers raise on a full disk (a Rust I/O error), seen on a 1 MiB tmpfs
     rust = Exception("Error while serializing: I/O error: No space left on device (os error 28)")

@@ -125,7 +125,7 @@ def test_classify_and_tag_from_scratch_train_on_the_shipped_samples(encoder, tmp
 
 def test_from_scratch_cannot_predict(encoder, tmp_path):
     from finetune.classify import main as classify
-    from kiln.config import ConfigError
+    from kiln.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--model.from_scratch"):
         run_main(classify, "--predict", "--model.from_scratch", "--model.checkpoint", encoder,

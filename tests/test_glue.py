@@ -243,7 +243,7 @@ def test_without_a_glue_dir_the_preset_reads_the_hub_dataset(monkeypatch, name):
 
 
 def test_a_wrong_glue_task_or_folder_is_a_one_line_error(tmp_path):
-    from kiln.config import ConfigError
+    from kiln.errors import ConfigError
 
     with pytest.raises(ConfigError, match="'sst' is not a GLUE task; choose one of: cola, sst2"):
         preset("sst")

@@ -152,7 +152,7 @@ def test_failing_hub_neither_stops_training_nor_loses_the_final_push(hub, tmp_pa
 
 
 def test_bad_hub_settings_are_one_line_errors(tmp_path):
-    from kiln.config import ConfigError
+    from kiln.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--hub.model_id"):
         run(tmp_path / "a", "--hub.push_to_hub")

@@ -1,5 +1,5 @@
 """Kiln's scripts under `accelerate launch` (docs/launching.md), with nothing installed into the interpreter's
-start-up: every behaviour is the training process's own (kiln.launcher, kiln.config.run_cli) or `kiln-launch`'s,
+start-up: every behaviour is the training process's own (kiln.launcher, kiln.cli.run_cli) or `kiln-launch`'s,
 so it holds for `accelerate launch`, `python -m accelerate.commands.launch` and a checkout other than the
 installed one alike.
 

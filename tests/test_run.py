@@ -10,7 +10,7 @@ import time
 import pytest
 from kiln_testing import DEBUG, DECODER, REPO, losses, run
 
-from kiln.config import ConfigError
+from kiln.errors import ConfigError
 from kiln.trainer import find_checkpoints
 
 

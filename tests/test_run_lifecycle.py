@@ -12,7 +12,7 @@ from kiln_testing import REPO, losses, run
 from test_faults import KILN_LAUNCH, QUICK, _cli, _cli_in_process
 from test_launching import _children
 
-from kiln.config import ConfigError
+from kiln.errors import ConfigError
 from kiln.trainer import find_checkpoints
 
 

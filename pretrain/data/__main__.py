@@ -17,7 +17,8 @@ import datasets
 import torch
 from datasets import IterableDataset
 
-from kiln.config import ConfigError, build_config
+from kiln.config import build_config
+from kiln.errors import ConfigError
 
 from ..config import RunConfig
 from .common import DataError

@@ -48,7 +48,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from datasets import Dataset, IterableDataset, load_dataset
 
-from kiln.config import cache_error_message, resolve_path
+from kiln.config import resolve_path
+from kiln.disk import cache_error_message
+
 from .common import DataError, num_proc_for
 
 if TYPE_CHECKING:
