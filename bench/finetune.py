@@ -54,6 +54,8 @@ if __package__ in (None, ""):  # python bench/finetune.py: import the repository
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from bench.throughput import cpu_name  # noqa: E402
+
 SHARED_DATA = REPO.parent / "shared" / "data"  # ../shared/data, resolved against the repository root
 DEFAULT_SST2 = Path(os.environ.get("KILN_SST2", SHARED_DATA / "sst2"))
 DEFAULT_CONLL = Path(os.environ.get("KILN_CONLL2003", SHARED_DATA / "conll2003"))
@@ -106,7 +108,7 @@ def reset_accelerate() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the start
-def prepare(work: Path, args) -> dict:
+def prepare_start(work: Path, args) -> dict:
     """Subset files, tokenizer, and the same initial weights saved for transformers and for Kiln."""
     if args.task == "conll2003":
         return prepare_tagging(work, args)
@@ -372,7 +374,7 @@ def run(args, kiln_extra: list[str], on_run=None) -> dict:
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory(prefix="kiln-bench-finetune-") as tmp:
         work = Path(tmp)
-        start = prepare(work, args)
+        start = prepare_start(work, args)
         print(f"same start: {start['check']}", flush=True)
         variants = dict(parse_variant(text) for text in args.variant)
         rounds = {"kiln": [], "reference": [], **{name: [] for name in variants}}
@@ -466,7 +468,7 @@ def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dic
         },
         "load_average": load,
         "machine": {
-            "cpu": _cpu_name(),
+            "cpu": cpu_name(),
             "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
             "torch": torch.__version__,
@@ -474,16 +476,6 @@ def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dic
             "python": platform.python_version(),
         },  # fmt: skip
     }
-
-
-def _cpu_name() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(
-                (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), None
-            )
-    except OSError:
-        return None
 
 
 def print_report(report: dict) -> None:

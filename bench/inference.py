@@ -38,6 +38,7 @@ if __package__ in (None, ""):  # python bench/inference.py: import the repositor
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from bench.throughput import cpu_name  # noqa: E402
 from pretrain.convert import from_transformers  # noqa: E402
 
 # ../shared/data/sst2, resolved against the repository root
@@ -235,7 +236,7 @@ def run(args) -> dict:
         "vocab": {"wordpiece": len(wordpiece), "bpe": len(bpe)},
         "new_tokens": args.new_tokens,
         "machine": {
-            "cpu": _cpu_name(),
+            "cpu": cpu_name(),
             "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
             "torch": torch.__version__,
@@ -244,16 +245,6 @@ def run(args) -> dict:
         },
         "results": results,
     }
-
-
-def _cpu_name() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(
-                (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), None
-            )
-    except OSError:
-        return None
 
 
 def print_table(report: dict) -> None:

@@ -421,14 +421,20 @@ def machine_info(device) -> dict:
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
+        "cpu": cpu_name(),
     }
-    with contextlib.suppress(OSError):
+    return info
+
+
+def cpu_name() -> str | None:
+    """The CPU's model name (/proc/cpuinfo), None where it cannot be read."""
+    try:
         with open("/proc/cpuinfo") as cpuinfo:
-            model = next(
+            return next(
                 (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), None
             )
-        info["cpu"] = model
-    return info
+    except OSError:
+        return None
 
 
 # --------------------------------------------------------------------------------------------------- profile

@@ -132,7 +132,7 @@ def save(root: Path, step: int, size: int) -> Path:
     return final
 
 
-def run(strategy_cls, hub: SlowHub, args, fail_final_s: float = 0.0) -> dict:
+def run_strategy(strategy_cls, hub: SlowHub, args, fail_final_s: float = 0.0) -> dict:
     repo_id = f"kiln-test/{strategy_cls.__name__.lower()}-{int(fail_final_s)}"
     root = Path(tempfile.mkdtemp(prefix="kiln-push-run-"))
     strategy = strategy_cls(repo_id, staging=str(root.parent))
@@ -181,7 +181,7 @@ def main() -> None:
             print(f"\n## {args.saves} saves every {args.save_every_s} s, commits take {args.commit_s} s"
                   + (f", the Hub fails commits for {fail} s at the final push" if fail else ""))
             for cls in (KilnPush, FuturePush):
-                for key, value in run(cls, hub, args, fail).items():
+                for key, value in run_strategy(cls, hub, args, fail).items():
                     print(f"  {key}: {value}")
                 print()
     finally:

@@ -65,7 +65,8 @@ class Job:
         return (env + " " if env else "") + shlex.join(self.argv)
 
 
-def load(path) -> dict:
+def load_declaration(path) -> dict:
+    """An experiment declaration (experiments/*.yaml), its fields checked."""
     declaration = yaml.safe_load(Path(path).read_text())
     unknown = set(declaration) - {"description", "corpus", "pretrain", "finetune", "after", "table", "curves"}
     if unknown:
@@ -211,7 +212,7 @@ def run_phase(jobs: list[Job], workers: int, logs: Path, records: Path) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------- summaries
-def start(note: list[str]) -> str:
+def started_from(note: list[str]) -> str:
     """'scratch', or the pretraining run a fine-tuning run started from (ckpt=runs/NAME/final -> NAME; a seq2seq
     run that names its decoder, dec=runs/DEC/final: 'NAME + DEC')."""
     ckpt = next((word.split("=", 1)[1] for word in note if word.startswith("ckpt=")), "")
@@ -247,14 +248,14 @@ def summary(records: Path = RECORDS) -> list[dict]:
         tag = row["tag"]
         if tag in METRIC and "eval_last" in row:
             note = row["note"].split()
-            key = (tag, start(note), note[2].split("=")[1], epochs(row), train_samples(row))
+            key = (tag, started_from(note), note[2].split("=")[1], epochs(row), train_samples(row))
             groups[key].append(row)
             if "test" in row:
                 tests[key].append(row["test"][TEST_METRIC[tag]])
         elif tag.endswith("-test") and "test" in row:
             task = tag.removesuffix("-test")
             note = row["note"].split()
-            key = (task, start(note), note[2].split("=")[1], epochs(row), train_samples(row))
+            key = (task, started_from(note), note[2].split("=")[1], epochs(row), train_samples(row))
             tests[key].append(row["test"][TEST_METRIC[task]])
     entries = []
     for (task, init, lr, n_epochs, samples), runs in sorted(groups.items()):
@@ -459,16 +460,16 @@ def main(argv: list[str] | None = None) -> None:
         print(write_summary(args.records, args.out), end="")
     elif args.command == "plot":
         for path in args.experiments:
-            for written in draw_curves(load(path), args.records, args.root):
+            for written in draw_curves(load_declaration(path), args.records, args.root):
                 print(written)
     elif args.command == "table":
-        text = comparison_table([load(path) for path in args.experiments], args.records)
+        text = comparison_table([load_declaration(path) for path in args.experiments], args.records)
         experiments = " ".join(str(Path(p).resolve().relative_to(REPO)) for p in args.experiments)
         for page in args.update:
             replace_generated(page, text, experiments)
         print(text, end="")
     else:
-        phases = plan(load(args.experiment))
+        phases = plan(load_declaration(args.experiment))
         if args.dry_run:
             for number, jobs in enumerate(phases, 1):
                 print(f"# phase {number}: {len(jobs)} command(s), up to {args.jobs} side by side")

@@ -162,7 +162,7 @@ def choose_labels(dataset, data, checkpoint_config, model_cfg, predict: bool) ->
     return Labels(False, {label: i for i, label in enumerate(ordered)}, dict(enumerate(ordered))), False
 
 
-def build_model(path: str, model_cfg, labels: Labels, keep_head: bool):
+def build_classifier(path: str, model_cfg, labels: Labels, keep_head: bool):
     from transformers import AutoModelForSequenceClassification
 
     new_head = None
@@ -311,7 +311,7 @@ def head(config, start, chosen):
     return encoder_head(
         config,
         start.path,
-        lambda: build_model(start.path, config.model, labels, keep_head),
+        lambda: build_classifier(start.path, config.model, labels, keep_head),
         labels.num_labels,
         {"labels": names},
     )

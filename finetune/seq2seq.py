@@ -198,7 +198,7 @@ def freeze_pooler(encoder) -> None:
         encoder.pooler.requires_grad_(False)
 
 
-def build_model(model_cfg, predict: bool):
+def build_encoder_decoder(model_cfg, predict: bool):
     """(KilnEncoderDecoderModel, Seq2SeqTokenizers, summary facts for the model card)."""
     from transformers import AutoModelForSeq2SeqLM
 
@@ -455,7 +455,7 @@ def start(config) -> None:
 
 def head(config, start, labels) -> Head:
     """Built right after seeding: the new weights (cross-attention, or all of them from scratch) are seeded."""
-    model, tokenizers, summary = build_model(config.model, config.predict)
+    model, tokenizers, summary = build_encoder_decoder(config.model, config.predict)
     return Head(model, tokenizers, summary=summary, metadata={"seq2seq_task": config.data.task})
 
 

@@ -137,7 +137,7 @@ def choose_tags(dataset, data, checkpoint_config, model_cfg, predict: bool) -> t
     return label2id, id2label, False
 
 
-def build_model(path: str, model_cfg, label2id: dict, id2label: dict, keep_head: bool):
+def build_tagger(path: str, model_cfg, label2id: dict, id2label: dict, keep_head: bool):
     from transformers import AutoModelForTokenClassification
 
     new_head = None if keep_head else dict(num_labels=len(id2label), id2label=id2label, label2id=label2id)
@@ -288,7 +288,7 @@ def head(config, start, chosen):
     return encoder_head(
         config,
         start.path,
-        lambda: build_model(start.path, config.model, label2id, id2label, keep_head),
+        lambda: build_tagger(start.path, config.model, label2id, id2label, keep_head),
         len(id2label),
         facts,
     )

@@ -380,7 +380,7 @@ def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 DIVERGENCE_STEPS = 3
 """Optimizer steps in a row with the loss far above its lowest (training.divergence_factor) that stop a run."""
 
-MANIFEST_FILE = "checksums.json"
+CHECKSUMS_FILE = "checksums.json"
 """Written last into every checkpoint: the size and sha256 of each file, verified before a resume loads it."""
 
 
@@ -394,14 +394,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_manifest(folder: Path) -> None:
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+def write_checksums(folder: Path) -> None:
+    """checksums.json into the checkpoint `folder`, last: each file's size and sha256 (`checkpoint_problem`)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE)
     manifest = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
-    tmp = folder / f"{MANIFEST_FILE}.tmp"
+    tmp = folder / f"{CHECKSUMS_FILE}.tmp"
     tmp.write_text(json.dumps({"files": manifest}, indent=1))
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
-    os.replace(tmp, folder / MANIFEST_FILE)
+    os.replace(tmp, folder / CHECKSUMS_FILE)
 
 
 def checkpoint_problem(folder: Path) -> str | None:
@@ -412,13 +413,13 @@ def checkpoint_problem(folder: Path) -> str | None:
         json.loads((folder / TRAINER_STATE_FILE).read_text())
     except (OSError, ValueError) as err:
         return f"{TRAINER_STATE_FILE} is unreadable ({type(err).__name__})"
-    manifest_path = folder / MANIFEST_FILE
+    manifest_path = folder / CHECKSUMS_FILE
     if not manifest_path.is_file():
         return _unverified_problem(folder)
     try:
         manifest = json.loads(manifest_path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
-        return f"{MANIFEST_FILE} is unreadable"
+        return f"{CHECKSUMS_FILE} is unreadable"
     for name, expected in manifest.items():
         path = folder / name
         if not path.is_file():
@@ -781,7 +782,7 @@ class Trainer:
                     if self.run_config is not None:
                         save_public_config(self.run_config, tmp / CONFIG_FILE)  # pushed by hub.strategy checkpoint
                         write_fingerprint(self._data_fingerprint(), tmp)
-                    write_manifest(tmp)
+                    write_checksums(tmp)
         except BaseException:
             # a full disk, a kill: the half-written folder goes (it holds space a resume will need); the
             # completed checkpoints were not touched. Every process removes it: another one may still have been

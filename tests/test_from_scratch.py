@@ -43,10 +43,9 @@ def body(model) -> dict[str, torch.Tensor]:
 
 
 def built(script: str, checkpoint, from_scratch: bool, seed: int = 0, dropout=None):
-    from finetune.classify import Labels
-    from finetune.classify import build_model as build_classifier
+    from finetune.classify import Labels, build_classifier
     from finetune.common import EncoderModelConfig
-    from finetune.tag import build_model as build_tagger
+    from finetune.tag import build_tagger
 
     torch.manual_seed(seed)
     cfg = EncoderModelConfig(checkpoint=str(checkpoint), from_scratch=from_scratch, dropout=dropout)

@@ -1,4 +1,4 @@
-"""The project's import graph has no circles, and a public function name means one thing.
+"""The project's import graph has no circles (one meaning per name: tests/test_names.py).
 
 Read from the source with `ast` (nothing is imported): every import between the project's own modules counts,
 also those inside functions and under `if TYPE_CHECKING:`, because a circle hidden by a late import is still a
@@ -8,7 +8,6 @@ circle to a reader (each of the two modules needs the other to be understood).
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -143,43 +142,3 @@ def test_cycle_finder_reports_a_circle():
     two_circles = {"a": {"b", "c"}, "b": {"a"}, "c": {"a"}}
     assert find_cycles(two_circles) == [["a", "b", "a"], ["c", "a", "c"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
-
-
-def public_functions() -> dict[str, list[str]]:
-    """Public top-level function name -> the modules that define it (a re-export is an import, not a def)."""
-    defined: dict[str, list[str]] = defaultdict(list)
-    for name, path in project_modules().items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
-                defined[node.name].append(name)
-    return defined
-
-
-def imported_names() -> set[tuple[str, str]]:
-    """(module, name) for every `from module import name` between the project's modules."""
-    found = set()
-    for name, path in project_modules().items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-            if isinstance(node, ast.ImportFrom):
-                base = _resolve(name, path.name == "__init__.py", node.level, node.module)
-                found.update((base, alias.name) for alias in node.names)
-    return found
-
-
-def test_shared_function_names_mean_one_thing():
-    """One meaning per name: a function that other modules import by name (a shared helper, the engine's API) is
-    defined once in the project, so a reader meeting it in an import knows which one it is (two
-    `resolve_checkpoint`s, one picking the checkpoint to resume and one the model to start from, made them guess).
-    Same-named steps that each task script defines for itself (`read`, `head`, `tokenize`, ... handed to
-    `FinetuneTask`, and every script's `main`) are one interface, and are not imported by name."""
-    imported = imported_names()
-    shared = {
-        function: modules
-        for function, modules in public_functions().items()
-        if len(modules) > 1 and function != "main" and any((module, function) in imported for module in modules)
-    }
-    assert not shared, "functions imported by name but defined in several modules:\n" + "\n".join(
-        f"{function}: {', '.join(modules)}" for function, modules in sorted(shared.items())
-    )
-    assert public_functions()["resolve_checkpoint"] == ["kiln.trainer"]

@@ -34,7 +34,7 @@ ABBREVIATIONS = ("Mr.", "Mrs.", "Dr.", "St.", "Mme.", "Messrs.", "Col.", "Capt."
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])(?:[\"')]*)\s+(?=[\"'(]*[A-Z])")
 
 
-def book_body(path: Path) -> str:
+def read_book_body(path: Path) -> str:
     with gzip.open(path, "rt", encoding="utf-8-sig") as f:
         text = f.read()
     start = re.search(r"^\*\*\* ?START OF (THE|THIS) PROJECT GUTENBERG.*$", text, flags=re.M)
@@ -42,7 +42,7 @@ def book_body(path: Path) -> str:
     return text[start.end() if start else 0 : end.start() if end else len(text)]
 
 
-def split_sentences(paragraph: str) -> list[str]:
+def paragraph_sentences(paragraph: str) -> list[str]:
     pieces, sentences = SENTENCE_BREAK.split(paragraph), []
     for piece in pieces:
         if sentences and sentences[-1].endswith(ABBREVIATIONS):
@@ -53,13 +53,13 @@ def split_sentences(paragraph: str) -> list[str]:
 
 
 def book_sentences(path: Path) -> list[str]:
-    text = book_body(path).translate(TYPOGRAPHY).replace("\u2014", "--").replace("\u2026", "...")
+    text = read_book_body(path).translate(TYPOGRAPHY).replace("\u2014", "--").replace("\u2026", "...")
     sentences = []
     for paragraph in re.split(r"\n\s*\n", text):
         paragraph = " ".join(paragraph.split())
         if not paragraph or paragraph.isupper() or paragraph.startswith(("CHAPTER", "Chapter")):
             continue  # headings and chapter titles
-        for sentence in split_sentences(paragraph):
+        for sentence in paragraph_sentences(paragraph):
             whole = sentence[-1] in ".!?\"'" and sentence.count('"') % 2 == 0  # not cut inside a quotation
             if whole and MIN_WORDS <= len(sentence.split()) <= MAX_WORDS:
                 sentences.append(sentence)
