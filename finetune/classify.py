@@ -276,7 +276,7 @@ def start(config):
     from finetune.glue_tasks import apply_preset
 
     return encoder_checkpoint(
-        config, apply_preset(config.data, config.training) if config.data.glue_task else {}
+        config.model, apply_preset(config.data, config.training) if config.data.glue_task else {}
     )
 
 
@@ -309,7 +309,8 @@ def head(config, start, chosen):
     labels, keep_head = chosen
     names = "regression" if labels.regression else ", ".join(map(str, labels.names.values()))
     return encoder_head(
-        config,
+        config.model,
+        config.data.max_seq_length,
         start.path,
         lambda: build_classifier(start.path, config.model, labels, keep_head),
         labels.num_labels,

@@ -1,13 +1,15 @@
-"""The fine-tuning run, and the helpers the tasks share (finetune/classify.py, finetune/tag.py, finetune/seq2seq.py).
+"""The fine-tuning run's parts, and the helpers the tasks share (finetune/classify.py, finetune/tag.py,
+finetune/seq2seq.py).
 
 The job runner (finetune/runner.py) turns a script's config into a `FinetuneJob` (model, tokenizer, tokenized
-splits, collator, and how to predict and score) by the steps its `FinetuneTask` declares, and hands it to
-`run_finetuning`, which runs Kiln's one training loop (`kiln.trainer.Trainer`) with the callbacks
-(`kiln.callbacks` and `TestPredictions`) that do what every task needs around it:
+splits, collator, and how to predict and score) by the steps its `FinetuneTask` declares; `run_parts` makes it what
+the engine trains (`kiln.job.run_job`), with the callbacks (`kiln.callbacks.BestModel`, `FinalEvaluation`,
+`TestPredictions`) that do what every task needs around the loop:
 
     evaluation each epoch (or every training.eval_steps) -> best model kept in output_dir/best by
     training.metric_for_best_model (early stopping by training.early_stopping_patience) -> best model loaded
-    back -> predictions file for the test split -> output_dir/final (save_pretrained + model card) -> Hub push
+    back -> predictions file for the test split -> [the engine:] output_dir/final (save_pretrained + model card)
+    -> Hub push
 
 `run_prediction` is the `--predict` path: no training, only the predictions file (and test metrics when the
 test split has references) of an already fine-tuned model.
@@ -24,14 +26,17 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.callbacks import TrainerCallback
 from kiln.cli import run_cli
-from kiln.config import TrainingConfig, resolve_path, validate_run_sections
+from kiln.config import TrainingConfig, resolve_path
 from kiln.errors import ConfigError
 from kiln.export import quiet_transformers
 from kiln.model_files import read_model_config
+
+if TYPE_CHECKING:
+    from kiln.job import RunParts
 
 logger = logging.getLogger("kiln")
 
@@ -100,9 +105,9 @@ def finetune_training(output_dir: str, **overrides) -> TrainingConfig:
 
 
 def validate_common(config) -> None:
-    """Checks every fine-tuning config needs; task checks live in the scripts."""
+    """Checks every fine-tuning config needs beyond the engine's own (kiln.job checks training, logging and hub
+    first); task checks live in the scripts."""
     training, data = config.training, config.data
-    validate_run_sections(config)
     if getattr(config, "predict", False) and getattr(config.model, "from_scratch", False):
         raise ConfigError(
             "--model.from_scratch starts from random weights, so it cannot --predict; drop one of them"
@@ -495,18 +500,14 @@ class FinetuneResult:
     `FinetuneJob.extra_eval`; also written to output_dir/eval_results.json."""
 
 
-def setup_run(config):
-    """Accelerator, logging and seed (kiln.trainer.start_run): everything before the data and the model."""
-    from kiln.trainer import start_run
-
+def quiet_libraries() -> None:
+    """Library chatter no fine-tuning run needs to show."""
     # EncoderDecoderModel warns on every forward that it computes the loss itself: we know, and want it
     warnings.filterwarnings(
         "ignore", message="Version v4.12.0 introduces a better way", category=FutureWarning
     )
-    accelerator = start_run(config.training, config.logging)
     # rouge_score logs "Using default tokenizer" at INFO on every call
     logging.getLogger("absl").setLevel(logging.WARNING)
-    return accelerator
 
 
 def _evaluator(job: FinetuneJob):
@@ -520,27 +521,11 @@ def _evaluator(job: FinetuneJob):
     return evaluate
 
 
-def _set_epoch_evaluation(config, job: FinetuneJob, num_processes: int) -> None:
-    training = config.training
-    from kiln.trainer import optimizer_steps_per_epoch
-
-    batches = len(job.train_dataset) // (training.per_device_train_batch_size * num_processes)
-    steps_per_epoch = optimizer_steps_per_epoch(batches, training.gradient_accumulation_steps)
-    if steps_per_epoch == 0:
-        raise ConfigError(
-            f"the training split ({len(job.train_dataset)} examples) is smaller than one batch "
-            f"({training.per_device_train_batch_size} x {num_processes} processes); "
-            "lower the batch size or add data"
-        )
-    if config.eval.each_epoch:
-        training.eval_steps = steps_per_epoch
-
-
-def _score_split(config, accelerator, job: FinetuneJob, model, tokenized, raw) -> tuple[list, dict[str, float]]:
+def _score_split(training, accelerator, job: FinetuneJob, model, tokenized, raw) -> tuple[list, dict[str, float]]:
     """Predictions for one split, and its metrics (with the loss) when it has references."""
     import torch
 
-    loader = make_loader(accelerator, tokenized, config.training.per_device_eval_batch_size, job.collator)
+    loader = make_loader(accelerator, tokenized, training.per_device_eval_batch_size, job.collator)
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -554,17 +539,15 @@ def _score_split(config, accelerator, job: FinetuneJob, model, tokenized, raw) -
     return predictions, metrics
 
 
-def _predict_split(config, accelerator, job: FinetuneJob, model) -> tuple[dict[str, float], Path | None]:
+def _predict_split(training, eval_cfg, accelerator, job: FinetuneJob, model) -> tuple[dict[str, float], Path | None]:
     """Predictions file for the test split (and its metrics when it has references)."""
     if job.test_dataset is None:
         return {}, None
-    predictions, metrics = _score_split(config, accelerator, job, model, job.test_dataset, job.test_split)
-    out = Path(config.training.output_dir)
-    path = out / f"predictions_test.{config.eval.predictions_format}"
+    predictions, metrics = _score_split(training, accelerator, job, model, job.test_dataset, job.test_split)
+    out = Path(training.output_dir)
+    path = out / f"predictions_test.{eval_cfg.predictions_format}"
     if accelerator.is_main_process:
-        write_predictions(
-            job.prediction_rows(predictions, job.test_split), path, config.eval.predictions_format
-        )
+        write_predictions(job.prediction_rows(predictions, job.test_split), path, eval_cfg.predictions_format)
         if metrics:
             (out / "test_results.json").write_text(json.dumps(metrics, indent=2))
         accelerator.print(f"predictions for {len(predictions)} test examples written to {path}")
@@ -578,8 +561,8 @@ class TestPredictions(TrainerCallback):
     """Callback: at the end of training, the predictions file (and metrics) of the test split, with the model
     the run exports (the best one, once BestModel has loaded it back)."""
 
-    def __init__(self, config, job: FinetuneJob):
-        self.config, self.job = config, job
+    def __init__(self, training, eval_cfg, job: FinetuneJob):
+        self.training, self.eval, self.job = training, eval_cfg, job
         self.metrics: dict[str, float] = {}
         self.path: Path | None = None
 
@@ -587,7 +570,7 @@ class TestPredictions(TrainerCallback):
         acc, state = trainer.accelerator, trainer.state
         if not end.completed:  # stopped by a signal or failed: no model to predict with
             return
-        self.metrics, self.path = _predict_split(self.config, acc, self.job, trainer.model)
+        self.metrics, self.path = _predict_split(self.training, self.eval, acc, self.job, trainer.model)
         if self.metrics and acc.is_main_process and acc.trackers:
             acc.log({f"test/{k}": v for k, v in self.metrics.items()}, step=state.global_step)
         if self.metrics:
@@ -599,8 +582,8 @@ class FinalEvaluation(TrainerCallback):
     one, once BestModel has loaded it back) and those of the further evaluation splits (`job.extra_eval`),
     scored now; written to eval_results.json and, for the further splits, to the model card."""
 
-    def __init__(self, config, job: FinetuneJob):
-        self.config, self.job = config, job
+    def __init__(self, training, job: FinetuneJob):
+        self.training, self.job = training, job
         self.metrics: dict[str, dict[str, float]] = {}
 
     def on_train_end(self, trainer, end) -> None:
@@ -616,66 +599,57 @@ class FinalEvaluation(TrainerCallback):
             }
         }
         for name, (tokenized, raw) in self.job.extra_eval.items():
-            metrics[name] = _score_split(self.config, acc, self.job, trainer.model, tokenized, raw)[1]
+            metrics[name] = _score_split(self.training, acc, self.job, trainer.model, tokenized, raw)[1]
             acc.print(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics[name].items()))
             end.summary[name] = {k: round(v, 6) for k, v in metrics[name].items() if math.isfinite(v)}
         if acc.is_main_process:
-            (Path(self.config.training.output_dir) / "eval_results.json").write_text(json.dumps(metrics, indent=2))
+            (Path(self.training.output_dir) / "eval_results.json").write_text(json.dumps(metrics, indent=2))
         self.metrics = metrics
 
 
-def run_finetuning(config, accelerator, job: FinetuneJob) -> FinetuneResult:
-    """Train `job.model` with the shared loop, keep the best model, predict the test split, export, push."""
-    from kiln.trainer import Trainer, prepare_output
+def run_parts(job: FinetuneJob, model_cfg, training, eval_cfg) -> RunParts:
+    """What the engine trains (kiln.job.run_job): the job's model and data, scored by its metrics, with the callbacks
+    every task needs before the engine's export: best model kept and loaded back -> final scores (validation and
+    the further evaluation splits, test predictions). `finetune_result` reads their results after the run."""
+    from kiln.callbacks import BestModel
+    from kiln.export import ModelCardFacts
+    from kiln.job import RunParts
 
-    _set_epoch_evaluation(config, job, accelerator.num_processes)
-    # only now, once data and model are known to be fine: a bad-input error leaves no half-made run behind
-    out = prepare_output(config, accelerator)
-    evaluation = FinalEvaluation(config, job)
-    predictions = TestPredictions(config, job)
-    trainer = Trainer(
-        accelerator,
-        job.model,
-        training=config.training,
-        logging_cfg=config.logging,
+    kind = getattr(model_cfg, "kind", None)  # the seq2seq model section names its kind, the encoder ones do not
+    card = ModelCardFacts(
+        model_kind=kind,
+        objective=model_cfg.objective if kind is not None else None,
+        task=job.task,
+        datasets=job.datasets,
+        base_model=hub_base_models(model_cfg),
+        summary=dict(job.extra_summary),
+        usage=job.card_usage,
+    )
+    return RunParts(
+        model=job.model,
+        tokenizer=job.tokenizer,
+        card=card,
         train_dataset=lambda epoch: job.train_dataset,
         collator=job.collator,
         eval_dataset=job.eval_dataset,
         evaluator=_evaluator(job),
         flops_per_token=job.flops_per_token,
         metadata=job.metadata,
-        callbacks=_callbacks(config, job, out, [evaluation, predictions]),
-        run_config=config,
+        callbacks=[
+            BestModel(Path(training.output_dir) / "best", job.tokenizer),
+            FinalEvaluation(training, job),
+            TestPredictions(training, eval_cfg, job),
+        ],
     )
-    state = trainer.train()
-    return FinetuneResult(state, trainer.end.final_dir, predictions.metrics, predictions.path, evaluation.metrics)
 
 
-def _callbacks(config, job: FinetuneJob, out: Path, scorers: list) -> list:
-    """Best model -> final scores (validation, test predictions) -> final/ with its card -> Hub -> trackers
-    closed (on_train_end order)."""
-    from kiln.callbacks import BestModel, FinalExport, HubSync, Trackers
-    from kiln.export import ModelCardFacts
-
-    kind = getattr(config.model, "kind", None)  # the seq2seq model section names its kind, the encoder ones do not
-    card = ModelCardFacts(
-        model_kind=kind,
-        objective=config.model.objective if kind is not None else None,
-        task=job.task,
-        datasets=job.datasets,
-        base_model=hub_base_models(config.model),
-        model_id=config.hub.model_id,
-        license=config.hub.license,
-        summary=dict(job.extra_summary),
-        usage=job.card_usage,
+def finetune_result(trainer) -> FinetuneResult:
+    """What a fine-tuning run gives back, from the finished Trainer and its scoring callbacks."""
+    evaluation = next(c for c in trainer.callbacks if isinstance(c, FinalEvaluation))
+    predictions = next(c for c in trainer.callbacks if isinstance(c, TestPredictions))
+    return FinetuneResult(
+        trainer.state, trainer.end.final_dir, predictions.metrics, predictions.path, evaluation.metrics
     )
-    return [
-        BestModel(out / "best", job.tokenizer),
-        *scorers,
-        FinalExport(out / "final", job.tokenizer, card),
-        HubSync(config.hub, job.tokenizer),
-        Trackers(config.logging),
-    ]
 
 
 def hub_base_models(model_config) -> list[str] | None:
@@ -697,7 +671,7 @@ def run_prediction(config, accelerator, job: FinetuneJob) -> FinetuneResult:
         )
     Path(config.training.output_dir).mkdir(parents=True, exist_ok=True)
     model = accelerator.prepare(job.model)
-    metrics, path = _predict_split(config, accelerator, job, model)
+    metrics, path = _predict_split(config.training, config.eval, accelerator, job, model)
     accelerator.end_training()
     return FinetuneResult(None, None, metrics, path)
 
@@ -720,6 +694,7 @@ __all__ = [
     "FinetuneResult",
     "check_best_metric",
     "check_vocabulary",
+    "finetune_result",
     "run_finetune_cli",
     "data_files",
     "dataset_names",
@@ -737,10 +712,10 @@ __all__ = [
     "report_loading",
     "report_truncation",
     "resolve_start_model",
-    "run_finetuning",
+    "run_parts",
     "scratch_model",
     "run_prediction",
-    "setup_run",
+    "quiet_libraries",
     "subsample",
     "validate_common",
     "write_predictions",

@@ -2,12 +2,15 @@
 
 A task is a declaration: its config dataclass and --help text, when it starts (checks and checkpoints), its reader
 (raw splits from the configured source), its label set, its model head, its tokenization, its collator, and its
-inference, metric and prediction rows. `run_task` runs every script the same way:
+inference, metric and prediction rows. `run_task` runs every script the same way: it parses the config and hands
+the engine one job (`kiln.job.run_job`), whose `build` the engine calls once it has checked its own sections and
+started the accelerator:
 
-    config (defaults, --config YAML, --section.key overrides; --help) -> shared and task checks (`start`)
-    -> accelerator, logging, seed -> raw splits (`read`) -> label set from the whole training split (`labels`)
-    -> max_*_samples cut -> best-model metric checked -> --predict keeps the test split -> model (`head`)
-    -> tokenized splits (`tokenize`) -> `FinetuneJob` -> run_finetuning, or run_prediction with --predict
+    config (defaults, --config YAML, --section.key overrides; --help) -> [engine: training, logging, hub checks;
+    accelerator, logging, seed] -> shared and task checks (`start`) -> raw splits (`read`) -> label set from the
+    whole training split (`labels`) -> max_*_samples cut -> best-model metric checked -> --predict keeps the test
+    split -> model (`head`) -> tokenized splits (`tokenize`) -> `FinetuneJob` -> [engine: output folder, resume,
+    the loop, final export, Hub], or run_prediction with --predict
 
 A head that needs no label set (seq2seq) is built right after seeding, before the data is read. User errors
 raise (ConfigError, FinetuneDataError); a script's `__main__` runs `main` under `finetune.common.run_finetune_cli`, which
@@ -27,22 +30,24 @@ from finetune.common import (
     check_vocabulary,
     data_files,
     dataset_names,
+    finetune_result,
     initialisation,
     load_checkpoint_tokenizer,
     only_test_split,
     positions_limit,
     predict_files,
+    quiet_libraries,
     quiet_transformers,
     report_loading,
     resolve_start_model,
-    run_finetuning,
+    run_parts,
     run_prediction,
     scratch_model,
-    setup_run,
     subsample,
     validate_common,
 )
 from kiln.config import build_config
+from kiln.job import Job, run_job, start_predicting
 
 
 @dataclass
@@ -106,13 +111,13 @@ class FinetuneTask:
         )
 
 
-def build_job(task: FinetuneTask, config):
-    """(accelerator, FinetuneJob) of a parsed config."""
+def build_job(task: FinetuneTask, config, accelerator) -> FinetuneJob:
+    """The FinetuneJob of a parsed config, once the run has started (`accelerator`)."""
     from finetune.data import SPLITS
 
     validate_common(config)
     start = task.start(config)
-    accelerator = setup_run(config)
+    quiet_libraries()
     head = (
         task.head(config, start, None) if task.labels is None else None
     )  # its new weights drawn right after seeding
@@ -151,16 +156,20 @@ def build_job(task: FinetuneTask, config):
         card_usage=task.card_usage,
         extra_eval={name: (tokenized[name], dataset[name]) for name in dataset if name not in SPLITS},
     )
-    return accelerator, job
+    return job
 
 
 def run_task(task: FinetuneTask, argv: list[str] | None = None) -> FinetuneResult:
-    """A script's main(): parse its config, build the job, fine-tune (or --predict)."""
+    """A script's main(): parse its config and hand the engine the job (or, with --predict, only predict)."""
     config = task.parse(argv)
-    accelerator, job = build_job(task, config)
     if config.predict:
-        return run_prediction(config, accelerator, job)
-    return run_finetuning(config, accelerator, job)
+        accelerator = start_predicting(config)
+        return run_prediction(config, accelerator, build_job(task, config, accelerator))
+
+    def build(accelerator):
+        return run_parts(build_job(task, config, accelerator), config.model, config.training, config.eval)
+
+    return finetune_result(run_job(Job(config, build, eval_each_epoch=config.eval.each_epoch)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -178,28 +187,26 @@ class EncoderStart(NamedTuple):
     """Further options of the task's reader (the GLUE presets')."""
 
 
-def encoder_checkpoint(config, loader_options: dict | None = None) -> EncoderStart:
-    """--model.checkpoint resolved as a Kiln encoder."""
-    model_cfg = config.model
+def encoder_checkpoint(model_cfg, loader_options: dict | None = None) -> EncoderStart:
+    """--model.checkpoint (of the model section `model_cfg`) resolved as a Kiln encoder."""
     path, checkpoint_config = resolve_start_model(
         model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder",), model_cfg.revision
     )
     return EncoderStart(path, checkpoint_config, loader_options or {})
 
 
-def encoder_head(config, path: str, build: Callable[[], Any], num_labels: int, facts: dict) -> Head:
-    """The Head of a Kiln encoder with a task head: its tokenizer, the model `build()` returns, its sequence
-    length (data.max_seq_length capped at max_position_embeddings), FLOPs per token and card facts (`facts`
-    between the initialisation and the length)."""
+def encoder_head(
+    model_cfg, max_seq_length: int | None, path: str, build: Callable[[], Any], num_labels: int, facts: dict
+) -> Head:
+    """The Head of a Kiln encoder with a task head (`model_cfg`: the model section): its tokenizer, the model
+    `build()` returns, its sequence length (data.max_seq_length capped at max_position_embeddings), FLOPs per token
+    and card facts (`facts` between the initialisation and the length)."""
     from pretrain.modeling import count_flops_per_token
 
-    model_cfg = config.model
     tokenizer = load_checkpoint_tokenizer(path, "--model.checkpoint", model_cfg.revision)
     model = build()
     check_vocabulary(tokenizer, model.config, model_cfg.checkpoint)
-    max_length = positions_limit(
-        config.data.max_seq_length, model.config.max_position_embeddings, "data.max_seq_length"
-    )
+    max_length = positions_limit(max_seq_length, model.config.max_position_embeddings, "data.max_seq_length")
     summary = {
         "base model": model_cfg.checkpoint,
         "initialisation": initialisation(model_cfg),

@@ -252,6 +252,10 @@ def make_scoring(id2label: dict):
 # the task
 
 
+def start(config):
+    return encoder_checkpoint(config.model)
+
+
 def read(config, files: dict, start):
     from finetune.data import load_tagging_data
 
@@ -286,7 +290,8 @@ def head(config, start, chosen):
         "label all pieces": config.data.label_all_tokens,
     }
     return encoder_head(
-        config,
+        config.model,
+        config.data.max_seq_length,
         start.path,
         lambda: build_tagger(start.path, config.model, label2id, id2label, keep_head),
         len(id2label),
@@ -322,7 +327,7 @@ TASK = FinetuneTask(
     description=DESCRIPTION,
     pipeline_tag="token-classification",
     reference_column="tags",
-    start=encoder_checkpoint,
+    start=start,
     read=read,
     labels=tags,
     best_metric=best_metric,

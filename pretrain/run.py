@@ -14,9 +14,10 @@ if __package__ in (None, ""):  # run as a script (accelerate launch pretrain/run
 
 import logging  # noqa: E402
 from functools import partial  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from kiln.cli import run_cli  # noqa: E402
-from kiln.config import build_config, validate_run_sections  # noqa: E402
+from kiln.config import build_config  # noqa: E402
 from kiln.errors import ConfigError  # noqa: E402
 from pretrain.config import RunConfig  # noqa: E402
 
@@ -57,7 +58,6 @@ def validate(config: RunConfig) -> None:
             f"data.max_seq_length={config.data.max_seq_length} exceeds model.max_position_embeddings="
             f"{model.max_position_embeddings}: lower data.max_seq_length or raise model.max_position_embeddings"
         )
-    validate_run_sections(config)
 
 
 def validate_electra(model) -> None:
@@ -216,20 +216,55 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
 
 
 def main(argv: list[str] | None = None):
+    """Parse the config and hand the engine the run (kiln.job.run_job); returns the run's TrainState."""
+    from kiln.job import Job, run_job
+
     config = build_config(RunConfig, argv, prog="accelerate launch pretrain/run.py", description=DESCRIPTION)
     validate(config)
+    job = Job(
+        config,
+        build=partial(build_run, config),
+        metadata={"model_kind": config.model.kind, "objective": config.model.objective},
+        output_before_build=True,  # the tokenizer is trained into output_dir/tokenizer
+    )
+    return run_job(job).state
 
-    from kiln.trainer import check_checkpoint_metadata, prepare_output, resolve_checkpoint, start_run
 
-    metadata = {"model_kind": config.model.kind, "objective": config.model.objective}
-    resume = config.training.resume_from_checkpoint
-    if resume and not resume.startswith("hub:"):  # fail before any tokenizer or data work
-        check_checkpoint_metadata(resolve_checkpoint(resume, config.training.output_dir, quiet=True), metadata)
-    accelerator = start_run(config.training, config.logging)
-    out = prepare_output(config, accelerator)
-    tokenizer, model, data = build_inputs(config, accelerator, out)
-    trainer = build_trainer(config, accelerator, model, data, metadata, callbacks=run_callbacks(config, tokenizer, out))
-    return trainer.train()
+def build_run(config: RunConfig, accelerator):
+    """The run's parts: tokenizer, model and examples (`build_inputs`), evaluation, FLOPs and the model card."""
+    from kiln.export import ModelCardFacts
+    from kiln.job import RunParts
+    from pretrain.evaluation import evaluate_decoder, evaluate_encoder
+    from pretrain.modeling import count_flops_per_token
+
+    model_cfg, data_cfg = config.model, config.data
+    tokenizer, model, data = build_inputs(config, accelerator, Path(config.training.output_dir))
+    encoder, electra = model_cfg.kind == "encoder", model_cfg.objective == "electra"
+    return RunParts(
+        model=model,
+        tokenizer=tokenizer,
+        card=ModelCardFacts(
+            model_kind=model_cfg.kind,
+            objective=model_cfg.objective,
+            datasets=card_datasets(data_cfg),
+            usage=ELECTRA_USAGE if electra else None,
+        ),
+        train_dataset=data.train_dataset,
+        collator=data.collator,
+        eval_dataset=data.eval_dataset,
+        eval_collator=data.eval_collator,
+        evaluator=evaluate_encoder if encoder else evaluate_decoder,
+        # the encoder's vocabulary projection runs only at the masked positions (sparse prediction)
+        flops_per_token=electra_flops_per_token(model, data_cfg)
+        if electra
+        else count_flops_per_token(
+            model.config, data_cfg.max_seq_length, lm_head_fraction=data_cfg.mlm_probability if encoder else 1.0
+        ),
+        # ELECTRA: lambda on the discriminator's loss; its accuracy is logged beside the losses
+        loss_weights={"rtd_loss": model_cfg.discriminator_weight, "rtd_accuracy": 0.0} if electra else None,
+        metadata={"model_kind": model_cfg.kind, "objective": model_cfg.objective},
+        num_workers=data_cfg.num_workers,
+    )
 
 
 def build_inputs(config: RunConfig, accelerator, out):
@@ -266,40 +301,6 @@ def build_inputs(config: RunConfig, accelerator, out):
     return tokenizer, model, data
 
 
-def build_trainer(config: RunConfig, accelerator, model, data, metadata: dict, callbacks: list):
-    from kiln.trainer import Trainer
-    from pretrain.evaluation import evaluate_decoder, evaluate_encoder
-    from pretrain.modeling import count_flops_per_token
-
-    encoder = config.model.kind == "encoder"
-    electra = config.model.objective == "electra"
-    return Trainer(
-        accelerator,
-        model,
-        training=config.training,
-        logging_cfg=config.logging,
-        train_dataset=data.train_dataset,
-        collator=data.collator,
-        eval_dataset=data.eval_dataset,
-        eval_collator=data.eval_collator,
-        evaluator=evaluate_encoder if encoder else evaluate_decoder,
-        # the encoder's vocabulary projection runs only at the masked positions (sparse prediction)
-        flops_per_token=electra_flops_per_token(model, config.data)
-        if electra
-        else count_flops_per_token(
-            model.config,
-            config.data.max_seq_length,
-            lm_head_fraction=config.data.mlm_probability if encoder else 1.0,
-        ),
-        # ELECTRA: lambda on the discriminator's loss; its accuracy is logged beside the losses
-        loss_weights={"rtd_loss": config.model.discriminator_weight, "rtd_accuracy": 0.0} if electra else None,
-        metadata=metadata,
-        callbacks=callbacks,
-        num_workers=config.data.num_workers,
-        run_config=config,
-    )
-
-
 def electra_flops_per_token(model, data_cfg) -> float:
     """ELECTRA's step: the discriminator on every token (its one-logit head left out, like the pooler), the
     generator with its vocabulary projection at the masked positions."""
@@ -321,23 +322,6 @@ tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)
 encoder = AutoModel.from_pretrained("{repo}", trust_remote_code=True)
 # the generator that trained it, a small masked LM
 generator = AutoModelForMaskedLM.from_pretrained("{repo}", subfolder="generator", trust_remote_code=True)"""
-
-
-def run_callbacks(config: RunConfig, tokenizer, out) -> list:
-    """What the run does around the loop: trackers, the final folder with its card, the Hub."""
-    from kiln.callbacks import FinalExport, HubSync, Trackers
-    from kiln.export import ModelCardFacts
-
-    card = ModelCardFacts(
-        model_kind=config.model.kind,
-        objective=config.model.objective,
-        datasets=card_datasets(config.data),
-        model_id=config.hub.model_id,
-        license=config.hub.license,
-        usage=ELECTRA_USAGE if config.model.objective == "electra" else None,
-    )
-    # on_train_end runs in this order: export, push and wait, then close the trackers
-    return [FinalExport(out / "final", tokenizer, card), HubSync(config.hub, tokenizer), Trackers(config.logging)]
 
 
 def card_datasets(data) -> list[str]:

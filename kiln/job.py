@@ -1,0 +1,155 @@
+"""The engine's one entrance: an app hands `run_job` a `Job` (its config and how to build the run's parts) and the
+engine runs all of it.
+
+    run_job(job)
+      the engine's sections checked (training, logging, hub) -> a resume checkpoint of another kind refused
+      (job.metadata) -> accelerator, batch size, logging, seed -> [output folder prepared, when the app
+      writes into it while building] -> job.build(accelerator): the app's model, data, metrics and callbacks
+      -> the evaluation interval of one epoch -> output folder prepared and locked (config changes against the
+      run being resumed checked, config.yaml written) -> Trainer: trackers, resume, summary, loop, evaluation,
+      final export, Hub, every callback ended whatever ends the run
+
+An app never calls the steps itself, so the rules for output folders and resume live here, once. A run that only
+predicts (fine-tuning's --predict) has no folder to keep and nothing to resume: it calls `start_predicting`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from .callbacks import TrainerCallback
+    from .export import ModelCardFacts
+    from .trainer import Trainer
+
+
+@dataclass
+class RunParts:
+    """What an app builds for a run (`Job.build`): the model and its data, how to evaluate it, what the final folder
+    and its card say, and the app's own callbacks."""
+
+    model: Any
+    tokenizer: Any
+    """Saved next to the final weights: anything with save_pretrained(folder)."""
+    card: ModelCardFacts
+    """The model card's facts from the app's sections (hub.model_id and hub.license are filled in by the engine)."""
+    train_dataset: Callable[[int], Any]
+    """epoch -> the training examples of that epoch."""
+    collator: Callable
+    eval_dataset: Any = None
+    eval_collator: Callable | None = None
+    evaluator: Callable | None = None
+    """(model, loader, accelerator) -> metrics; see kiln.trainer.Evaluator."""
+    flops_per_token: float | None = None
+    metadata: dict = field(default_factory=dict)
+    """Stored in every checkpoint and compared on resume (task, number of labels, ...)."""
+    callbacks: Sequence[TrainerCallback] = ()
+    """The app's callbacks; their on_train_end runs before the engine's final export, Hub push and trackers' end."""
+    num_workers: int = 0
+    loss_weights: dict[str, float] | None = None
+
+
+@dataclass
+class Job:
+    """What an app hands the engine."""
+
+    config: Any
+    """The app's whole config: the engine's sections (training, logging, hub) and the app's own (model, data, ...);
+    saved as output_dir/config.yaml and with every checkpoint, compared with the checkpoint's on resume."""
+    build: Callable[[Accelerator], RunParts]
+    """Builds the run's parts once the accelerator is started and seeded (new weights are drawn from the seed)."""
+    metadata: dict = field(default_factory=dict)
+    """What is known of the run before it is built (pretraining: model kind and objective): a resume checkpoint
+    written with other values is refused before any tokenizer or data work."""
+    output_before_build: bool = False
+    """Prepare the output folder before `build` (pretraining trains its tokenizer into output_dir/tokenizer);
+    False: only once the model and data are built, so a bad input leaves no half-made run behind."""
+    eval_each_epoch: bool | None = None
+    """Fine-tuning (True or False): a training set smaller than one batch is refused before the output folder is
+    touched, and True evaluates (and keeps the best model) after every epoch: training.eval_steps becomes one
+    epoch's optimizer steps. None: neither (pretraining counts steps)."""
+
+
+def start_predicting(config: Any) -> Accelerator:
+    """The start of a run that only predicts (fine-tuning's --predict: no output folder to keep, nothing to
+    resume): the engine's sections checked, then the accelerator, the per-device batch, the log format and the
+    seed (kiln.trainer.start_run), as run_job starts."""
+    from .config import validate_run_sections
+    from .trainer import start_run
+
+    validate_run_sections(config)
+    return start_run(config.training, config.logging)
+
+
+def run_job(job: Job) -> Trainer:
+    """Run `job` from start to end (module docstring); returns the finished Trainer (its state, its end, its
+    callbacks). Whatever ends the run, every callback's on_train_end has run; the error that ended it is raised."""
+    from .callbacks import FinalExport, HubSync, Trackers
+    from .config import validate_run_sections
+    from .trainer import Trainer, check_checkpoint_metadata, prepare_output, resolve_checkpoint, start_run
+
+    config = job.config
+    training = config.training
+    validate_run_sections(config)
+    resume = training.resume_from_checkpoint
+    if job.metadata and resume and not resume.startswith("hub:"):
+        check_checkpoint_metadata(resolve_checkpoint(resume, training.output_dir, quiet=True), job.metadata)
+    accelerator = start_run(training, config.logging)
+    out = prepare_output(config, accelerator) if job.output_before_build else None
+    parts = job.build(accelerator)
+    if job.eval_each_epoch is not None:
+        evaluate_each_epoch(training, parts.train_dataset(0), accelerator.num_processes, job.eval_each_epoch)
+    if out is None:
+        out = prepare_output(config, accelerator)
+    card = dataclasses.replace(parts.card, model_id=config.hub.model_id, license=config.hub.license)
+    trainer = Trainer(
+        accelerator,
+        parts.model,
+        training=training,
+        logging_cfg=config.logging,
+        train_dataset=parts.train_dataset,
+        collator=parts.collator,
+        eval_dataset=parts.eval_dataset,
+        eval_collator=parts.eval_collator,
+        evaluator=parts.evaluator,
+        flops_per_token=parts.flops_per_token,
+        loss_weights=parts.loss_weights,
+        metadata=parts.metadata,
+        # on_train_end runs in this order: the app's (best model, final scores), export, push and wait, trackers
+        callbacks=[
+            *parts.callbacks,
+            FinalExport(Path(out) / "final", parts.tokenizer, card),
+            HubSync(config.hub, parts.tokenizer),
+            Trackers(config.logging),
+        ],
+        num_workers=parts.num_workers,
+        run_config=config,
+    )
+    trainer.train()
+    return trainer
+
+
+def evaluate_each_epoch(training, train_dataset, num_processes: int, each_epoch: bool) -> None:
+    """Refuse a training set smaller than one batch; with `each_epoch`, evaluate after every epoch."""
+    from .errors import ConfigError
+    from .trainer import optimizer_steps_per_epoch
+
+    batches = len(train_dataset) // (training.per_device_train_batch_size * num_processes)
+    steps_per_epoch = optimizer_steps_per_epoch(batches, training.gradient_accumulation_steps)
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"the training split ({len(train_dataset)} examples) is smaller than one batch "
+            f"({training.per_device_train_batch_size} x {num_processes} processes); "
+            "lower the batch size or add data"
+        )
+    if each_epoch:
+        training.eval_steps = steps_per_epoch
+
+
+__all__ = ["Job", "RunParts", "evaluate_each_epoch", "run_job", "start_predicting"]

@@ -1,0 +1,58 @@
+"""The engine owns the run: followed as data, a fine-tuning run's config goes from the app to the engine and does not
+bounce back and forth between them (issue 25, item 3).
+
+What is counted (`kiln.walk.trace_walk`): `finetune/classify.py`'s `main(argv)` runs in this process on the shipped
+authorship sample, starting from a tiny encoder pretrained here for one step. From the moment
+`kiln.config.build_config` returns the run config, every call to a function of `kiln/`, `finetune/` or `pretrain/`
+that receives the whole run config as an argument (`self` aside), or a dataclass carrying it (a job), is recorded
+with its module (its room). Consecutive calls in one module are one stay; a stay in a module that had an earlier one
+is a return to a room already left. Calls that receive only a section (`config.training`, ...) are not counted.
+Before the engine took the whole run (commit 44ce8dd) this walk was 18 stays in 7 rooms with 11 returns.
+"""
+
+import pytest
+import torch
+from kiln_testing import DEBUG, reset_accelerate
+
+from kiln.walk import trace_walk
+
+
+@pytest.fixture
+def one_torch_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def in_process(main, *args):
+    reset_accelerate()
+    try:
+        return main([str(arg) for arg in args])
+    finally:
+        reset_accelerate()
+
+
+def test_a_fine_tuning_runs_config_enters_the_engine_once_and_comes_back_at_most_four_times(tmp_path, one_torch_thread):
+    from finetune.classify import main as classify
+    from pretrain.run import main as pretrain
+
+    in_process(pretrain, "--config", DEBUG, "--training.output_dir", tmp_path / "encoder", "--training.max_steps", 1,
+               "--training.eval_steps", 0, "--training.save_steps", 0)  # fmt: skip
+    reset_accelerate()
+    try:
+        walk, result = trace_walk(lambda: classify([
+            "--model.checkpoint", str(tmp_path / "encoder" / "final"), "--training.output_dir", str(tmp_path / "run"),
+            "--training.max_steps", "2", "--data.max_train_samples", "32", "--data.max_eval_samples", "16",
+            "--data.max_predict_samples", "8",
+        ]))  # fmt: skip
+    finally:
+        reset_accelerate()
+    assert result.state.global_step == 2 and (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    print(walk.describe())
+    assert walk.returns <= 4, walk.describe()
+    # the config is handed to the engine's entrance before the app builds anything, and once the engine has prepared
+    # the output folder the app never gets the whole config again
+    assert walk.rooms[0] == "kiln/job.py", walk.describe()
+    after_output = walk.stays[walk.stays.index("kiln/trainer.py"):]
+    assert not any(room.startswith("finetune/") for room in after_output), walk.describe()
