@@ -47,7 +47,7 @@ from finetune.common import (
     validate_common,
 )
 from kiln.config import build_config
-from kiln.job import Job, run_job, start_predicting
+from kiln.job import TrainingJob, run_job, start_predicting
 
 
 @dataclass
@@ -169,7 +169,7 @@ def run_task(task: FinetuneTask, argv: list[str] | None = None) -> FinetuneResul
     def build(accelerator):
         return run_parts(build_job(task, config, accelerator), config.model, config.training, config.eval)
 
-    return finetune_result(run_job(Job(config, build, eval_each_epoch=config.eval.each_epoch)))
+    return finetune_result(run_job(TrainingJob(config, build, eval_each_epoch=config.eval.each_epoch)))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The engine's one entrance: an app hands `run_job` a `Job` (its config and how to build the run's parts) and the
-engine runs all of it.
+"""The engine's one entrance: an app hands `run_job` a `TrainingJob` (its config and how to build the run's parts)
+and the engine runs all of it.
 
     run_job(job)
       the engine's sections checked (training, logging, hub) -> a resume checkpoint of another kind refused
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class RunParts:
-    """What an app builds for a run (`Job.build`): the model and its data, how to evaluate it, what the final folder
-    and its card say, and the app's own callbacks."""
+    """What an app builds for a run (`TrainingJob.build`): the model and its data, how to evaluate it, what the final
+    folder and its card say, and the app's own callbacks."""
 
     model: Any
     tokenizer: Any
@@ -56,7 +56,7 @@ class RunParts:
 
 
 @dataclass
-class Job:
+class TrainingJob:
     """What an app hands the engine."""
 
     config: Any
@@ -87,7 +87,7 @@ def start_predicting(config: Any) -> Accelerator:
     return start_run(config.training, config.logging)
 
 
-def run_job(job: Job) -> Trainer:
+def run_job(job: TrainingJob) -> Trainer:
     """Run `job` from start to end (module docstring); returns the finished Trainer (its state, its end, its
     callbacks). Whatever ends the run, every callback's on_train_end has run; the error that ended it is raised."""
     from .callbacks import FinalExport, HubSync, Trackers
@@ -152,4 +152,4 @@ def evaluate_each_epoch(training, train_dataset, num_processes: int, each_epoch:
         training.eval_steps = steps_per_epoch
 
 
-__all__ = ["Job", "RunParts", "evaluate_each_epoch", "run_job", "start_predicting"]
+__all__ = ["RunParts", "TrainingJob", "evaluate_each_epoch", "run_job", "start_predicting"]

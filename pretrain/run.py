@@ -217,11 +217,11 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
 
 def main(argv: list[str] | None = None):
     """Parse the config and hand the engine the run (kiln.job.run_job); returns the run's TrainState."""
-    from kiln.job import Job, run_job
+    from kiln.job import TrainingJob, run_job
 
     config = build_config(RunConfig, argv, prog="accelerate launch pretrain/run.py", description=DESCRIPTION)
     validate(config)
-    job = Job(
+    job = TrainingJob(
         config,
         build=partial(build_run, config),
         metadata={"model_kind": config.model.kind, "objective": config.model.objective},
