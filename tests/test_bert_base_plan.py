@@ -6,12 +6,9 @@ docs/scaling.md)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import yaml
-from kiln_testing import REPO
+from kiln_testing import REPO, launch_two_processes
 
 CONFIG = REPO / "configs/pretrain/bert-base-wiki-books.yaml"
 TINY_CORPUS = ["--data.data_files", str(REPO / "data/pretrain/the_time_machine.txt")]  # one shipped book
@@ -39,14 +36,7 @@ def test_bert_base_config_dry_run_on_two_processes(tmp_path):
     prepared = tmp_path / "prepared"
     assert prepare_main(["--config", str(CONFIG), *TINY_CORPUS, "--output", str(prepared)]) == 0
     out = tmp_path / "run"
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--main_process_port", "0", str(REPO / "pretrain/run.py"), "--config", str(CONFIG), *TINY_CORPUS,
-         "--data.prepared", str(prepared), "--training.output_dir", str(out), *MUST_SHRINK],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    launch_two_processes(out, *TINY_CORPUS, "--data.prepared", prepared, *MUST_SHRINK, config=CONFIG)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
     assert any("eval/mlm_loss" in r for r in rows)

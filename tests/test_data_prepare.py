@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from kiln_testing import losses, run
+from kiln_testing import cli_in_process, losses, run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -203,22 +203,6 @@ def test_shard_parts_equal_the_single_machine_prepare(prepared, tmp_path):
     _same_folder(output, reference)
 
 
-def _cli_in_process(capsys, *args):
-    from kiln_testing import DEBUG, reset_accelerate
-
-    from pretrain.run import cli
-
-    reset_accelerate()
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            cli(["--config", DEBUG, *map(str, args)])
-    finally:
-        reset_accelerate()
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return exit_info.value.code, err.strip().splitlines()
-
-
 def test_a_run_that_disagrees_with_the_manifest_is_one_line(prepared, tmp_path, capsys):
     _, _, out = prepared
     cases = [
@@ -228,12 +212,12 @@ def test_a_run_that_disagrees_with_the_manifest_is_one_line(prepared, tmp_path, 
         (["--tokenizer.name_or_path", REPO / "tests"], "could not load tokenizer"),
     ]
     for extra, message in cases:
-        code, lines = _cli_in_process(
+        code, lines = cli_in_process(
             capsys, "--training.output_dir", tmp_path / "run", "--data.prepared", out, "--tokenizer.vocab_size", 512,
             *extra,
         )
         assert code == 2 and len(lines) == 1 and message in lines[0], lines
-    code, lines = _cli_in_process(capsys, "--training.output_dir", tmp_path / "x", "--data.prepared", tmp_path)
+    code, lines = cli_in_process(capsys, "--training.output_dir", tmp_path / "x", "--data.prepared", tmp_path)
     assert code == 2 and lines == [f"error: data.prepared {tmp_path} is not a prepared folder (no manifest.json); "
                                    "make one with `python -m pretrain.data prepare --config X --output DIR`"]
 

@@ -11,21 +11,14 @@ import gzip
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import yaml
-from kiln_testing import REPO
+from kiln_testing import REPO, free_port
 
 ACCELERATE_LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # = `accelerate launch`
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def command(*args, env_extra=None, timeout=300):

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from kiln_testing import tiny_decoder_config, tiny_encoder_config
+from kiln_testing import WITHOUT_THE_PROJECT, tiny_decoder_config, tiny_encoder_config
 
 from pretrain.convert import from_transformers
 from pretrain.modeling import (
@@ -235,18 +235,7 @@ def test_model_cards_claim_only_tasks_a_kiln_head_serves(tmp_path):
 
 
 # ------------------------------------------------------------------------------ seq2seq folder, remote code
-REMOTE_CHILD = r"""
-import importlib.abc, sys
-from pathlib import Path
-
-class RefuseRepoPackages(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("pretrain", "finetune"):
-            raise ImportError(f"remote code must not import {name}")
-
-sys.meta_path.insert(0, RefuseRepoPackages())
-repo_root = Path(sys.argv[1]).resolve()
-sys.path = [p for p in sys.path if p and Path(p).resolve() != repo_root]
+REMOTE_CHILD = WITHOUT_THE_PROJECT + r"""
 import torch, transformers
 
 folder, out_file = sys.argv[2:4]

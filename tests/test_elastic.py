@@ -4,13 +4,10 @@ accumulation count adjusted), on the same data order and masks, logging the loss
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from kiln_testing import DEBUG, REPO, losses, run
+from kiln_testing import DEBUG, REPO, launch_two_processes, losses, run
 
 from kiln.config import TrainingConfig
 from kiln.elastic import BatchLayout, adapt_to_world_size, convert_position, saved_layout
@@ -21,19 +18,6 @@ COMMON = ["--data.max_train_documents", 2, "--training.max_steps", 6, "--trainin
           "--training.per_device_train_batch_size", 4, "--model.hidden_dropout_prob", 0,
           "--model.attention_probs_dropout_prob", 0, "--training.save_total_limit", 10]  # fmt: skip
 RESUME_AT = 3
-
-
-def launch_two(output_dir, *args):
-    """`accelerate launch --multi_gpu --num_processes 2 pretrain/run.py` on CPU (gloo)."""
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--main_process_port", "0", str(REPO / "pretrain/run.py"), "--config", DEBUG,
-         "--training.output_dir", str(output_dir), *map(str, args)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 def _close(resumed: dict, reference: dict):
@@ -56,7 +40,7 @@ def prepared_corpus(folder: Path) -> list[str]:
 def test_two_processes_resume_on_one(tmp_path, data):
     common = [*COMMON, *(prepared_corpus(tmp_path / "prepared") if data == "prepared" else [])]
     full = tmp_path / "two"
-    launch_two(full, *common, "--training.save_steps", 1)
+    launch_two_processes(full, *common, "--training.save_steps", 1)
     checkpoint = full / "checkpoints" / f"step-{RESUME_AT:08d}"
     assert saved_layout(checkpoint) == BatchLayout(2, 4, 1)
     out = tmp_path / "one"
@@ -73,8 +57,10 @@ def test_one_process_resumes_on_two(tmp_path):
     run(full, *COMMON, "--training.gradient_accumulation_steps", 2, "--training.save_steps", 1)
     assert saved_layout(full / "checkpoints" / f"step-{RESUME_AT:08d}") == BatchLayout(1, 4, 2)
     out = tmp_path / "two"
-    result = launch_two(out, *COMMON, "--training.gradient_accumulation_steps", 2, "--training.save_steps", 0,
-                        "--training.resume_from_checkpoint", full / "checkpoints" / f"step-{RESUME_AT:08d}")
+    result = launch_two_processes(
+        out, *COMMON, "--training.gradient_accumulation_steps", 2, "--training.save_steps", 0,
+        "--training.resume_from_checkpoint", full / "checkpoints" / f"step-{RESUME_AT:08d}",
+    )  # fmt: skip
     assert "gradient accumulation 2 -> 1 keeps the global batch of 8" in result.stdout + result.stderr
     _close(losses(out), losses(full))
 

@@ -11,7 +11,14 @@ import sys
 import pytest
 import torch
 import transformers
-from kiln_testing import DEBUG, REPO, losses, run, tiny_encoder_config
+from kiln_testing import (
+    REPO,
+    WITHOUT_THE_PROJECT,
+    launch_two_processes,
+    losses,
+    run,
+    tiny_encoder_config,
+)
 from safetensors.torch import load_file
 
 from kiln.config import REPO_ROOT
@@ -226,18 +233,7 @@ def test_final_is_the_discriminator_with_the_generator_beside_it(electra_run, tm
 
 
 # a fresh interpreter that cannot import Kiln: what a Hub user of the pushed folder has
-REMOTE_CHILD = r"""
-import importlib.abc, sys
-from pathlib import Path
-
-class RefuseRepoPackages(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("kiln", "pretrain", "finetune"):
-            raise ImportError(f"remote code must not import {name}")
-
-sys.meta_path.insert(0, RefuseRepoPackages())
-repo_root = Path(sys.argv[1]).resolve()
-sys.path = [p for p in sys.path if p and Path(p).resolve() != repo_root]
+REMOTE_CHILD = WITHOUT_THE_PROJECT + r"""
 import torch, transformers
 
 final, out_file = sys.argv[2:4]
@@ -316,15 +312,9 @@ def test_two_processes_match_one(tmp_path):
     one = tmp_path / "one"
     run(one, *common, "--training.per_device_train_batch_size", 8)
     two = tmp_path / "two"
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--main_process_port", "0", str(REPO / "pretrain/run.py"), "--config", DEBUG,
-         "--training.output_dir", str(two), *map(str, common), "--training.per_device_train_batch_size", "4",
-         "--training.per_device_eval_batch_size", "8", "--tokenizer.name_or_path", str(one / "tokenizer")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    launch_two_processes(two, *common, "--training.per_device_train_batch_size", 4,
+                         "--training.per_device_eval_batch_size", 8,
+                         "--tokenizer.name_or_path", one / "tokenizer")  # fmt: skip
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 11))
     for step in a:

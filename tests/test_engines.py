@@ -12,32 +12,17 @@ in the README.
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
-from kiln_testing import REPO, reset_accelerate, tiny_decoder_config, tiny_encoder_config
-
-FSDP_YAML = REPO / "configs/accelerate/fsdp.yaml"
-DEEPSPEED_YAML = REPO / "configs/accelerate/deepspeed-zero2.yaml"
-
-
-def launch_env(config_file) -> dict[str, str]:
-    """The ACCELERATE_*/FSDP_* environment `accelerate launch --config_file FILE` gives the training script."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
-
-    args = launch_command_parser().parse_args(["--config_file", str(config_file), "pretrain/run.py"])
-    args, defaults, mp_from_config = _validate_launch_command(args)
-    if args.use_deepspeed:  # what launch_command adds before calling the DeepSpeed launcher
-        fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
-        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
-        _, env = prepare_deepspeed_cmd_env(args)
-    else:
-        assert args.use_fsdp
-        env = prepare_multi_gpu_env(args)
-    return {k: v for k, v in env.items() if k.startswith(("ACCELERATE_", "FSDP_"))}
+from kiln_testing import (
+    DEEPSPEED_YAML,
+    FSDP_YAML,
+    launch_env,
+    reset_accelerate,
+    run_under_fsdp,
+    tiny_decoder_config,
+    tiny_encoder_config,
+)
 
 
 @pytest.fixture
@@ -156,17 +141,7 @@ def test_fsdp2_on_two_processes_matches_one_and_saves_a_loadable_folder(tmp_path
     (FSDP2 swaps the model's class for one made in torch's FSDP module)."""
     script = tmp_path / "fsdp2_cpu.py"
     script.write_text(_FSDP2_SCRIPT)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    keep = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
-    env = {**keep, **launch_env(FSDP_YAML), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
-    done = subprocess.run(
-        [*command, str(script), str(tmp_path / "saved")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_under_fsdp(script, tmp_path / "saved")
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
     assert [r["name"] for r in results] == ["KilnEncoderForPreTraining", "KilnDecoderForCausalLM"]
     for r in results:

@@ -22,7 +22,7 @@ import sys
 
 import pytest
 import torch
-from kiln_testing import REPO
+from kiln_testing import REPO, WITHOUT_THE_PROJECT
 from test_finetune_scripts import (
     classify,
     kiln_checkpoints,  # noqa: F401  (the shared tiny checkpoints fixture)
@@ -49,21 +49,10 @@ FOLDERS = [
     ("seq2seq final, target tokenizer", "seq2seq/final", "decoder_tokenizer", "AutoModelForSeq2SeqLM"),
 ]
 
-# A fresh interpreter in which `kiln`, `pretrain` and `finetune` cannot be imported (also not through the
-# editable install's finder); stdin is /dev/null, so a question would read end-of-file instead of hanging
-CHILD = r"""
-import contextlib, importlib.abc, io, json, sys
-from pathlib import Path
-
-class RefuseRepoPackages(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("kiln", "pretrain", "finetune"):
-            raise ImportError(f"remote code must not import {name}")
-
-sys.meta_path.insert(0, RefuseRepoPackages())
-repo_root = Path(sys.argv[1]).resolve()
-sys.path = [p for p in sys.path if p and Path(p).resolve() != repo_root]
-
+# A fresh interpreter in which `kiln`, `pretrain` and `finetune` cannot be imported; stdin is /dev/null, so a
+# question would read end-of-file instead of hanging
+CHILD = WITHOUT_THE_PROJECT + r"""
+import contextlib, io, json
 import torch
 import transformers
 

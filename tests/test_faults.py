@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from kiln_testing import DEBUG, REPO, losses, run
+from kiln_testing import DEBUG, REPO, cli_in_process, losses, nan_loss_at_forward, run
 from test_finetune_scripts import kiln_checkpoints  # noqa: F401  (the shared tiny checkpoints fixture)
 
 from kiln.errors import ConfigError
@@ -288,22 +288,6 @@ def test_damaged_checkpoints_are_detected_and_latest_falls_back(tmp_path, caplog
 # item 9: one-line errors, exit status 2
 
 
-def _cli_in_process(capsys, *args):
-    from kiln_testing import reset_accelerate
-
-    from pretrain.run import cli
-
-    reset_accelerate()
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            cli(["--config", DEBUG, *map(str, args)])
-    finally:
-        reset_accelerate()
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err
-    return exit_info.value.code, err.splitlines()[-1]
-
-
 def test_user_mistakes_are_one_line_errors_with_exit_status_2(tmp_path, capsys):
     a_file = tmp_path / "a-file"
     a_file.write_text("not a folder")
@@ -317,8 +301,8 @@ def test_user_mistakes_are_one_line_errors_with_exit_status_2(tmp_path, capsys):
         (["--training.output_dir", tmp_path / "h", "--model.num_attention_heads", 3], "error: model.hidden_size 32"),
     ]
     for args, start in cases:
-        code, last = _cli_in_process(capsys, *args)
-        assert code == 2 and last.startswith(start), (args, last)
+        code, lines = cli_in_process(capsys, *args)
+        assert code == 2 and lines[-1].startswith(start), (args, lines)
 
 
 def test_ctrl_c_outside_the_training_loop_is_one_line_with_status_130(capsys):
@@ -433,24 +417,7 @@ def test_a_diverged_run_stops_with_one_line_keeps_the_last_good_checkpoint_and_e
 
 
 def test_an_isolated_non_finite_step_is_skipped_and_training_goes_on(tmp_path, monkeypatch, caplog):
-    import pretrain.run as run_module
-
-    original, calls = run_module.build_model, []
-
-    def build_model_with_one_nan_loss(*args, **kwargs):
-        model = original(*args, **kwargs)
-
-        def poison_third_forward(module, args, kwargs, output):
-            calls.append(1)
-            if len(calls) == 3:
-                for key in [k for k in output.keys() if k.endswith("loss")]:
-                    output[key] = output[key] * float("nan")
-            return output
-
-        model.register_forward_hook(poison_third_forward, with_kwargs=True)
-        return model
-
-    monkeypatch.setattr(run_module, "build_model", build_model_with_one_nan_loss)
+    nan_loss_at_forward(monkeypatch, 3)
     out = tmp_path / "one-nan"
     with caplog.at_level("WARNING", logger="kiln"):
         state = run(out, "--training.max_steps", 6, "--training.save_steps", 0, *QUICK)
@@ -549,7 +516,8 @@ def test_a_disk_fault_in_a_checkpoint_save_is_one_line_and_keeps_the_last_checkp
 ):
     out = tmp_path / "limited"
     args = ["--training.output_dir", out, "--training.max_steps", 4, "--training.save_steps", 2, *QUICK]
-    code, last = _cli_in_process(capsys, *args)
+    code, lines = cli_in_process(capsys, *args)
+    last = lines[-1]
     assert code == 2, last
     assert last.startswith(f"error: file size limit exceeded writing {out}/checkpoints/step-00000004.tmp"), last
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000002"]  # no half-written folder left
@@ -569,7 +537,8 @@ def test_a_disk_fault_in_the_final_export_is_one_line_and_leaves_no_half_model(
 ):
     out = tmp_path / "limited-final"
     args = ["--training.output_dir", out, "--training.max_steps", 2, "--training.save_steps", 2, *QUICK]
-    code, last = _cli_in_process(capsys, *args)
+    code, lines = cli_in_process(capsys, *args)
+    last = lines[-1]
     assert code == 2, last
     assert last.startswith(f"error: file size limit exceeded writing {out}/final.tmp"), last
     assert not (out / "final").exists() and not (out / "final.tmp").exists()

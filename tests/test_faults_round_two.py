@@ -279,34 +279,15 @@ def test_under_deepspeed_a_nan_loss_is_caught_before_the_engine_steps(tmp_path, 
     that steps inside backward as DeepSpeed does; one forward's loss is NaN."""
     import torch
     from accelerate import DistributedType
-    from kiln_testing import losses, run
+    from accelerate.utils import DeepSpeedPlugin
+    from kiln_testing import DEEPSPEED_YAML, launch_env, losses, nan_loss_at_forward, run
     from safetensors.torch import load_file
 
-    import pretrain.run as run_module
-    from kiln.trainer import Trainer
-
-    original_build, forwards = run_module.build_model, []
-
-    def build_model_with_one_nan_loss(*args, **kwargs):
-        model = original_build(*args, **kwargs)
-
-        def poison_third_forward(module, args, kwargs, output):
-            forwards.append(1)
-            if len(forwards) == 3:
-                for key in [k for k in output.keys() if k.endswith("loss")]:
-                    output[key] = output[key] * float("nan")
-            return output
-
-        model.register_forward_hook(poison_third_forward, with_kwargs=True)
-        return model
-
-    # the shipped DeepSpeed config's plugin (ZeRO-2, bf16), as `accelerate launch --config_file` gives it
-    from accelerate.utils import DeepSpeedPlugin
-    from test_engines import DEEPSPEED_YAML, launch_env
-
     from kiln.config import TrainingConfig
-    from kiln.trainer import configure_deepspeed
+    from kiln.trainer import Trainer, configure_deepspeed
 
+    nan_loss_at_forward(monkeypatch, 3)
+    # the shipped DeepSpeed config's plugin (ZeRO-2, bf16), as `accelerate launch --config_file` gives it
     with monkeypatch.context() as launched:
         env = launch_env(DEEPSPEED_YAML)
         for key, value in env.items():
@@ -331,7 +312,6 @@ def test_under_deepspeed_a_nan_loss_is_caught_before_the_engine_steps(tmp_path, 
             (acc.state.distributed_type, acc.state.deepspeed_plugins, self.optimizer) = saved
             acc.deepspeed_engine_wrapped = None
 
-    monkeypatch.setattr(run_module, "build_model", build_model_with_one_nan_loss)
     monkeypatch.setattr(Trainer, "_optimizer_step", step_under_deepspeed)
     out = tmp_path / "deepspeed-nan"
     with caplog.at_level("WARNING", logger="kiln"):
@@ -403,21 +383,12 @@ def test_the_best_model_under_fsdp2_is_saved_and_loaded_back_into_the_shards(tmp
     tests/test_engines.py; accelerate runs FSDP on CPU only at this level): the best weights saved from the
     shards come back into them at the end, after later steps moved them."""
     import json
-    import socket
 
-    from test_engines import FSDP_YAML, launch_env
+    from kiln_testing import run_under_fsdp
 
     script = tmp_path / "best_fsdp2.py"
     script.write_text(_BEST_UNDER_FSDP2)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    keep = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
-    env = {**keep, **launch_env(FSDP_YAML), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
-    done = subprocess.run([*command, str(script), str(tmp_path / "best")], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_under_fsdp(script, tmp_path / "best")
     (result,) = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
     assert result["moved"] >= 1.0 - 1e-6 and result["keys"] and result["tied"]
     assert result["worst"] == 0.0, result

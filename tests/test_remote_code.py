@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
+from kiln_testing import WITHOUT_THE_PROJECT
 
 from pretrain.modeling import (
     ENCODER_AUTO_CLASSES,
@@ -20,20 +21,8 @@ from pretrain.modeling import (
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# Runs in a fresh interpreter: `pretrain` is made unimportable (also through the editable install's finder)
-CHILD = r"""
-import importlib.abc, sys
-from pathlib import Path
-
-class RefuseRepoPackages(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("pretrain", "finetune"):
-            raise ImportError(f"remote code must not import {name}")
-
-sys.meta_path.insert(0, RefuseRepoPackages())
-repo_root = Path(sys.argv[1]).resolve()
-sys.path = [p for p in sys.path if p and Path(p).resolve() != repo_root]
-
+# Runs in a fresh interpreter in which the project (`kiln`, `pretrain`, `finetune`) cannot be imported
+CHILD = WITHOUT_THE_PROJECT + r"""
 import torch
 import transformers
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from kiln_testing import DEBUG, DECODER, REPO, losses, run
+from kiln_testing import DEBUG, DECODER, REPO, launch_two_processes, losses, run
 
 from kiln.errors import ConfigError
 from kiln.trainer import find_checkpoints
@@ -168,15 +168,8 @@ def test_two_processes_match_one(tmp_path, kind):
     one = tmp_path / "one"
     run(one, *common, "--training.per_device_train_batch_size", 8)
     two = tmp_path / "two"
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--main_process_port", "0", str(REPO / "pretrain/run.py"), "--config", DEBUG,
-         "--training.output_dir", str(two), *map(str, common), "--training.per_device_train_batch_size", "4",
-         "--training.per_device_eval_batch_size", "8"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    launch_two_processes(two, *common, "--training.per_device_train_batch_size", 4,
+                         "--training.per_device_eval_batch_size", 8)  # fmt: skip
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, len(a) + 1)) and len(a) >= 4
     # tolerance: the same math in a different reduction order (gradient all-reduce, per-process sums)

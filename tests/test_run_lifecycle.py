@@ -8,8 +8,8 @@ import socket
 import time
 
 import pytest
-from kiln_testing import REPO, losses, run
-from test_faults import KILN_LAUNCH, QUICK, _cli, _cli_in_process
+from kiln_testing import REPO, cli_in_process, losses, run
+from test_faults import KILN_LAUNCH, QUICK, _cli
 from test_launching import _children
 
 from kiln.errors import ConfigError
@@ -48,8 +48,9 @@ def test_resume_refuses_a_changed_corpus_with_one_line_naming_the_file(tmp_path,
     with open(corpus / "the_time_machine.txt", "a") as fh:
         fh.write("\n\nTwo more paragraphs of text.\n\nAnd another one, appended after the run stopped.\n")
     after = (corpus / "the_time_machine.txt").stat().st_size
-    code, last = _cli_in_process(capsys, "--training.output_dir", out, *common,
+    code, lines = cli_in_process(capsys, "--training.output_dir", out, *common,
                                  "--training.resume_from_checkpoint", step2)  # fmt: skip
+    last = lines[-1]
     assert code == 2
     assert last.startswith(f"error: resuming {step2} with changed data: the_time_machine.txt {before} -> {after} bytes;")
     assert "--training.allow_config_change" in last
@@ -104,7 +105,8 @@ def test_a_second_run_into_a_busy_output_folder_is_refused_with_one_line(tmp_pat
             time.sleep(0.2)
         (child,) = _children(first.pid)
         # the same command (bounded in time, should it be let in)
-        code, last = _cli_in_process(capsys, *args, "--training.max_train_time_s", 2)
+        code, lines = cli_in_process(capsys, *args, "--training.max_train_time_s", 2)
+        last = lines[-1]
         assert code == 2
         assert last == (f"error: output_dir {out} is in use by another run (PID {child} on {socket.gethostname()}); "
                         "wait for it to end, stop it, or pick another --training.output_dir")  # fmt: skip

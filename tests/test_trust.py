@@ -73,14 +73,24 @@ def classify_args(tmp_path: Path, checkpoint, name: str) -> list:
             "--data.test_file", files["test"], "--training.per_device_train_batch_size", 8]  # fmt: skip
 
 
+def pretrain_and_fine_tune_from(tmp_path: Path, checkpoint, *pretraining_args, env_extra=None):
+    """Pretraining (--model.init_from) and fine-tuning (--model.checkpoint) from `checkpoint`, launched side
+    by side: (exit status, output) of each."""
+    pretraining = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "p",
+                         "--model.init_from", checkpoint, *pretraining_args, *ONE_STEP,
+                         env_extra=env_extra)  # fmt: skip
+    fine_tuning = launch("finetune/classify.py", *classify_args(tmp_path, checkpoint, "f"),
+                         env_extra=env_extra)
+    return finish(pretraining, fine_tuning)
+
+
 def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(tmp_path, kiln_checkpoints):  # noqa: F811
     encoder, _ = kiln_checkpoints
     marker = tmp_path / "MARKER"
     stranger = stranger_checkpoint(tmp_path / "stranger", encoder, "stranger_bert", marker)
-    pretraining = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "p",
-                         "--model.init_from", stranger, "--tokenizer.name_or_path", stranger, *ONE_STEP)  # fmt: skip
-    fine_tuning = launch("finetune/classify.py", *classify_args(tmp_path, stranger, "f"))
-    (p_code, p_out), (f_code, f_out) = finish(pretraining, fine_tuning)
+    (p_code, p_out), (f_code, f_out) = pretrain_and_fine_tune_from(
+        tmp_path, stranger, "--tokenizer.name_or_path", stranger
+    )
     assert not marker.exists(), "the checkpoint's own code ran"
     assert p_code != 0 and f_code != 0
     assert "Do you wish to run the custom code" not in p_out + f_out  # refused, not asked about
@@ -97,10 +107,9 @@ def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes(tmp_path,
     encoder, _ = kiln_checkpoints
     marker = tmp_path / "MARKER"
     stranger = stranger_checkpoint(tmp_path / "stranger", encoder, "kiln_encoder", marker)
-    pretraining = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "p",
-                         "--model.init_from", stranger, "--tokenizer.name_or_path", stranger, *ONE_STEP)  # fmt: skip
-    fine_tuning = launch("finetune/classify.py", *classify_args(tmp_path, stranger, "f"))
-    (p_code, p_out), (f_code, f_out) = finish(pretraining, fine_tuning)
+    (p_code, p_out), (f_code, f_out) = pretrain_and_fine_tune_from(
+        tmp_path, stranger, "--tokenizer.name_or_path", stranger
+    )
     assert not marker.exists(), "the checkpoint's own code ran"
     assert p_code == 0, p_out[-3000:]
     assert f_code == 0, f_out[-3000:]
@@ -122,10 +131,9 @@ def test_a_hub_checkpoint_of_another_type_with_code_is_refused_without_running_i
     hub.create_repo("stranger/bert-init")
     HfApi().upload_folder(repo_id="stranger/bert-init", folder_path=stranger, commit_message="init")
     home = {"HF_HOME": str(tmp_path / "hf-home")}  # a fresh machine: nothing cached
-    pretraining = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "p",
-                         "--model.init_from", "stranger/bert-init", *ONE_STEP, env_extra=home)  # fmt: skip
-    fine_tuning = launch("finetune/classify.py", *classify_args(tmp_path, "stranger/bert-init", "f"), env_extra=home)
-    (p_code, p_out), (f_code, f_out) = finish(pretraining, fine_tuning)
+    (p_code, p_out), (f_code, f_out) = pretrain_and_fine_tune_from(
+        tmp_path, "stranger/bert-init", env_extra=home
+    )
     assert not marker.exists(), "the checkpoint's own code ran"
     assert p_code != 0 and f_code != 0
     assert "Do you wish to run the custom code" not in p_out + f_out
