@@ -452,7 +452,8 @@ def _tsv_value(value) -> str:
 
 @dataclass
 class FinetuneJob:
-    """What a script hands to `run_finetuning` / `run_prediction`.
+    """What the runner builds from a script's task: made the engine's run parts by `run_parts`, or predicted with by
+    `run_prediction`.
 
     `infer(model, loader, accelerator)` runs the model over a sequential loader and returns
     (predictions in dataset order, mean loss or None when the batches have no labels); it is called under

@@ -48,7 +48,8 @@ class RunParts:
     """(model, loader, accelerator) -> metrics; see kiln.trainer.Evaluator."""
     flops_per_token: float | None = None
     metadata: dict = field(default_factory=dict)
-    """Stored in every checkpoint and compared on resume (task, number of labels, ...)."""
+    """Known once built (task, number of labels, ...): with TrainingJob.metadata, stored in every checkpoint and
+    compared on resume."""
     callbacks: Sequence[TrainerCallback] = ()
     """The app's callbacks; their on_train_end runs before the engine's final export, Hub push and trackers' end."""
     num_workers: int = 0
@@ -66,7 +67,7 @@ class TrainingJob:
     """Builds the run's parts once the accelerator is started and seeded (new weights are drawn from the seed)."""
     metadata: dict = field(default_factory=dict)
     """What is known of the run before it is built (pretraining: model kind and objective): a resume checkpoint
-    written with other values is refused before any tokenizer or data work."""
+    written with other values is refused before any tokenizer or data work; stored in every checkpoint."""
     output_before_build: bool = False
     """Prepare the output folder before `build` (pretraining trains its tokenizer into output_dir/tokenizer);
     False: only once the model and data are built, so a bad input leaves no half-made run behind."""
@@ -120,7 +121,7 @@ def run_job(job: TrainingJob) -> Trainer:
         evaluator=parts.evaluator,
         flops_per_token=parts.flops_per_token,
         loss_weights=parts.loss_weights,
-        metadata=parts.metadata,
+        metadata={**job.metadata, **parts.metadata},
         # on_train_end runs in this order: the app's (best model, final scores), export, push and wait, trackers
         callbacks=[
             *parts.callbacks,

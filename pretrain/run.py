@@ -262,7 +262,6 @@ def build_run(config: RunConfig, accelerator):
         ),
         # ELECTRA: lambda on the discriminator's loss; its accuracy is logged beside the losses
         loss_weights={"rtd_loss": model_cfg.discriminator_weight, "rtd_accuracy": 0.0} if electra else None,
-        metadata={"model_kind": model_cfg.kind, "objective": model_cfg.objective},
         num_workers=data_cfg.num_workers,
     )
 
