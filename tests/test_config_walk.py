@@ -7,7 +7,9 @@ authorship sample, starting from a tiny encoder pretrained here for one step. Fr
 that receives the whole run config as an argument (`self` aside), or a dataclass carrying it (a job), is recorded
 with its module (its room). Consecutive calls in one module are one stay; a stay in a module that had an earlier one
 is a return to a room already left. Calls that receive only a section (`config.training`, ...) are not counted.
-Before the engine took the whole run (commit 44ce8dd) this walk was 18 stays in 7 rooms with 11 returns.
+Before the engine took the whole run (commit 44ce8dd) this walk was 18 stays in 7 rooms with 11 returns. The
+pretraining run that makes the encoder is traced too: its config goes to the engine's entrance right after the
+app's own checks and comes back to `pretrain/run.py` once, to build (before, `main` called the engine's steps).
 """
 
 import pytest
@@ -33,12 +35,22 @@ def in_process(main, *args):
         reset_accelerate()
 
 
-def test_a_fine_tuning_runs_config_enters_the_engine_once_and_comes_back_at_most_four_times(tmp_path, one_torch_thread):
+def test_a_runs_config_enters_the_engine_once_and_a_fine_tuning_walk_returns_at_most_four_times(
+    tmp_path, one_torch_thread
+):
     from finetune.classify import main as classify
     from pretrain.run import main as pretrain
 
-    in_process(pretrain, "--config", DEBUG, "--training.output_dir", tmp_path / "encoder", "--training.max_steps", 1,
-               "--training.eval_steps", 0, "--training.save_steps", 0)  # fmt: skip
+    pretraining, _ = trace_walk(lambda: in_process(
+        pretrain, "--config", DEBUG, "--training.output_dir", tmp_path / "encoder", "--training.max_steps", 1,
+        "--training.eval_steps", 0, "--training.save_steps", 0,
+    ))  # fmt: skip
+    print(pretraining.describe())
+    # pretraining checks its own sections, then hands the engine the job, which comes back to the app once: to build
+    stays = pretraining.stays
+    assert stays[:2] == ["pretrain/run.py", "kiln/job.py"], pretraining.describe()
+    assert stays[1:].count("pretrain/run.py") == 1, pretraining.describe()
+
     reset_accelerate()
     try:
         walk, result = trace_walk(lambda: classify([
