@@ -13,8 +13,12 @@ a user would, `python -m pretrain.data prepare` with the default run config at e
   psutil (peak_pss_mb: the same with proportional set sizes, which count pages shared by the forked workers
   once; ru_maxrss of the children, the largest single process, is recorded too);
 - disk_mb: the size of the prepared folder;
+- phases_s: prepare's own wall clock per phase (start: to its worker pool, sample: reading the tokenizer sample,
+  tokenizer: training it, hashes: waiting for the files' sha256, shards: tokenizing and writing, manifest), and
+  startup_s: the rest of wall_s (interpreter, imports, exit). The shards phase is what num_proc divides;
 - first_step_s (once per layout and size, on the num_proc 1 folder): from starting `accelerate launch
-  pretrain/run.py --data.prepared DIR` (one process) to its first logged training step.
+  pretrain/run.py --data.prepared DIR` (one process) to its first logged training step; first_step_cpu_s: the
+  CPU-seconds of the launcher and the run by then (first_step_run_cpu_s: the run process alone).
 Results are appended per measurement, so a long run can be read while it goes; --keep-corpus keeps the files.
 """
 
@@ -136,6 +140,7 @@ def run_prepare(corpus: Path, output: Path, num_proc: int, extra: list[str]) -> 
     if process.returncode != 0:
         raise SystemExit(f"prepare failed ({process.returncode}):\n{output_text[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    lines = output_text.strip().splitlines()
     return {
         "num_proc": num_proc,
         "cpu_s": round(cpu, 2),
@@ -146,12 +151,47 @@ def run_prepare(corpus: Path, output: Path, num_proc: int, extra: list[str]) -> 
         "disk_mb": round(folder_bytes(output) / MB, 1),
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
-        "log_tail": output_text.strip().splitlines()[-1],
+        "log_tail": next((line for line in reversed(lines) if "wrote" in line), lines[-1]),
+        **phase_seconds(lines, wall),
     }
 
 
-def time_to_first_step(prepared: Path, run_dir: Path, extra: list[str], timeout: float = 600) -> float:
-    """Seconds from `accelerate launch` to the first logged training step (the run is then stopped)."""
+def phase_seconds(lines: list[str], wall: float) -> dict:
+    """prepare's `seconds per phase` line as {phase: wall seconds}, and startup_s: the rest of the wall clock
+    (interpreter and imports before prepare() runs, and the exit): what can only run serially."""
+    for line in reversed(lines):
+        if "seconds per phase:" in line:
+            phases = {}
+            for part in line.split("seconds per phase:")[1].split(","):
+                name, seconds = part.split()
+                phases[name] = float(seconds)
+            return {"phases_s": phases, "startup_s": round(wall - sum(phases.values()), 2)}
+    return {}
+
+
+def tree_cpu_seconds(pid: int) -> tuple[float, float]:
+    """(CPU-seconds of a process and its live descendants, of its most CPU-hungry descendant: the run)."""
+    total, busiest = 0.0, 0.0
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return total, busiest
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        seconds = times.user + times.system
+        total += seconds
+        if process.pid != pid:
+            busiest = max(busiest, seconds)
+    return total, busiest
+
+
+def time_to_first_step(prepared: Path, run_dir: Path, extra: list[str], timeout: float = 600) -> dict:
+    """Seconds from `accelerate launch` to the first logged training step (the run is then stopped), and the
+    CPU-seconds spent by then: wall clock on a shared machine is inflated by the other work, CPU time is not."""
     shutil.rmtree(run_dir, ignore_errors=True)
     command = [
         "accelerate", "launch", "--num_processes", "1", "pretrain/run.py", "--data.prepared", str(prepared),
@@ -170,7 +210,10 @@ def time_to_first_step(prepared: Path, run_dir: Path, extra: list[str], timeout:
                 break
             seen = (seen + chunk)[-20000:]
             if b"loss=" in seen or b"step 1:" in seen:
-                return round(time.perf_counter() - start, 2)
+                wall = time.perf_counter() - start
+                total, run = tree_cpu_seconds(process.pid)
+                return {"first_step_s": round(wall, 2), "first_step_cpu_s": round(total, 2),
+                        "first_step_run_cpu_s": round(run, 2)}
         raise SystemExit(f"no training step seen:\n{seen.decode(errors='replace')[-3000:]}")
     finally:
         if process.poll() is None:
@@ -208,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
                 row.update(run_prepare(corpus, output, num_proc, args.extra))
                 row["mb_per_cpu_s"] = round(corpus_bytes / MB / row["cpu_s"], 2)
                 if not args.no_first_step and num_proc == args.num_proc[0]:
-                    row["first_step_s"] = time_to_first_step(output, workdir / "run", args.extra)
+                    row.update(time_to_first_step(output, workdir / "run", args.extra))
                     row["load_after_first_step"] = round(os.getloadavg()[0], 2)
                 if num_proc != args.num_proc[0]:
                     shutil.rmtree(output, ignore_errors=True)

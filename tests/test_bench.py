@@ -328,3 +328,4 @@ def test_data_scale_bench_prepares_its_corpus_and_writes_the_measurements(tmp_pa
     assert row["corpus_mb"] == 0.3 and row["num_proc"] == 2 and row["cpu_s"] > 0 and row["disk_mb"] > 0
     assert row["peak_rss_mb"] > 50 and row["mb_per_cpu_s"] == round(0.3 / row["cpu_s"], 2)
     assert "manifest.json" in row["log_tail"]
+    assert set(row["phases_s"]) >= {"sample", "tokenizer", "shards", "manifest"} and row["startup_s"] > 0

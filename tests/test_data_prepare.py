@@ -91,7 +91,7 @@ def test_shards_hold_every_document_of_the_files_read_whole(prepared):
     assert len(rows) == len(whole) and rows.column_names == ["sentence_ids", "document_hash"]
 
 
-@pytest.mark.parametrize("objective", ["mlm+nsp", "mlm+sop"])
+@pytest.mark.parametrize("objective", ["mlm+nsp", "mlm+sop", "mlm"])
 def test_prepared_examples_and_masks_equal_the_in_memory_path(prepared, objective):
     """Same tokenizer, same settings: every example of two epochs and of the validation set is identical, and so
     are the collated (masked) batches."""
@@ -116,6 +116,38 @@ def test_prepared_examples_and_masks_equal_the_in_memory_path(prepared, objectiv
     assert batches[0].keys() == batches[1].keys()
     for key in batches[0]:
         assert torch.equal(batches[0][key], batches[1][key]), key
+
+
+@pytest.mark.parametrize("max_num_tokens", [1, 17, 125])
+def test_pair_truncation_from_raw_bits_equals_truncate_seq_pair(max_num_tokens):
+    """The prepared planner truncates its pairs from getrandbits(64 per removed token) in numpy: the same tokens
+    removed as nsp.truncate_seq_pair's loop of random() calls, and the generator left in the same state."""
+    import random
+    from array import array
+
+    import numpy as np
+
+    from pretrain.data.nsp import truncate_seq_pair
+    from pretrain.data.prepared import _truncate_pairs
+
+    lengths = [(la, lb) for la in range(40) for lb in range(40)] + [(700, 3), (2, 900), (400, 401), (0, 300)]
+    loop, bits = random.Random("truncation"), random.Random("truncation")
+    ranges, pairs, draws, expected = [array("q") for _ in range(4)], array("q"), bytearray(), []
+    for n, (la, lb) in enumerate(lengths):
+        a0, b0 = 10_000 * n, 10_000 * n + 5_000
+        tokens_a, tokens_b = list(range(a0, a0 + la)), list(range(b0, b0 + lb))
+        truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, loop)
+        expected.append((tokens_a, tokens_b))
+        for values, value in zip(ranges, (a0, a0 + la, b0, b0 + lb)):
+            values.append(value)
+        excess = la + lb - max_num_tokens
+        if excess > 0:  # as _plan_pool takes them
+            pairs.append(n)
+            draws += bits.getrandbits(64 * excess).to_bytes(8 * excess, "little")
+    _truncate_pairs(ranges, np.frombuffer(pairs, dtype=np.int64), draws, max_num_tokens)
+    got = [(list(range(a0, a1)), list(range(b0, b1))) for a0, a1, b0, b1 in zip(*ranges)]
+    assert got == expected
+    assert bits.getstate() == loop.getstate()
 
 
 def test_decoder_blocks_equal_the_in_memory_path(prepared, tmp_path):

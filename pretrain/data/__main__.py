@@ -9,21 +9,23 @@ python -m pretrain.data prepare --config X --output DIR [--num_proc N] [--shard 
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
-
-import datasets
-import torch
-from datasets import IterableDataset
+from typing import TYPE_CHECKING
 
 from kiln.config import build_config
 from kiln.errors import ConfigError
 
 from ..config import RunConfig
 from .common import DataError
-from .pipeline import PAIR_TASK, build_pretraining_data
-from .tokenizer import padded_vocab_size, prepare_tokenizer
+
+if TYPE_CHECKING:
+    import torch
+
+# torch, datasets and the in-memory pipeline are imported where inspecting needs them: `prepare` starts without
+# them (seconds of start-up that run before its worker processes can share the work)
 
 DESCRIPTION = """Inspect the pretraining data of a run config without training: reads the corpus, trains the tokenizer
 (into a temporary folder, unless tokenizer.name_or_path is set), builds the examples, prints a few of them
@@ -109,6 +111,8 @@ def render_tokens(tokenizer, input_ids: torch.Tensor, labels: torch.Tensor | Non
 
 def _batches(dataset, collator, batch_size: int = 256) -> Iterator[dict]:
     """Collated batches in dataset order (as a DataLoader without shuffling would give them)."""
+    from datasets import IterableDataset
+
     if isinstance(dataset, IterableDataset):
         examples = iter(dataset)
         while chunk := list(itertools.islice(examples, batch_size)):
@@ -135,6 +139,8 @@ def training_batches(data, limit: int) -> Iterator[tuple[int, dict]]:
 
 
 def encoder_statistics(data, limit: int, max_seq_length: int) -> dict[str, float]:
+    import torch
+
     tokenizer = data.tokenizer
     special = torch.zeros(len(tokenizer), dtype=torch.bool)
     special[tokenizer.all_special_ids] = True
@@ -195,6 +201,9 @@ def _pct(part: float, whole: float) -> str:
 
 
 def inspect(cfg: RunConfig, examples: int, stat_sequences: int, out=None) -> dict[str, float]:
+    from .pipeline import PAIR_TASK, build_pretraining_data
+    from .tokenizer import padded_vocab_size, prepare_tokenizer
+
     out = out or sys.stdout
     kind = cfg.model.kind
     objective = cfg.model.objective if kind == "encoder" else "clm"
@@ -312,7 +321,7 @@ def prepare_main(argv: list[str]) -> int:
         except ValueError:
             raise ConfigError(f"--num_proc {num_proc} / --shard_size_mb {shard_mb}: give numbers") from None
         cfg = build_config(RunConfig, argv, prog="python -m pretrain.data prepare", description=PREPARE_DESCRIPTION)
-        datasets.disable_progress_bars()
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # read when json/csv/parquet need datasets
         prepare(cfg, output, processes or cfg.data.num_proc or 1, shard, shard_size_mb)
     except (DataError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -328,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         examples, argv = _pop_int(argv, "--examples", 3)
         stat_sequences, argv = _pop_int(argv, "--stat_sequences", 10_000)
         cfg = build_config(RunConfig, argv, prog="python -m pretrain.data", description=DESCRIPTION)
+        import datasets
+
         datasets.disable_progress_bars()
         inspect(cfg, examples, stat_sequences)
     except (DataError, ConfigError) as err:

@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from datasets import Dataset, IterableDataset, load_dataset
 
 from kiln.config import resolve_path
 from kiln.disk import cache_error_message
@@ -54,6 +53,8 @@ from kiln.disk import cache_error_message
 from .common import DataError, num_proc_for
 
 if TYPE_CHECKING:
+    from datasets import Dataset, IterableDataset
+
     from ..config import DataConfig
 
 FILE_BUILDERS = {
@@ -300,6 +301,14 @@ class CorpusSplits:
     source: str
 
 
+def load_dataset(*args, **kwargs):
+    """`datasets.load_dataset`, imported when first called: `python -m pretrain.data prepare` of text files
+    starts without `datasets` (a second of start-up that runs before its workers can share the work)."""
+    import datasets
+
+    return datasets.load_dataset(*args, **kwargs)
+
+
 def _load(builder_or_name: str, streaming: bool, what: str, fix: str, **kwargs):
     try:
         return load_dataset(builder_or_name, streaming=streaming, **kwargs)
@@ -392,6 +401,8 @@ def _to_documents(ds, cfg: DataConfig, text_column: str, rows_are_files: bool, s
         fn_kwargs={"text_column": text_column, "separator": cfg.document_separator, "join_rows": join_rows},
         remove_columns=columns,
     )
+    from datasets import Dataset
+
     if isinstance(ds, Dataset):
         kwargs.update(num_proc=num_proc_for(cfg.num_proc, len(ds)), desc="Splitting into documents")
     return ds.map(_documents_batch, **kwargs)
@@ -407,6 +418,8 @@ def _below_threshold(batch, threshold: float, validation: bool):
 
 def _hold_out(documents, percentage: float):
     """Split documents into (train, validation) by text hash; see the module docstring."""
+    from datasets import IterableDataset
+
     if isinstance(documents, IterableDataset):
 
         def side(validation: bool):
@@ -467,12 +480,16 @@ def load_documents(cfg: DataConfig, streaming: bool | None = None) -> CorpusSpli
 
 
 def _first(ds, n: int):
+    from datasets import IterableDataset
+
     if isinstance(ds, IterableDataset):
         return ds.take(n)
     return ds.select(range(min(n, len(ds))))
 
 
 def _is_empty(ds) -> bool:
+    from datasets import IterableDataset
+
     if isinstance(ds, IterableDataset):
         return next(iter(ds.take(1)), None) is None
     return len(ds) == 0

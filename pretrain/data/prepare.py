@@ -41,6 +41,7 @@ import os
 import random
 import re
 import shutil
+import time
 import zlib
 from collections.abc import Iterator
 from itertools import chain
@@ -568,9 +569,13 @@ _WORKER: dict = {}
 
 def _worker_encoder(folder: str) -> TokenEncoder:
     if _WORKER.get("folder") != folder:
-        tokenizer = load_tokenizer(str(Path(folder) / "tokenizer"))
+        tokenizer = load_saved_tokenizer(Path(folder) / "tokenizer")
         _WORKER.update(folder=folder, tokenizer=tokenizer, encoder=TokenEncoder(tokenizer))
     return _WORKER["encoder"]
+
+
+def _one_thread_worker() -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def _run_task_star(args):
@@ -616,6 +621,7 @@ def prepare(
     if cfg.tokenizer.input_sentence_size < 0:
         raise DataError(f"tokenizer.input_sentence_size={cfg.tokenizer.input_sentence_size}: use 0 (all) or more")
     shard_bytes = max(int(shard_size_mb * (1 << 20)), 1)
+    clock = _PhaseClock()
     # --num_proc is the number of cores used: also for the tokenizer training's Rust threads (read at their start)
     os.environ.setdefault("RAYON_NUM_THREADS", str(num_proc))
     folder = Path(output)
@@ -638,13 +644,15 @@ def prepare(
     if num_proc > 1:
         import multiprocessing
 
-        # forked before any tokenizer work, so the workers start without Rust threads; each uses one core
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        pool = multiprocessing.get_context("fork").Pool(num_proc)
+        # forked before any tokenizer work, so the workers start without Rust threads; each uses one core, while
+        # this process trains the tokenizer on num_proc threads (the workers hash the files meanwhile)
+        pool = multiprocessing.get_context("fork").Pool(num_proc, initializer=_one_thread_worker)
     try:
+        clock.lap("start")
         hashing = pool.map_async(file_sha256, [s.path for s in all_sources]) if pool else None
-        tokenizer = _prepare_tokenizer(cfg, splits["train"], folder, num_proc, say)
+        tokenizer = _prepare_tokenizer(cfg, splits["train"], folder, num_proc, say, clock)
         hashes = hashing.get() if hashing else [file_sha256(s.path) for s in all_sources]
+        clock.lap("hashes")
         for source, digest in zip(all_sources, hashes):
             source.sha256 = digest
         tasks = [
@@ -679,11 +687,32 @@ def prepare(
         results = pool.imap(_run_task_star, arguments) if pool else map(_run_task_star, arguments)
         for n, record in enumerate(results, 1):
             say(f"prepare: {record['file']} ({record['rows']:,} documents, {record['tokens']:,} tokens) [{n}/{len(todo)}]")
+        clock.lap("shards")
     finally:
         if pool is not None:
             pool.close()
             pool.join()
-    return write_manifest(folder, say)
+    manifest = write_manifest(folder, say)
+    clock.lap("manifest")
+    say(f"prepare: seconds per phase: {clock}")
+    return manifest
+
+
+class _PhaseClock:
+    """Wall-clock seconds of prepare's phases, for its log (and bench/data_scale.py): what runs serially and
+    what in parallel (`start`: from the call to the worker pool started)."""
+
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.2f}" for name, seconds in self.laps.items())
 
 
 def _remove_stale_temporaries(folder: Path, todo: list[_Task]) -> None:
@@ -702,11 +731,12 @@ def _first_difference(old, new, prefix: str = "") -> tuple[str, object, object]:
     return prefix.rstrip(".") or "settings", old, new
 
 
-def _prepare_tokenizer(cfg: RunConfig, sources: list[Source], folder: Path, num_proc: int, say):
+def _prepare_tokenizer(cfg: RunConfig, sources: list[Source], folder: Path, num_proc: int, say, clock=None):
+    clock = clock or _PhaseClock()
     kind = cfg.model.kind
     target = folder / "tokenizer"
     if (target / "tokenizer.json").is_file():  # a resumed prepare: the plan check compares its fingerprint
-        tokenizer = load_tokenizer(str(target))
+        tokenizer = load_saved_tokenizer(target)
     elif cfg.tokenizer.name_or_path:
         tokenizer = load_tokenizer(cfg.tokenizer.name_or_path)
         _save_tokenizer(tokenizer, target)
@@ -715,6 +745,7 @@ def _prepare_tokenizer(cfg: RunConfig, sources: list[Source], folder: Path, num_
             sources, cfg.tokenizer.input_sentence_size, cfg.training.seed, cfg.data.document_separator,
             cfg.data.text_column,
         )
+        clock.lap("sample")
         if not lines:
             raise DataError(f"the corpus is empty: no text in {', '.join(s.name for s in sources)}; add text")
         say(f"prepare: training a {KIND_FOR_MODEL[kind]} tokenizer (vocab {cfg.tokenizer.vocab_size}) on "
@@ -728,9 +759,22 @@ def _prepare_tokenizer(cfg: RunConfig, sources: list[Source], folder: Path, num_
             model_max_length=cfg.data.max_seq_length,
         )
         _save_tokenizer(tokenizer, target)
-        tokenizer = load_tokenizer(str(target))
+        tokenizer = load_saved_tokenizer(target)
+        clock.lap("tokenizer")
     check_special_tokens(tokenizer, kind)
     return tokenizer
+
+
+def load_saved_tokenizer(folder: Path):
+    """The tokenizer prepare saved in `folder`, as load_tokenizer gives it. When its class is the generic fast
+    tokenizer (always, for one trained here) it is loaded through that class, as AutoTokenizer would pick it:
+    AutoTokenizer imports torch, seconds that prepare and every worker process would spend before any work."""
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    if config.get("tokenizer_class") not in ("TokenizersBackend", "PreTrainedTokenizerFast") or "auto_map" in config:
+        return load_tokenizer(str(folder))
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
 def _save_tokenizer(tokenizer, target: Path) -> None:

@@ -22,6 +22,7 @@ import json
 import math
 import random
 from array import array
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -253,94 +254,129 @@ def plan_pairs(index: DocumentIndex, documents: np.ndarray, max_seq_length: int,
         rng = random.Random(f"{task}:{seed}:{epoch}:{first}")
         starts = index.doc_sentences[pool_docs]
         ends = index.doc_sentences[pool_docs + 1]
-        _plan_pool(index.sentence_tokens, starts.tolist(), ends.tolist(), max_num_tokens, short_seq_prob,
-                   nsp_probability, rng, task, out)
+        # each document's sentence start offsets, and its end: sentences[d][i] is where its sentence i starts
+        sentences = [index.sentence_tokens[s0 : s1 + 1].tolist() for s0, s1 in zip(starts.tolist(), ends.tolist())]
+        truncated, draws = _plan_pool(sentences, max_num_tokens, short_seq_prob, nsp_probability, rng, task, out)
+        if truncated:
+            _truncate_pairs(out[:4], np.frombuffer(truncated, dtype=np.int64), draws, max_num_tokens)
     arrays = [np.frombuffer(a, dtype=np.int64) if a.typecode == "q" else np.frombuffer(a, dtype=np.int8)
               for a in out]
     return PairPlan(*arrays)
 
 
-def _plan_pool(sentence_tokens: np.ndarray, starts: list[int], ends: list[int], max_num_tokens: int,
-               short_seq_prob: float, nsp_probability: float, rng: random.Random, task: str, out) -> None:
-    """nsp._PairBuilder.from_document / pair_from_chunk / random_segment / truncate_seq_pair on token offsets.
-    Every draw from `rng` happens in the same order and with the same arguments as there."""
+def _plan_pool(sentences: list[list[int]], max_num_tokens: int, short_seq_prob: float, nsp_probability: float,
+               rng: random.Random, task: str, out) -> tuple[array, bytearray]:
+    """nsp._PairBuilder.from_document / pair_from_chunk / random_segment on token offsets: every draw from `rng`
+    happens in the same order as there, and consumes the same Mersenne Twister words.
+
+    Pairs longer than max_num_tokens are appended untruncated; truncate_seq_pair's draws for them (one random()
+    per token removed) are taken here as raw bits, in order, and applied by _truncate_pairs: returned are the
+    numbers of those pairs and their bits."""
     a_starts, a_ends, b_starts, b_ends, labels = out
-    n = len(starts)
-    random_, randint, randrange = rng.random, rng.randint, rng.randrange
+    truncated, draws = array("q"), bytearray()
+    n = len(sentences)
+    random_, getrandbits = rng.random, rng.getrandbits
+
+    def below(limit: int) -> int:
+        # rng.randrange(limit) (randint(a, b) is a + randrange(b - a + 1)), as CPython's Random._randbelow
+        # draws it, without randrange's argument handling: getrandbits of limit's bit length until it is < limit
+        bits = limit.bit_length()
+        value = getrandbits(bits)
+        while value >= limit:
+            value = getrandbits(bits)
+        return value
+
     for d in range(n):
-        s0, s1 = starts[d], ends[d]
-        # sentence_tokens[s] is where sentence s starts; sentences s0..s1-1 are the document's
-        positions = sentence_tokens[s0 : s1 + 1].tolist()
-        count = s1 - s0
+        positions = sentences[d]
+        count = len(positions) - 1
         if random_() < short_seq_prob:
-            target = randint(2, max_num_tokens)
+            target = 2 + below(max_num_tokens - 1)
         else:
             target = max_num_tokens
-        i, first = 0, 0
-        while i < count:
-            chunk_length = positions[i + 1] - positions[first]
-            if i == count - 1 or chunk_length >= target:
-                # the chunk: sentences first..i
-                m = i - first + 1
-                unused = 0
-                emit = True
-                if task == "none":
-                    a0 = positions[first]
-                    a1 = min(positions[i + 1], a0 + max_num_tokens)
-                    b0 = b1 = a1
-                    label = 0
+        first = 0
+        while first < count:
+            # the chunk: sentences first..i, i the first sentence where the chunk reaches the target length, or
+            # the document's last (one bisection in place of a step per sentence)
+            i = min(bisect_left(positions, positions[first] + target, first + 1), count) - 1
+            m = i - first + 1
+            unused = 0
+            emit = True
+            if task == "none":
+                a0 = positions[first]
+                a1 = min(positions[i + 1], a0 + max_num_tokens)
+                b0 = b1 = a1
+                label = 0
+            else:
+                a_end = 1 + below(m - 1) if m >= 2 else 1
+                a0, a1 = positions[first], positions[first + a_end]
+                if task == "nsp" and random_() < nsp_probability:
+                    # random_segment: another document of the pool, from a random sentence
+                    pick = below(n - 1)
+                    other = sentences[pick if pick < d else pick + 1]
+                    last = len(other) - 1
+                    k = below(last)
+                    b0 = other[k]
+                    # sentences k.. until the segment reaches target - len(A), or the document's end
+                    b1 = other[min(bisect_left(other, b0 + target - (a1 - a0), k + 1), last)]
+                    label, unused = NOT_NEXT, m - a_end
                 else:
-                    a_end = randint(1, m - 1) if m >= 2 else 1
-                    a0, a1 = positions[first], positions[first + a_end]
-                    if task == "nsp" and random_() < nsp_probability:
-                        # random_segment: another document of the pool, from a random sentence
-                        pick = randrange(n - 1)
-                        other = pick if pick < d else pick + 1
-                        o0, o1 = starts[other], ends[other]
-                        k = o0 + randrange(o1 - o0)
-                        b0 = int(sentence_tokens[k])
-                        target_b = target - (a1 - a0)
-                        b1 = b0
-                        while k < o1:
-                            b1 = int(sentence_tokens[k + 1])
-                            k += 1
-                            if b1 - b0 >= target_b:
-                                break
-                        label, unused = NOT_NEXT, m - a_end
-                    else:
-                        b0, b1, label = a1, positions[i + 1], IS_NEXT
-                        if b0 == b1:  # a one-sentence chunk: cut it at a random token
-                            if a1 - a0 < 2:
-                                emit = False
-                            else:
-                                cut = randint(1, a1 - a0 - 1)
-                                a1, b0 = a0 + cut, a0 + cut
-                        if emit and task == "sop" and random_() < nsp_probability:
-                            a0, a1, b0, b1, label = b0, b1, a0, a1, NOT_NEXT
-                    if emit:  # truncate_seq_pair
-                        while (a1 - a0) + (b1 - b0) > max_num_tokens:
-                            if a1 - a0 > b1 - b0:
-                                if random_() < 0.5:
-                                    a0 += 1
-                                else:
-                                    a1 -= 1
-                            elif random_() < 0.5:
-                                b0 += 1
-                            else:
-                                b1 -= 1
-                i -= unused
+                    b0, b1, label = a1, positions[i + 1], IS_NEXT
+                    if b0 == b1:  # a one-sentence chunk: cut it at a random token
+                        if a1 - a0 < 2:
+                            emit = False
+                        else:
+                            cut = 1 + below(a1 - a0 - 1)
+                            a1, b0 = a0 + cut, a0 + cut
+                    if emit and task == "sop" and random_() < nsp_probability:
+                        a0, a1, b0, b1, label = b0, b1, a0, a1, NOT_NEXT
                 if emit:
-                    a_starts.append(a0)
-                    a_ends.append(a1)
-                    b_starts.append(b0)
-                    b_ends.append(b1)
-                    labels.append(label)
-                if random_() < short_seq_prob:
-                    target = randint(2, max_num_tokens)
-                else:
-                    target = max_num_tokens
-                first = i + 1
-            i += 1
+                    excess = (a1 - a0) + (b1 - b0) - max_num_tokens
+                    if excess > 0:  # truncate_seq_pair's `excess` random() calls: 2 words each
+                        truncated.append(len(labels))
+                        draws += getrandbits(64 * excess).to_bytes(8 * excess, "little")
+            i -= unused
+            if emit:
+                a_starts.append(a0)
+                a_ends.append(a1)
+                b_starts.append(b0)
+                b_ends.append(b1)
+                labels.append(label)
+            if random_() < short_seq_prob:
+                target = 2 + below(max_num_tokens - 1)
+            else:
+                target = max_num_tokens
+            first = i + 1
+    return truncated, draws
+
+
+def _truncate_pairs(ranges: list[array], pairs: np.ndarray, draws: bytearray, max_num_tokens: int) -> None:
+    """nsp.truncate_seq_pair on the token ranges of `pairs`, in place, from the raw bits of its draws.
+
+    There, each of the `excess` removals takes a token off the longer segment (B when they are equal), at its
+    front when rng.random() < 0.5, else at its end. Which segment a removal hits does not depend on the draws:
+    the longer one until it is shorter than or equal to the other, then the two alternate. random() is
+    ((w1 >> 5) * 2**26 + (w2 >> 6)) / 2**53 of two 32-bit words, so `< 0.5` is w1's top bit being 0; and
+    getrandbits(64 * excess) consumes exactly the words of `excess` random() calls, word k in bits 32 k on.
+    """
+    a0, a1, b0, b1 = (np.frombuffer(r, dtype=np.int64) for r in ranges)  # writable views (released below)
+    la, lb = a1[pairs] - a0[pairs], b1[pairs] - b0[pairs]
+    excess = la + lb - max_num_tokens
+    at_end = (np.frombuffer(draws, dtype="<u4")[0::2] >> 31).astype(bool)  # per draw, pair by pair
+    pair_of_draw = np.repeat(np.arange(len(pairs)), excess)
+    draw = np.arange(len(at_end)) - np.repeat(np.cumsum(excess) - excess, excess)  # its number within its pair
+    first_is_a = la > lb
+    prefix = np.minimum(excess, np.where(first_is_a, la - lb, lb - la + 1))[pair_of_draw]
+    hits_first = (draw < prefix) | ((draw - prefix) % 2 == 1)
+    hits_a = hits_first == first_is_a[pair_of_draw]
+    size = len(pairs)
+    a_removed = np.bincount(pair_of_draw[hits_a], minlength=size)
+    a_at_end = np.bincount(pair_of_draw[hits_a & at_end], minlength=size)
+    b_at_end = np.bincount(pair_of_draw[~hits_a & at_end], minlength=size)
+    a0[pairs] += a_removed - a_at_end
+    a1[pairs] -= a_at_end
+    b0[pairs] += excess - a_removed - b_at_end
+    b1[pairs] -= b_at_end
+    del a0, a1, b0, b1  # the arrays grow again for the next pool
 
 
 class PairExamples(torch.utils.data.Dataset):

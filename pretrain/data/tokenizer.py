@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from kiln.config import resolve_path
 from .common import DataError, main_process_first, share_files
@@ -198,6 +198,8 @@ def check_tokenizer_fits(tokenizer, vocab_size: int) -> None:
 
 def load_tokenizer(name_or_path: str, model_max_length: int | None = None) -> PreTrainedTokenizerFast:
     """Load a saved tokenizer (folder or Hub id) as a fast tokenizer."""
+    from transformers import AutoTokenizer  # imports torch: here, not when `prepare` (which needs no torch) starts
+
     location = resolve_path(name_or_path)
     try:
         # never the folder's own tokenizer code (auto_map), and never a prompt asking whether to run it
