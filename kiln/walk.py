@@ -2,13 +2,15 @@
 it comes back to a room it had left. A maintainer's measurement of how one-way the code is (docs/design.md).
 
     python -m kiln.walk finetune.classify --training.max_steps 2 ...   # any entry point's main(argv)
+    python -m kiln.walk --sections pretrain.run ...                     # sections count too
 
 What is counted (`trace_walk`): from the moment `kiln.config.build_config` returns the run config, every call to a
 function defined in `kiln/`, `finetune/` or `pretrain/` that receives **the whole run config** as an argument (`self`
 aside), or a dataclass that carries it (a job), is recorded with its module. Consecutive calls in one module are one
 *stay*; a stay in a module that already had one is a *return to a room already left*. Calls that receive only a
 section (`config.training`, `config.data`, ...) are not counted: a component built from its own section is the design
-(torchtitan's habit); the walk asks how often the run's whole set of decisions is carried back and forth.
+(torchtitan's habit); the walk asks how often the run's whole set of decisions is carried back and forth. With
+`sections=True` (`--sections`) they count too: then every engine helper handed `config.training` is a stay.
 """
 
 from __future__ import annotations
@@ -70,15 +72,17 @@ def _room(filename: str) -> str | None:
     return relative.as_posix() if relative.parts and relative.parts[0] in ROOMS else None
 
 
-def trace_walk(main: Callable[[], Any]) -> tuple[Walk, Any]:
-    """Run `main()` and record the walk of the run config it builds (see the module docstring); returns (walk, what
-    main returned). Only this thread is traced: the run config is handed around on the main thread."""
+def trace_walk(main: Callable[[], Any], sections: bool = False) -> tuple[Walk, Any]:
+    """Run `main()` and record the walk of the run config it builds (see the module docstring; `sections`: its
+    sections count too); returns (walk, what main returned). Only this thread is traced: the run config is handed
+    around on the main thread."""
     walk = Walk()
     config: list[Any] = []  # the run config, once build_config has returned it
+    tracked: set[int] = set()  # ids of the config (and, with `sections`, of its sections)
     rooms: dict[str, str | None] = {}
 
     def carries_config(value: Any) -> bool:
-        if value is config[0]:
+        if id(value) in tracked:
             return True
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return any(getattr(value, f.name, None) is config[0] for f in dataclasses.fields(value))
@@ -87,6 +91,10 @@ def trace_walk(main: Callable[[], Any]) -> tuple[Walk, Any]:
     def on_build_config_return(frame, event, arg):
         if event == "return" and arg is not None and not config:
             config.append(arg)
+            tracked.add(id(arg))
+            if sections:
+                values = (getattr(arg, f.name) for f in dataclasses.fields(arg))
+                tracked.update(id(v) for v in values if dataclasses.is_dataclass(v))
         return on_build_config_return
 
     def on_call(frame, event, arg):
@@ -123,15 +131,17 @@ def trace_walk(main: Callable[[], Any]) -> tuple[Walk, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m kiln.walk <module with main(argv)> [its arguments]`: run it and print the walk."""
+    """`python -m kiln.walk [--sections] <module with main(argv)> [its arguments]`: run it and print the walk."""
     import importlib
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    sections = bool(argv) and argv[0] == "--sections"
+    argv = argv[sections:]
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return
     entry = importlib.import_module(argv[0])
-    walk, _ = trace_walk(lambda: entry.main(argv[1:]))
+    walk, _ = trace_walk(lambda: entry.main(argv[1:]), sections=sections)
     print(walk.describe())
 
 

@@ -43,7 +43,8 @@ def test_a_runs_config_enters_the_engine_once_and_a_fine_tuning_walk_returns_at_
 
     pretraining, _ = trace_walk(lambda: in_process(
         pretrain, "--config", DEBUG, "--training.output_dir", tmp_path / "encoder", "--training.max_steps", 1,
-        "--training.eval_steps", 0, "--training.save_steps", 0,
+        "--training.eval_steps", 0, "--training.save_steps", 0, "--data.max_train_documents", 100,
+        "--tokenizer.max_training_texts", 500,
     ))  # fmt: skip
     print(pretraining.describe())
     # pretraining checks its own sections, then hands the engine the job, which comes back to the app once: to build
