@@ -1,4 +1,5 @@
-"""Shared fixtures: an offline Hugging Face Hub, a temporary HF home, a fake token, and fresh-process loading.
+"""Shared fixtures: an offline Hugging Face Hub, a temporary HF home, a fake token, fresh-process loading, and
+the tiny pretrained checkpoints the fine-tuning tests start from.
 
 This module's top runs before any test module imports huggingface_hub, transformers or datasets. It has to:
 huggingface_hub reads HF_ENDPOINT, HF_HOME and the HF_HUB_* switches once, at import. Every Hugging Face call
@@ -114,3 +115,24 @@ def load_in_fresh_process(code: str, env: dict[str, str] | None = None, timeout:
 def fresh_process():
     """`load_in_fresh_process` as a fixture: `fresh_process(code, env=None) -> stdout`."""
     return load_in_fresh_process
+
+
+@pytest.fixture(scope="session")
+def kiln_checkpoints(tmp_path_factory):
+    """A tiny pretrained encoder and decoder (debug config, 16 steps): (encoder final/, decoder final/), built once
+    and shared by xdist workers."""
+    from filelock import FileLock
+    from kiln_testing import DEBUG, DECODER, one_torch_thread, run_main
+
+    from pretrain.run import main as pretrain
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "kiln-finetune-checkpoints"
+    with FileLock(str(root) + ".lock"), one_torch_thread():
+        if not (root / "done").is_file():
+            common = ["--config", DEBUG, "--training.max_steps", "16", "--training.lr", "3e-3",
+                      "--training.save_steps", "0", "--training.eval_steps", "0", "--training.overwrite_output_dir"]  # fmt: skip
+            run_main(pretrain, *common, "--training.output_dir", root / "enc")
+            run_main(pretrain, *common, *DECODER, "--training.output_dir", root / "dec")
+            (root / "done").touch()
+    return root / "enc" / "final", root / "dec" / "final"

@@ -1,6 +1,7 @@
 """Helpers shared by test modules: run the pretraining entry point in-process on the debug config, launch it
 on two processes, and the fresh interpreters and launch environments several test modules need."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -36,15 +37,34 @@ def reset_accelerate():
     PartialState._reset_state()
 
 
+def run_main(main, *args):
+    """A script's `main(argv)` in this process, from a clean accelerate state, leaving one behind."""
+    reset_accelerate()
+    try:
+        return main([str(arg) for arg in args])
+    finally:
+        reset_accelerate()
+
+
 def run(output_dir, *overrides):
     """`accelerate launch pretrain/run.py --config configs/pretrain/debug.yaml ...` in this process."""
     from pretrain.run import main
 
-    reset_accelerate()
+    return run_main(main, "--config", DEBUG, "--training.output_dir", output_dir, *overrides)
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and under `pytest -n 2` on two cores the workers'
+    threads oversubscribe the CPU and slow everything down several times over."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        return main(["--config", DEBUG, "--training.output_dir", str(output_dir), *map(str, overrides)])
+        yield
     finally:
-        reset_accelerate()
+        torch.set_num_threads(previous)
 
 
 def cli_in_process(capsys, *overrides) -> tuple[int, list[str]]:

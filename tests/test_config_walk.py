@@ -12,36 +12,17 @@ pretraining run that makes the encoder is traced too: its config goes to the eng
 app's own checks and comes back to `pretrain/run.py` once, to build (before, `main` called the engine's steps).
 """
 
-import pytest
-import torch
-from kiln_testing import DEBUG, reset_accelerate
+from kiln_testing import DEBUG, one_torch_thread, reset_accelerate, run_main
 
 from kiln.walk import trace_walk
 
 
-@pytest.fixture
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def in_process(main, *args):
-    reset_accelerate()
-    try:
-        return main([str(arg) for arg in args])
-    finally:
-        reset_accelerate()
-
-
-def test_a_runs_config_enters_the_engine_once_and_a_fine_tuning_walk_returns_at_most_four_times(
-    tmp_path, one_torch_thread
-):
+@one_torch_thread()
+def test_a_runs_config_enters_the_engine_once_and_a_fine_tuning_walk_returns_at_most_four_times(tmp_path):
     from finetune.classify import main as classify
     from pretrain.run import main as pretrain
 
-    pretraining, _ = trace_walk(lambda: in_process(
+    pretraining, _ = trace_walk(lambda: run_main(
         pretrain, "--config", DEBUG, "--training.output_dir", tmp_path / "encoder", "--training.max_steps", 1,
         "--training.eval_steps", 0, "--training.save_steps", 0, "--data.max_train_documents", 100,
         "--tokenizer.max_training_texts", 500,

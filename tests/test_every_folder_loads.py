@@ -22,11 +22,9 @@ import sys
 
 import pytest
 import torch
-from kiln_testing import REPO, WITHOUT_THE_PROJECT
+from kiln_testing import REPO, WITHOUT_THE_PROJECT, one_torch_thread
 from test_finetune_scripts import (
     classify,
-    kiln_checkpoints,  # noqa: F401  (the shared tiny checkpoints fixture)
-    one_torch_thread,
     seq2seq,
     synthetic_ner_sentences,
     tag,
@@ -85,7 +83,7 @@ Path(out_file).write_text(json.dumps(results))
 
 
 @pytest.fixture(scope="module")
-def kiln_folders(kiln_checkpoints, tmp_path_factory):  # noqa: F811
+def kiln_folders(kiln_checkpoints, tmp_path_factory):
     """One folder of every kind: the shared tiny pretraining runs, and 2-step fine-tuning runs from them."""
     encoder, decoder = kiln_checkpoints
     root = tmp_path_factory.mktemp("folders")

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 from kiln_testing import DEBUG, REPO, cli_in_process, losses, nan_loss_at_forward, run
-from test_finetune_scripts import kiln_checkpoints  # noqa: F401  (the shared tiny checkpoints fixture)
 
 from kiln.errors import ConfigError
 from kiln.trainer import Trainer, find_checkpoints
@@ -84,7 +83,7 @@ def test_resume_after_sigterm_trains_to_the_end_and_writes_final(tmp_path, monke
     assert again.stop_reason != "signal"
 
 
-def test_classify_resume_after_sigterm_writes_final(tmp_path, monkeypatch, kiln_checkpoints):  # noqa: F811
+def test_classify_resume_after_sigterm_writes_final(tmp_path, monkeypatch, kiln_checkpoints):
     from test_finetune_scripts import classify, write_sentiment
 
     encoder, _ = kiln_checkpoints
@@ -340,7 +339,7 @@ def test_disk_faults_are_one_line_errors(capsys):
         assert capsys.readouterr().err.strip().startswith(expected)
 
 
-def test_fine_tuning_files_that_are_empty_or_hold_no_text_are_one_line_errors(tmp_path, capsys, kiln_checkpoints):  # noqa: F811
+def test_fine_tuning_files_that_are_empty_or_hold_no_text_are_one_line_errors(tmp_path, capsys, kiln_checkpoints):
     from test_finetune_scripts import write_sentiment
 
     from finetune.classify import main as classify_main

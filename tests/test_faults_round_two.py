@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from kiln_testing import DEBUG, REPO
-from test_finetune_scripts import kiln_checkpoints, synthetic_ner_sentences, write_conll  # noqa: F401
+from test_finetune_scripts import synthetic_ner_sentences, write_conll
 
 
 def script_cli(script: str, *args, env_extra=None, timeout=300) -> tuple[int, str]:
@@ -28,7 +28,7 @@ def assert_one_line_error(status: int, output: str) -> str:
 # item 7: a CoNLL line that lost its tag column
 
 
-def test_a_conll_word_line_without_its_tag_is_named_not_learnt_as_a_tag(kiln_checkpoints, tmp_path):  # noqa: F811
+def test_a_conll_word_line_without_its_tag_is_named_not_learnt_as_a_tag(kiln_checkpoints, tmp_path):
     encoder, _ = kiln_checkpoints
     train = write_conll(tmp_path / "train.txt", synthetic_ner_sentences(16, 0))
     lines = train.read_text().splitlines()
@@ -95,7 +95,7 @@ def test_mlm_alone_trains_on_two_processes_and_exports_a_fill_mask_model(tmp_pat
 # item 16: empty text cells in a classification file
 
 
-def test_empty_text_cells_in_a_classification_file_are_named_by_file_column_and_row(kiln_checkpoints, tmp_path):  # noqa: F811
+def test_empty_text_cells_in_a_classification_file_are_named_by_file_column_and_row(kiln_checkpoints, tmp_path):
     import csv
 
     from test_finetune_scripts import write_sentiment
@@ -121,7 +121,7 @@ def test_empty_text_cells_in_a_classification_file_are_named_by_file_column_and_
 # item 17: a tokenizer larger than the model's vocabulary
 
 
-def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_they_load(kiln_checkpoints, tmp_path):  # noqa: F811
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_they_load(kiln_checkpoints, tmp_path):
     import shutil
 
     from test_finetune_scripts import write_sentiment

@@ -2,26 +2,16 @@
 write predictions, export a model that reloads (and works in `pipeline`) and predicts the same, push to the Hub,
 and refuse bad input with one line. NER data is synthetic (CoNLL-2003 is never read here)."""
 
-import contextlib
 import csv
 import json
-import os
 import random
 from pathlib import Path
 
 import pytest
 import torch
-from kiln_testing import DEBUG, DECODER, REPO, reset_accelerate
+from kiln_testing import REPO, one_torch_thread, reset_accelerate, run_main
 
 FAST = ["--logging.logging_steps", "1"]
-
-
-def run_main(main, *args):
-    reset_accelerate()
-    try:
-        return main([str(arg) for arg in args])
-    finally:
-        reset_accelerate()
 
 
 def classify(*args):
@@ -42,41 +32,10 @@ def seq2seq(*args):
     return run_main(main, *args)
 
 
-@contextlib.contextmanager
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and under `pytest -n 2` on two cores the workers'
-    threads oversubscribe the CPU and slow everything down several times over."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     with one_torch_thread():
         yield
-
-
-@pytest.fixture(scope="session")
-def kiln_checkpoints(tmp_path_factory):
-    """A tiny pretrained encoder and decoder (debug config, 16 steps), built once and shared by xdist workers."""
-    from filelock import FileLock
-
-    from pretrain.run import main as pretrain
-
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "kiln-finetune-checkpoints"
-    with FileLock(str(root) + ".lock"), one_torch_thread():
-        if not (root / "done").is_file():
-            common = ["--config", DEBUG, "--training.max_steps", "16", "--training.lr", "3e-3",
-                      "--training.save_steps", "0", "--training.eval_steps", "0", "--training.overwrite_output_dir"]  # fmt: skip
-            run_main(pretrain, *common, "--training.output_dir", root / "enc")
-            run_main(pretrain, *common, *DECODER, "--training.output_dir", root / "dec")
-            (root / "done").touch()
-    return root / "enc" / "final", root / "dec" / "final"
 
 
 def train_losses(output_dir) -> list[float]:

@@ -6,23 +6,13 @@ import json
 
 import pytest
 import torch
-from kiln_testing import DEBUG, REPO, reset_accelerate
-
-
-def run_main(main, *args):
-    reset_accelerate()
-    try:
-        return main([str(arg) for arg in args])
-    finally:
-        reset_accelerate()
+from kiln_testing import DEBUG, REPO, one_torch_thread, run_main
 
 
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

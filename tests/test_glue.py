@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from kiln_testing import reset_accelerate
-from test_finetune_scripts import kiln_checkpoints  # noqa: F401  (the shared tiny checkpoints fixture)
 
 from finetune.glue_tasks import GLUE_TASKS
 
@@ -270,7 +269,7 @@ def predict(final, rows):
     return [model.config.id2label[i] for i in logits.argmax(-1).tolist()]
 
 
-def test_glue_runs_all_nine_tasks_and_writes_the_table_score_and_cards(kiln_checkpoints, tmp_path):  # noqa: F811
+def test_glue_runs_all_nine_tasks_and_writes_the_table_score_and_cards(kiln_checkpoints, tmp_path):
     import shutil
 
     from scipy.stats import pearsonr

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from kiln_testing import DEBUG, REPO
-from test_finetune_scripts import kiln_checkpoints, write_sentiment  # noqa: F401  (the shared tiny checkpoints)
+from test_finetune_scripts import write_sentiment
 
 ACCELERATE = (sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no")  # fmt: skip
@@ -84,7 +84,7 @@ def pretrain_and_fine_tune_from(tmp_path: Path, checkpoint, *pretraining_args, e
     return finish(pretraining, fine_tuning)
 
 
-def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(tmp_path, kiln_checkpoints):  # noqa: F811
+def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(tmp_path, kiln_checkpoints):
     encoder, _ = kiln_checkpoints
     marker = tmp_path / "MARKER"
     stranger = stranger_checkpoint(tmp_path / "stranger", encoder, "stranger_bert", marker)
@@ -103,7 +103,7 @@ def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(tm
     assert not (tmp_path / "p").exists() and not (tmp_path / "f").exists()
 
 
-def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes(tmp_path, kiln_checkpoints):  # noqa: F811
+def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes(tmp_path, kiln_checkpoints):
     encoder, _ = kiln_checkpoints
     marker = tmp_path / "MARKER"
     stranger = stranger_checkpoint(tmp_path / "stranger", encoder, "kiln_encoder", marker)
@@ -121,7 +121,7 @@ def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes(tmp_path,
 
 
 def test_a_hub_checkpoint_of_another_type_with_code_is_refused_without_running_it(
-    tmp_path, hub, kiln_checkpoints  # noqa: F811
+    tmp_path, hub, kiln_checkpoints
 ):
     from huggingface_hub import HfApi
 
@@ -185,7 +185,7 @@ def test_nothing_published_names_a_local_path(tmp_path, hub):
 # item 3: every file a run writes follows the umask, the weights included
 
 
-def test_every_saved_file_follows_the_umask(tmp_path, kiln_checkpoints):  # noqa: F811
+def test_every_saved_file_follows_the_umask(tmp_path, kiln_checkpoints):
     encoder, _ = kiln_checkpoints
     out = tmp_path / "f"
     args = classify_args(tmp_path, encoder, "f")
