@@ -178,6 +178,30 @@ def losses(output_dir) -> dict[int, float]:
     return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
 
 
+def assert_checkpointing_keeps_gradients(model, loss) -> None:
+    """`model.gradient_checkpointing_enable()` changes none of the gradients of `loss()` (a call of the model
+    returning its loss), and checkpointing is on in its layers."""
+    import warnings
+
+    import torch
+
+    def gradients():
+        model.zero_grad()
+        loss().backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    plain = gradients()
+    with warnings.catch_warnings():
+        # transformers 5.2x deprecates the name in favour of activation_checkpointing_enable
+        warnings.simplefilter("ignore", FutureWarning)
+        model.gradient_checkpointing_enable()
+    assert model.model.layers[0].gradient_checkpointing
+    checkpointed = gradients()
+    assert plain.keys() == checkpointed.keys() and len(plain) > 10
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], msg=name)
+
+
 def tiny_encoder_config(**overrides):
     """A KilnEncoderConfig small enough for unit tests (hidden 32, 2 layers, 4 heads), without dropout."""
     from pretrain.modeling import KilnEncoderConfig

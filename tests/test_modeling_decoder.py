@@ -6,14 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from kiln_testing import tiny_decoder_config
+from kiln_testing import assert_checkpointing_keeps_gradients, tiny_decoder_config, tiny_encoder_config
 from transformers import DynamicCache, EncoderDecoderModel
 
 from pretrain.modeling import (
     KilnDecoderConfig,
     KilnDecoderForCausalLM,
     KilnDecoderModel,
-    KilnEncoderConfig,
     KilnEncoderForPreTraining,
     KilnEncoderModel,
 )
@@ -148,22 +147,9 @@ def test_eager_and_sdpa_agree_with_padding_and_with_cache():
 def test_gradient_checkpointing_gives_the_same_gradients():
     model = KilnDecoderForCausalLM(make_config()).train()
     input_ids, attention_mask = left_padded_prompts()
-
-    def gradients():
-        model.zero_grad()
-        model(input_ids, attention_mask=attention_mask, labels=input_ids).loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-    plain = gradients()
-    with warnings.catch_warnings():
-        # transformers 5.2x deprecates the name in favour of activation_checkpointing_enable
-        warnings.simplefilter("ignore", FutureWarning)
-        model.gradient_checkpointing_enable()
-    assert model.model.layers[0].gradient_checkpointing
-    checkpointed = gradients()
-    assert plain.keys() == checkpointed.keys() and len(plain) > 10
-    for name in plain:
-        torch.testing.assert_close(checkpointed[name], plain[name], msg=name)
+    assert_checkpointing_keeps_gradients(
+        model, lambda: model(input_ids, attention_mask=attention_mask, labels=input_ids).loss
+    )
 
 
 @pytest.mark.parametrize(
@@ -209,16 +195,7 @@ def test_auto_causal_lm_round_trip(tmp_path):
 
 # ---------------------------------------------------------------------------------------- EncoderDecoderModel
 def make_seq2seq():
-    encoder_config = KilnEncoderConfig(
-        vocab_size=97,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    encoder_config = tiny_encoder_config(vocab_size=97, max_position_embeddings=32)
     decoder_config = make_config(add_cross_attention=True, is_decoder=True)
     model = EncoderDecoderModel(
         encoder=KilnEncoderModel(encoder_config), decoder=KilnDecoderForCausalLM(decoder_config)

@@ -1,13 +1,12 @@
 """Kiln encoder: heads, losses, sparse MLM prediction, attention kernels, checkpointing, save/load, errors."""
 
 import math
-import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from kiln_testing import tiny_encoder_config
+from kiln_testing import assert_checkpointing_keeps_gradients, tiny_encoder_config
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from pretrain.modeling import (
@@ -152,24 +151,10 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     model = KilnEncoderForPreTraining(make_config()).train()
     input_ids, attention_mask, token_type_ids, labels = make_batch()
     nsp = torch.tensor([0, 1, 0])
+    def loss():
+        return model(input_ids, attention_mask, token_type_ids, labels=labels, next_sentence_label=nsp).loss
 
-    def gradients():
-        model.zero_grad()
-        model(
-            input_ids, attention_mask, token_type_ids, labels=labels, next_sentence_label=nsp
-        ).loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-    plain = gradients()
-    with warnings.catch_warnings():
-        # transformers 5.2x deprecates the name in favour of activation_checkpointing_enable
-        warnings.simplefilter("ignore", FutureWarning)
-        model.gradient_checkpointing_enable()
-    assert model.model.layers[0].gradient_checkpointing
-    checkpointed = gradients()
-    assert plain.keys() == checkpointed.keys() and len(plain) > 10
-    for name in plain:
-        torch.testing.assert_close(checkpointed[name], plain[name], msg=name)
+    assert_checkpointing_keeps_gradients(model, loss)
 
 
 # -------------------------------------------------------------------------------------------------- MLM heads
