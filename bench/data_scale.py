@@ -151,7 +151,10 @@ def run_prepare(corpus: Path, output: Path, num_proc: int, extra: list[str]) -> 
         "disk_mb": round(folder_bytes(output) / MB, 1),
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
-        "log_tail": next((line for line in reversed(lines) if "wrote" in line), lines[-1]),
+        # the prepared folder by its name: a results file names no temporary (or home) folder of this machine
+        "log_tail": next((line for line in reversed(lines) if "wrote" in line), lines[-1]).replace(
+            str(output.parent) + os.sep, ""
+        ),
         **phase_seconds(lines, wall),
     }
 
