@@ -67,7 +67,7 @@ class Job:
 
 def load(path) -> dict:
     declaration = yaml.safe_load(Path(path).read_text())
-    unknown = set(declaration) - {"description", "corpus", "pretrain", "finetune", "after", "table"}
+    unknown = set(declaration) - {"description", "corpus", "pretrain", "finetune", "after", "table", "curves"}
     if unknown:
         sys.exit(f"error: {path}: unknown field(s) {', '.join(sorted(unknown))}; see experiments/README.md")
     return declaration
@@ -232,6 +232,12 @@ def epochs(row: dict) -> str:
     return "" if value is None else f"{value:g}"
 
 
+def train_samples(row: dict) -> str:
+    """The training examples a run was limited to (`--data.max_train_samples`), '' for the whole training set."""
+    value = row.get("config", {}).get("data", {}).get("max_train_samples")
+    return "" if value is None else str(value)
+
+
 def summary(records: Path = RECORDS) -> list[dict]:
     """Per (task, start, lr, epochs): the dev metric over seeds, the median wall clock, the test metric of the
     runs that read the test file (their test_results.json, or a --predict pass recorded with tag `<task>-test`)."""
@@ -241,45 +247,48 @@ def summary(records: Path = RECORDS) -> list[dict]:
         tag = row["tag"]
         if tag in METRIC and "eval_last" in row:
             note = row["note"].split()
-            key = (tag, start(note), note[2].split("=")[1], epochs(row))
+            key = (tag, start(note), note[2].split("=")[1], epochs(row), train_samples(row))
             groups[key].append(row)
             if "test" in row:
                 tests[key].append(row["test"][TEST_METRIC[tag]])
         elif tag.endswith("-test") and "test" in row:
             task = tag.removesuffix("-test")
             note = row["note"].split()
-            tests[(task, start(note), note[2].split("=")[1], epochs(row))].append(row["test"][TEST_METRIC[task]])
+            key = (task, start(note), note[2].split("=")[1], epochs(row), train_samples(row))
+            tests[key].append(row["test"][TEST_METRIC[task]])
     entries = []
-    for (task, init, lr, n_epochs), runs in sorted(groups.items()):
+    for (task, init, lr, n_epochs, samples), runs in sorted(groups.items()):
         runs = list({r["note"].split()[3]: r for r in runs}.values())  # a seed run again: its newest record counts
         values = [r["eval_last"][METRIC[task]] for r in runs]
         seeds = [r["note"].split()[3] for r in runs]
         entry = {
-            "task": task, "init": init, "lr": lr, "epochs": n_epochs, "n": len(values), "seeds": seeds,
+            "task": task, "init": init, "lr": lr, "epochs": n_epochs, "train_samples": samples, "n": len(values), "seeds": seeds,
             "dev_mean": statistics.mean(values), "dev_std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "dev_values": values, "wall_s_median": statistics.median(r["wall_s"] for r in runs),
             "commits": sorted({r["commit"] for r in runs}),
         }  # fmt: skip
-        if (task, init, lr, n_epochs) in tests:
-            t = tests[(task, init, lr, n_epochs)]
+        if (task, init, lr, n_epochs, samples) in tests:
+            t = tests[(task, init, lr, n_epochs, samples)]
             entry.update(test_mean=statistics.mean(t), test_std=statistics.stdev(t) if len(t) > 1 else 0.0, test_n=len(t))
         entries.append(entry)
     return entries
 
 
 def summary_table(entries: list[dict]) -> str:
-    lines = ["| task | init | lr | epochs | seeds | dev (mean ± std) | test (mean ± std) | median wall clock |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| task | init | lr | epochs | train examples | seeds | dev (mean ± std) | test (mean ± std) | median wall clock |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for e in entries:
         k = PERCENT[e["task"]]
         test = f"{k * e['test_mean']:.2f} ± {k * e['test_std']:.2f} (n={e['test_n']})" if "test_mean" in e else ""
-        lines.append(f"| {e['task']} | {e['init']} | {e['lr']} | {e['epochs']} | {e['n']} | {k * e['dev_mean']:.2f} ± "
+        samples = e["train_samples"] or "all"
+        lines.append(f"| {e['task']} | {e['init']} | {e['lr']} | {e['epochs']} | {samples} | {e['n']} | {k * e['dev_mean']:.2f} ± "
                      f"{k * e['dev_std']:.2f} | {test} | {e['wall_s_median'] / 60:.1f} min |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def write_summary(records: Path = RECORDS, folder: Path = REPO / "docs/results") -> str:
     entries = summary(records)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "finetune.json").write_text(json.dumps(entries, indent=2))
     table = summary_table(entries)
     (folder / "finetune.md").write_text(table)
@@ -298,7 +307,8 @@ def comparison_table(declarations: list[dict], records: Path = RECORDS) -> str:
             for side in ("pretrained", "scratch"):
                 wanted = row[side]
                 match = [e for e in entries if e["task"] == row["task"] and e["init"] == wanted["init"]
-                         and e["lr"] == str(wanted["lr"]) and e["epochs"] == str(wanted["epochs"])]  # fmt: skip
+                         and e["lr"] == str(wanted["lr"]) and e["epochs"] == str(wanted["epochs"])
+                         and e["train_samples"] == str(wanted.get("train_samples", ""))]  # fmt: skip
                 if len(match) != 1:
                     sys.exit(f"error: no single record group for {row['task']} {wanted}; run `summarize` first?")
                 found[side] = match[0]
@@ -310,6 +320,101 @@ def comparison_table(declarations: list[dict], records: Path = RECORDS) -> str:
             lines.append(f"| {row['label']} | {k * pre['dev_mean']:.2f} ± {k * pre['dev_std']:.2f} | "
                          f"{k * scr['dev_mean']:.2f} ± {k * scr['dev_std']:.2f} | {delta:+.2f} | {test} | {pre['n']} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _one_group(entries: list[dict], task: str, wanted: dict, what: str) -> dict:
+    keys = ("init", "lr", "epochs", "train_samples")
+    match = [e for e in entries if e["task"] == task and all(e[k] == str(wanted[k]) for k in keys if k in wanted)]
+    if len(match) != 1:
+        found = [{k: e[k] for k in keys} for e in match]
+        sys.exit(f"error: {what}: {len(match)} record groups for {task} {wanted} (found {found}); name epochs or "
+                 "train_samples to pick one, or run the experiment first")
+    return match[0]
+
+
+def curve_points(curve: dict, entries: list[dict]) -> list[dict]:
+    """The points of one `curves` entry of a declaration, from the record groups.
+
+    kind `labels`: for each line (a start: init, lr), the dev metric at each number of training examples (the
+    groups of that start that differ only in --data.max_train_samples; `all` counts as `full`).
+    kind `compute`: for each task, the dev metric of each pretraining run (`minutes`: init -> pretraining minutes)
+    at the task's learning rate, minus the task's scratch group: what that much pretraining buys."""
+    points = []
+    if curve["kind"] == "labels":
+        task = curve["task"]
+        for line in curve["lines"]:
+            for size in curve["sizes"]:
+                wanted = {**line["group"], "train_samples": "" if size == curve["full"] else size}
+                entry = _one_group(entries, task, wanted, f"curve {curve['png']}")
+                points.append({"line": line["label"], "x": size, "mean": entry["dev_mean"], "std": entry["dev_std"],
+                               "n": entry["n"], "values": entry["dev_values"]})  # fmt: skip
+    elif curve["kind"] == "compute":
+        for row in curve["tasks"]:
+            scratch = _one_group(entries, row["task"], row["scratch"], f"curve {curve['png']}")
+            for init, minutes in curve["minutes"].items():
+                entry = _one_group(entries, row["task"], {**row["pretrained"], "init": init}, f"curve {curve['png']}")
+                points.append({"line": row["label"], "x": minutes, "mean": entry["dev_mean"] - scratch["dev_mean"],
+                               "std": entry["dev_std"], "n": entry["n"], "values": entry["dev_values"],
+                               "scratch": scratch["dev_mean"]})  # fmt: skip
+    else:
+        sys.exit(f"error: curve kind {curve['kind']!r}: use labels or compute")
+    return points
+
+
+def curve_table(curve: dict, points: list[dict]) -> str:
+    scale = PERCENT[curve.get("task", curve.get("tasks", [{}])[0].get("task", "sst2"))]
+    head = "training examples" if curve["kind"] == "labels" else "pretraining minutes"
+    value = "dev (mean ± std)" if curve["kind"] == "labels" else "dev over scratch (pretrained ± std)"
+    lines = [f"| {head} | {' | '.join(dict.fromkeys(p['line'] for p in points))} |"]
+    lines.append("|---:|" + "---:|" * (lines[0].count("|") - 2))
+    for x in dict.fromkeys(p["x"] for p in points):
+        cells = [f"{scale * p['mean']:+.2f} ± {scale * p['std']:.2f} (n={p['n']})" if curve["kind"] == "compute"
+                 else f"{scale * p['mean']:.2f} ± {scale * p['std']:.2f} (n={p['n']})"
+                 for p in points if p["x"] == x]  # fmt: skip
+        lines.append(f"| {x:,} | {' | '.join(cells)} |" if isinstance(x, int) else f"| {x:g} | {' | '.join(cells)} |")
+    return f"{value}:\n\n" + "\n".join(lines) + "\n"
+
+
+def plot_curve(curve: dict, points: list[dict], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scale = 100.0 if curve["kind"] == "compute" or PERCENT.get(curve.get("task"), 100) == 100 else 1.0
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    for line in dict.fromkeys(p["line"] for p in points):
+        mine = [p for p in points if p["line"] == line]
+        xs, ys = [p["x"] for p in mine], [scale * p["mean"] for p in mine]
+        axes.errorbar(xs, ys, yerr=[scale * p["std"] for p in mine], marker="o", capsize=3, label=line)
+        for p in mine:  # every seed, so the spread is visible, not only its summary
+            axes.scatter([p["x"]] * len(p["values"]), [scale * (v - p.get("scratch", 0.0)) for v in p["values"]],
+                         s=8, alpha=0.4, color=axes.lines[-1].get_color())  # fmt: skip
+    axes.set_xscale("log")
+    axes.set_xticks(sorted({p["x"] for p in points}), [f"{x:g}" for x in sorted({p["x"] for p in points})])
+    axes.set_xlabel(curve.get("xlabel", "training examples" if curve["kind"] == "labels" else "pretraining minutes"))
+    axes.set_ylabel(curve.get("ylabel", "dev accuracy (%)" if curve["kind"] == "labels" else "dev metric over scratch"))
+    if curve["kind"] == "compute":
+        axes.axhline(0.0, color="grey", linewidth=0.8)
+    axes.set_title(curve.get("title", ""), fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png, dpi=110)
+    plt.close(figure)
+
+
+def draw_curves(declaration: dict, records: Path = RECORDS, root: Path = REPO) -> list[Path]:
+    """Each `curves` entry of a declaration: its PNG and, beside it, the Markdown table of its points."""
+    entries, written = summary(records), []
+    for curve in declaration.get("curves", []):
+        points = curve_points(curve, entries)
+        png = root / curve["png"]
+        plot_curve(curve, points, png)
+        png.with_suffix(".md").write_text(curve_table(curve, points))
+        written += [png, png.with_suffix(".md")]
+    return written
 
 
 def replace_generated(page: Path, table: str, experiments: str) -> None:
@@ -344,10 +449,18 @@ def main(argv: list[str] | None = None) -> None:
     table.add_argument("experiments", nargs="+")
     table.add_argument("--update", nargs="*", type=Path, default=[], help="pages whose generated table to replace")
     table.add_argument("--records", type=Path, default=RECORDS)
+    plot = commands.add_parser("plot", help="the curves an experiment declares (PNG and Markdown table), from the records")
+    plot.add_argument("experiments", nargs="+")
+    plot.add_argument("--records", type=Path, default=RECORDS)
+    plot.add_argument("--root", type=Path, default=REPO, help="where the curves' png paths are relative to")
     args = parser.parse_args(argv)
 
     if args.command == "summarize":
         print(write_summary(args.records, args.out), end="")
+    elif args.command == "plot":
+        for path in args.experiments:
+            for written in draw_curves(load(path), args.records, args.root):
+                print(written)
     elif args.command == "table":
         text = comparison_table([load(path) for path in args.experiments], args.records)
         experiments = " ".join(str(Path(p).resolve().relative_to(REPO)) for p in args.experiments)

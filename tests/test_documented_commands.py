@@ -198,3 +198,55 @@ def test_every_experiment_declaration_plans_its_runs():
             "runs/encoder-30min-sop13k/final --model.from_scratch --training.lr 2.5e-4 --training.seed 3 "
             "--training.output_dir runs/ft/sst2-scratch-lr2.5e-4-s3 --training.overwrite_output_dir "
             "--logging.logging_steps 100 --data.test_file ../shared/data/sst2/test-labeled.tsv") in phases[2]
+
+
+def _record(task: str, init: str, lr: str, seed: int, dev: float, ckpt: str, samples=None, epochs=1) -> dict:
+    note = f"{task} {init} lr={lr} seed={seed} ckpt={ckpt}"
+    config = {"training": {"num_train_epochs": epochs}, "data": {"max_train_samples": samples}}
+    metric = "eval/f1" if task == "conll2003" else "eval/accuracy"
+    return {"tag": task, "run": "x", "note": note, "wall_s": 1.0, "commit": "abc", "eval_last": {metric: dev},
+            "config": config}  # fmt: skip
+
+
+def test_plot_draws_the_declared_curves_from_the_records(tmp_path):
+    """`experiments/run.py plot X.yaml`: a label curve (dev metric against --data.max_train_samples) and a compute
+    curve (dev metric over scratch against pretraining minutes), each a PNG and a Markdown table of the records'
+    means; a curve whose records are missing is a one-line error."""
+    records = []
+    for seed, noise in ((1, 0.0), (2, 0.01), (3, -0.01)):
+        for samples, pre, scr in ((500, 0.60, 0.55), (None, 0.82, 0.80)):
+            epochs = 4 if samples else 1
+            records.append(_record("sst2", "pretrained", "2e-3", seed, pre + noise, "runs/enc-30/final", samples, epochs))
+            records.append(_record("sst2", "scratch", "2.5e-4", seed, scr + noise, "runs/enc-30/final", samples, epochs))
+        for init, dev in (("runs/enc-7/final", 0.70), ("runs/enc-30/final", 0.75)):
+            records.append(_record("conll2003", "pretrained", "2e-3", seed, dev, init, epochs=3))
+        records.append(_record("conll2003", "scratch", "4e-3", seed, 0.62, "runs/enc-30/final", epochs=3))
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    declaration = {
+        "description": "test",
+        "curves": [
+            {"kind": "labels", "png": "labels.png", "task": "sst2", "sizes": [500, 67349], "full": 67349,
+             "lines": [{"label": "pretrained", "group": {"init": "enc-30", "lr": "2e-3"}},
+                       {"label": "scratch", "group": {"init": "scratch (enc-30)", "lr": "2.5e-4"}}]},
+            {"kind": "compute", "png": "compute.png", "minutes": {"enc-7": 7.5, "enc-30": 30},
+             "tasks": [{"task": "conll2003", "label": "CoNLL", "pretrained": {"lr": "2e-3"},
+                        "scratch": {"init": "scratch (enc-30)", "lr": "4e-3"}}]},
+        ],
+    }  # fmt: skip
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(declaration))
+    done = command(sys.executable, "experiments/run.py", "plot", tmp_path / "x.yaml", "--records",
+                   tmp_path / "runs.jsonl", "--root", tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for name in ("labels", "compute"):
+        assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    labels = (tmp_path / "labels.md").read_text()
+    assert "| 500 | 60.00 ± 1.00 (n=3) | 55.00 ± 1.00 (n=3) |" in labels, labels
+    assert "| 67,349 | 82.00 ± 1.00 (n=3) | 80.00 ± 1.00 (n=3) |" in labels, labels
+    compute = (tmp_path / "compute.md").read_text()
+    assert "| 7.5 | +8.00 ± 0.00 (n=3) |" in compute and "| 30 | +13.00 ± 0.00 (n=3) |" in compute, compute
+
+    declaration["curves"][0]["sizes"] = [2000, 67349]  # no records at 2,000 examples
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(declaration))
+    failed = subprocess.run([sys.executable, "experiments/run.py", "plot", tmp_path / "x.yaml", "--records",
+                             tmp_path / "runs.jsonl", "--root", tmp_path], cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and "0 record groups for sst2" in failed.stderr
