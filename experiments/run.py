@@ -345,6 +345,8 @@ def curve_points(curve: dict, entries: list[dict]) -> list[dict]:
         for line in curve["lines"]:
             for size in curve["sizes"]:
                 wanted = {**line["group"], "train_samples": "" if size == curve["full"] else size}
+                if size in curve.get("epochs", {}):  # the fine-tuning epochs given at this size
+                    wanted["epochs"] = curve["epochs"][size]
                 entry = _one_group(entries, task, wanted, f"curve {curve['png']}")
                 points.append({"line": line["label"], "x": size, "mean": entry["dev_mean"], "std": entry["dev_std"],
                                "n": entry["n"], "values": entry["dev_values"]})  # fmt: skip
