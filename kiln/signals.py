@@ -35,6 +35,12 @@ def stop_on_sigterm() -> None:
         global PENDING_SIGNAL, STOPPING
         if STOPPING:  # a repeat of the signal that is already stopping this run
             return
+        from . import launcher
+
+        failed = launcher.failed_first()
+        if failed:  # the launcher stops this process because another one failed, which says why: end quietly here,
+            # not through an exception that a finalizer running at this moment would swallow and print
+            launcher.end_after_peer(failed)
         STOPPING = True
         PENDING_SIGNAL = signum  # if the exception is swallowed (raised inside a callback), the Trainer stops
         raise SignalStop(signum)
