@@ -254,7 +254,7 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
     out = Path(training.output_dir)
     resume = training.resume_from_checkpoint
     if resume and not resume.startswith("hub:"):
-        check_config_change(resolve_checkpoint(resume, str(out), quiet=True), config)
+        check_config_change(resolve_checkpoint(resume, str(out), quiet=True), config, accelerator)
     resolve_disk_layout(accelerator, training)  # several nodes: one shared folder, or one per node
     writer = writes_run_files(accelerator, training)
     lock_output_dir(out, accelerator, writer)  # before anything in it is removed or written
@@ -522,10 +522,11 @@ _LAYOUT_CONFIG_KEYS = {"training.per_device_train_batch_size", "training.gradien
 """How the global batch is split: free to change with the number of processes (kiln.elastic)."""
 
 
-def check_config_change(checkpoint: Path, config: Any) -> None:
+def check_config_change(checkpoint: Path, config: Any, accelerator: Accelerator | None = None) -> None:
     """Refuse a resume whose settings differ from the checkpoint's run where that makes resuming inexact
     (batch size, sequence length, seed, data, model shape, steps, ...), or whose data files changed since (their
-    sizes and sha256, `kiln.fingerprint`), unless --training.allow_config_change."""
+    sizes and sha256, `kiln.fingerprint`), unless --training.allow_config_change. With an `accelerator`, every
+    process must call it: the main process hashes the data and tells the others."""
     import dataclasses
 
     from .fingerprint import data_changes, data_fingerprint, saved_fingerprint
@@ -550,11 +551,20 @@ def check_config_change(checkpoint: Path, config: Any) -> None:
                 changed = []  # another number of processes at the same global batch: still an exact continuation
         if changed:
             problems.append("changed settings: " + ", ".join(f"{key} {old[key]!r} -> {new[key]!r}" for key in changed))
-    saved_prints = saved_fingerprint(checkpoint)
-    if saved_prints is not None:
-        data_diff = data_changes(saved_prints, data_fingerprint(getattr(config, "data", None)))
-        if data_diff:
-            problems.append("changed data: " + ", ".join(data_diff))
+    data_diff = []
+    if accelerator is None or accelerator.is_main_process:
+        # hashed once, by the process that writes the fingerprint into checkpoints, not by every rank (a corpus of
+        # a few GB read by 8 ranks at once would multiply the resume's start-up); the verdict is then shared, so
+        # every rank refuses or goes on alike
+        saved_prints = saved_fingerprint(checkpoint)
+        if saved_prints is not None:
+            data_diff = data_changes(saved_prints, data_fingerprint(getattr(config, "data", None)))
+    if accelerator is not None and accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        data_diff = broadcast_object_list([data_diff])[0]
+    if data_diff:
+        problems.append("changed data: " + ", ".join(data_diff))
     if not problems:
         return
     diff = "; ".join(problems)
@@ -839,7 +849,7 @@ class Trainer:
         self._check_same_checkpoint(path)
         check_checkpoint_metadata(path, self.metadata)
         if self.run_config is not None:
-            check_config_change(path, self.run_config)
+            check_config_change(path, self.run_config, self.accelerator)
         try:
             self.accelerator.load_state(str(path))
         except (RuntimeError, ValueError, KeyError) as err:  # e.g. a checkpoint of another model shape

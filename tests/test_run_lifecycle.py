@@ -9,7 +9,7 @@ import time
 
 import pytest
 from kiln_testing import REPO, cli_in_process, losses, run
-from test_faults import KILN_LAUNCH, QUICK, _cli
+from test_faults import CPU_PROCESSES, KILN_LAUNCH, KILN_LAUNCH_2, QUICK, _cli
 from test_launching import _children
 
 from kiln.errors import ConfigError
@@ -65,6 +65,54 @@ def test_resume_refuses_a_changed_corpus_with_one_line_naming_the_file(tmp_path,
     assert state.global_step == 4
     resaved = json.loads((find_checkpoints(out)[-1] / "data_fingerprint.json").read_text())
     assert resaved["the_time_machine.txt"].startswith(f"{after} bytes")
+
+
+def test_only_the_main_process_hashes_the_data_and_every_process_gets_its_verdict(tmp_path, monkeypatch):
+    """A resume's data check reads every data file: once per run (the main process), not once per rank."""
+    from types import SimpleNamespace
+
+    import accelerate.utils
+
+    import kiln.fingerprint
+    from kiln.trainer import check_config_change
+
+    checkpoint = tmp_path / "step-00000002"
+    checkpoint.mkdir()
+    (checkpoint / "data_fingerprint.json").write_text(json.dumps({"a.txt": "10 bytes, sha256 aa"}))
+    hashed, shared = [], []
+    monkeypatch.setattr(kiln.fingerprint, "data_fingerprint", lambda data: hashed.append(data) or {"a.txt": "12 bytes, sha256 bb"})
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda objects: shared.append(objects) or [["from main"]])
+    config = SimpleNamespace(data=SimpleNamespace(), training=SimpleNamespace(allow_config_change=False))
+
+    other_rank = SimpleNamespace(is_main_process=False, num_processes=2)
+    with pytest.raises(ConfigError, match="changed data: from main;"):
+        check_config_change(checkpoint, config, other_rank)
+    assert hashed == [] and shared == [[[]]]  # it hashed nothing and took the main process's verdict
+
+    main_rank = SimpleNamespace(is_main_process=True, num_processes=2)
+    shared.clear()
+    with pytest.raises(ConfigError, match="changed data: from main;"):
+        check_config_change(checkpoint, config, main_rank)
+    assert len(hashed) == 1 and shared == [[["a.txt 10 -> 12 bytes"]]]  # it hashed and sent its own verdict
+
+
+def test_two_processes_both_refuse_a_changed_corpus_on_resume(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("frankenstein.txt", "the_time_machine.txt"):
+        shutil.copy(REPO / "data/pretrain" / name, corpus / name)
+    out = tmp_path / "run"
+    common = ["--training.output_dir", out, "--data.data_files", corpus / "*.txt", "--training.max_steps", 4,
+              "--training.save_steps", 2, "--training.save_total_limit", 0, *QUICK]  # fmt: skip
+    output, _ = _cli(common, launcher=KILN_LAUNCH_2, env_extra=CPU_PROCESSES).communicate(timeout=600)
+    assert (out / "final").is_dir(), output
+    with open(corpus / "the_time_machine.txt", "a") as fh:
+        fh.write("\n\nA paragraph appended after the run stopped.\n")
+    proc = _cli([*common, "--training.resume_from_checkpoint", "latest"], launcher=KILN_LAUNCH_2, env_extra=CPU_PROCESSES)
+    output, _ = proc.communicate(timeout=600)  # no rank waits for another: both refuse
+    assert proc.returncode == 2, output
+    assert "changed data: the_time_machine.txt" in output.strip().splitlines()[-1], output
+    assert "Traceback" not in output
 
 
 # ----------------------------------------------------------------------------------------------------------
