@@ -348,9 +348,12 @@ def curve_points(curve: dict, entries: list[dict]) -> list[dict]:
                 wanted = {**line["group"], "train_samples": "" if size == curve["full"] else size}
                 if size in curve.get("epochs", {}):  # the fine-tuning epochs given at this size
                     wanted["epochs"] = curve["epochs"][size]
+                if size in line.get("lr_by_size", {}):  # the rate picked on dev at this size
+                    wanted["lr"] = line["lr_by_size"][size]
                 entry = _one_group(entries, task, wanted, f"curve {curve['png']}")
                 points.append({"line": line["label"], "x": size, "mean": entry["dev_mean"], "std": entry["dev_std"],
-                               "n": entry["n"], "values": entry["dev_values"]})  # fmt: skip
+                               "n": entry["n"], "values": entry["dev_values"],
+                               **({"lr": entry["lr"]} if "lr_by_size" in line else {})})  # fmt: skip
     elif curve["kind"] == "compute":
         for row in curve["tasks"]:
             scratch = _one_group(entries, row["task"], row["scratch"], f"curve {curve['png']}")
@@ -372,7 +375,7 @@ def curve_table(curve: dict, points: list[dict]) -> str:
     lines.append("|---:|" + "---:|" * (lines[0].count("|") - 2))
     for x in dict.fromkeys(p["x"] for p in points):
         cells = [f"{scale * p['mean']:+.2f} ± {scale * p['std']:.2f} (n={p['n']})" if curve["kind"] == "compute"
-                 else f"{scale * p['mean']:.2f} ± {scale * p['std']:.2f} (n={p['n']})"
+                 else f"{scale * p['mean']:.2f} ± {scale * p['std']:.2f} (n={p['n']}{', lr ' + p['lr'] if 'lr' in p else ''})"
                  for p in points if p["x"] == x]  # fmt: skip
         lines.append(f"| {x:,} | {' | '.join(cells)} |" if isinstance(x, int) else f"| {x:g} | {' | '.join(cells)} |")
     return f"{value}:\n\n" + "\n".join(lines) + "\n"

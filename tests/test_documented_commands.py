@@ -211,6 +211,7 @@ def test_plot_draws_the_declared_curves_from_the_records(tmp_path):
             epochs = 4 if samples else 1
             records.append(_record("sst2", "pretrained", "2e-3", seed, pre + noise, "runs/enc-30/final", samples, epochs))
             records.append(_record("sst2", "scratch", "2.5e-4", seed, scr + noise, "runs/enc-30/final", samples, epochs))
+        records.append(_record("sst2", "pretrained", "5e-4", seed, 0.66 + noise, "runs/enc-30/final", 500, 4))
         for init, dev in (("runs/enc-7/final", 0.70), ("runs/enc-30/final", 0.75)):
             records.append(_record("conll2003", "pretrained", "2e-3", seed, dev, init, epochs=3))
         records.append(_record("conll2003", "scratch", "4e-3", seed, 0.62, "runs/enc-30/final", epochs=3))
@@ -220,7 +221,9 @@ def test_plot_draws_the_declared_curves_from_the_records(tmp_path):
         "curves": [
             {"kind": "labels", "png": "labels.png", "task": "sst2", "sizes": [500, 67349], "full": 67349,
              "lines": [{"label": "pretrained", "group": {"init": "enc-30", "lr": "2e-3"}},
-                       {"label": "scratch", "group": {"init": "scratch (enc-30)", "lr": "2.5e-4"}}]},
+                       {"label": "scratch", "group": {"init": "scratch (enc-30)", "lr": "2.5e-4"}},
+                       {"label": "pretrained, rate per size", "group": {"init": "enc-30", "lr": "2e-3"},
+                        "lr_by_size": {500: "5e-4"}}]},
             {"kind": "compute", "png": "compute.png", "minutes": {"enc-7": 7.5, "enc-30": 30},
              "tasks": [{"task": "conll2003", "label": "CoNLL", "pretrained": {"lr": "2e-3"},
                         "scratch": {"init": "scratch (enc-30)", "lr": "4e-3"}}]},
@@ -233,8 +236,8 @@ def test_plot_draws_the_declared_curves_from_the_records(tmp_path):
     for name in ("labels", "compute"):
         assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     labels = (tmp_path / "labels.md").read_text()
-    assert "| 500 | 60.00 ± 1.00 (n=3) | 55.00 ± 1.00 (n=3) |" in labels, labels
-    assert "| 67,349 | 82.00 ± 1.00 (n=3) | 80.00 ± 1.00 (n=3) |" in labels, labels
+    assert "| 500 | 60.00 ± 1.00 (n=3) | 55.00 ± 1.00 (n=3) | 66.00 ± 1.00 (n=3, lr 5e-4) |" in labels, labels
+    assert "| 67,349 | 82.00 ± 1.00 (n=3) | 80.00 ± 1.00 (n=3) | 82.00 ± 1.00 (n=3, lr 2e-3) |" in labels, labels
     compute = (tmp_path / "compute.md").read_text()
     assert "| 7.5 | +8.00 ± 0.00 (n=3) |" in compute and "| 30 | +13.00 ± 0.00 (n=3) |" in compute, compute
 
