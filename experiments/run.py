@@ -386,6 +386,7 @@ def plot_curve(curve: dict, points: list[dict], png: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     scale = 100.0 if curve["kind"] == "compute" or PERCENT.get(curve.get("task"), 100) == 100 else 1.0
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
@@ -397,6 +398,7 @@ def plot_curve(curve: dict, points: list[dict], png: Path) -> None:
             axes.scatter([p["x"]] * len(p["values"]), [scale * (v - p.get("scratch", 0.0)) for v in p["values"]],
                          s=8, alpha=0.4, color=axes.lines[-1].get_color())  # fmt: skip
     axes.set_xscale("log")
+    axes.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the measured points are labelled
     axes.set_xticks(sorted({p["x"] for p in points}), [f"{x:g}" for x in sorted({p["x"] for p in points})])
     axes.set_xlabel(curve.get("xlabel", "training examples" if curve["kind"] == "labels" else "pretraining minutes"))
     axes.set_ylabel(curve.get("ylabel", "dev accuracy (%)" if curve["kind"] == "labels" else "dev metric over scratch"))
