@@ -133,7 +133,24 @@ def run_job(job: TrainingJob) -> Trainer:
         run_config=config,
     )
     trainer.train()
+    if accelerator.num_processes > 1 and getattr(accelerator.state, "backend", None) == "gloo":
+        _let_gloo_finish_its_work()
     return trainer
+
+
+def _let_gloo_finish_its_work(seconds: float = 0.5) -> None:
+    """Wait a moment, without the GIL, before the caller drops the trainer.
+
+    Dropping the trainer frees DDP's reducer, the last holder of the gloo process group; its destructor joins
+    gloo's worker threads while holding the GIL. A worker may still be freeing a finished collective whose tensors
+    were made in Python (an all_gather that a later barrier kept a reference to), which needs the GIL: both wait
+    forever. py-spy caught exactly this, one rank of a 2-process CPU run hung after writing final/ under load
+    (`~ProcessGroupGloo` joining, the worker in `~AsyncAllgatherWork` waiting for the GIL). The process group is
+    already shut down here (the trackers' end_training), so no new work can start; a sleep gives the workers
+    the GIL to finish what they hold. It is a mitigation, not a guarantee: Python cannot see when they are done."""
+    import time
+
+    time.sleep(seconds)
 
 
 def evaluate_each_epoch(training, train_dataset, num_processes: int, each_epoch: bool) -> None:
