@@ -133,13 +133,13 @@ def run_job(job: TrainingJob) -> Trainer:
         run_config=config,
     )
     trainer.train()
-    if accelerator.num_processes > 1 and getattr(accelerator.state, "backend", None) == "gloo":
-        _let_gloo_finish_its_work()
+    _let_gloo_finish_its_work(accelerator)
     return trainer
 
 
-def _let_gloo_finish_its_work(seconds: float = 0.5) -> None:
-    """Wait a moment, without the GIL, before the caller drops the trainer.
+def _let_gloo_finish_its_work(accelerator: Accelerator, seconds: float = 0.5) -> bool:
+    """In a multi-process gloo run, wait a moment without the GIL before the caller drops the trainer (returns
+    whether it waited).
 
     Dropping the trainer frees DDP's reducer, the last holder of the gloo process group; its destructor joins
     gloo's worker threads while holding the GIL. A worker may still be freeing a finished collective whose tensors
@@ -150,7 +150,10 @@ def _let_gloo_finish_its_work(seconds: float = 0.5) -> None:
     the GIL to finish what they hold. It is a mitigation, not a guarantee: Python cannot see when they are done."""
     import time
 
-    time.sleep(seconds)
+    if accelerator.num_processes < 2 or getattr(accelerator.state, "backend", None) != "gloo":
+        return False
+    time.sleep(seconds)  # releases the GIL
+    return True
 
 
 def evaluate_each_epoch(training, train_dataset, num_processes: int, each_epoch: bool) -> None:

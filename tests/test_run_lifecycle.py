@@ -115,6 +115,25 @@ def test_two_processes_both_refuse_a_changed_corpus_on_resume(tmp_path):
     assert "Traceback" not in output
 
 
+def test_a_multi_process_gloo_run_gives_the_gil_away_before_its_trainer_is_dropped(monkeypatch):
+    """The end-of-run deadlock's mitigation (kiln.job): only gloo runs of several processes wait, without the GIL."""
+    import time
+    from types import SimpleNamespace
+
+    from kiln.job import _let_gloo_finish_its_work
+
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+
+    def accelerator(processes, backend):
+        return SimpleNamespace(num_processes=processes, state=SimpleNamespace(backend=backend))
+
+    assert _let_gloo_finish_its_work(accelerator(2, "gloo")) and slept == [0.5]
+    assert not _let_gloo_finish_its_work(accelerator(1, "gloo"))
+    assert not _let_gloo_finish_its_work(accelerator(8, "nccl"))
+    assert slept == [0.5]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # item 5 (and 10): a loss that explodes while the schedule decays the rate to 0 is a divergence, not a model
 
