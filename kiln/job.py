@@ -80,9 +80,9 @@ class TrainingJob:
 def start_predicting(config: Any) -> Accelerator:
     """The start of a run that only predicts (fine-tuning's --predict: no output folder to keep, nothing to
     resume): the engine's sections checked, then the accelerator, the per-device batch, the log format and the
-    seed (kiln.trainer.start_run), as run_job starts."""
+    seed (kiln.run_setup.start_run), as run_job starts."""
     from .config import validate_run_sections
-    from .trainer import start_run
+    from .run_setup import start_run
 
     validate_run_sections(config)
     return start_run(config.training, config.logging)
@@ -92,8 +92,10 @@ def run_job(job: TrainingJob) -> Trainer:
     """Run `job` from start to end (module docstring); returns the finished Trainer (its state, its end, its
     callbacks). Whatever ends the run, every callback's on_train_end has run; the error that ended it is raised."""
     from .callbacks import FinalExport, HubSync, Trackers
+    from .checkpoint_files import check_checkpoint_metadata, resolve_checkpoint
     from .config import validate_run_sections
-    from .trainer import Trainer, check_checkpoint_metadata, prepare_output, resolve_checkpoint, start_run
+    from .run_setup import prepare_output, start_run
+    from .trainer import Trainer
 
     config = job.config
     training = config.training
@@ -159,7 +161,7 @@ def _let_gloo_finish_its_work(accelerator: Accelerator, seconds: float = 0.5) ->
 def evaluate_each_epoch(training, train_dataset, num_processes: int, each_epoch: bool) -> None:
     """Refuse a training set smaller than one batch; with `each_epoch`, evaluate after every epoch."""
     from .errors import ConfigError
-    from .trainer import optimizer_steps_per_epoch
+    from .run_setup import optimizer_steps_per_epoch
 
     batches = len(train_dataset) // (training.per_device_train_batch_size * num_processes)
     steps_per_epoch = optimizer_steps_per_epoch(batches, training.gradient_accumulation_steps)

@@ -48,5 +48,5 @@ def test_a_runs_config_enters_the_engine_once_and_a_fine_tuning_walk_returns_at_
     # the config is handed to the engine's entrance before the app builds anything, and once the engine has prepared
     # the output folder the app never gets the whole config again
     assert walk.rooms[0] == "kiln/job.py", walk.describe()
-    after_output = walk.stays[walk.stays.index("kiln/trainer.py"):]
+    after_output = walk.stays[walk.stays.index("kiln/run_setup.py"):]
     assert not any(room.startswith("finetune/") for room in after_output), walk.describe()

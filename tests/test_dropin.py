@@ -304,7 +304,7 @@ def test_checkpoints_do_not_warn_about_the_tied_output_projection(tmp_path, capl
 def test_other_shared_tensors_still_warn():
     import logging
 
-    from kiln.trainer import _TiedWeightsFilter
+    from kiln.run_setup import _TiedWeightsFilter
 
     def record(names):
         message = f"Removed shared tensor {names} while saving. This should be OK"

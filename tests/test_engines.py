@@ -184,7 +184,7 @@ def test_deepspeed_config_takes_kiln_accumulation_clipping_batch_and_precision(l
     from accelerate.utils import DeepSpeedPlugin
 
     from kiln.config import TrainingConfig
-    from kiln.trainer import configure_deepspeed
+    from kiln.run_setup import configure_deepspeed
 
     env = launched(DEEPSPEED_YAML)
     assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "2"
@@ -207,7 +207,7 @@ def test_deepspeed_clipping_off_in_kiln_is_off_in_deepspeed(launched):
     from accelerate.utils import DeepSpeedPlugin
 
     from kiln.config import TrainingConfig
-    from kiln.trainer import configure_deepspeed
+    from kiln.run_setup import configure_deepspeed
 
     launched(DEEPSPEED_YAML)
     plugin = DeepSpeedPlugin()
@@ -221,7 +221,7 @@ def test_deepspeed_values_that_would_override_kiln_are_refused(launched, tmp_pat
 
     from kiln.config import TrainingConfig
     from kiln.errors import ConfigError
-    from kiln.trainer import configure_deepspeed
+    from kiln.run_setup import configure_deepspeed
 
     old = tmp_path / "deepspeed-old.yaml"
     old.write_text(
@@ -246,7 +246,7 @@ def test_accumulation_overridden_by_accelerate_launch_is_refused(monkeypatch, tm
     variable the Accelerator reads over Kiln's argument; Kiln would count optimizer steps wrongly."""
     from kiln.config import LoggingConfig, TrainingConfig
     from kiln.errors import ConfigError
-    from kiln.trainer import start_run
+    from kiln.run_setup import start_run
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
     monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")
@@ -269,7 +269,7 @@ def test_accumulation_overridden_by_accelerate_launch_is_refused(monkeypatch, tm
 )
 def test_mixed_precision_defers_to_accelerate_launch(monkeypatch, tmp_path, launched_with, kiln, expected):
     from kiln.config import LoggingConfig, TrainingConfig
-    from kiln.trainer import start_run
+    from kiln.run_setup import start_run
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)

@@ -63,7 +63,8 @@ class _CountingModel(torch.nn.Module):
 
 def _toy_trainer(tmp_path, micro_batches=10, **overrides):
     from kiln.config import LoggingConfig, TrainingConfig
-    from kiln.trainer import Trainer, start_run
+    from kiln.run_setup import start_run
+    from kiln.trainer import Trainer
 
     reset_accelerate()
     settings = dict(output_dir=str(tmp_path / "toy"), per_device_train_batch_size=2, per_device_eval_batch_size=2,
@@ -211,7 +212,8 @@ class _PaddingModel(_CountingModel):
 @pytest.mark.parametrize("group", [False, True])
 def test_group_by_length_batches_similar_lengths_and_stays_seeded(tmp_path, group):
     from kiln.config import LoggingConfig, TrainingConfig
-    from kiln.trainer import Trainer, start_run
+    from kiln.run_setup import start_run
+    from kiln.trainer import Trainer
     from pretrain.data.collator import pad_batch
 
     g = torch.Generator().manual_seed(0)

@@ -12,8 +12,9 @@ import sys
 import pytest
 from kiln_testing import DEBUG, REPO, cli_in_process, losses, nan_loss_at_forward, run
 
+from kiln.checkpoint_files import find_checkpoints
 from kiln.errors import ConfigError
-from kiln.trainer import Trainer, find_checkpoints
+from kiln.trainer import Trainer
 
 QUICK = ["--training.eval_steps", 0]
 

@@ -284,7 +284,8 @@ def test_under_deepspeed_a_nan_loss_is_caught_before_the_engine_steps(tmp_path, 
     from safetensors.torch import load_file
 
     from kiln.config import TrainingConfig
-    from kiln.trainer import Trainer, configure_deepspeed
+    from kiln.run_setup import configure_deepspeed
+    from kiln.trainer import Trainer
 
     nan_loss_at_forward(monkeypatch, 3)
     # the shipped DeepSpeed config's plugin (ZeRO-2, bf16), as `accelerate launch --config_file` gives it

@@ -23,7 +23,7 @@ import time
 import pytest
 from kiln_testing import REPO, free_port, losses
 
-from kiln.trainer import find_checkpoints
+from kiln.checkpoint_files import find_checkpoints
 
 QUICK = ["--training.eval_steps", 0]
 ONE_PROCESS = ("--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no")

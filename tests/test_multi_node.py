@@ -13,7 +13,7 @@ import sys
 import pytest
 from kiln_testing import DEBUG, REPO, free_port, losses
 
-from kiln.trainer import find_checkpoints
+from kiln.checkpoint_files import find_checkpoints
 
 ARGS = ["--data.max_train_documents", 40, "--training.max_steps", 4, "--training.save_steps", 2,
         "--training.eval_steps", 0, "--training.max_eval_batches", 1, "--training.per_device_train_batch_size", 4,

@@ -14,7 +14,7 @@ import pytest
 from kiln_testing import DEBUG, DECODER, REPO, run
 from safetensors.torch import load_file
 
-from kiln.trainer import find_checkpoints
+from kiln.checkpoint_files import find_checkpoints
 
 ENCODER_SMALL = ["--data.max_train_documents", 2, "--training.per_device_train_batch_size", 32]  # 12 micro-batches
 DECODER_SMALL = [*DECODER, "--data.max_train_documents", 12, "--training.per_device_train_batch_size", 8]

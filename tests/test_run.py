@@ -10,8 +10,8 @@ import time
 import pytest
 from kiln_testing import DEBUG, DECODER, REPO, launch_two_processes, losses, run
 
+from kiln.checkpoint_files import find_checkpoints
 from kiln.errors import ConfigError
-from kiln.trainer import find_checkpoints
 
 
 def test_debug_run_learns_and_leaves_a_loadable_model(tmp_path):

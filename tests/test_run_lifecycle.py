@@ -12,8 +12,8 @@ from kiln_testing import REPO, cli_in_process, losses, run
 from test_faults import CPU_PROCESSES, KILN_LAUNCH, KILN_LAUNCH_2, QUICK, _cli
 from test_launching import _children
 
+from kiln.checkpoint_files import find_checkpoints
 from kiln.errors import ConfigError
-from kiln.trainer import find_checkpoints
 
 
 def _lines_until(proc, marker: str, timeout: float = 240) -> list[str]:
@@ -74,7 +74,7 @@ def test_only_the_main_process_hashes_the_data_and_every_process_gets_its_verdic
     import accelerate.utils
 
     import kiln.fingerprint
-    from kiln.trainer import check_config_change
+    from kiln.checkpoint_files import check_config_change
 
     checkpoint = tmp_path / "step-00000002"
     checkpoint.mkdir()

@@ -61,7 +61,8 @@ def stack(features):
 
 def main(kind: str, accumulation: int, batch: int, out: str) -> None:
     from kiln.config import LoggingConfig, TrainingConfig
-    from kiln.trainer import Trainer, start_run
+    from kiln.run_setup import start_run
+    from kiln.trainer import Trainer
     from pretrain.data.collator import CLMCollator, ElectraCollator, MLMCollator
     from pretrain.modeling import (
         KilnDecoderConfig,

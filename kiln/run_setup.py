@@ -1,0 +1,314 @@
+"""Setting a run up: the accelerator (devices, engine plugins, mixed precision, seeding), the batch layout
+(per-device batch and accumulation for a global batch on any number of processes), and the output folder with
+its lock, prepared before the loop (`kiln.trainer`) starts."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from .checkpoint_files import check_config_change, find_checkpoints, resolve_checkpoint
+from .config import LoggingConfig, TrainingConfig, save_config
+from .errors import ConfigError
+from .nodes import resolve_disk_layout, writes_run_files
+
+logger = logging.getLogger("kiln")
+
+
+def optimizer_steps_per_epoch(micro_batches: int, gradient_accumulation_steps: int) -> int:
+    """An epoch of n micro-batches holds ceil(n / accumulation) optimizer steps: a partial last window is
+    stepped too (as transformers' Trainer and accelerate do), its loss normalised by what it really holds."""
+    return math.ceil(micro_batches / gradient_accumulation_steps)
+
+
+def build_accelerator(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerator:
+    from accelerate import DataLoaderConfiguration
+    from accelerate.utils import ProjectConfiguration
+
+    log_with = {"none": None, "all": ["wandb", "tensorboard"]}.get(logging_cfg.report_to, [logging_cfg.report_to])
+    if log_with and "wandb" in log_with and not os.environ.get("WANDB_API_KEY"):
+        # no key: keep everything on disk instead of failing or prompting; `wandb sync` uploads later
+        os.environ.setdefault("WANDB_MODE", "offline")
+    return Accelerator(
+        gradient_accumulation_steps=training.gradient_accumulation_steps,
+        mixed_precision=training.mixed_precision,
+        log_with=log_with,
+        project_config=ProjectConfiguration(
+            project_dir=training.output_dir, logging_dir=os.path.join(training.output_dir, "logs")
+        ),
+        # we shard map-style data ourselves through accelerate's batch sampler and stream pre-split iterables
+        dataloader_config=DataLoaderConfiguration(dispatch_batches=False),
+        dynamo_backend="inductor" if training.torch_compile else None,
+        # the scheduler is stepped by us once per optimizer step, whatever the number of processes
+        step_scheduler_with_optimizer=False,
+    )
+
+
+def configure_deepspeed(plugin: Any, training: TrainingConfig) -> None:
+    """Give DeepSpeed Kiln's accumulation, clipping and per-device batch in place of its `auto` values.
+
+    Left `auto`, accelerate fills DeepSpeed's clipping with 1.0 whatever `--training.max_grad_norm` says, and a
+    model and optimizer prepared without a dataloader (as the trainer does) have no micro-batch size at all. An
+    explicit value that disagrees with Kiln's is refused: DeepSpeed would silently win while Kiln counted steps,
+    scheduled the learning rate and logged with its own.
+    """
+    ds = plugin.deepspeed_config
+    wanted = {
+        "gradient_accumulation_steps": ("gradient_accumulation_steps", training.gradient_accumulation_steps),
+        "gradient_clipping": ("max_grad_norm", float(max(training.max_grad_norm, 0.0))),  # DeepSpeed: 0 = off
+        "train_micro_batch_size_per_gpu": ("per_device_train_batch_size", training.per_device_train_batch_size),
+    }
+    mismatches = []
+    for key, (kiln_name, value) in wanted.items():
+        current = ds.get(key, "auto")
+        if current == "auto":
+            ds[key] = value
+        elif float(current) != float(value):
+            mismatches.append(f"DeepSpeed {key}={current} but --training.{kiln_name} {value}")
+    if mismatches:
+        raise ConfigError(
+            "the DeepSpeed config disagrees with Kiln's: " + "; ".join(mismatches) + ". Remove these keys from the "
+            "accelerate config (or set them to \"auto\" in a deepspeed_config_file): Kiln fills them from --training.*"
+        )
+    plugin.gradient_accumulation_steps = ds["gradient_accumulation_steps"]
+    plugin.gradient_clipping = ds["gradient_clipping"]
+
+
+def align_engine(accelerator: Accelerator, training: TrainingConfig) -> None:
+    """After the Accelerator is built: record the precision it runs with (the accelerate config's when Kiln's is
+    None), refuse an accumulation count that `accelerate launch` overrode, and align DeepSpeed with Kiln."""
+    if training.mixed_precision is None:
+        training.mixed_precision = str(accelerator.mixed_precision)
+    if str(accelerator.mixed_precision) == "fp16" and accelerator.device.type == "cpu":
+        # accelerate turns fp16 autocast off on a CPU: the run would be fp32 while its config and card say fp16
+        raise ConfigError(
+            "training.mixed_precision fp16 is not applied on a CPU (accelerate runs it in fp32); use bf16, which "
+            "is, or no (from --training.mixed_precision or the accelerate config / launch --mixed_precision)"
+        )
+    if accelerator.gradient_accumulation_steps != training.gradient_accumulation_steps:
+        # accelerate reads ACCELERATE_GRADIENT_ACCUMULATION_STEPS (set by `accelerate launch` from a DeepSpeed
+        # section's gradient_accumulation_steps or --gradient_accumulation_steps) over the value Kiln passes
+        raise ConfigError(
+            f"accelerate was launched with gradient_accumulation_steps {accelerator.gradient_accumulation_steps} but "
+            f"--training.gradient_accumulation_steps is {training.gradient_accumulation_steps}; remove it from the "
+            "accelerate config / launch command and set it with --training.gradient_accumulation_steps"
+        )
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        configure_deepspeed(plugin, training)
+
+
+def resolve_batch_size(training: TrainingConfig, num_processes: int) -> None:
+    """Derive the per-device batch size from total_train_batch_size, refusing a split that is not even."""
+    total = training.total_train_batch_size
+    if total is None:
+        return
+    parts = num_processes * training.gradient_accumulation_steps
+    if total <= 0 or total % parts:
+        raise ConfigError(
+            f"training.total_train_batch_size {total} does not divide evenly over {num_processes} process(es) x "
+            f"{training.gradient_accumulation_steps} accumulation step(s); use a multiple of {parts}"
+        )
+    training.per_device_train_batch_size = total // parts
+
+
+def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerator:
+    """What every Kiln entry point does first: the Accelerator, the per-device batch size derived from
+    total_train_batch_size, the engine aligned with Kiln's settings, the log format (main process at INFO), and
+    the seed."""
+    from accelerate.utils import set_seed
+
+    from .elastic import adapt_to_world_size, launched_processes
+
+    resume = training.resume_from_checkpoint
+    local = resume and not resume.startswith("hub:")
+    checkpoint = resolve_checkpoint(resume, training.output_dir, quiet=True) if local else None
+    # before the Accelerator is built: it takes the accumulation count a resume on another world size needs
+    elastic = adapt_to_world_size(training, launched_processes(), checkpoint)
+    accelerator = build_accelerator(training, logging_cfg)
+    resolve_batch_size(training, accelerator.num_processes)
+    align_engine(accelerator, training)
+    if elastic and accelerator.state.deepspeed_plugin is not None:
+        raise ConfigError(
+            f"{elastic}, but DeepSpeed's ZeRO checkpoints hold one optimizer partition per process and load only "
+            "on the number of processes that wrote them; resume on that many processes, or train with DDP or FSDP"
+        )
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO if accelerator.is_main_process else logging.WARNING,
+    )
+    if elastic and accelerator.is_main_process:
+        logger.warning(elastic)
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file checkpoint chatter
+    quiet_tied_weight_warning()
+    set_seed(training.seed)
+    return accelerator
+
+
+class _TiedWeightsFilter(logging.Filter):
+    """Drops accelerate's "Removed shared tensor {...} while saving" when every name is a tied output projection
+    (`mlm_head.decoder.weight`, `lm_head.weight`) or an ELECTRA generator's embeddings (the discriminator's):
+    safetensors stores shared weights once and loading re-ties them, so the warning came with every checkpoint
+    and meant nothing. Any other shared tensor still warns."""
+
+    TIED = ("mlm_head.decoder.weight", "lm_head.weight")
+    SHARED = ("generator.model.embeddings.",)  # ELECTRA: the generator's embeddings are the discriminator's
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = re.search(r"Removed shared tensor \{(.*?)\} while saving", record.getMessage())
+        if match is None:
+            return True
+        names = [name.strip(" '\"") for name in match.group(1).split(",")]
+        return not all(name.endswith(self.TIED) or name.startswith(self.SHARED) for name in names)
+
+
+def quiet_tied_weight_warning() -> None:
+    target = logging.getLogger("accelerate.utils.other")
+    if not any(isinstance(f, _TiedWeightsFilter) for f in target.filters):
+        target.addFilter(_TiedWeightsFilter())
+
+
+def check_scheduler(training: TrainingConfig) -> None:
+    from transformers.trainer_utils import SchedulerType
+
+    names = [t.value for t in SchedulerType]
+    if training.lr_scheduler_type not in names:
+        raise ConfigError(
+            f"training.lr_scheduler_type {training.lr_scheduler_type!r} is unknown; use one of {', '.join(names)}"
+        )
+
+
+RUN_FILES = ("checkpoints", "final", "best", "logs", "metrics.jsonl", "config.yaml", "tokenizer", "hub-export")
+"""What a run leaves in its output_dir (removed by overwrite_output_dir, or when nothing resumable is there)."""
+
+
+def prepare_output(config: Any, accelerator: Accelerator) -> Path:
+    """The run folder `config.training.output_dir` with the resolved config.yaml in it.
+
+    Everything that can be checked is checked before the folder is touched. A folder that holds a run (a
+    checkpoint or a final model) is refused unless resuming or asked to overwrite (then the old run's files are
+    removed); a folder left by a run that failed before its first checkpoint is simply reused. When resuming,
+    the checkpoint's config is compared with this one (see `check_config_change`) and config.yaml is only
+    rewritten once the resume has succeeded (Trainer.resume)."""
+    training = config.training
+    check_scheduler(training)
+    hub_cfg = getattr(config, "hub", None)
+    if hub_cfg is not None and hub_cfg.push_to_hub:
+        from .hub import check_push_settings
+
+        check_push_settings(hub_cfg.model_id)
+    out = Path(training.output_dir)
+    resume = training.resume_from_checkpoint
+    if resume and not resume.startswith("hub:"):
+        check_config_change(resolve_checkpoint(resume, str(out), quiet=True), config, accelerator)
+    resolve_disk_layout(accelerator, training)  # several nodes: one shared folder, or one per node
+    writer = writes_run_files(accelerator, training)
+    lock_output_dir(out, accelerator, writer)  # before anything in it is removed or written
+    holds_run = bool(find_checkpoints(out)) or (out / "final").is_dir()
+    if holds_run and not resume and not training.overwrite_output_dir:
+        raise ConfigError(
+            f"output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint "
+            "latest, start over with --training.overwrite_output_dir, or pick another --training.output_dir"
+        )
+    if writer and not resume and out.is_dir():
+        # start over, or a folder with nothing resumable in it: stale files of the failed run must not mix in
+        for name in RUN_FILES:
+            path = out / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    accelerator.wait_for_everyone()
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
+        if not resume or not (out / "config.yaml").is_file():
+            save_config(config, out / "config.yaml")
+    accelerator.wait_for_everyone()
+    return out
+
+
+LOCK_FILE = ".kiln.lock"
+"""In output_dir: locked (flock) by the run writing there, with its PID and host inside."""
+_output_locks: dict[str, Any] = {}
+
+
+def lock_output_dir(out: Path, accelerator: Accelerator, writer: bool) -> None:
+    """Refuse to start when another run is writing into `out`: the process that writes the run folder (`writer`:
+    rank 0 on a shared folder, each node's local main on node-local disks) holds an exclusive flock on
+    out/.kiln.lock for the whole run (released by `release_output_lock`, or by the kernel when the process ends,
+    so a lock left by a killed run never blocks); every process stops alike when one of them finds it taken."""
+    message = None
+    if writer:
+        message = _take_lock(out)
+    if accelerator.num_processes > 1:  # any node's refusal stops every process
+        from accelerate.utils import gather_object
+
+        messages = gather_object([message])
+        message = next((m for m in messages if m is not None), None)
+    if message is not None:
+        raise ConfigError(message)
+
+
+def _take_lock(out: Path) -> str | None:
+    key = str(out.resolve())
+    if key in _output_locks:  # this process already holds it (a run it started before, in-process)
+        return None
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    handle = open(out / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        return (
+            f"output_dir {out} is in use by another run (PID {holder}); wait for it to end, stop it, or pick "
+            "another --training.output_dir"
+        )
+    except OSError:  # a file system without flock (some network mounts): run unguarded
+        handle.close()
+        return None
+    import socket
+
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    _output_locks[key] = handle
+    return None
+
+
+def release_output_lock(out: str | os.PathLike) -> None:
+    """Let another run into `out` (the end of Trainer.train; a process that ends releases it anyway)."""
+    handle = _output_locks.pop(str(Path(out).resolve()), None)
+    if handle is not None:
+        handle.close()  # closing the last descriptor releases the flock
+
+
+def check_step_counts(training: TrainingConfig) -> None:
+    if training.max_steps == 0:
+        raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
+    if training.max_steps < 0 and training.num_train_epochs <= 0:
+        raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
+
+
+__all__ = [
+    "build_accelerator",
+    "check_scheduler",
+    "check_step_counts",
+    "configure_deepspeed",
+    "lock_output_dir",
+    "optimizer_steps_per_epoch",
+    "prepare_output",
+    "release_output_lock",
+    "resolve_batch_size",
+    "start_run",
+]
