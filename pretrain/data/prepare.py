@@ -323,8 +323,6 @@ class TokenEncoder:
         self.used = 0
 
     def _add(self, pieces: list[str]) -> None:
-        if len(self.cache) + len(pieces) > self.CACHE_LIMIT:
-            self._reset()
         ids = self._rust(pieces)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
@@ -351,9 +349,15 @@ class TokenEncoder:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         pieces = " ".join(texts).split(" ")  # the pieces of every text in order
         per_text = np.fromiter((text.count(" ") + 1 for text in texts), dtype=np.int64, count=len(texts))
-        new = list(set(pieces).difference(self.cache))
+        distinct = set(pieces)
+        new = distinct.difference(self.cache)
         if new:
-            self._add(new)
+            if len(self.cache) + len(new) > self.CACHE_LIMIT:
+                # full: start again with every piece of this batch (the ones already cached included, since
+                # the look-ups below need them all); a batch larger than the limit is cached whole, then dropped
+                self._reset()
+                new = distinct
+            self._add(list(new))
         numbers = np.fromiter(map(self.cache.__getitem__, pieces), dtype=np.int64, count=len(pieces))
         lengths, starts = self.lengths[numbers], self.starts[numbers]
         total = int(lengths.sum())

@@ -1,0 +1,101 @@
+"""`prepare` on corpora with a wide vocabulary: the piece cache fills up and starts again without losing the
+pieces of the batch at hand, through the real command in a fresh process."""
+
+from __future__ import annotations
+
+import filecmp
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _book_corpus(folder: Path, documents: int = 400) -> None:
+    lines = []
+    for path in sorted(glob.glob(str(REPO / "data/pretrain/*.txt"))):
+        lines += [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = lines[:documents]
+    folder.mkdir(parents=True)
+    half = len(lines) // 2
+    (folder / "a.txt").write_text("\n\n".join(lines[:half]) + "\n", encoding="utf-8")
+    (folder / "b.txt").write_text("\n\n".join(lines[half:]) + "\n", encoding="utf-8")
+
+
+def _write_config(root: Path, corpus: Path, *, kind: str = "encoder") -> Path:
+    config = yaml.safe_load((REPO / "configs/pretrain/debug.yaml").read_text())
+    config["data"].update(data_files=[str(corpus / "*.txt")], max_train_documents=None)
+    config["tokenizer"].update(input_sentence_size=2000)
+    config["model"]["kind"] = kind
+    path = root / f"config-{kind}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _same_shards(a: Path, b: Path) -> None:
+    names = sorted(p.name for p in a.iterdir() if p.is_file())
+    assert names == sorted(p.name for p in b.iterdir() if p.is_file())
+    assert any(name.endswith(".arrow") for name in names)
+    match, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+    assert not mismatch and not errors, (mismatch, errors)
+
+
+def _prepare_with_cache_limit(config: Path, output: Path, limit: int | None, *extra: str):
+    """`python -m pretrain.data prepare ...` in a fresh interpreter, with TokenEncoder.CACHE_LIMIT set first (the
+    forked workers inherit it)."""
+    code = (
+        "import sys\n"
+        "from pretrain.data.prepare import TokenEncoder\n"
+        + (f"TokenEncoder.CACHE_LIMIT = {limit}\n" if limit is not None else "")
+        + "from pretrain.data.__main__ import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", code, "prepare", "--config", str(config), "--output", str(output),
+         "--shard_size_mb", "0.05", *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_a_full_piece_cache_starts_again_without_losing_the_batch(tmp_path):
+    corpus = tmp_path / "corpus"
+    _book_corpus(corpus)
+    config = _write_config(tmp_path, corpus)
+    reference = _prepare_with_cache_limit(config, tmp_path / "reference", None)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    # a few hundred pieces: every worker's cache fills up and starts again many times (each shard is one batch)
+    small = _prepare_with_cache_limit(config, tmp_path / "small", 300, "--num_proc", "2")
+    assert small.returncode == 0, small.stdout + small.stderr
+    assert "Traceback" not in small.stderr
+    _same_shards(tmp_path / "small", tmp_path / "reference")
+
+
+def test_the_piece_cache_gives_the_tokenizers_ids_across_resets(tmp_path):
+    from pretrain.data.corpus import split_documents, split_sentences
+    from pretrain.data.prepare import TokenEncoder
+    from pretrain.data.tokenizer import train_tokenizer
+
+    text = Path(REPO / "data/pretrain/frankenstein.txt").read_text(encoding="utf-8")[:60_000]
+    texts = [s for doc in split_documents(text, "blank_line") for s in split_sentences(doc)]
+    tokenizer = train_tokenizer(texts, kind="wordpiece", vocab_size=400, lowercase=True, min_frequency=2,
+                                model_max_length=64)  # fmt: skip
+    resets = []
+
+    class Small(TokenEncoder):
+        CACHE_LIMIT = 150
+
+        def _reset(self):
+            resets.append(len(getattr(self, "cache", ())))
+            super()._reset()
+
+    encoder = Small(tokenizer)
+    assert encoder.piece_cache_usable
+    for i in range(0, len(texts), 10):
+        batch = texts[i : i + 10]
+        assert encoder.encode(batch) == tokenizer(batch, add_special_tokens=False)["input_ids"]
+    assert len([size for size in resets if size > 0]) >= 3  # the cache filled up and started again
