@@ -314,3 +314,43 @@ def test_other_shared_tensors_still_warn():
     assert not keep(record({"mlm_head.decoder.weight"})) and not keep(record({"lm_head.weight"}))
     assert keep(record({"lm_head.weight", "model.layers.0.mlp.fc_in.weight"}))
     assert keep(record({"encoder.embeddings.weight"}))
+
+
+# --------------------------------------------------------------------------- Trainer's label names, eval loss
+@pytest.mark.parametrize(
+    "kiln_class, hf_class",
+    [
+        (KilnDecoderForCausalLM, transformers.GPT2LMHeadModel),
+        (KilnEncoderForPreTraining, transformers.BertForPreTraining),
+        (KilnEncoderForMaskedLM, transformers.BertForMaskedLM),
+        (KilnEncoderForSequenceClassification, transformers.BertForSequenceClassification),
+        (KilnEncoderForTokenClassification, transformers.BertForTokenClassification),
+    ],
+    ids=lambda c: c.__name__,
+)
+def test_trainer_finds_the_label_names_transformers_models_have(kiln_class, hf_class):
+    from transformers.utils.generic import find_labels
+
+    assert find_labels(kiln_class) == find_labels(hf_class)
+
+
+def test_trainer_evaluates_the_decoder_with_default_arguments(tmp_path):
+    from datasets import Dataset
+
+    model = KilnDecoderForCausalLM(tiny_decoder_config())
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(3, 200, (6, 8), generator=generator).tolist()
+    data = Dataset.from_dict({"input_ids": rows, "labels": rows})
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    seen = []
+
+    def compute_metrics(prediction):
+        seen.append(prediction.label_ids.shape)
+        return {"rows": len(prediction.label_ids)}
+
+    metrics = transformers.Trainer(model, args, eval_dataset=data, compute_metrics=compute_metrics).evaluate()
+    with torch.no_grad():
+        batch = torch.tensor(rows)
+        expected = model.eval()(batch, labels=batch).loss.item()
+    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-5)
+    assert metrics["eval_rows"] == 6 and seen == [(6, 8)]

@@ -296,9 +296,8 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
-        shift_labels: torch.LongTensor | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
+        **kwargs,  # `shift_labels`, and transformers' shared arguments; anything else raises
     ) -> CausalLMOutputWithCrossAttentions | tuple:
         r"""
         labels: (B, T), usually `input_ids`; position t is scored against token t+1, -100 is ignored. When
@@ -306,9 +305,12 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
         logits_to_keep: if > 0, compute logits for the last `logits_to_keep` positions only (generation).
         shift_labels: (B, T) targets already shifted (position t is scored against `shift_labels[:, t]`), as
             sequence/context parallelism passes them; they replace the shift of `labels`, as in transformers.
+            Taken through `**kwargs` as transformers' own models take it, so that `Trainer`'s label names (the
+            forward parameters named "*label*") are `["labels"]`, as for GPT-2.
         num_items_in_batch: the loss is the sum over scored tokens divided by this (transformers' Trainer passes
             the number of target tokens of the whole accumulation window) instead of their mean.
         """
+        shift_labels = kwargs.pop("shift_labels", None)
         check_kwargs(self, kwargs)
         past_key_values = past_key_values if past_key_values is not None else cache
         return_dict = return_dict if return_dict is not None else self.config.return_dict
