@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import filecmp
 import glob
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,3 +101,39 @@ def test_the_piece_cache_gives_the_tokenizers_ids_across_resets(tmp_path):
         batch = texts[i : i + 10]
         assert encoder.encode(batch) == tokenizer(batch, add_special_tokens=False)["input_ids"]
     assert len([size for size in resets if size > 0]) >= 3  # the cache filled up and started again
+
+
+def _with_truncation_and_padding(source: Path, target: Path) -> None:
+    """A copy of a saved tokenizer whose tokenizer.json carries truncation (3 tokens) and padding."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    shutil.copytree(source, target)
+    backend = Tokenizer.from_file(str(target / "tokenizer.json"))
+    pad = "[PAD]" if backend.token_to_id("[PAD]") is not None else "<|endoftext|>"
+    backend.enable_truncation(3)
+    backend.enable_padding(pad_id=backend.token_to_id(pad), pad_token=pad)
+    backend.save(str(target / "tokenizer.json"))
+    assert json.loads((target / "tokenizer.json").read_text())["truncation"]["max_length"] == 3
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_a_given_tokenizer_with_truncation_saved_never_cuts_a_document(tmp_path, kind):
+    corpus = tmp_path / "corpus"
+    _book_corpus(corpus, documents=150)
+    config = _write_config(tmp_path, corpus, kind=kind)
+    trained = _prepare_with_cache_limit(config, tmp_path / "trained", None)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    _with_truncation_and_padding(tmp_path / "trained" / "tokenizer", tmp_path / "truncating")
+    given = _prepare_with_cache_limit(
+        config, tmp_path / "given", None, "--tokenizer.name_or_path", str(tmp_path / "truncating")
+    )
+    assert given.returncode == 0, given.stdout + given.stderr
+    # the same token ids as the tokenizer it was given without truncation: the trained one
+    shards = sorted(p.name for p in (tmp_path / "trained").glob("*.arrow"))
+    assert shards == sorted(p.name for p in (tmp_path / "given").glob("*.arrow"))
+    for name in shards:
+        assert filecmp.cmp(tmp_path / "trained" / name, tmp_path / "given" / name, shallow=False), name
+    manifest = json.loads((tmp_path / "given" / "manifest.json").read_text())
+    assert manifest["totals"]["tokens"] > 3 * manifest["totals"]["sentences"]

@@ -302,7 +302,13 @@ class TokenEncoder:
     CACHE_LIMIT = 2_000_000
 
     def __init__(self, tokenizer):
-        self.backend = tokenizer.backend_tokenizer
+        from tokenizers import Tokenizer
+
+        # a copy without the truncation and padding a tokenizer.json may carry (the Rust backend applies them to
+        # every call), as `tokenizer(texts)` encodes: a document is never cut, nor padded
+        self.backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        self.backend.no_truncation()
+        self.backend.no_padding()
         state = json.loads(self.backend.to_str())
         normalizer = state.get("normalizer") or {}
         pre = state.get("pre_tokenizer") or {}
