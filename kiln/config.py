@@ -81,7 +81,8 @@ class TrainingConfig:
     eval_steps: int = 200
     """Evaluate every N optimizer steps (0: only at the end)."""
     max_eval_batches: int | None = None
-    """Evaluate on at most this many batches (None: the whole validation split)."""
+    """Evaluate on the first max_eval_batches x per_device_eval_batch_size sequences of the validation split,
+    shared by all processes: the same sequences (and numbers) on any number of processes (None: the whole split)."""
     group_by_length: bool = False
     """Batch examples of similar length together (transformers' LengthGroupedSampler: random mega-batches of 50
     batches, sorted by length inside), so little of a batch is padding; the order stays seeded by (seed, epoch)."""

@@ -413,9 +413,11 @@ class Trainer:
             dataset = _with_example_index(self.eval_dataset, self.eval_collator)
             if self.training.max_eval_batches:
                 # a prefix of the eval set rather than breaking out of the loader: a loader left half-read stays
-                # on accelerate's stack of active loaders and `gather_for_metrics` would not see its end
-                per_step = self.training.per_device_eval_batch_size * self.accelerator.num_processes
-                dataset = Subset(dataset, range(min(len(dataset), self.training.max_eval_batches * per_step)))
+                # on accelerate's stack of active loaders and `gather_for_metrics` would not see its end. Its
+                # size does not depend on the number of processes (they share it), so an evaluation reads the
+                # same examples on any number of processes, and its numbers compare across an elastic resume
+                limit = self.training.max_eval_batches * self.training.per_device_eval_batch_size
+                dataset = Subset(dataset, range(min(len(dataset), limit)))
             self._eval_loader = self.accelerator.prepare(
                 DataLoader(
                     dataset,

@@ -92,3 +92,25 @@ def test_data_position_converts_to_the_same_examples():
     assert convert_position(6, two, one) == 12 and convert_position(12, one, two) == 6
     assert convert_position(5, one, two) == 3  # after an epoch's partial last window: still the epoch's end
     assert convert_position(7, None, one) == 7
+
+
+def _eval_rows(output_dir) -> list[dict]:
+    rows = [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if "eval/loss" in row]
+
+
+def test_a_truncated_evaluation_reads_the_same_examples_on_any_number_of_processes(tmp_path):
+    """max_eval_batches counts batches of the whole evaluation, not of each process: the checkpoint of a
+    2-process run, evaluated again on 1 process (resumed at its last step, so its weights are those of the
+    checkpoint), gives the same numbers."""
+    args = ["--data.max_train_documents", 2, "--training.eval_steps", 0, "--training.max_steps", 2, "--training.save_steps", 2,
+            "--training.per_device_train_batch_size", 4, "--training.per_device_eval_batch_size", 4,
+            "--training.max_eval_batches", 2]  # fmt: skip
+    two = tmp_path / "two"
+    launch_two_processes(two, *args)
+    one = tmp_path / "one"
+    run(one, *args, "--training.resume_from_checkpoint", two / "checkpoints" / "step-00000002")
+    (evaluated_on_two,), (evaluated_on_one,) = _eval_rows(two), _eval_rows(one)
+    assert evaluated_on_two["step"] == evaluated_on_one["step"] == 2
+    for key in ("eval/loss", "eval/mlm_loss", "eval/mlm_accuracy", "eval/nsp_accuracy"):
+        assert abs(evaluated_on_two[key] - evaluated_on_one[key]) < 1e-6, (key, evaluated_on_two, evaluated_on_one)
