@@ -9,7 +9,7 @@ WordPiece tokenizer (`pretrain.data.tokenizer.train_tokenizer`, trained on the s
 both. Before training, both models must give the same logits on the first dev sentences.
 
 - Kiln: `finetune.classify.main` (the script's own machinery: data loading, tokenization, collator, the shared
-  accelerate loop) with `--config configs/finetune/classify-sst2.yaml`, evaluation only after training, and any
+  accelerate loop) with `--config configs/finetune/offline/classify-sst2.yaml` (local files), evaluation only after training, and any
   options given after `--` (e.g. `--training.group_by_length true`). Training examples/s = examples trained /
   the loop's `train_time_s`; dev accuracy from its final evaluation.
 - transformers: `Trainer` + `BertForSequenceClassification` with the same batch size, learning rate, epochs,
@@ -21,7 +21,7 @@ both. Before training, both models must give the same logits on the first dev se
 Rounds alternate the two (Kiln first in odd rounds) in one process; the speed-up is the median over rounds of
 the paired examples/s ratio (Kiln / transformers), which cancels slow drifts of the machine's load.
 
-`--task conll2003` does the same for token classification: `finetune/tag.py` (`configs/finetune/tag-conll2003.yaml`)
+`--task conll2003` does the same for token classification: `finetune/tag.py` (`configs/finetune/offline/tag-conll2003.yaml`)
 against `Trainer` + `BertForTokenClassification` on the first `--train-samples` CoNLL-2003 training sentences
 (research-only data, read from `--conll2003`, copied only into a temporary folder), both tokenized with
 `finetune.data.tokenize_and_align` (first piece of each word labelled) and scored with the same seqeval entity F1
@@ -169,7 +169,9 @@ def run_kiln(start: dict, work: Path, args, extra: list[str]) -> dict:
     process, with the benchmark's settings."""
     from finetune import classify, tag
 
-    script, config = (tag, "tag-conll2003.yaml") if args.task == "conll2003" else (classify, "classify-sst2.yaml")
+    script, config = (
+        (tag, "offline/tag-conll2003.yaml") if args.task == "conll2003" else (classify, "offline/classify-sst2.yaml")
+    )  # the configs on local files: the benchmark's subsets replace their paths
     out = work / "kiln-run"
     argv = [
         "--config", str(REPO / "configs/finetune" / config),

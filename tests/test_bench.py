@@ -212,7 +212,7 @@ def test_finetune_bench_trains_both_from_the_same_start_and_passes_kiln_options(
         assert (first["dev_accuracy"], first["dev_loss"]) == (second["dev_accuracy"], second["dev_loss"]), side
     # the record names no machine folder: the repository's config relative to it, the temporary files as $WORK
     argv = report["kiln"][0]["argv"]
-    assert argv[argv.index("--config") + 1] == "configs/finetune/classify-sst2.yaml"
+    assert argv[argv.index("--config") + 1] == "configs/finetune/offline/classify-sst2.yaml"
     assert argv[argv.index("--data.train_file") + 1] == "$WORK/train.tsv"
     assert str(REPO_ROOT) not in out.read_text() and "kiln-bench-finetune-" not in out.read_text()
     paired = [k["examples_per_s"] / r["examples_per_s"] for k, r in zip(report["kiln"], report["reference"])]
