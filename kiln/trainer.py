@@ -231,14 +231,18 @@ class Trainer:
         )
 
     def _lengths(self, dataset) -> list[int]:
-        """Tokens per example (cached per dataset: fine-tuning trains on the same one every epoch)."""
+        """Tokens per example (cached per dataset: fine-tuning trains on the same one every epoch). A dataset that
+        knows its lengths (a prepared corpus's: from its plan over the mapped shards) is not read."""
         inner = getattr(dataset, "dataset", dataset)  # the example-indexed wrapper
         if self._lengths_cache is None or self._lengths_cache[0] is not inner:
-            if hasattr(inner, "column_names") and "input_ids" in inner.column_names:
-                ids = inner.with_format(None)["input_ids"]  # one column read, no per-row Python access
+            if callable(getattr(inner, "lengths", None)):
+                self._lengths_cache = (inner, inner.lengths().tolist())
             else:
-                ids = [row["input_ids"] for row in inner]
-            self._lengths_cache = (inner, [len(row) for row in ids])
+                if hasattr(inner, "column_names") and "input_ids" in inner.column_names:
+                    ids = inner.with_format(None)["input_ids"]  # one column read, no per-row Python access
+                else:
+                    ids = [row["input_ids"] for row in inner]
+                self._lengths_cache = (inner, [len(row) for row in ids])
         return self._lengths_cache[1]
 
     def _micro_batches_per_epoch(self) -> int | None:

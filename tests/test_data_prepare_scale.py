@@ -137,3 +137,71 @@ def test_a_given_tokenizer_with_truncation_saved_never_cuts_a_document(tmp_path,
         assert filecmp.cmp(tmp_path / "trained" / name, tmp_path / "given" / name, shallow=False), name
     manifest = json.loads((tmp_path / "given" / "manifest.json").read_text())
     assert manifest["totals"]["tokens"] > 3 * manifest["totals"]["sentences"]
+
+
+@pytest.fixture(scope="module")
+def prepared_books(tmp_path_factory):
+    """(config path, prepared folder) of a small encoder corpus, prepared in this process."""
+    from kiln.config import build_config
+    from pretrain.config import RunConfig
+    from pretrain.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("books")
+    _book_corpus(root / "corpus")
+    config = _write_config(root, root / "corpus")
+    prepare(build_config(RunConfig, ["--config", str(config)]), str(root / "out"), shard_size_mb=0.05,
+            say=lambda *_: None)  # fmt: skip
+    return config, root / "out"
+
+
+def test_prepared_examples_know_their_lengths(prepared_books, tmp_path):
+    from kiln.config import build_config
+    from pretrain.config import RunConfig
+    from pretrain.data.prepare import prepare
+    from pretrain.data.prepared import PreparedCorpus, build_prepared_data
+
+    config, out = prepared_books
+    decoder = ["--model.kind", "decoder", "--model.objective", "clm"]
+    prepare(build_config(RunConfig, ["--config", str(config), *decoder]), str(tmp_path / "decoder"),
+            shard_size_mb=0.05, say=lambda *_: None)  # fmt: skip
+    for folder, extra in ((out, []), (tmp_path / "decoder", decoder)):
+        cfg = build_config(RunConfig, ["--config", str(config), *extra])
+        corpus = PreparedCorpus.open(str(folder))
+        data = build_prepared_data(corpus, cfg.data, corpus.load_tokenizer(cfg.data.max_seq_length),
+                                   cfg.model.kind, cfg.model.objective, 42, 64)  # fmt: skip
+        for dataset in (data.train_dataset(0), data.train_dataset(1), data.eval_dataset):
+            assert len(dataset) > 10
+            assert dataset.lengths().tolist() == [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
+
+
+def test_group_by_length_on_a_prepared_corpus_reads_no_example_to_order_them(prepared_books, tmp_path, monkeypatch):
+    from kiln_testing import losses, run
+
+    from pretrain.data.prepared import PairExamples
+
+    config, out = prepared_books
+    common = ["--config", str(config), "--data.prepared", str(out), "--training.group_by_length", "true",
+              "--training.max_steps", 3, "--training.save_steps", 0, "--training.eval_steps", 0]  # fmt: skip
+    reads: dict[int, list[int]] = {}  # per dataset: [its size, rows read]
+    getitem = PairExamples.__getitem__
+
+    def counting(self, i):
+        reads.setdefault(id(self), [len(self), 0])[1] += 1
+        return getitem(self, i)
+
+    def train_reads():  # the training examples are the largest dataset (the validation split is a few %)
+        size, count = max(reads.values())
+        reads.clear()
+        return size, count
+
+    monkeypatch.setattr(PairExamples, "__getitem__", counting)
+    run(tmp_path / "lengths", *common)
+    size, count = train_reads()
+    assert count <= 4 * 8 < size  # the batches' rows only (accelerate reads one batch ahead)
+    grouped = losses(tmp_path / "lengths")
+    # the order is the one the examples' own lengths give
+    monkeypatch.delattr(PairExamples, "lengths")
+    run(tmp_path / "rows", *common)
+    size, count = train_reads()
+    assert count >= size
+    assert losses(tmp_path / "rows") == grouped and sorted(grouped) == [1, 2, 3]

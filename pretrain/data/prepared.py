@@ -389,6 +389,12 @@ class PairExamples(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.plan.label)
 
+    def lengths(self) -> np.ndarray:
+        """Tokens per example, from the plan alone (group_by_length reads no example)."""
+        plan = self.plan
+        b = plan.b_end - plan.b_start
+        return (plan.a_end - plan.a_start) + b + 2 + (b > 0)
+
     def __getitem__(self, i: int) -> dict:
         plan = self.plan
         a = self.index.slice(int(plan.a_start[i]), int(plan.a_end[i]))
@@ -422,6 +428,13 @@ class BlockExamples(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return math.ceil(self.total / self.block_size)
+
+    def lengths(self) -> np.ndarray:
+        """Tokens per block: block_size, the last one the remainder."""
+        lengths = np.full(len(self), self.block_size, dtype=np.int64)
+        if len(lengths):
+            lengths[-1] = self.total - (len(lengths) - 1) * self.block_size
+        return lengths
 
     def __getitem__(self, i: int) -> dict:
         start, end = i * self.block_size, min((i + 1) * self.block_size, self.total)
