@@ -275,15 +275,34 @@ def summary(records: Path = RECORDS) -> list[dict]:
     return entries
 
 
+def spread(mean: float, std: float, n: int, sign: str = "", extra: str = "", count: bool = True) -> str:
+    """`mean ± std (n=N)` for several runs; one run has no spread to show: `mean (n=1)`. `count` False leaves the
+    `(n=...)` out (a table with its own seeds column)."""
+    text = f"{mean:{sign}.2f}" if n == 1 else f"{mean:{sign}.2f} ± {std:.2f}"
+    return f"{text} (n={n}{extra})" if count else text
+
+
+FINETUNE_PAGE = """# Fine-tuning records
+
+Every fine-tuning run recorded in [`runs.jsonl`](runs.jsonl), one row per task, start (`init`: the pretraining run
+it started from, or `scratch (...)` for the same shape and tokenizer trained from random weights), learning rate,
+epochs and number of training examples. The dev column is the mean ± standard deviation over the row's seeds (a
+single seed shows its value); the test column holds the runs that read the test file. The scores are in percent
+(BLEU for Multi30k). Generated from the records by `python experiments/run.py summarize`; do not edit by hand.
+
+"""
+
+
 def summary_table(entries: list[dict]) -> str:
     lines = ["| task | init | lr | epochs | train examples | seeds | dev (mean ± std) | test (mean ± std) | median wall clock |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for e in entries:
         k = PERCENT[e["task"]]
-        test = f"{k * e['test_mean']:.2f} ± {k * e['test_std']:.2f} (n={e['test_n']})" if "test_mean" in e else ""
+        test = spread(k * e["test_mean"], k * e["test_std"], e["test_n"]) if "test_mean" in e else ""
+        dev = spread(k * e["dev_mean"], k * e["dev_std"], e["n"], count=False)
         samples = e["train_samples"] or "all"
-        lines.append(f"| {e['task']} | {e['init']} | {e['lr']} | {e['epochs']} | {samples} | {e['n']} | {k * e['dev_mean']:.2f} ± "
-                     f"{k * e['dev_std']:.2f} | {test} | {e['wall_s_median'] / 60:.1f} min |")  # fmt: skip
+        lines.append(f"| {e['task']} | {e['init']} | {e['lr']} | {e['epochs']} | {samples} | {e['n']} | {dev} | {test} | "
+                     f"{e['wall_s_median'] / 60:.1f} min |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -292,7 +311,7 @@ def write_summary(records: Path = RECORDS, folder: Path = REPO / "docs/results")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "finetune.json").write_text(json.dumps(entries, indent=2))
     table = summary_table(entries)
-    (folder / "finetune.md").write_text(table)
+    (folder / "finetune.md").write_text(FINETUNE_PAGE + table)
     return table
 
 
@@ -318,8 +337,9 @@ def comparison_table(declarations: list[dict], records: Path = RECORDS) -> str:
             delta = k * (pre["dev_mean"] - scr["dev_mean"])
             test = (f"{k * pre['test_mean']:.2f} vs {k * scr['test_mean']:.2f} ({k * (pre['test_mean'] - scr['test_mean']):+.2f})"
                     if "test_mean" in pre and "test_mean" in scr else "")  # fmt: skip
-            lines.append(f"| {row['label']} | {k * pre['dev_mean']:.2f} ± {k * pre['dev_std']:.2f} | "
-                         f"{k * scr['dev_mean']:.2f} ± {k * scr['dev_std']:.2f} | {delta:+.2f} | {test} | {pre['n']} |")  # fmt: skip
+            pre_dev = spread(k * pre["dev_mean"], k * pre["dev_std"], pre["n"], count=False)
+            scr_dev = spread(k * scr["dev_mean"], k * scr["dev_std"], scr["n"], count=False)
+            lines.append(f"| {row['label']} | {pre_dev} | {scr_dev} | {delta:+.2f} | {test} | {pre['n']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -374,11 +394,20 @@ def curve_table(curve: dict, points: list[dict]) -> str:
     lines = [f"| {head} | {' | '.join(dict.fromkeys(p['line'] for p in points))} |"]
     lines.append("|---:|" + "---:|" * (lines[0].count("|") - 2))
     for x in dict.fromkeys(p["x"] for p in points):
-        cells = [f"{scale * p['mean']:+.2f} ± {scale * p['std']:.2f} (n={p['n']})" if curve["kind"] == "compute"
-                 else f"{scale * p['mean']:.2f} ± {scale * p['std']:.2f} (n={p['n']}{', lr ' + p['lr'] if 'lr' in p else ''})"
+        cells = [spread(scale * p["mean"], scale * p["std"], p["n"], "+" if curve["kind"] == "compute" else "",
+                        f", lr {p['lr']}" if "lr" in p else "")
                  for p in points if p["x"] == x]  # fmt: skip
         lines.append(f"| {x:,} | {' | '.join(cells)} |" if isinstance(x, int) else f"| {x:g} | {' | '.join(cells)} |")
     return f"{value}:\n\n" + "\n".join(lines) + "\n"
+
+
+def curve_page(curve: dict, declaration: dict) -> str:
+    """A curve's page: its title, what it shows (the declaration's description), its plot, then its table."""
+    title = curve.get("title") or Path(curve["png"]).stem
+    about = " ".join(str(declaration.get("description", "")).split())
+    return (f"# {title}\n\n{about}\n\nEach point is the mean over the seeds run (n); single runs show no spread. "
+            f"Generated from the records by `python experiments/run.py plot`; do not edit by hand.\n\n"
+            f"![{title}]({Path(curve['png']).name})\n\n")
 
 
 def plot_curve(curve: dict, points: list[dict], png: Path) -> None:
@@ -420,7 +449,7 @@ def draw_curves(declaration: dict, records: Path = RECORDS, root: Path = REPO) -
         points = curve_points(curve, entries)
         png = root / curve["png"]
         plot_curve(curve, points, png)
-        png.with_suffix(".md").write_text(curve_table(curve, points))
+        png.with_suffix(".md").write_text(curve_page(curve, declaration) + curve_table(curve, points))
         written += [png, png.with_suffix(".md")]
     return written
 

@@ -1,10 +1,15 @@
 """The README is a short front door whose links all resolve, and the docs site builds as CI builds it: strictly."""
 
+import html as html_lib
+import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from kiln_testing import REPO
 from markdown.extensions.toc import slugify
 
@@ -56,6 +61,10 @@ def test_docs_site_builds_strictly(tmp_path):
     assert (tmp_path / "site" / "index.html").exists()
     assert (tmp_path / "site" / "results" / "finetune" / "index.html").exists()  # the records stay reachable
     assert (tmp_path / "site" / "throughput.png").exists()
+    changelog = (
+        tmp_path / "site" / "changelog" / "index.html"
+    ).read_text()  # CHANGELOG.md, in the site's nav
+    assert "<h1" in changelog and "Changelog" in changelog and "--8&lt;--" not in changelog
 
 
 def test_docs_build_fails_on_a_broken_anchor_or_link(tmp_path):
@@ -63,8 +72,161 @@ def test_docs_build_fails_on_a_broken_anchor_or_link(tmp_path):
     for broken in ("[gone](pretraining.md#no-such-section)", "[gone](no-such-page.md)"):
         shutil.copytree(REPO / "docs", tmp_path / "docs", dirs_exist_ok=True)
         shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
+        shutil.copy(REPO / "CHANGELOG.md", tmp_path / "CHANGELOG.md")  # docs/changelog.md includes it
         index = tmp_path / "docs" / "index.md"
         index.write_text(index.read_text() + f"\nSee {broken}.\n")
         result = build_site(tmp_path / "mkdocs.yml", tmp_path / "site")
         assert result.returncode != 0, f"strict build passed with {broken}"
         assert broken.split("(")[1].rstrip(")").split("#")[-1] in result.stderr
+
+
+# ------------------------------------------------------------------------------ the built site, as a reader sees it
+SITE_PAGES = ["index", "performance", "results", "results/finetune", "finetuning", "results/compute-curve"]
+WIDTH = 1280
+# after the page's own scripts ran: where each table ends against the content column, and whether the page scrolls
+# sideways; written into the DOM, which `chromium --dump-dom` prints
+MEASURE = """<script>window.addEventListener("load", () => setTimeout(() => {
+  const main = document.querySelector(".md-content__inner") || document.querySelector("[role=main]") || document.body;
+  const column = main.getBoundingClientRect().right;
+  const hidden = (table) => {  // the widest part of the table a scrolling box around it (or itself) keeps out of view
+    let most = 0;
+    for (let box = table; box && box !== main.parentElement; box = box.parentElement) {
+      if (box === table || getComputedStyle(box).overflowX !== "visible") {
+        most = Math.max(most, box.scrollWidth - box.clientWidth);
+      }
+    }
+    return most;
+  };
+  const tables = [...main.querySelectorAll("table")].map((table) => ({
+    right: table.getBoundingClientRect().right, column: column, hidden: hidden(table),
+    head: table.rows[0] ? table.rows[0].innerText.slice(0, 80) : ""}));
+  const out = document.createElement("pre");
+  out.id = "kiln-measure";
+  out.textContent = JSON.stringify({width: window.innerWidth, page: document.documentElement.scrollWidth, tables});
+  document.body.appendChild(out);
+}, 300));</script>"""
+
+
+def chromium():
+    """The headless browser (Debian's `chromium`; CI installs it). Missing on a local run: skipped with the reason;
+    under CI (`CI=true`): a failure, so a green build means the pages were looked at."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not found:
+        message = "no chromium on PATH: `apt-get install -y chromium` (Debian) to screenshot the docs site"
+        if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def browse(browser, tmp_path, page_html, *args):
+    profile = tmp_path / "chromium-profile"
+    return subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={profile}",
+         f"--window-size={WIDTH},1600", *args, page_html.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def measure(browser, tmp_path, site, page):
+    html = site / page / "index.html" if page != "index" else site / "index.html"
+    text = html.read_text()
+    assert "</body>" in text, html
+    measured = html.with_name("measured.html")
+    measured.write_text(text.replace("</body>", MEASURE + "</body>"))
+    done = browse(browser, tmp_path, measured, "--virtual-time-budget=5000", "--dump-dom")
+    found = re.search(r'<pre id="kiln-measure">(.*?)</pre>', done.stdout, flags=re.S)
+    assert found, f"{page}: no measurement in the dumped DOM\n{done.stderr[-2000:]}"
+    return json.loads(html_lib.unescape(found.group(1)))
+
+
+def overflowing(report) -> list[str]:
+    wide = [f"page scrolls sideways: {report['page']} px at a {report['width']} px window"] if (
+        report["page"] > report["width"]) else []  # fmt: skip
+    for table in report["tables"]:
+        if table["right"] > table["column"] + 1 or table["hidden"] > 1:
+            wide.append(f"table {table['head']!r}: ends at {table['right']:.0f} px, column at {table['column']:.0f} px, "
+                        f"{table['hidden']} px behind sideways scrolling")  # fmt: skip
+    return wide
+
+
+def test_key_pages_show_every_table_whole_at_1280_px(tmp_path):
+    """The built site at a 1280 px window in headless Chromium: no table of the key pages runs past the content
+    column or needs sideways scrolling, and each page screenshots (KILN_DOCS_SCREENSHOTS=folder keeps them)."""
+    browser = chromium()
+    site = tmp_path / "site"
+    result = build_site(REPO / "mkdocs.yml", site)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shots = Path(os.environ.get("KILN_DOCS_SCREENSHOTS") or tmp_path / "shots")
+    shots.mkdir(parents=True, exist_ok=True)
+    problems = {}
+    for page in SITE_PAGES:
+        report = measure(browser, tmp_path, site, page)
+        assert report["width"] == WIDTH, report
+        if page in ("performance", "results", "results/finetune"):
+            assert len(report["tables"]) >= 1, page
+        problems.update({f"{page}: {p}": None for p in overflowing(report)})
+        png = shots / f"{page.replace('/', '-')}.png"
+        html = site / page / "index.html" if page != "index" else site / "index.html"
+        done = browse(browser, tmp_path, html, f"--screenshot={png}")
+        assert png.is_file(), done.stderr[-2000:]
+        header = png.read_bytes()[:24]  # PNG signature, then IHDR: width, height
+        assert header[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(header[16:20], "big") == WIDTH, page
+    assert not problems, "\n".join(problems)
+
+
+def test_the_width_check_sees_a_table_wider_than_the_page(tmp_path):
+    """Under MkDocs' built-in readthedocs theme (a narrow column, cells that do not wrap) the records table hides
+    columns behind sideways scrolling: the check above catches a theme that hides them."""
+    browser = chromium()
+    shutil.copytree(REPO / "docs", tmp_path / "docs")
+    shutil.copy(REPO / "CHANGELOG.md", tmp_path / "CHANGELOG.md")
+    config = (REPO / "mkdocs.yml").read_text()
+    theme = re.search(r"^theme:\n(?:  .*\n)+", config, flags=re.M)
+    assert theme, config
+    (tmp_path / "mkdocs.yml").write_text(config.replace(theme.group(0), "theme:\n  name: readthedocs\n"))
+    site = tmp_path / "site"
+    result = build_site(tmp_path / "mkdocs.yml", site)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert overflowing(measure(browser, tmp_path, site, "results/finetune"))
+
+
+def test_every_page_has_a_title_and_an_introduction():
+    """Each page of the site opens with its `# title` and a paragraph saying what it holds, not a bare table or code."""
+    missing = []
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        text = page.read_text()
+        if page.name == "changelog.md":  # the repository's CHANGELOG.md, included
+            assert text.strip() == '--8<-- "CHANGELOG.md"'
+            text = (REPO / "CHANGELOG.md").read_text()
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines[0].startswith("# "):
+            missing.append(f"{page.relative_to(REPO)}: no title")
+        elif re.match(r"(```|\||#|!\[|<|[-*] )", lines[1]):
+            missing.append(f"{page.relative_to(REPO)}: no introduction before {lines[1][:40]!r}")
+    assert not missing, missing
+
+
+def test_lists_render_as_lists():
+    """Python-Markdown needs a blank line between a paragraph and a list (GitHub does not): a list glued to its
+    paragraph shows on the site as one run-on line of dashes."""
+    glued = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        lines, code = page.read_text().splitlines(), False
+        for number, line in enumerate(lines[1:], 2):
+            if line.startswith("```"):
+                code = not code
+            previous = lines[number - 2]
+            if not code and re.match(r"([-*]|\d+\.) ", line) and previous.strip() and not re.match(
+                    r"\s*([-*]|\d+\.) |  |\|", previous):  # fmt: skip
+                glued.append(f"{page.relative_to(REPO)}:{number}")
+    assert not glued, glued
+
+
+def test_single_runs_show_no_spread():
+    """A group of one seed has no standard deviation to show: the generated pages print its value alone."""
+    for page in ("results/finetune.md", "results/compute-curve.md", "results/sst2-labels.md"):
+        text = (REPO / "docs" / page).read_text()
+        assert "± 0.00 (n=1" not in text and not re.search(r"± 0\.00 \|", text), page
+    curve = (REPO / "docs/results/compute-curve.md").read_text()
+    assert "![" in curve and "(compute-curve.png)" in curve  # the page shows its plot
