@@ -329,3 +329,41 @@ def test_data_scale_bench_prepares_its_corpus_and_writes_the_measurements(tmp_pa
     assert row["peak_rss_mb"] > 50 and row["mb_per_cpu_s"] == round(0.3 / row["cpu_s"], 2)
     assert "manifest.json" in row["log_tail"]
     assert set(row["phases_s"]) >= {"sample", "tokenizer", "shards", "manifest"} and row["startup_s"] > 0
+
+
+# ------------------------------------------------------------------------------------------------- bench/gpu.py
+def test_gpu_bench_runs_every_stage_and_makes_its_tables_from_the_record(tiny_sst2, tmp_path, capsys):
+    """bench/gpu.py --smoke: every stage (pretraining step, engines with resume and final/, fine-tuning, inference)
+    runs the real benchmark script in a fresh process and keeps its record; the Markdown is made from the JSON
+    alone, so --tables remakes it byte for byte; on a GPU the stages' limits fit in 8 minutes."""
+    gpu = load_bench("gpu")
+    record, tables = tmp_path / "gpu.json", tmp_path / "gpu.md"
+    report = gpu.main(["--smoke", "--json", str(record), "--md", str(tables), "--sst2", str(tiny_sst2)])
+    assert json.loads(record.read_text()) == json.loads(json.dumps(report))
+    stages = report["stages"]
+    assert list(stages) == ["pretrain-encoder", "pretrain-decoder", "engines", "finetune", "inference"]
+    for name, stage in stages.items():
+        assert stage["status"] == "ok", (name, stage.get("log_tail"))
+        assert stage["record"], name
+    assert stages["pretrain-encoder"]["record"]["check"] and stages["pretrain-decoder"]["record"]["shape"][
+        "kind"] == "decoder"  # fmt: skip
+    (engine_row,) = stages["engines"]["record"]
+    assert engine_row["resume_max_abs_diff"] == 0.0 and "error" not in engine_row["final"]
+    text = tables.read_text()
+    for heading in ("## Pretraining step", "## FSDP2 and DeepSpeed ZeRO-2", "## Fine-tuning", "## Inference"):
+        assert heading in text
+    kiln_rate = stages["pretrain-encoder"]["record"]["models"]["kiln"]["tokens_per_s"]
+    assert f"{kiln_rate:,.0f}" in text and "not measured" not in text and "smoke run" in text
+    assert str(tmp_path) not in record.read_text()  # temporary folders are named $WORK, the data SST2
+    again = tmp_path / "again.md"
+    gpu.main(["--tables", str(record), "--md", str(again)])
+    assert again.read_text() == text
+    # a stage whose data is missing is recorded as skipped and its table row says so
+    skipped = gpu.main(["--smoke", "--stage", "inference", "--sst2", str(tmp_path / "none"), "--json",
+                        str(tmp_path / "s.json"), "--md", str(tmp_path / "s.md")])  # fmt: skip
+    assert skipped["stages"]["inference"]["status"] == "skipped"
+    assert "not measured (skipped" in (tmp_path / "s.md").read_text()
+    full = gpu.stage_commands(gpu.main.__globals__["argparse"].Namespace(smoke=False, sst2=tiny_sst2), tmp_path)
+    assert sum(stage["limit_s"] for stage in full.values()) <= 480
+    assert any("deepspeed-zero2" in stage["argv"] for stage in full.values())
+    assert any("fsdp" in stage["argv"] for stage in full.values())
