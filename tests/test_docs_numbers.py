@@ -1,0 +1,148 @@
+"""One number, one source: the numbers the README and docs quote from a measurement are those its record gives.
+
+The tables are generated (`bench/report.py` from bench/results/*.json, `experiments/run.py` from
+docs/results/runs.jsonl) and compared here with what the pages hold; the numbers the prose quotes are computed
+from the same records and looked for, formatted as the page writes them. Change a record and not the page (or
+the page and not the record), and this fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+from kiln_testing import REPO
+
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _load("kiln_bench_report", "bench/report.py")
+experiments = _load("kiln_experiments_run", "experiments/run.py")
+
+
+def bench(name: str):
+    return json.loads((REPO / "bench/results" / f"{name}.json").read_text())
+
+
+def page(path: str) -> str:
+    """The page's text with line breaks as spaces (prose wraps anywhere)."""
+    return " ".join((REPO / path).read_text().split())
+
+
+def test_the_performance_tables_are_the_ones_the_records_give():
+    blocks = report.generated_blocks(REPO / "docs/performance.md")
+    assert set(blocks) == set(report.TABLES), sorted(blocks)
+    for name, make in report.TABLES.items():
+        assert blocks[name] == make(), f"docs/performance.md's {name} table: run `python bench/report.py --update docs/performance.md`"
+
+
+def test_the_report_command_rewrites_a_stale_table(tmp_path):
+    stale = tmp_path / "page.md"
+    stale.write_text(f"Intro.\n\n{report.BEGIN}padding -->\n| old |\n{report.END}\n\nAfter.\n")
+    done = subprocess.run([sys.executable, "bench/report.py", "--update", str(stale)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert report.generated_blocks(stale) == {"padding": report.padding_table()}
+    assert stale.read_text().startswith("Intro.\n\n") and stale.read_text().endswith("\n\nAfter.\n")
+
+
+def speed_quotes() -> list[tuple[str, str]]:
+    """(page, text) for every speed-up, MFU and padding number the prose quotes from bench/results/."""
+    l4 = {p["preset"]: p for p in bench("l4")}
+    base, mfu = bench("encoder-l12"), bench("encoder-l12-mfu-b32")
+    kiln_mfu, ref_mfu = mfu["models"]["kiln"]["mfu"], mfu["models"]["reference"]["mfu"]
+    sst2_mini, sst2_tiny = bench("finetune-sst2-mini"), bench("finetune-sst2")
+    conll_mini, conll_tiny = bench("finetune-conll2003-mini"), bench("finetune-conll2003")
+    tiny_rate = statistics.median(r["examples_per_s"] for r in sst2_tiny["kiln"])
+    padded_rate = statistics.median(r["examples_per_s"] for r in sst2_tiny["variants"]["padded"]["runs"])
+    unpad = tiny_rate / padded_rate
+    padding = bench("padding-encoder-tiny")
+    base_range = f"**{base['models']['kiln']['speedup']:.2f}–{mfu['models']['kiln']['speedup']:.2f}×** at BERT-base"
+    mfu_pair = f"≈ {100 * kiln_mfu:.0f}% of the CPU's matmul peak against ≈ {100 * ref_mfu:.0f}%"
+    return [
+        ("README.md", f"**{l4['encoder-l4']['models']['kiln']['speedup']:.2f}×** transformers' `BertForPreTraining` at BERT-mini"),
+        ("README.md", base_range),
+        ("README.md", mfu_pair),
+        ("README.md", f"**{sst2_mini['speedup']:.2f}×** transformers' `Trainer` when fine-tuning on SST-2"),
+        ("docs/performance.md", f"Kiln runs at ≈ {100 * kiln_mfu:.0f}% of this CPU's best matmul rate, and transformers at "
+                                f"≈ {100 * ref_mfu:.0f}%"),
+        ("docs/performance.md", f"The speed-up in this run ({mfu['models']['kiln']['speedup']:.2f}×) is higher than in the "
+                                f"first table's BERT-base row ({base['models']['kiln']['speedup']:.2f}×)"),
+        ("docs/performance.md", f"Kiln fine-tunes {sst2_mini['speedup']:.2f}× faster at BERT-mini shape and "
+                                f"{sst2_tiny['speedup']:.2f}× at BERT-tiny"),
+        ("docs/performance.md", f"{padded_rate:,.0f} → {tiny_rate:,.0f} examples/s ({unpad:.2f}×) on SST-2 at BERT-tiny"),
+        ("docs/performance.md", f"SST-2's 67% gave {unpad:.2f}×"),
+        ("docs/performance.md", f"{conll_mini['speedup']:.2f}× (rounds {conll_mini['speedup_rounds'][0]:.2f}× and "
+                                f"{conll_mini['speedup_rounds'][1]:.2f}×); at BERT-tiny it is {conll_tiny['speedup']:.2f}×"),
+        ("docs/performance.md", f"**The default run's batches are {100 * padding['padding_fraction']:.1f}% padding**"),
+        ("docs/performance.md", f"at most {padding['unpadding_upper_bound']:.3f}× faster"),
+    ]  # fmt: skip
+
+
+def results_quotes() -> list[tuple[str, str]]:
+    """(page, text) for the recipe's gains the README and docs/results.md quote from docs/results/runs.jsonl."""
+    entries = experiments.summary()
+    declarations = [experiments.load_declaration(REPO / f"experiments/{name}.yaml") for name in ("recipe", "multi30k-de")]
+    rows = {}
+    for declaration in declarations:
+        for row in declaration["table"]:
+            pre = experiments._one_group(entries, row["task"], {**row["pretrained"]}, "table")
+            scr = experiments._one_group(entries, row["task"], {**row["scratch"]}, "table")
+            k = experiments.PERCENT[row["task"]]
+            rows[row["task"]] = {"delta": k * (pre["dev_mean"] - scr["dev_mean"]), "pre": k * pre["dev_mean"],
+                                 "test_delta": k * (pre["test_mean"] - scr["test_mean"])}  # fmt: skip
+    conll, ud, mt = rows["conll2003"], rows["ud-pos"], rows["multi30k"]
+    return [
+        ("README.md", f"**{conll['delta']:+.2f} entity F1 on CoNLL-2003**"),
+        ("README.md", f"**{ud['delta']:+.2f} points on UD POS** ({ud['pre']:.2f}%)"),
+        ("README.md", f"**{mt['delta']:+.2f} BLEU on Multi30k**"),
+        ("docs/results.md", f"**{conll['delta']:+.2f} entity F1 on CoNLL-2003** (75.45 vs 62.50 on dev, "
+                            f"{conll['test_delta']:+.2f} on test) and **{ud['delta']:+.2f} points on UD POS**"),
+        ("docs/results.md", f"**met**, {conll['delta']:+.2f} on dev"),
+        ("docs/results.md", f"and {conll['test_delta']:+.2f} on test"),
+        ("docs/results.md", f"**{mt['delta']:+.2f} BLEU** on dev"),
+        ("docs/results.md", f"**{mt['test_delta']:+.2f} on `test_2016_flickr`**"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("where, text", speed_quotes() + results_quotes())
+def test_the_prose_quotes_the_records(where, text):
+    assert " ".join(text.split()) in page(where), f"{where} should say {text!r}, which its record gives"
+
+
+def test_each_gain_is_rounded_one_way_everywhere():
+    """The CoNLL gain is +12.96 on every page (the table's delta of the means), never rounded to 12.9, 12.95 or 13.0."""
+    for where in ("README.md", "docs/results.md", "docs/index.md"):
+        text = page(where)
+        for other in ("+12.9 ", "+12.95", "+13.0 ", "+11.99"):
+            assert other not in text, (where, other)
+
+
+def test_model_shapes_are_named_as_they_are():
+    """BERT-Tiny is L2/H128 and BERT-mini L4/H256 wherever a page names one with its shape."""
+    for where in ["README.md", *[str(p.relative_to(REPO)) for p in sorted((REPO / "docs").rglob("*.md"))]]:
+        text = page(where).lower()
+        assert "bert-tiny (l4" not in text and "bert-tiny l4" not in text, where
+        assert "bert-mini (l2" not in text and "bert-mini l2" not in text, where
+
+
+def test_the_stated_test_count_is_the_collected_one():
+    """getting-started.md says how many tests CI runs; `pytest --collect-only` counts them (within 10%)."""
+    text = page("docs/getting-started.md")
+    stated = int(text.split("about ", 1)[1].split(" tests", 1)[0].replace(",", ""))
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:randomly",
+                           "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    last = done.stdout.strip().splitlines()[-1]
+    assert " tests collected" in last or " test collected" in last, done.stdout[-2000:]
+    collected = int(last.split()[0])
+    assert abs(collected - stated) <= 0.1 * collected, f"getting-started.md says about {stated} tests; {collected} collected"
