@@ -9,6 +9,8 @@ whose mask is all False (an all-padding sequence in the encoder or in cross-atte
 output from both kernels, as SDPA gives and transformers' BERT/GPT-2 return: padded tokens never leak into it.
 """
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -115,14 +117,15 @@ def eager_attention_forward(
     """Plain softmax attention; returns the output as (B, T, nh, hs) and the probabilities (B, nh, T, S)."""
     query_length, key_length = query.shape[2], key.shape[2]
     scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # (B, nh, T, S); scale the smaller operand
-    if attention_mask is None and is_causal and query_length > 1:
-        attention_mask = torch.ones(query_length, key_length, dtype=torch.bool, device=query.device).tril(
-            key_length - query_length
-        )
-    if attention_mask is not None:
+    if attention_mask is None and is_causal and query_length > 1:  # SDPA's is_causal: aligned top-left
+        attention_mask = torch.ones(query_length, key_length, dtype=torch.bool, device=query.device).tril()
+    if attention_mask is not None and attention_mask.dtype != torch.bool:  # transformers' additive float mask
+        scores = scores + attention_mask[..., :key_length]
+    elif attention_mask is not None:
         scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    if attention_mask is not None:  # a row that may attend to nothing attends to nothing (SDPA gives 0 too)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        # a row that may attend to nothing attends to nothing (SDPA gives 0 too)
         probs = probs.masked_fill(~attention_mask.any(-1, keepdim=True), 0.0)
     probs = apply_dropout(probs, dropout, module.training, getattr(module, "fast_cpu_mask", True))
     output = torch.matmul(probs, value).transpose(1, 2)  # (B, T, nh, hs)
@@ -137,7 +140,13 @@ def attend(module, query, key, value, attention_mask, is_causal, output_attentio
     """
     implementation = module.config._attn_implementation
     cpu_dropout = module.training and module.dropout_p > 0 and query.device.type == "cpu"
-    if output_attentions or implementation in (None, "eager") or (cpu_dropout and module.fast_cpu_mask):
+    own_masks = implementation in (None, "eager", "sdpa")  # other kernels get their masks from transformers
+    if output_attentions and not own_masks:
+        raise ValueError(
+            f"output_attentions=True needs attn_implementation 'eager' or 'sdpa', not {implementation!r}; "
+            "load the model with attn_implementation='eager' to read attention weights."
+        )
+    if output_attentions or implementation in (None, "eager") or (cpu_dropout and module.fast_cpu_mask and own_masks):
         attention_function = eager_attention_forward
     else:
         attention_function = ALL_ATTENTION_FUNCTIONS[implementation]
@@ -289,9 +298,19 @@ class Unpadded:
         return full.index_copy(0, self.indices, tensor).view(self.batch_size, self.seq_len, *tensor.shape[1:])
 
 
+def capturing(tensor: torch.Tensor | None = None) -> bool:
+    """Whether a graph is being captured (torch.compile, torch.export, the ONNX exporters, torch.jit/fx tracing,
+    fake tensors): then nothing may branch on tensor values, so the eager-mode checks and shortcuts that read
+    them (`check_input_ids`, dropping an all-ones mask) are left out and the graph keeps the general path."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return True
+    return isinstance(tensor, (torch.fx.Proxy, torch._subclasses.FakeTensor))
+
+
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """(B, S) 0/1 mask -> None when nothing is padded, else (B, 1, 1, S) bool (an all-padding row stays all
-    False: its queries attend to nothing and get a zero attention output)."""
+    False: its queries attend to nothing and get a zero attention output). While a graph is captured the mask
+    is kept whatever it holds (see `capturing`)."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2:
@@ -299,7 +318,7 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
             f"attention_mask must be (batch, seq_len) of 0/1, got shape {tuple(attention_mask.shape)}; "
             "pass the tokenizer's 2-D attention_mask."
         )
-    if bool(attention_mask.all()):
+    if not capturing(attention_mask) and bool(attention_mask.all()):
         return None
     return attention_mask[:, None, None, :].bool()
 
@@ -315,7 +334,7 @@ def causal_mask(
                 f"attention_mask must be (batch, past + new tokens) = (batch, {key_length}), got "
                 f"{tuple(attention_mask.shape)}; extend it by one column per generated token."
             )
-        if bool(attention_mask.all()):
+        if not capturing(attention_mask) and bool(attention_mask.all()):
             attention_mask = None
     if attention_mask is None and (past_length == 0 or query_length == 1):
         return None
@@ -326,6 +345,65 @@ def causal_mask(
         mask = mask & attention_mask[:, None, None, :].bool()  # (B, 1, T, S)
         mask = mask | ~mask.any(-1, keepdim=True)  # left-padding rows see nothing: let them see all, not NaN
     return mask
+
+
+def _transformers_mask(builder, **kwargs):
+    """Call a `transformers.masking_utils` builder with the argument names of the installed transformers (the
+    cache argument was renamed `past_key_values` -> `cache`; older releases also take `cache_position`)."""
+    parameters = inspect.signature(builder).parameters
+    if "cache" in kwargs and "cache" not in parameters:
+        kwargs["past_key_values"] = kwargs.pop("cache")
+    if "input_embeds" in parameters:
+        kwargs["input_embeds"] = kwargs.pop("inputs_embeds")
+    return builder(**{name: value for name, value in kwargs.items() if name in parameters})
+
+
+def uses_transformers_masks(config, cache=None) -> bool:
+    """Whether masks come from `transformers.masking_utils` rather than Kiln's own builders: for kernels that take
+    another mask format (flex attention's `BlockMask`, and any other registered kernel), and for caches whose keys
+    are not simply past + new tokens (a static cache's fixed length, a sliding window)."""
+    if config._attn_implementation not in (None, "eager", "sdpa"):
+        return True
+    return cache is not None and (bool(getattr(cache, "is_compileable", False)) or any(cache.is_sliding))
+
+
+def decoder_self_mask(config, inputs_embeds, attention_mask, cache, position_ids, past_length):
+    """The decoder's self-attention mask: a prepared 4-D mask (as `generate` builds for a static cache) as given;
+    Kiln's `causal_mask` for a 2-D mask with no cache or a growing one; else transformers' `create_causal_mask`
+    (static and sliding caches, flex attention)."""
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() == 4):
+        return attention_mask
+    if not uses_transformers_masks(config, cache):
+        return causal_mask(attention_mask, inputs_embeds.shape[1], past_length, inputs_embeds.device)
+    from transformers.masking_utils import create_causal_mask
+
+    if position_ids is None:
+        position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
+    return _transformers_mask(
+        create_causal_mask,
+        config=config,
+        inputs_embeds=inputs_embeds,
+        attention_mask=attention_mask,
+        cache=cache,
+        position_ids=position_ids,
+        cache_position=position_ids[0],
+    )
+
+
+def bidirectional_mask(config, inputs_embeds, attention_mask, encoder_hidden_states=None):
+    """A padding mask over the keys (the encoder's self-attention; cross-attention onto `encoder_hidden_states`):
+    Kiln's `padding_mask` for SDPA and eager, transformers' `create_bidirectional_mask` for other kernels."""
+    if not uses_transformers_masks(config):
+        return padding_mask(attention_mask)
+    from transformers.masking_utils import create_bidirectional_mask
+
+    return _transformers_mask(
+        create_bidirectional_mask,
+        config=config,
+        inputs_embeds=inputs_embeds,
+        attention_mask=attention_mask,
+        encoder_hidden_states=encoder_hidden_states,
+    )
 
 
 # Logits per chunk in `linear_cross_entropy` (rows = this // vocab size: 667 at a 50k vocabulary). Measured on
@@ -451,8 +529,9 @@ def sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Ten
 
 
 def check_input_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
-    # Checked on CPU only: on accelerators the reduction would force a host sync every step
-    if input_ids.device.type != "cpu" or input_ids.numel() == 0:
+    # Checked on CPU only (on accelerators the reduction would force a host sync every step) and in eager mode
+    # only (a captured graph cannot branch on the ids' values; see `capturing`)
+    if input_ids.device.type != "cpu" or input_ids.numel() == 0 or capturing(input_ids):
         return
     largest, smallest = int(input_ids.max()), int(input_ids.min())
     if largest >= vocab_size or smallest < 0:
@@ -492,12 +571,16 @@ __all__ = [
     "apply_dropout",
     "attend",
     "auto_map_for",
+    "bidirectional_mask",
+    "capturing",
     "causal_mask",
     "check_input_ids",
     "check_kwargs",
     "check_sequence_length",
+    "decoder_self_mask",
     "eager_attention_forward",
     "linear_cross_entropy",
     "padding_mask",
     "sequence_classification_loss",
+    "uses_transformers_masks",
 ]

@@ -35,12 +35,13 @@ from .kiln_layers import (
     KilnMLP,
     KilnSelfAttention,
     auto_map_for,
-    causal_mask,
+    bidirectional_mask,
+    capturing,
     check_input_ids,
     check_kwargs,
     check_sequence_length,
+    decoder_self_mask,
     linear_cross_entropy,
-    padding_mask,
     sequence_classification_loss,
     takes_cache,
 )
@@ -110,6 +111,7 @@ class KilnDecoderPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["KilnDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values", "cache"]
     _supports_sdpa = True
+    _supports_flex_attn = True  # masks from transformers.masking_utils (a BlockMask) for that kernel
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -203,20 +205,26 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
             inputs_embeds = self.word_embeddings(input_ids)  # (B, T, C)
         T = inputs_embeds.shape[1]
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None and isinstance(past_length, torch.Tensor):  # a static cache counts on the device
+            position_ids = (torch.arange(T, device=inputs_embeds.device) + past_length)[None]  # (1, T)
         if position_ids is None:
             check_sequence_length(past_length + T, config.max_position_embeddings)
             position_embeds = self.position_embeddings.weight[past_length : past_length + T]  # (T, C)
         else:
-            if position_ids.device.type == "cpu" and position_ids.numel():
+            if position_ids.device.type == "cpu" and position_ids.numel() and not capturing(position_ids):
                 check_sequence_length(int(position_ids.max()) + 1, config.max_position_embeddings)
-            position_embeds = self.position_embeddings(position_ids)  # (B, T, C)
+            position_embeds = self.position_embeddings(position_ids)  # (B|1, T, C)
         hidden_states = inputs_embeds + position_embeds
         if token_type_ids is not None:
             hidden_states = hidden_states + self.word_embeddings(token_type_ids)
         hidden_states = self.dropout(hidden_states)
 
-        self_mask = causal_mask(attention_mask, T, past_length, hidden_states.device)  # None|(B|1, 1, T, S)
-        cross_mask = padding_mask(encoder_attention_mask) if encoder_hidden_states is not None else None
+        self_mask = decoder_self_mask(  # None | (B|1, 1, T, S) | a BlockMask (flex attention)
+            config, hidden_states, attention_mask, past_key_values, position_ids, past_length
+        )
+        cross_mask = None
+        if encoder_hidden_states is not None:
+            cross_mask = bidirectional_mask(config, hidden_states, encoder_attention_mask, encoder_hidden_states)
 
         all_hidden_states = () if output_hidden_states else None
         all_attentions = () if output_attentions else None

@@ -37,11 +37,12 @@ from .kiln_layers import (
     Unpadded,
     activation_module,
     auto_map_for,
+    bidirectional_mask,
+    capturing,
     check_input_ids,
     check_kwargs,
     check_sequence_length,
     linear_cross_entropy,
-    padding_mask,
     sequence_classification_loss,
 )
 
@@ -182,6 +183,7 @@ class KilnEncoderPreTrainedModel(PreTrainedModel):
     # their word table is tied to the MLM decoder, and a separate FSDP unit for it breaks the tie
     _no_split_modules = ["KilnEncoderLayer"]
     _supports_sdpa = True
+    _supports_flex_attn = True  # masks from transformers.masking_utils (a BlockMask) for that kernel
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -278,7 +280,7 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, C)
         if self.embeddings_project is not None:
             hidden_states = self.embeddings_project(hidden_states)  # (B, T, E) -> (B, T, C)
-        mask = padding_mask(attention_mask)  # None or (B, 1, 1, T)
+        mask = bidirectional_mask(self.config, hidden_states, attention_mask)  # None | (B, 1, 1, T) | BlockMask
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         if query_positions is not None and not self.layers:
@@ -353,7 +355,7 @@ class _MaskedLMMixin:
         compile). Slots in row-major order then list the labelled positions in the order of `labels.view(-1)`.
         """
         config = self.config
-        if labels is None or not config.sparse_prediction:
+        if labels is None or not config.sparse_prediction or capturing(labels):  # its width reads the labels
             return None
         if output_attentions or (output_attentions is None and config.output_attentions):
             return None  # the attention maps of the last block are wanted over every position
