@@ -98,6 +98,32 @@ def test_peft_lora_trains_only_adapters_and_merges_exactly():
         torch.testing.assert_close(merged(input_ids=ids).logits, adapted, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "encoder-decoder"])
+def test_peft_lora_defaults_target_the_fused_attention_projections(kind):
+    import peft
+
+    from pretrain.modeling import KilnEncoderDecoderModel, KilnEncoderModel
+    from pretrain.modeling.configuration_kiln import LORA_TARGET_MODULES
+
+    decoder_config = KilnDecoderConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       max_position_embeddings=32)  # fmt: skip
+    if kind == "encoder":
+        model, task = KilnEncoderForSequenceClassification(_encoder_config(num_labels=2)), "SEQ_CLS"
+    elif kind == "decoder":
+        model, task = KilnDecoderForCausalLM(decoder_config), "CAUSAL_LM"
+    else:
+        decoder_config.update({"is_decoder": True, "add_cross_attention": True})
+        model = KilnEncoderDecoderModel(
+            encoder=KilnEncoderModel(_encoder_config()), decoder=KilnDecoderForCausalLM(decoder_config)
+        )
+        task = "SEQ_2_SEQ_LM"
+    lora = peft.get_peft_model(model, peft.LoraConfig(task_type=task, r=2))  # no target_modules
+    adapted = {name.rsplit(".", 1)[0] for name, _ in lora.named_modules() if name.endswith(".lora_A")}
+    assert {name.rsplit(".", 1)[-1] for name in adapted} == set(LORA_TARGET_MODULES[model.config.model_type])
+    expected = sum(name.rsplit(".", 1)[-1] in ("qkv", "q", "kv") for name, _ in model.named_modules())
+    assert len(adapted) == expected > 0
+
+
 def test_text_generation_pipeline_matches_greedy_generate(tokenizer):
     torch.manual_seed(0)
     model = KilnDecoderForCausalLM(

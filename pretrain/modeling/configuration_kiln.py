@@ -4,10 +4,35 @@ This file is uploaded to the Hub next to the checkpoints (trust_remote_code): it
 transformers and its sibling files, by relative import.
 """
 
+import sys
+
 from transformers.configuration_utils import PreTrainedConfig, SubConfigSpec
 from transformers.models.encoder_decoder.configuration_encoder_decoder import EncoderDecoderConfig
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+
+# LoRA's default target modules per model type, as PEFT keeps them for transformers' own models: the fused
+# query-key-value projection of every self-attention (GPT-2's `c_attn` default), and in the seq2seq model also the
+# decoder's cross-attention projections (`q`, `kv`)
+LORA_TARGET_MODULES = {
+    "kiln_encoder": ["qkv"],
+    "kiln_decoder": ["qkv"],
+    "kiln_encoder_decoder": ["qkv", "q", "kv"],
+}
+
+
+def register_lora_targets() -> None:
+    """Add Kiln's model types to PEFT's table of default LoRA targets (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_
+    MAPPING`), never replacing an entry, so that `LoraConfig()` without `target_modules` works for Kiln models.
+
+    PEFT looks a model's type up in that table right after reading `model.config.to_dict()`; Kiln's configs call
+    this from `to_dict`, so it works whichever of PEFT and Kiln's code (installed or trust_remote_code) is imported
+    first. Nothing is imported: without PEFT loaded it does nothing."""
+    constants = sys.modules.get("peft.utils.constants")
+    table = getattr(constants, "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING", None)
+    if isinstance(table, dict):
+        for model_type, targets in LORA_TARGET_MODULES.items():
+            table.setdefault(model_type, list(targets))
 
 
 def check_heads(hidden_size: int, num_attention_heads: int) -> None:
@@ -23,6 +48,10 @@ def check_heads(hidden_size: int, num_attention_heads: int) -> None:
 
 class _KilnConfig(PreTrainedConfig):
     """Refuses a checkpoint of another model type instead of building a half-random model from it."""
+
+    def to_dict(self):
+        register_lora_targets()  # PEFT reads the model type from here (see `register_lora_targets`)
+        return super().to_dict()
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
