@@ -8,16 +8,16 @@ import logging
 import math
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 
-from .checkpoint_files import check_config_change, find_checkpoints, resolve_checkpoint
+from .checkpoint_files import check_config_change, resolve_checkpoint
 from .config import LoggingConfig, TrainingConfig, save_config
 from .errors import ConfigError
 from .nodes import resolve_disk_layout, writes_run_files
+from .run_folder import LOCK_FILE
 
 logger = logging.getLogger("kiln")
 
@@ -185,18 +185,17 @@ def check_scheduler(training: TrainingConfig) -> None:
         )
 
 
-RUN_FILES = ("checkpoints", "final", "best", "logs", "metrics.jsonl", "config.yaml", "tokenizer", "hub-export")
-"""What a run leaves in its output_dir (removed by overwrite_output_dir, or when nothing resumable is there)."""
-
-
 def prepare_output(config: Any, accelerator: Accelerator) -> Path:
     """The run folder `config.training.output_dir` with the resolved config.yaml in it.
 
-    Everything that can be checked is checked before the folder is touched. A folder that holds a run (a
-    checkpoint or a final model) is refused unless resuming or asked to overwrite (then the old run's files are
-    removed); a folder left by a run that failed before its first checkpoint is simply reused. When resuming,
-    the checkpoint's config is compared with this one (see `check_config_change`) and config.yaml is only
-    rewritten once the resume has succeeded (Trainer.resume)."""
+    Everything that can be checked is checked before the folder is touched. Kiln writes a run only into a new or
+    empty folder or one it made (`kiln.run_folder`): any other folder is refused, naming what is in it. A folder
+    of Kiln's that holds a run (a checkpoint or a final model) is refused unless resuming or asked to overwrite
+    (then Kiln's run files are removed from it, and nothing else). When resuming, the checkpoint's config is
+    compared with this one (see `check_config_change`) and config.yaml is only rewritten once the resume has
+    succeeded (Trainer.resume)."""
+    from . import run_folder
+
     training = config.training
     check_scheduler(training)
     hub_cfg = getattr(config, "hub", None)
@@ -205,45 +204,46 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
 
         check_push_settings(hub_cfg.model_id)
     out = Path(training.output_dir)
-    resume = training.resume_from_checkpoint
-    if resume and not resume.startswith("hub:"):
-        check_config_change(resolve_checkpoint(resume, str(out), quiet=True), config, accelerator)
+    resume = bool(training.resume_from_checkpoint)
+    spec = training.resume_from_checkpoint
+    if resume and not spec.startswith("hub:"):
+        check_config_change(resolve_checkpoint(spec, str(out), quiet=True), config, accelerator)
+
+    def refusal() -> str | None:
+        return run_folder.refusal(out, resume=resume, overwrite=training.overwrite_output_dir)
+
+    check_output_folder(training, accelerator)  # before anything is written there
     resolve_disk_layout(accelerator, training)  # several nodes: one shared folder, or one per node
     writer = writes_run_files(accelerator, training)
-    lock_output_dir(out, accelerator, writer)  # before anything in it is removed or written
-    holds_run = bool(find_checkpoints(out)) or (out / "final").is_dir()
-    if holds_run and not resume and not training.overwrite_output_dir:
-        raise ConfigError(
-            f"output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint "
-            "latest, start over with --training.overwrite_output_dir, or pick another --training.output_dir"
-        )
-    if writer and not resume and out.is_dir():
-        # start over, or a folder with nothing resumable in it: stale files of the failed run must not mix in
-        for name in RUN_FILES:
-            path = out / name
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    accelerator.wait_for_everyone()
+    # the lock, then the same look again under it (another run may have started there meanwhile)
+    _agree(accelerator, (_take_lock(out) or refusal()) if writer else None)
     if writer:
-        out.mkdir(parents=True, exist_ok=True)
+        run_folder.claim(out, resume=resume, overwrite=training.overwrite_output_dir)
         if not resume or not (out / "config.yaml").is_file():
             save_config(config, out / "config.yaml")
     accelerator.wait_for_everyone()
     return out
 
 
-LOCK_FILE = ".kiln.lock"
-"""In output_dir: locked (flock) by the run writing there, with its PID and host inside."""
+def check_output_folder(training: TrainingConfig, accelerator: Accelerator) -> None:
+    """Refuse, on every process alike, an output folder a run may not start in (`kiln.run_folder`: files Kiln
+    did not write, a run there and neither resume nor overwrite asked); reads only. Every node's local main
+    process looks at its own folder (one shared folder, or one per node)."""
+    from . import run_folder
+
+    message = None
+    if accelerator.is_local_main_process:
+        out = Path(training.output_dir)
+        resume, overwrite = bool(training.resume_from_checkpoint), training.overwrite_output_dir
+        message = _busy(out) or run_folder.refusal(out, resume=resume, overwrite=overwrite)
+    _agree(accelerator, message)
+
+
 _output_locks: dict[str, Any] = {}
 
 
-def lock_output_dir(out: Path, accelerator: Accelerator, writer: bool) -> None:
-    """Refuse to start when another run is writing into `out`: the process that writes the run folder (`writer`:
-    rank 0 on a shared folder, each node's local main on node-local disks) holds an exclusive flock on
-    out/.kiln.lock for the whole run (released by `release_output_lock`, or by the kernel when the process ends,
-    so a lock left by a killed run never blocks); every process stops alike when one of them finds it taken."""
-    message = None
-    if writer:
-        message = _take_lock(out)
+def _agree(accelerator: Accelerator, message: str | None) -> None:
+    """Raise `message` (a refusal one process found) as a ConfigError on every process alike."""
     if accelerator.num_processes > 1:  # any node's refusal stops every process
         from accelerate.utils import gather_object
 
@@ -253,7 +253,39 @@ def lock_output_dir(out: Path, accelerator: Accelerator, writer: bool) -> None:
         raise ConfigError(message)
 
 
+def _busy(out: Path) -> str | None:
+    """`_take_lock`'s refusal when another process holds the lock on `out` now; creates nothing."""
+    if str(out.resolve()) in _output_locks:
+        return None
+    try:
+        import fcntl
+
+        handle = open(out / LOCK_FILE)
+    except (ImportError, OSError):  # not POSIX, or no lock file: nobody holds it
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _in_use(out, handle.read().strip() or "unknown")
+        except OSError:
+            return None
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
+
+
+def _in_use(out: Path, holder: str) -> str:
+    return (
+        f"output_dir {out} is in use by another run (PID {holder}); wait for it to end, stop it, or pick "
+        "another --training.output_dir"
+    )
+
+
 def _take_lock(out: Path) -> str | None:
+    """Refuse to start when another run is writing into `out` (the refusal, or None): the process that writes
+    the run folder (rank 0 on a shared folder, each node's local main on node-local disks) holds an exclusive
+    flock on out/.kiln.lock for the whole run (released by `release_output_lock`, or by the kernel when the
+    process ends, so a lock left by a killed run never blocks)."""
     key = str(out.resolve())
     if key in _output_locks:  # this process already holds it (a run it started before, in-process)
         return None
@@ -269,10 +301,7 @@ def _take_lock(out: Path) -> str | None:
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
         handle.close()
-        return (
-            f"output_dir {out} is in use by another run (PID {holder}); wait for it to end, stop it, or pick "
-            "another --training.output_dir"
-        )
+        return _in_use(out, holder)
     except OSError:  # a file system without flock (some network mounts): run unguarded
         handle.close()
         return None
@@ -302,10 +331,10 @@ def check_step_counts(training: TrainingConfig) -> None:
 
 __all__ = [
     "build_accelerator",
+    "check_output_folder",
     "check_scheduler",
     "check_step_counts",
     "configure_deepspeed",
-    "lock_output_dir",
     "optimizer_steps_per_epoch",
     "prepare_output",
     "release_output_lock",
