@@ -276,6 +276,7 @@ def build_inputs(config: RunConfig, accelerator, out):
 
         corpus = PreparedCorpus.open(config.data.prepared)
         corpus.check_run(config)
+        corpus.verify(accelerator)
         tokenizer = corpus.load_tokenizer(config.data.max_seq_length)
     else:
         tokenizer = prepare_tokenizer(

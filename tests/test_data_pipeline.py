@@ -182,3 +182,24 @@ def test_streamed_examples_are_masked_alike_on_any_number_of_processes(tmp_path,
     assert len(common) > 100
     assert all(masks[0][key] == masks[1][key] for key in common)
     assert any(label != -100 for key in common for label in masks[0][key][1])
+
+
+@pytest.mark.parametrize("objective", ["mlm+nsp", "mlm+sop"])
+def test_pair_examples_are_the_same_for_any_num_proc(tmp_path, tokenizer, objective):
+    """2,500 documents are 3 pools of 834: with datasets' own sharding, 2 or 3 processes cut the pools at other
+    places (834/833/833 rows per process) and drew other pairs; every num_proc must give the one-process examples,
+    in every epoch, so a run may also resume with another data.num_proc."""
+    lines = [line.strip() for path in sorted((REPO_ROOT / "data/pretrain").glob("*.txt"))
+             for line in path.read_text(encoding="utf-8").splitlines() if len(line.split()) > 3]  # fmt: skip
+    corpus = tmp_path / "paragraphs.txt"
+    corpus.write_text("\n\n".join(lines[:2500]) + "\n", encoding="utf-8")
+    examples = {}
+    for num_proc in (1, 2, 3):
+        cfg = config(tmp_path / f"p{num_proc}", data_files=[str(corpus)], num_proc=num_proc,
+                     validation_split_percentage=0)  # fmt: skip
+        data = build_pretraining_data(cfg, tokenizer, "encoder", objective, seed=5, max_position_embeddings=64)
+        assert data.num_train_documents == 2500
+        examples[num_proc] = [as_lists(data.train_dataset(epoch)) for epoch in (0, 1)]
+        examples[num_proc].append(data.train_dataset(0)["next_sentence_label"])
+    assert examples[2] == examples[1] and examples[3] == examples[1]
+    assert examples[1][0] != examples[1][1]  # each epoch draws its own pairs

@@ -297,9 +297,17 @@ def _pop_value(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
     return value, rest
 
 
-def prepare_main(argv: list[str]) -> int:
-    from .prepare import prepare
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (a job scheduler's stop) ends a prepare as Ctrl-C does: in one line
 
+
+def prepare_main(argv: list[str]) -> int:
+    import signal
+
+    from .prepare import prepare, stopped_message
+
+    output = None
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         if "-h" in argv or "--help" in argv:
             build_config(RunConfig, ["--help"], prog="python -m pretrain.data prepare", description=PREPARE_DESCRIPTION)
@@ -326,6 +334,12 @@ def prepare_main(argv: list[str]) -> int:
     except (DataError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, OSError, Exception) as err:
+        message = stopped_message(err, output)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 130 if isinstance(err, KeyboardInterrupt) else 2
     return 0
 
 

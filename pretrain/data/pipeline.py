@@ -309,17 +309,31 @@ class _PairShaper:
             "epoch": epoch,
             "task": self.task,
         }
-        return _map(
-            tokens,
-            pair_examples_batch,
-            fingerprint_parts=[sorted(kwargs.items()), pool],
+        if num_proc is None:
+            return _map(
+                tokens,
+                pair_examples_batch,
+                fingerprint_parts=[sorted(kwargs.items()), pool],
+                desc=desc,
+                batched=True,
+                batch_size=pool,
+                with_indices=True,
+                fn_kwargs=kwargs,
+                remove_columns=["sentence_ids"],
+            )
+        # Several processes: datasets would cut the documents into one contiguous shard per process and restart
+        # its batches at every shard, so the pools (and their seeds) would move with num_proc. Mapping over the
+        # pools' numbers instead keeps each pool whole in one process: the same examples for any num_proc
+        pools = Dataset.from_dict({"pool": list(range(math.ceil(len(tokens) / pool)))})
+        return pools.map(
+            _pair_pools,
             num_proc=num_proc,
             desc=desc,
             batched=True,
-            batch_size=pool,
-            with_indices=True,
-            fn_kwargs=kwargs,
-            remove_columns=["sentence_ids"],
+            batch_size=1,
+            fn_kwargs={"tokens": tokens, "pool": pool, "kwargs": kwargs},
+            remove_columns=["pool"],
+            new_fingerprint=_fingerprint(tokens, "_pair_pools", sorted(kwargs.items()), pool),
         )
 
     def train_examples(self, tokens, epoch: int):
@@ -345,6 +359,18 @@ class _PairShaper:
                 f"data.validation_split_percentage, give data.validation_files, or use model.objective=mlm+sop"
             )
         return self._examples(tokens, EVAL_EPOCH, max(len(tokens), 1), desc="Building validation examples")
+
+
+def _pair_pools(batch, *, tokens, pool: int, kwargs: dict) -> dict[str, list]:
+    """The examples of the pools numbered in `batch`: pool k is documents k*pool ... (k+1)*pool - 1, built exactly as
+    `pair_examples_batch` builds a map batch of `pool` documents starting at document k*pool."""
+    out: dict[str, list] = {}
+    for k in batch["pool"]:
+        start, end = k * pool, min((k + 1) * pool, len(tokens))
+        examples = pair_examples_batch(tokens[start:end], list(range(start, end)), **kwargs)
+        for key, values in examples.items():
+            out.setdefault(key, []).extend(values)
+    return out
 
 
 class _BlockShaper:

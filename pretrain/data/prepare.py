@@ -41,6 +41,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import time
 import zlib
 from collections.abc import Iterator
@@ -586,6 +587,8 @@ def _worker_encoder(folder: str) -> TokenEncoder:
 
 def _one_thread_worker() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # Ctrl-C reaches the whole process group: the main process alone answers it (one line, the workers stopped)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run_task_star(args):
@@ -650,18 +653,24 @@ def prepare(
         )
     all_sources = [s for sources in splits.values() for s in sources]
 
+    lock = _lock_part(folder, index, count)
     pool = None
     if num_proc > 1:
         import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-        # forked before any tokenizer work, so the workers start without Rust threads; each uses one core, while
-        # this process trains the tokenizer on num_proc threads (the workers hash the files meanwhile)
-        pool = multiprocessing.get_context("fork").Pool(num_proc, initializer=_one_thread_worker)
+        # forked before any tokenizer work (a fork executor starts all its workers at the first submit), so the
+        # workers start without Rust threads; each uses one core, while this process trains the tokenizer on
+        # num_proc threads (the workers hash the files meanwhile). An executor rather than multiprocessing.Pool:
+        # a worker killed outright (the out-of-memory killer) breaks it with an error, where a Pool would replace
+        # the worker and wait forever for the lost shard
+        pool = ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_one_thread_worker)  # fmt: skip
     try:
         clock.lap("start")
-        hashing = pool.map_async(file_sha256, [s.path for s in all_sources]) if pool else None
+        hashing = [pool.submit(file_sha256, s.path) for s in all_sources] if pool else None
         tokenizer = _prepare_tokenizer(cfg, splits["train"], folder, num_proc, say, clock)
-        hashes = hashing.get() if hashing else [file_sha256(s.path) for s in all_sources]
+        hashes = [h.result() for h in hashing] if hashing else [file_sha256(s.path) for s in all_sources]
         clock.lap("hashes")
         for source, digest in zip(all_sources, hashes):
             source.sha256 = digest
@@ -694,18 +703,68 @@ def prepare(
         )
         _remove_stale_temporaries(folder, todo)
         arguments = [(str(folder), t, splits[t.split], settings) for t in todo]
-        results = pool.imap(_run_task_star, arguments) if pool else map(_run_task_star, arguments)
+        results = pool.map(_run_task_star, arguments) if pool else map(_run_task_star, arguments)
         for n, record in enumerate(results, 1):
             say(f"prepare: {record['file']} ({record['rows']:,} documents, {record['tokens']:,} tokens) [{n}/{len(todo)}]")
         clock.lap("shards")
+    except BaseException:
+        if pool is not None:  # stop the workers now: an interrupted or failed prepare leaves no process behind
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                process.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+            pool = None
+        raise
     finally:
         if pool is not None:
-            pool.close()
-            pool.join()
+            pool.shutdown(wait=True)
+        Path(lock.name).unlink(missing_ok=True)  # no lock file left in the prepared folder
+        lock.close()  # closing the descriptor releases the lock
     manifest = write_manifest(folder, say)
     clock.lap("manifest")
     say(f"prepare: seconds per phase: {clock}")
     return manifest
+
+
+def _lock_part(folder: Path, index: int, count: int):
+    """Hold the lock of part index/count of `folder` for this prepare: a second prepare of the same part into the
+    same folder is stopped with one line (other --shard parts may run beside it: they write other shards)."""
+    import fcntl
+
+    path = folder / f".prepare-{index}-of-{count}.lock"
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise DataError(
+            f"another prepare (PID {holder}) is writing part {index}/{count} of {folder}; wait for it to finish "
+            "(or stop it), or prepare into another --output"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def stopped_message(err: BaseException, folder) -> str | None:
+    """The one line a prepare that failed with `err` ends with, for the failures a user can meet (None: another
+    failure, a bug to see whole)."""
+    import errno
+    from concurrent.futures.process import BrokenProcessPool
+
+    resume = "finished shards are kept: run the same command again to continue"
+    if isinstance(err, KeyboardInterrupt):
+        return f"prepare: interrupted; {resume}"
+    if isinstance(err, BrokenProcessPool):
+        return (f"prepare: a worker process was killed (out of memory? try fewer --num_proc or a smaller "
+                f"--shard_size_mb); {resume}")  # fmt: skip
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"prepare: no space left on the device of {folder} ({err.strerror}); free some space or prepare "
+                f"into another --output; {resume}")  # fmt: skip
+    return None
 
 
 class _PhaseClock:
@@ -846,5 +905,6 @@ __all__ = [
     "plan_pieces",
     "prepare",
     "sample_lines",
+    "stopped_message",
     "tokenizer_fingerprint",
 ]

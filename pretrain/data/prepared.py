@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from array import array
 from bisect import bisect_left
@@ -54,9 +55,13 @@ class PreparedCorpus:
     def open(cls, folder: str) -> PreparedCorpus:
         path = Path(resolve_path(folder))
         if (path / MANIFEST).is_file():
-            manifest = json.loads((path / MANIFEST).read_text())
+            manifest = _read_json(path / MANIFEST, folder, "delete it: training then merges the shards' .json "
+                                  "files, or run the same prepare command again")  # fmt: skip
         elif (path / PLAN).is_file():
-            manifest = merged_manifest(path)
+            try:
+                manifest = merged_manifest(path)
+            except ValueError as err:  # a plan.json or a shard's .json cut short
+                raise DataError(f"data.prepared {folder}: {err}; run the same prepare command again") from None
             if isinstance(manifest, list):
                 raise DataError(
                     f"data.prepared {folder} is incomplete: {len(manifest)} shard(s) missing (e.g. {manifest[0]}); "
@@ -73,6 +78,7 @@ class PreparedCorpus:
                 f"data.prepared {folder} has format {manifest.get('format')} v{manifest.get('version')}, this Kiln "
                 f"reads {FORMAT} v{VERSION}; prepare it again"
             )
+        _check_shard_list(path, folder, manifest)
         for records in manifest["shards"].values():
             for record in records:
                 shard = path / record["file"]
@@ -82,6 +88,36 @@ class PreparedCorpus:
                         "manifest says; copy it again or prepare again"
                     )
         return cls(path, manifest)
+
+    def verify(self, accelerator=None) -> None:
+        """Check every shard against the sha256 its manifest records (sizes are checked by `open`): a bit flipped
+        on a disk or in a copy changes examples silently otherwise. The local main process of each node hashes
+        its node's files (threads: hashlib releases the GIL) and every process learns the verdicts, so each copy
+        is checked once, on shared and on node-local disks alike; one line names the first damaged shard."""
+        problem = None
+        if accelerator is None or accelerator.is_local_main_process:
+            problem = self._damaged_shard()
+        if accelerator is not None and accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            problems = [p for p in gather_object([problem]) if p]
+            problem = problems[0] if problems else None
+        if problem:
+            raise DataError(problem)
+
+    def _damaged_shard(self) -> str | None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .prepare import file_sha256
+
+        records = [r for records in self.manifest["shards"].values() for r in records]
+        with ThreadPoolExecutor(min(len(records), os.cpu_count() or 1) or 1) as pool:
+            digests = list(pool.map(lambda r: file_sha256(str(self.folder / r["file"])), records))
+        for record, digest in zip(records, digests):
+            if digest != record["sha256"]:
+                return (f"data.prepared {self.folder}: shard {record['file']} differs from the sha256 its manifest "
+                        "records (damaged on disk or in a copy); copy it again or prepare again")  # fmt: skip
+        return None
 
     @property
     def model_kind(self) -> str:
@@ -137,6 +173,35 @@ class PreparedCorpus:
 # the memory-mapped index
 
 
+def _read_json(path: Path, folder, fix: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise DataError(f"data.prepared {folder}: {path.name} is not valid JSON (cut short?); {fix}") from None
+
+
+def _check_shard_list(path: Path, folder, manifest: dict) -> None:
+    """The manifest lists every shard the prepare planned (plan.json) and its totals add up: a shard dropped from
+    it by hand would silently change the training or evaluation set."""
+    listed = {split: [r["file"].rsplit(".", 1)[0] for r in records] for split, records in manifest["shards"].items()}
+    if (path / PLAN).is_file():
+        planned = _read_json(path / PLAN, folder, "run the same prepare command again")["shards"]
+        if planned != listed:
+            missing = [n for split, names in planned.items() for n in names if n not in listed.get(split, [])]
+            raise DataError(
+                f"data.prepared {folder}: {MANIFEST} does not list the shards plan.json planned "
+                f"({', '.join(missing[:3]) or 'another list'}{' ...' if len(missing) > 3 else ''}); delete "
+                f"{MANIFEST} (training merges the shards' .json files) or prepare again"
+            )
+    totals = manifest.get("totals", {})
+    every = [r for records in manifest["shards"].values() for r in records]
+    if totals and (totals.get("shards") != len(every) or totals.get("documents") != sum(r["rows"] for r in every)):
+        raise DataError(
+            f"data.prepared {folder}: {MANIFEST} lists {len(every)} shards but its totals count "
+            f"{totals.get('shards')}: it was edited; prepare again"
+        )
+
+
 class DocumentIndex:
     """Offsets over the mapped shards: document d holds sentences doc_sentences[d]:doc_sentences[d + 1], sentence
     s holds tokens sentence_tokens[s]:sentence_tokens[s + 1] of the global token stream, read from `tokens`
@@ -148,7 +213,15 @@ class DocumentIndex:
         sentence_base = token_base = 0
         for path in paths:
             source = pa.memory_map(str(path))  # left open: the arrays below point into the mapping
-            table = pa.ipc.open_stream(source).read_all()
+            try:
+                table = pa.ipc.open_stream(source).read_all()
+                if table.schema.names[:2] != ["sentence_ids", "document_hash"]:
+                    raise pa.ArrowInvalid(f"columns {table.schema.names}")
+            except (pa.ArrowException, OSError) as err:
+                raise DataError(
+                    f"data.prepared {Path(path).parent}: shard {Path(path).name} cannot be read ({type(err).__name__}: {str(err)[:120]}); copy "
+                    "it again or prepare again"
+                ) from None
             self.tables.append((source, table))
             for batch in table.to_batches():
                 documents = batch.column(0)
