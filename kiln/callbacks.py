@@ -257,6 +257,7 @@ class HubSync(TrainerCallback):
             hub.model_id, private=hub.private, revision=hub.revision, enabled=trainer.accelerator.is_main_process
         )
         self.pusher.exit_wait_s = hub.final_push_timeout_s
+        self.pusher.exit_stall_s = hub.final_push_stall_s
 
     def on_save(self, trainer: RunningTrainer, checkpoint: Path, state: TrainState) -> None:
         if self.pusher is None or self.hub.strategy == "end":
@@ -313,10 +314,11 @@ class HubSync(TrainerCallback):
         # a stalled Hub: every pushed folder is complete on disk, so `hf upload` finishes the job by hand
         before = trainer.stop_signals
         grace = min(SIGNAL_GRACE_S, self.hub.final_push_timeout_s) if before else self.hub.final_push_timeout_s
+        stall = self.hub.final_push_stall_s
         if self.pusher.unpushed():
-            logger.info("waiting (at most %g s) for the pushes to %s; a stop signal hands them to you", grace,
-                        self.hub.model_id)
-        ok = self.pusher.wait(timeout=grace, stop=lambda: trainer.stop_signals > before)
+            logger.info("waiting (at most %g s, or %g s without progress) for the pushes to %s; a stop signal "
+                        "hands them to you", grace, min(stall, grace), self.hub.model_id)
+        ok = self.pusher.wait(timeout=grace, stop=lambda: trainer.stop_signals > before, stall_s=stall)
         self.pusher.close()  # waited for (and what did not land is reported below): the exit need not wait again
         if ok:
             return
@@ -339,11 +341,20 @@ class HubSync(TrainerCallback):
             command += f" --revision {self.hub.revision}"
         return command
 
+    def _reason(self, long: bool) -> str:
+        """Why the final wait gave up: no progress for hub.final_push_stall_s, the last failure, or the time."""
+        if self.pusher.gave_up_idle:
+            reason = f"no progress for {self.hub.final_push_stall_s:g} s"
+            return reason + (" (hub.final_push_stall_s)" if long else "")
+        if self.pusher.last_error:
+            return self.pusher.last_error
+        if long:
+            return f"no answer within hub.final_push_timeout_s={self.hub.final_push_timeout_s:g}"
+        return f"no answer within {self.hub.final_push_timeout_s:g} s"
+
     def _log_incomplete(self) -> None:
         logger.error(
-            "the push to %s did not complete (%s); the model is saved locally",
-            self.hub.model_id,
-            self.pusher.last_error or f"no answer within hub.final_push_timeout_s={self.hub.final_push_timeout_s:g}",
+            "the push to %s did not complete (%s); the model is saved locally", self.hub.model_id, self._reason(True)
         )
 
     def _push_error(self, final_dir: Path) -> Exception:
@@ -351,7 +362,7 @@ class HubSync(TrainerCallback):
         from .errors import RunError
 
         model_id = self.hub.model_id
-        reason = self.pusher.last_error or f"no answer within {self.hub.final_push_timeout_s:g} s"
+        reason = self._reason(False)
         return RunError(
             f"the final model is saved locally in {final_dir}, but the push to {model_id} did not complete "
             f"({reason}); push it later with `{self._upload_command(final_dir, None)}`"

@@ -139,7 +139,9 @@ class HubConfig:
     timeout_s: float = 60.0
     """Seconds a Hub request may wait for the server to answer before it counts as failed (then retried)."""
     final_push_timeout_s: float = 1800.0
-    """Seconds to wait for the final push at the end of training; after that the run fails (exit status 1) with the model saved locally."""
+    """Seconds to wait for the final push at the end of training, at most; after that the run fails (exit status 1) with the model saved locally and the `hf upload` command that finishes the push."""
+    final_push_stall_s: float = 300.0
+    """Seconds the final wait goes on without progress (no answer from the Hub, no upload bytes read by it) before it gives up as final_push_timeout_s does; an upload that progresses goes on."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -387,7 +389,7 @@ def validate_run_sections(config: Any) -> None:
         raise ConfigError(f"logging.logging_steps must be positive, got {config.logging.logging_steps}")
     if config.hub.push_to_hub and not config.hub.model_id:
         raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
-    for name in ("timeout_s", "final_push_timeout_s"):
+    for name in ("timeout_s", "final_push_timeout_s", "final_push_stall_s"):
         if not getattr(config.hub, name) > 0:
             raise ConfigError(f"hub.{name} must be a positive number of seconds, got {getattr(config.hub, name)}")
     if config.hub.strategy not in ("end", "every_save", "checkpoint"):

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx2
 import huggingface_hub
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, snapshot_download
 from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
@@ -55,16 +56,93 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 def set_request_timeout(timeout_s: float) -> None:
     """Bound how long any Hub request of this process waits for the server (huggingface_hub's own client has
     no timeout, so a server that accepts the connection and never answers would hang a push forever). A stalled
-    request fails with a timeout error after `timeout_s` seconds without data, and is retried like any failure."""
-    import httpx2
+    request fails with a timeout error after `timeout_s` seconds without data, and is retried like any failure.
+    The client also tells `HubProgress` when the Hub answers or reads an upload's bytes."""
     from huggingface_hub.utils import _http
 
     def factory():
         client = _http.default_client_factory()  # the library's own client (headers, hooks, redirects) ...
         client.timeout = httpx2.Timeout(timeout_s)  # ... with a timeout
+        client.event_hooks["request"].append(HubProgress.watch_request)
+        client.event_hooks["response"].append(HubProgress.on_response)
         return client
 
     huggingface_hub.set_client_factory(factory)
+    HubProgress.watch_xet_uploads()
+
+
+class HubProgress:
+    """When this process's Hub traffic last moved: an answer from the Hub, or an upload's bytes read by it.
+
+    A server that accepts connections and never answers shows none, while a large upload that is being read
+    shows it continually, so a wait can give up after a while without progress (`HubPusher.wait`) and still
+    let a long upload finish. Bytes handed to the network count only past the first `BUFFERED_BYTES` of a
+    request: that much fits in the kernel's socket buffers (both ends) even when nobody reads it. Xet uploads
+    (which bypass the HTTP client) count by the bytes their progress reports say were transferred."""
+
+    BUFFERED_BYTES = 64 * 2**20
+    last = time.monotonic()
+
+    @classmethod
+    def note(cls) -> None:
+        cls.last = time.monotonic()
+
+    @classmethod
+    def idle_s(cls, since: float) -> float:
+        """Seconds without progress, counted from `since` at the latest (a monotonic time)."""
+        return time.monotonic() - max(cls.last, since)
+
+    @classmethod
+    def on_response(cls, response) -> None:
+        cls.note()
+
+    @classmethod
+    def watch_request(cls, request) -> None:
+        stream = request.stream
+        if isinstance(stream, httpx2.SyncByteStream) and not isinstance(stream, _CountingStream):
+            request.stream = _CountingStream(stream)
+
+    @classmethod
+    def watch_xet_uploads(cls) -> None:
+        """Note the transferred bytes that huggingface_hub's Xet progress reporter receives (it is used unless
+        progress bars are disabled); a no-op where that reporter is not found."""
+        try:
+            from huggingface_hub.utils import _xet_progress_reporting as reporting
+        except ImportError:
+            return
+        reporter = getattr(reporting, "XetUploadProgressReporter", None)
+        update = getattr(reporter, "update_progress", None)
+        if update is None or getattr(update, "_kiln_progress", False):
+            return
+
+        def update_progress(self, group_report, *args, **kwargs):
+            sent = getattr(group_report, "total_transfer_bytes_completed", 0) or 0
+            if sent > getattr(self, "_kiln_sent", 0):
+                self._kiln_sent = sent
+                cls.note()
+            return update(self, group_report, *args, **kwargs)
+
+        update_progress._kiln_progress = True
+        reporter.update_progress = update_progress
+
+
+class _CountingStream(httpx2.SyncByteStream):
+    """A request body that tells `HubProgress` when its bytes leave the process past the socket buffers."""
+
+    def __init__(self, inner: httpx2.SyncByteStream):
+        self.inner, self.sent = inner, 0
+
+    def __iter__(self):
+        for chunk in self.inner:
+            yield chunk
+            self.sent += len(chunk)  # the client asks for the next chunk once this one is written
+            if self.sent > HubProgress.BUFFERED_BYTES:
+                HubProgress.note()
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
 
 
 @dataclass
@@ -137,6 +215,10 @@ class HubPusher:
 
     exit_wait_s = 600.0
     """At interpreter exit, how long queued pushes nobody waited for (an error ended the program) may take."""
+    exit_stall_s: float | None = None
+    """At interpreter exit, how long that wait goes on without progress (see `wait`); None: no such limit."""
+    gave_up_idle = False
+    """Whether the last `wait` ended because nothing progressed for its `stall_s`."""
 
     def push(
         self,
@@ -186,17 +268,32 @@ class HubPusher:
                 # registered after the staging folder's removal, so it runs before it (atexit is last in, first out)
                 atexit.register(self._wait_at_exit)
 
-    def wait(self, timeout: float | None = None, stop: Callable[[], bool] | None = None) -> bool:
+    def wait(
+        self, timeout: float | None = None, stop: Callable[[], bool] | None = None, stall_s: float | None = None
+    ) -> bool:
         """Block until every queued upload has landed, retrying failed ones a few times; True if all did.
-        `stop`: polled a few times a second; when it returns True the wait ends at once (False)."""
+        `stop`: polled a few times a second; when it returns True the wait ends at once (False). `stall_s`: the
+        wait ends (False, `gave_up_idle` set) after this many seconds without progress (`HubProgress`: no answer
+        from the Hub, no upload bytes read), while an upload that progresses goes on up to `timeout`."""
         if not self.enabled:
             return True
-        deadline = None if timeout is None else time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        self.gave_up_idle = False
         retries = 0
-        poll = 0.2 if stop is not None else None
+        poll = 0.2 if stop is not None or stall_s is not None else None
+
+        def given_up() -> bool:
+            if stop is not None and stop():
+                return True
+            if stall_s is not None and HubProgress.idle_s(start) > stall_s:
+                self.gave_up_idle = True
+                return True
+            return False
+
         with self._cond:
             while self._pending or self._uploading:
-                if stop is not None and stop():
+                if given_up():
                     return False
                 if self._stalled:
                     if retries >= self.wait_retries:
@@ -207,7 +304,7 @@ class HubPusher:
                         return False
                     retries += 1
                     while self._stalled and (remaining := retry_at - time.monotonic()) > 0:
-                        if stop is not None and stop():
+                        if given_up():
                             return False
                         self._cond.wait(remaining if poll is None else min(remaining, poll))
                     self._stalled = False
@@ -240,7 +337,7 @@ class HubPusher:
             if not (self._pending or self._uploading):
                 return
         logger.warning("waiting (at most %g s) for the queued pushes to %s", self.exit_wait_s, self.model_id)
-        if not self.wait(timeout=self.exit_wait_s):
+        if not self.wait(timeout=self.exit_wait_s, stall_s=self.exit_stall_s):
             for source, path_in_repo in self.unpushed():
                 logger.error(
                     "the push of %s to %s did not complete; push it with `hf upload %s %s%s`",
