@@ -73,7 +73,6 @@ def test_fullgraph_compile_and_export_run_and_equal_eager(head, config):
 
 @pytest.mark.parametrize("head, config", [HEADS[0], HEADS[4]], ids=[IDS[0], IDS[4]])
 def test_the_dynamo_onnx_exporter_gives_the_eager_outputs(head, config, tmp_path):
-    pytest.importorskip("onnxscript", reason="the dynamo ONNX exporter needs onnxscript (the dev extra has it)")
     import onnxruntime
 
     model = head(config()).eval()
@@ -121,8 +120,6 @@ def test_a_static_cache_generates_what_the_dynamic_cache_does(implementation):
 
 @pytest.mark.parametrize("backend", ["fp8", "quanto"])
 def test_a_quantized_cache_generates_what_the_dynamic_cache_does(backend):
-    if backend == "quanto":
-        pytest.importorskip("optimum.quanto", reason="the quanto backend needs optimum-quanto (the dev extra has it)")
     model = KilnDecoderForCausalLM(tiny_decoder_config(bos_token_id=1, eos_token_id=2)).eval()
     tokens, scores = generate(model, "dynamic")
     # residual_length=2: all but the last two cached positions are held quantized
