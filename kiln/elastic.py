@@ -1,14 +1,15 @@
 """Elastic resume: a checkpoint written by N processes continues on M processes at the same global batch.
 
-What a step trains on does not depend on how many processes run it: the epoch's order comes from a generator
-seeded by (seed, epoch) alone, accelerate hands the processes consecutive per-device batches of that order
-(process p takes batches p, p + N, ...), the MLM masks come from (seed, epoch, example index), and the loss is
-the per-item mean over the whole window of all processes. A step of N processes x accumulation A over
-per-device batches b trains on the next b x N x A examples of the order, and so does a step of M processes x
+What a step trains on does not depend on how many processes run it: an epoch is `examples // global batch`
+steps over whole global batches (`kiln.run_setup.optimizer_steps_per_epoch`), the epoch's order comes from a
+generator seeded by (seed, epoch) alone, accelerate hands the processes consecutive per-device batches of that
+order (process p takes batches p, p + N, ...: micro-batch a of process p is slot a x N + p of the step), the MLM
+masks come from (seed, epoch, example index), dropout from (seed, step, slot) (`kiln.trainer.micro_batch_seed`),
+and the loss is the per-item mean over the whole window of all processes. A step of N processes x accumulation A
+over per-device batches b trains on the next b x N x A examples of the order, and so does a step of M processes x
 A' = b x N x A / (b x M) (see `kiln.trainer.Trainer`). So resuming on M processes only needs the accumulation
 count that keeps the global batch, and the data position converted from per-process batches to examples.
-The model and optimizer are saved whole (DDP) and load on any number of processes; the per-process RNG files
-(dropout) are loaded by the ranks that exist in both runs, and a new rank keeps its seeded state.
+The model and optimizer are saved whole (DDP) and load on any number of processes.
 
 torchtitan's resharding checkpoints (torch.distributed.checkpoint) are the anchor: the state is saved
 independently of the layout it was trained on, and the layout of the resuming run decides how it is loaded.

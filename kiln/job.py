@@ -167,13 +167,13 @@ def evaluate_each_epoch(training, train_dataset, num_processes: int, each_epoch:
     from .errors import ConfigError
     from .run_setup import optimizer_steps_per_epoch
 
-    batches = len(train_dataset) // (training.per_device_train_batch_size * num_processes)
-    steps_per_epoch = optimizer_steps_per_epoch(batches, training.gradient_accumulation_steps)
+    global_batch = training.per_device_train_batch_size * num_processes * training.gradient_accumulation_steps
+    steps_per_epoch = optimizer_steps_per_epoch(len(train_dataset), global_batch)
     if steps_per_epoch == 0:
         raise ConfigError(
-            f"the training split ({len(train_dataset)} examples) is smaller than one batch "
-            f"({training.per_device_train_batch_size} x {num_processes} processes); "
-            "lower the batch size or add data"
+            f"the training split ({len(train_dataset)} examples) is smaller than one global batch of {global_batch} "
+            f"({training.per_device_train_batch_size} per device x {num_processes} process(es) x "
+            f"{training.gradient_accumulation_steps} accumulation step(s)); lower the batch size or add data"
         )
     if each_epoch:
         training.eval_steps = steps_per_epoch

@@ -5,7 +5,6 @@ its lock, prepared before the loop (`kiln.trainer`) starts."""
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from pathlib import Path
@@ -22,10 +21,12 @@ from .run_folder import LOCK_FILE
 logger = logging.getLogger("kiln")
 
 
-def optimizer_steps_per_epoch(micro_batches: int, gradient_accumulation_steps: int) -> int:
-    """An epoch of n micro-batches holds ceil(n / accumulation) optimizer steps: a partial last window is
-    stepped too (as transformers' Trainer and accelerate do), its loss normalised by what it really holds."""
-    return math.ceil(micro_batches / gradient_accumulation_steps)
+def optimizer_steps_per_epoch(examples: int, global_batch: int) -> int:
+    """An epoch of n examples holds n // global batch optimizer steps, each over a whole global batch; the last
+    n % global batch examples of the epoch's order are left out (another draw each epoch). So the steps, the
+    examples of each step and the schedule's length depend on the global batch only, not on how it is split
+    into processes and accumulation steps (an elastic resume continues the same steps)."""
+    return examples // global_batch
 
 
 def build_accelerator(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerator:

@@ -204,7 +204,12 @@ class Trainer:
         is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
         if not is_iterable:
             dataset = _with_example_index(dataset, self.collator)
-        sampler = None if is_iterable else self._train_sampler(dataset, generator)
+        sampler = None
+        if not is_iterable:
+            # whole global batches only: the epoch's order cut after its last whole global batch, so an epoch is
+            # the same steps over the same examples on any number of processes x accumulation (see kiln.elastic)
+            whole = optimizer_steps_per_epoch(len(dataset), self._global_batch()) * self._global_batch()
+            sampler = _Prefix(self._train_sampler(dataset, generator), whole)
         loader = DataLoader(
             dataset,
             batch_size=self.training.per_device_train_batch_size,
@@ -245,27 +250,24 @@ class Trainer:
                 self._lengths_cache = (inner, [len(row) for row in ids])
         return self._lengths_cache[1]
 
-    def _micro_batches_per_epoch(self) -> int | None:
-        dataset = self.train_dataset(0)
-        if isinstance(dataset, torch.utils.data.IterableDataset):
-            return None
-        global_batch = self.training.per_device_train_batch_size * self.accelerator.num_processes
-        return len(dataset) // global_batch
+    def _global_batch(self) -> int:
+        return layout_of(self.training, self.accelerator.num_processes).global_batch
 
     def _total_steps(self) -> int:
-        micro = self._micro_batches_per_epoch()
-        self.steps_per_epoch = (
-            optimizer_steps_per_epoch(micro, self.training.gradient_accumulation_steps) if micro else None
-        )
+        dataset = self.train_dataset(0)
+        streaming = isinstance(dataset, torch.utils.data.IterableDataset)
+        steps = None if streaming else optimizer_steps_per_epoch(len(dataset), self._global_batch())
+        if steps == 0:
+            raise ConfigError(
+                f"the training set ({len(dataset)} examples) is smaller than one global batch of "
+                f"{layout_of(self.training, self.accelerator.num_processes).describe()}; lower the batch size or "
+                "the accumulation, or add data"
+            )
+        self.steps_per_epoch = steps
         if self.training.max_steps > 0:
             return self.training.max_steps
-        if micro is None:
+        if streaming:
             raise ConfigError("a streaming dataset has no length: set --training.max_steps")
-        if micro == 0:
-            raise ConfigError(
-                f"the training set is smaller than one batch ({self.training.per_device_train_batch_size} per device "
-                f"x {self.accelerator.num_processes} process(es)); lower the batch size or add data"
-            )
         epochs = self.training.num_train_epochs
         whole = int(epochs)
         # a fractional epoch (e.g. 1.5) trains the whole epochs, then that fraction of the next one's steps
@@ -701,10 +703,11 @@ class Trainer:
         # there) and accumulates inside its engine, so a non-finite loss must be caught before its own backward:
         # after it, nothing is left to skip
         deepspeed = acc.distributed_type == DistributedType.DEEPSPEED
+        step = self.state.global_step + 1
         for i, (batch, counts) in enumerate(zip(micro_batches, local)):
             last = i == len(micro_batches) - 1
             acc.sync_gradients = last
-            with contextlib.nullcontext() if last else acc.no_sync(model):
+            with contextlib.nullcontext() if last else acc.no_sync(model), self._micro_batch_rng(step, i):
                 outputs = model(**batch)
                 objective = None
                 for name in names:
@@ -744,6 +747,21 @@ class Trainer:
             self.scheduler.step()
         self._add_total(parts)
         return parts, grad_norm, int(totals[-1])
+
+    @contextlib.contextmanager
+    def _micro_batch_rng(self, step: int, index: int):
+        """The random numbers of one micro-batch's forward and backward (dropout, ELECTRA's sampling): from (seed,
+        optimizer step, the micro-batch's slot in the global batch), not from the process that runs it. Micro-batch
+        `index` of process p is slot index x processes + p, the same examples in any layout with this per-device
+        batch (accelerate hands process p batches p, p + N, ...), so N processes x accumulation A and M x A' draw
+        the same dropout for the same examples. The global RNG is forked around it and left as it was."""
+        acc = self.accelerator
+        slot = index * acc.num_processes + acc.process_index
+        device = acc.device
+        devices = [] if device.type in ("cpu", "mps") else [device.index if device.index is not None else 0]
+        with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+            torch.manual_seed(micro_batch_seed(self.training.seed, step, slot))
+            yield
 
     def _add_total(self, parts: dict[str, torch.Tensor]) -> None:
         """`loss`: the weighted sum of the parts, the total the model optimises (e.g. MLM + NSP)."""
@@ -919,6 +937,29 @@ class _ExampleIndexed(torch.utils.data.Dataset):
         getitems = getattr(self.dataset, "__getitems__", None)
         rows = getitems(indices) if getitems is not None else [self.dataset[i] for i in indices]
         return [{**row, "example_index": index} for row, index in zip(rows, indices)]
+
+
+def micro_batch_seed(seed: int, step: int, slot: int) -> int:
+    """The seed of the micro-batch in `slot` of optimizer step `step` (see Trainer._micro_batch_rng)."""
+    import numpy as np
+
+    state = np.random.SeedSequence([seed % 2**63, step, slot, 0x6B696C6E]).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 31 | int(state[1]) >> 1
+
+
+class _Prefix(torch.utils.data.Sampler):
+    """The first `length` indices `sampler` gives (an epoch cut after its last whole global batch). Keeps the
+    sampler's generator visible, so accelerate still synchronises it across processes."""
+
+    def __init__(self, sampler, length: int):
+        self.sampler, self.length = sampler, length
+        self.generator = getattr(sampler, "generator", None)
+
+    def __iter__(self):
+        return itertools.islice(iter(self.sampler), self.length)
+
+    def __len__(self) -> int:
+        return self.length
 
 
 def _with_example_index(dataset, collator):

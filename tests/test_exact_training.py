@@ -1,4 +1,4 @@
-"""The loop is exact off the easy path: accumulation windows (full and partial), per-token loss normalisation
+"""The loop is exact off the easy path: accumulation windows, epochs of whole global batches, per-token loss normalisation
 across accumulation and processes, truncated evaluations, and resume at every step across epoch boundaries."""
 
 from __future__ import annotations
@@ -97,21 +97,22 @@ def _toy_trainer(tmp_path, micro_batches=10, **overrides):
     return trainer, steps_at
 
 
-def test_partial_window_at_epoch_end_is_a_full_step(tmp_path):
-    """10 micro-batches, accumulation 4, 2 epochs: 3 steps an epoch (4 + 4 + 2), each with loss -1, grad 1."""
+def test_an_epoch_is_its_whole_global_batches(tmp_path):
+    """20 examples, global batch 8 (2 per device x accumulation 4), 2 epochs: 2 steps an epoch over 16 examples
+    (the last 4 of each epoch's order are left out, in any layout), each with loss -1, grad 1."""
     trainer, steps_at = _toy_trainer(tmp_path)
     try:
-        assert trainer.total_steps == 6 and trainer.steps_per_epoch == 3
+        assert trainer.total_steps == 4 and trainer.steps_per_epoch == 2
         state = trainer.train()
     finally:
         reset_accelerate()
-    assert steps_at == [4, 8, 10, 14, 18, 20]
+    assert steps_at == [4, 8, 12, 16]
     train_rows = [row for row in state.history if "train/loss" in row]
-    assert [row["step"] for row in train_rows] == [1, 2, 3, 4, 5, 6]
+    assert [row["step"] for row in train_rows] == [1, 2, 3, 4]
     assert all(row["train/loss"] == pytest.approx(-1.0) for row in train_rows)
     assert all(row["train/grad_norm"] == pytest.approx(1.0) for row in train_rows)
     assert train_rows[-1]["train/epoch"] == pytest.approx(2.0)
-    assert state.stop_reason == "epochs" and state.global_step == 6
+    assert state.stop_reason == "epochs" and state.global_step == 4
 
 
 def test_truncated_evaluation_does_not_move_the_steps(tmp_path):
@@ -121,19 +122,19 @@ def test_truncated_evaluation_does_not_move_the_steps(tmp_path):
         state = trainer.train()
     finally:
         reset_accelerate()
-    assert steps_at == [4, 8, 10, 14, 18, 20]
+    assert steps_at == [4, 8, 12, 16]
     evals = [row for row in state.history if "eval/batches" in row]
-    assert len(evals) == 6 and all(row["eval/batches"] == 2 for row in evals)
+    assert len(evals) == 4 and all(row["eval/batches"] == 2 for row in evals)
 
 
 def test_fractional_epochs_and_step_count(tmp_path):
     trainer, steps_at = _toy_trainer(tmp_path, num_train_epochs=1.5)
     try:
-        assert trainer.total_steps == 5  # 3 + ceil(1.5)
+        assert trainer.total_steps == 3  # 2 + ceil(0.5 x 2)
         state = trainer.train()
     finally:
         reset_accelerate()
-    assert state.global_step == 5 and steps_at == [4, 8, 10, 14, 18]
+    assert state.global_step == 3 and steps_at == [4, 8, 12]
 
 
 def test_fused_adamw_follows_the_accelerator_device():
@@ -178,7 +179,7 @@ def test_skipped_fp16_step_holds_the_schedule_and_tokens_count_real_ones(tmp_pat
 
     trainer, _ = _toy_trainer(tmp_path, max_steps=3, num_train_epochs=1)
     rows = [{"x": torch.ones(3), "attention_mask": torch.tensor([1] * (1 + i % 4) + [0] * (4 - i % 4))}
-            for i in range(20)]  # fmt: skip
+            for i in range(24)]  # fmt: skip
     trainer.train_dataset = lambda epoch: rows
     trainer.collator = lambda features: {key: torch.stack([f[key] for f in features]) for key in features[0]}
     monkeypatch.setattr(Accelerator, "optimizer_step_was_skipped", property(lambda self: True))
@@ -188,11 +189,11 @@ def test_skipped_fp16_step_holds_the_schedule_and_tokens_count_real_ones(tmp_pat
     finally:
         reset_accelerate()
     assert trainer.scheduler.last_epoch == 0  # never stepped: every step was "skipped"
-    # 3 steps (4 + 4 + 2 micro-batches of 2) = the whole epoch of 20 rows: 50 real tokens among 100 positions
-    assert state.global_step == 3 and state.tokens_seen == 50
+    # 3 steps of 4 micro-batches of 2 = the whole epoch of 24 rows: 60 real tokens among 120 positions
+    assert state.global_step == 3 and state.tokens_seen == 60
     summary = caplog.text
     threads = torch.get_num_threads()
-    for part in ("examples = 20", "processes = 1", "gradient accumulation = 4", "optimizer steps = 3",
+    for part in ("examples = 24", "processes = 1", "gradient accumulation = 4", "optimizer steps = 3",
                  "trainable parameters = 1", f"device = cpu, {threads} thread{'' if threads == 1 else 's'} per process"):  # fmt: skip
         assert part in summary, summary
 

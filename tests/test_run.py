@@ -158,7 +158,7 @@ def test_bad_config_is_one_line_error(tmp_path):
 def test_two_processes_match_one(tmp_path, kind):
     """DDP over 2 CPU processes with half the per-device batch follows the 1-process run (dropout off): the same
     losses and, for the encoder, the same masks (a function of seed, epoch and example, not of the rank) and
-    the same evaluation, across an epoch boundary with a partial accumulation window."""
+    the same evaluation (max_eval_batches counts batches of the whole evaluation), across an epoch boundary."""
     extra = DECODER if kind == "decoder" else ["--data.max_train_documents", 2, "--training.eval_steps", 7,
                                                "--training.gradient_accumulation_steps", 4]  # fmt: skip
     common = [*extra, "--training.max_steps", 4 if kind == "decoder" else 16, "--training.save_steps", 0,
@@ -168,8 +168,7 @@ def test_two_processes_match_one(tmp_path, kind):
     one = tmp_path / "one"
     run(one, *common, "--training.per_device_train_batch_size", 8)
     two = tmp_path / "two"
-    launch_two_processes(two, *common, "--training.per_device_train_batch_size", 4,
-                         "--training.per_device_eval_batch_size", 8)  # fmt: skip
+    launch_two_processes(two, *common, "--training.per_device_train_batch_size", 4)
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, len(a) + 1)) and len(a) >= 4
     # tolerance: the same math in a different reduction order (gradient all-reduce, per-process sums)
