@@ -1,4 +1,4 @@
-"""Resume at every step of runs that cross epoch boundaries with partial accumulation windows and truncated
+"""Resume at every step of runs that cross epoch boundaries with accumulation and truncated
 evaluations: the resumed run logs bit-identical losses and evaluations and ends with bit-identical weights."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 
 from kiln.checkpoint_files import find_checkpoints
 
-ENCODER_SMALL = ["--data.max_train_documents", 2, "--training.per_device_train_batch_size", 32]  # 12 micro-batches
+ENCODER_SMALL = ["--data.max_train_documents", 2, "--training.per_device_train_batch_size", 32]  # 415 examples
 DECODER_SMALL = [*DECODER, "--data.max_train_documents", 12, "--training.per_device_train_batch_size", 8]
 RUNS = {
-    # (extra args, accumulation, optimizer steps): each crosses at least one epoch end with a partial window
+    # (extra args, accumulation, optimizer steps): each crosses at least one epoch end
     "encoder-acc5": (ENCODER_SMALL, 5, 6),
     "decoder-acc3": (DECODER_SMALL, 3, 6),
     "encoder-acc1": (ENCODER_SMALL, 1, 14),
