@@ -81,7 +81,8 @@ def test_docs_build_fails_on_a_broken_anchor_or_link(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the built site, as a reader sees it
-SITE_PAGES = ["index", "performance", "results", "results/finetune", "finetuning", "results/compute-curve"]
+SITE_PAGES = ["index", "performance", "results", "results/finetune", "finetuning", "results/compute-curve", "installation",
+              "troubleshooting"]
 WIDTH = 1280
 # after the page's own scripts ran: where each table ends against the content column, and whether the page scrolls
 # sideways; written into the DOM, which `chromium --dump-dom` prints
