@@ -115,12 +115,59 @@ def padding_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def inference_table() -> str:
+    labels = {"fill-mask": '`pipeline("fill-mask")`', "text-classification": '`pipeline("text-classification")`',
+              "generate": "`generate`, greedy, {n} new tokens, KV cache"}  # fmt: skip
+    lines = ["| task | batch | Kiln ms/input | transformers ms/input | speed-up (min–max over rounds) | rounds |",
+             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name in ("inference-encoder", "inference-generate"):
+        p = record(name)
+        for r in p["results"]:
+            label = labels[r["task"]].format(n=p.get("new_tokens"))
+            kiln, ref = 1000 * r["kiln_s_per_input"], 1000 * r["reference_s_per_input"]
+            digits = 0 if kiln >= 100 else (1 if kiln >= 10 else 2)
+            speed = f"{r['speedup']:.2f}×"
+            speed = f"**{speed}**" if r["speedup_min"] > 1.1 else speed  # bold where every round is clearly faster
+            lines.append(f"| {label} | {r['batch']} | {kiln:.{digits}f} | {ref:.{digits}f} | {speed} "
+                         f"({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {len(r['kiln_times_s'])} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def data_scale_table() -> str:
+    """`bench/data_scale.py`'s loaded rows at one process: throughput per CPU-second, memory, disk, first step."""
+    lines = ["| corpus | MB of text per CPU-second | peak RSS | prepared on disk | first training step (its CPU-s) |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in record("data-scale")["rows"]:
+        if r["num_proc"] != 1:
+            continue
+        size = f"{r['corpus_mb']:g} MB" if r["corpus_mb"] < 1000 else f"{r['corpus_mb'] / 1000:g} GB"
+        files = "one file" if r["files"] == 1 else f"{r['files']} files"
+        lines.append(f"| {size}, {files} | {r['mb_per_cpu_s']:.2f} | {r['peak_rss_mb']:.0f} MB | {r['disk_mb']:.0f} MB | "
+                     f"{r['first_step_s']:.0f} s ({r['first_step_run_cpu_s']:.0f}) |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def num_proc_table() -> str:
+    """`bench/data_scale.py`'s rows on the idle machine: wall clock against --num_proc."""
+    rows = record("data-scale")["quiet_rows"]
+    lines = ["| corpus | `--num_proc 1` | `--num_proc 2` | speed-up |", "|---|---:|---:|---:|"]
+    for size in dict.fromkeys(r["corpus_mb"] for r in rows):
+        one, two = (next(r for r in rows if r["corpus_mb"] == size and r["num_proc"] == n) for n in (1, 2))
+        label = f"{size:g} MB" if size < 1000 else f"{size / 1000:g} GB"
+        lines.append(f"| {label}, {one['files']} files | {one['wall_s']:.1f} s | {two['wall_s']:.1f} s | "
+                     f"{one['wall_s'] / two['wall_s']:.2f}x |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 TABLES = {
     "throughput": throughput_table,
     "mfu": mfu_table,
     "finetune-sst2": lambda: finetune_table("sst2"),
     "finetune-conll2003": lambda: finetune_table("conll2003"),
     "padding": padding_table,
+    "inference": inference_table,
+    "data-scale": data_scale_table,
+    "num-proc": num_proc_table,
 }
 
 

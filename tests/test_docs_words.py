@@ -3,6 +3,7 @@ sessions, who was lent which machine when. The README, the docs site (CHANGELOG.
 and the experiment declarations are read; the measurement records (docs/results/runs.jsonl, bench/results/*.json)
 keep their machine, load and date and are not scanned here."""
 
+import json
 import re
 import subprocess
 import sys
@@ -75,3 +76,35 @@ def test_the_documented_login_command_is_the_installed_one():
     hf = Path(sys.executable).with_name("hf")
     done = subprocess.run([str(hf), "auth", "login", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "login" in done.stdout.lower(), done.stderr[-2000:]
+
+
+# a measurement record keeps its machine, load, date and command; who else was working beside it is not a fact
+# about the measurement
+ANECDOTE = WORKSHOP | {"whose work ran beside": r"\bhelpers?'|\bthe lead\b|\blead's\b"}
+
+
+def record_strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from record_strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from record_strings(item)
+
+
+def test_measurement_records_hold_no_anecdotes():
+    records = sorted((REPO / "bench/results").glob("*.json")) + sorted((REPO / "docs/results").glob("*.json"))
+    lines = [(path, json.loads(path.read_text())) for path in records]
+    runs = REPO / "docs/results/runs.jsonl"
+    lines += [(runs, json.loads(line)) for line in runs.read_text().splitlines() if line.strip()]
+    assert len(lines) > 100
+    found = []
+    for path, record in lines:
+        for text in record_strings(record):
+            for what, pattern in ANECDOTE.items():
+                match = re.search(pattern, text, flags=re.I)
+                if match:
+                    found.append(f"{path.relative_to(REPO)}: {what}: {match.group(0)!r} in {text[:80]!r}")
+    assert not found, "\n".join(found)
