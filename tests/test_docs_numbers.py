@@ -153,3 +153,56 @@ def test_the_stated_test_count_is_the_collected_one():
     assert " tests collected" in last or " test collected" in last, done.stdout[-2000:]
     collected = int(last.split()[0])
     assert abs(collected - stated) <= 0.1 * collected, f"getting-started.md says about {stated} tests; {collected} collected"
+
+
+def table_rows(where: str) -> dict[str, list[str]]:
+    """A page's table rows by their first cell, cells stripped, the typographic minus read as '-'."""
+    rows = {}
+    for line in (REPO / where).read_text().replace("−", "-").splitlines():
+        if line.startswith("| ") and not line.startswith("|---"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def pretraining_record(tag: str) -> dict:
+    rows = [json.loads(line) for line in (REPO / "docs/results/runs.jsonl").read_text().splitlines() if line.strip()]
+    return next(row for row in rows if row["tag"] == tag)  # the first record of that run (a rebuild comes later)
+
+
+def test_the_compute_curve_table_of_results_md_is_the_records():
+    declaration = experiments.load_declaration(REPO / "experiments/compute-curve.yaml")
+    (curve,) = declaration["curves"]
+    points = experiments.curve_points(curve, experiments.summary())
+    rows = table_rows("docs/results.md")
+    labels = {7.5: "7.5 min", 15: "15 min", 30: "30 min (the recipe)", 60: "60 min"}
+    for init, minutes in curve["minutes"].items():
+        cells = rows[labels[minutes]]
+        record = pretraining_record(init)
+        assert cells[0] == f"{record['steps']:,}" and cells[2] == f"{record['eval_last']['eval/mlm_loss']:.2f}", cells
+        assert cells[1] == f"{record['steps'] * 32 * 64 / 1e6:.1f}M", cells  # batch 32 x 64 tokens
+        for cell, point in zip(cells[3:], [p for p in points if p["x"] == minutes]):
+            spread = f" ± {100 * point['std']:.2f}" if point["n"] > 1 else ""
+            assert cell.replace(" seeds)", ")") == f"{100 * point['mean']:+.2f}{spread} ({point['n']})", (minutes, cell)
+
+
+def test_the_label_curve_table_of_results_md_is_the_records():
+    declaration = experiments.load_declaration(REPO / "experiments/sst2-labels.yaml")
+    (curve,) = declaration["curves"]
+    points = experiments.curve_points(curve, experiments.summary())
+    rows = table_rows("docs/results.md")
+    for size in curve["sizes"]:
+        at = {p["line"]: p for p in points if p["x"] == size}
+        full_pre, full_scr, pre, scr = (at[line["label"]] for line in curve["lines"])
+        cells = rows[f"{size:,}" if size != curve["full"] else f"{size:,} (all)"]
+        assert cells[0] == f"{100 * pre['mean']:.2f} ± {100 * pre['std']:.2f}", (size, cells)
+        assert cells[1] == f"{100 * scr['mean']:.2f} ± {100 * scr['std']:.2f}", (size, cells)
+        assert cells[2] == f"{100 * (pre['mean'] - scr['mean']):+.2f}", (size, cells)
+        if size != curve["full"]:
+            assert cells[3] == f"{100 * full_pre['mean']:.2f} vs {100 * full_scr['mean']:.2f}", (size, cells)
+
+
+def test_the_recipe_s_wall_clock_is_its_record():
+    minutes = round(pretraining_record("encoder-30min-sop13k")["wall_s"] / 60)
+    assert f"a {minutes}-minute CPU pretraining run" in page("README.md")
+    assert f"**{minutes} minutes end to end**" in page("docs/results.md")
