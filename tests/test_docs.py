@@ -123,7 +123,8 @@ def chromium():
 def browse(browser, tmp_path, page_html, *args):
     profile = tmp_path / "chromium-profile"
     return subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={profile}",
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+         f"--user-data-dir={profile}",
          f"--window-size={WIDTH},1600", *args, page_html.as_uri()],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
