@@ -232,3 +232,22 @@ def test_single_runs_show_no_spread():
         assert "± 0.00 (n=1" not in text and not re.search(r"± 0\.00 \|", text), page
     curve = (REPO / "docs/results/compute-curve.md").read_text()
     assert "![" in curve and "(compute-curve.png)" in curve  # the page shows its plot
+
+
+def test_the_installation_page_states_what_pyproject_declares():
+    """Python version and extras on docs/installation.md are pyproject.toml's: a dependency added to an extra, or a
+    new minimum Python, fails here until the page says so."""
+    pyproject = (REPO / "pyproject.toml").read_text()  # read as text: tomllib is Python 3.11+, Kiln supports 3.10
+    requires = re.search(r'^requires-python = "([^"]+)"', pyproject, flags=re.M).group(1)
+    extras = {"(none)": re.findall(r'"([^"]+)"', pyproject.split("\ndependencies = [", 1)[1].split("]", 1)[0])}
+    section = pyproject.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    extras.update({name: re.findall(r'"([^"]+)"', value) for name, value in re.findall(r"^(\w+) = \[(.*?)\]", section,
+                                                                                          flags=re.M | re.S)})  # fmt: skip
+    assert "dev" in extras, extras
+    text = (REPO / "docs/installation.md").read_text()
+    assert f"Python {requires.removeprefix('>=')} or newer" in text and f'`requires-python = "{requires}"`' in text
+    rows = {line.split("|")[1].strip(): line.split("|")[2] for line in text.splitlines() if line.startswith("| ")}
+    for extra, requirements in extras.items():
+        named = {name.strip() for name in rows[f"`{extra}`" if extra != "(none)" else extra].split(",")}
+        wanted = {re.split(r"[<>=!~\[ ]", requirement)[0] for requirement in requirements}
+        assert named == wanted, (extra, sorted(named ^ wanted))
