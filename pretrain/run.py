@@ -217,20 +217,27 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
 
 def main(argv: list[str] | None = None):
     """Parse the config and hand the engine the run (kiln.job.run_job); returns the run's TrainState."""
-    from kiln.job import TrainingJob, run_job
 
     config = build_config(RunConfig, argv, prog="accelerate launch pretrain/run.py", description=DESCRIPTION)
+    return run_pretraining(config)
+
+
+def run_pretraining(config: RunConfig, card_summary: dict | None = None):
+    """Check a parsed config and hand the engine the run; `card_summary`: more facts for the model card (what
+    finetune/adapt.py adapted from and on)."""
+    from kiln.job import TrainingJob, run_job
+
     validate(config)
     job = TrainingJob(
         config,
-        build=partial(build_run, config),
+        build=partial(build_run, config, card_summary=card_summary),
         metadata={"model_kind": config.model.kind, "objective": config.model.objective},
         output_before_build=True,  # the tokenizer is trained into output_dir/tokenizer
     )
     return run_job(job).state
 
 
-def build_run(config: RunConfig, accelerator):
+def build_run(config: RunConfig, accelerator, card_summary: dict | None = None):
     """The run's parts: tokenizer, model and examples (`build_inputs`), evaluation, FLOPs and the model card."""
     from kiln.export import ModelCardFacts
     from kiln.job import RunParts
@@ -248,6 +255,8 @@ def build_run(config: RunConfig, accelerator):
             objective=model_cfg.objective,
             datasets=card_datasets(data_cfg),
             usage=ELECTRA_USAGE if electra else None,
+            summary={**({"initialised from": start_name(model_cfg.init_from)} if model_cfg.init_from else {}),
+                     **(card_summary or {})},  # fmt: skip
         ),
         train_dataset=data.train_dataset,
         collator=data.collator,
@@ -322,6 +331,17 @@ tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)
 encoder = AutoModel.from_pretrained("{repo}", trust_remote_code=True)
 # the generator that trained it, a small masked LM
 generator = AutoModelForMaskedLM.from_pretrained("{repo}", subfolder="generator", trust_remote_code=True)"""
+
+
+def start_name(init_from: str) -> str:
+    """The start checkpoint as a model card may name it: a Hub id as it is, a local folder by its last parts
+    (`encoder-tiny/final`: a bare `final` says nothing), never the folders above."""
+    from kiln.public import is_local_path, public_name
+
+    if not is_local_path(init_from):
+        return init_from
+    path = Path(init_from.rstrip("/"))
+    return f"{path.parent.name}/{path.name}" if path.name in ("final", "best") and path.parent.name else public_name(init_from)
 
 
 def card_datasets(data) -> list[str]:
