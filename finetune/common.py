@@ -346,15 +346,14 @@ def only_test_split(dataset):
 
 
 def dataset_names(data) -> list[str]:
-    """Names of the data for the model card: the Hub dataset, or the local files' folders."""
+    """The data named by the model card: the Hub dataset, or the local files (the card names each by its file
+    name, size and sha256, never by its folder)."""
     if data.dataset_name:
         return [data.dataset_name]
     names = []
     for path in (data.train_file, data.validation_file, data.test_file):
-        if path:
-            folder = str(Path(path).parent)
-            if folder not in names:
-                names.append(folder)
+        if path and str(path) not in names:
+            names.append(str(path))
     return names
 
 

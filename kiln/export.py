@@ -7,7 +7,6 @@ Shared by pretraining and fine-tuning through the callbacks of `kiln.callbacks` 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -224,10 +223,10 @@ def save_model_folder(accelerator: Accelerator, model, tokenizer, save_dir: str 
 
 def _write_run_files(config, state, save_dir: Path) -> None:
     """The resolved config (tokens redacted) and the training history next to the weights."""
-    from .public import save_public_config
+    from .public import save_public_config, write_public_json
 
     save_public_config(config, save_dir / "kiln_config.yaml")  # pushed with the model: no local paths, no tokens
-    (save_dir / "training_history.json").write_text(json.dumps(state.history, indent=1))
+    write_public_json(save_dir / "training_history.json", state.history, indent=1)
 
 
 def run_summary(accelerator: Accelerator, model, training, state, card: ModelCardFacts) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """What a run trained on, as a fingerprint saved with every checkpoint and compared on resume.
 
-Local files are named by their path relative to the folder they share (never by where they lie on the user's
-disk: checkpoints may be pushed to the Hub) with their size and sha256, read in 1 MiB blocks so memory stays
+Local files are named by their file name (`kiln.public.public_file_names`: never by where they lie on the user's
+disk, checkpoints may be pushed to the Hub) with their size and sha256, read in 1 MiB blocks so memory stays
 flat however large the corpus. A Hub dataset is named by its name, configuration and revision; a prepared
 corpus folder (`data.prepared`) by its manifest files. A resume whose data differs is refused like a changed
 setting (`check_data_change`), with one line naming what changed.
@@ -15,6 +15,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from .public import public_file_names, write_public_json
 
 FINGERPRINT_FILE = "data_fingerprint.json"
 """Written into every checkpoint next to its kiln_config.yaml."""
@@ -66,11 +68,7 @@ def data_fingerprint(data: Any) -> dict[str, str]:
                 prints[f"hub {key}"] = str(getattr(data, key))
         return prints
     files = _local_files(data)
-    if not files:
-        return prints
-    root = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
-    for path in files:
-        name = os.path.relpath(os.path.abspath(path), root)
+    for path, name in zip(files, public_file_names(files)):
         prints[name] = f"{os.path.getsize(path)} bytes, sha256 {sha256_file(path)}"
     return prints
 
@@ -84,15 +82,30 @@ def _prepared_fingerprint(folder: Path) -> dict[str, str]:
         return {f"prepared {p.name}": f"{p.stat().st_size} bytes, sha256 {sha256_file(p)}" for p in folder.glob("*.json")}
     prints = {}
     for split, sources in sorted((manifest.get("sources") or {}).items()):
-        for source in sources:
-            prints[f"{split}: {source['name']}"] = f"{source['bytes']} bytes, sha256 {source['sha256']}"
+        for source, name in zip(sources, public_file_names([source["name"] for source in sources])):
+            prints[f"{split}: {name}"] = f"{source['bytes']} bytes, sha256 {source['sha256']}"
     shards = json.dumps(manifest.get("shards"), sort_keys=True).encode()
     prints["prepared shards"] = f"{len(shards)} bytes, sha256 {hashlib.sha256(shards).hexdigest()}"
     return prints
 
 
 def write_fingerprint(prints: dict[str, str], folder: Path) -> None:
-    (Path(folder) / FINGERPRINT_FILE).write_text(json.dumps(prints, indent=1, sort_keys=True))
+    write_public_json(Path(folder) / FINGERPRINT_FILE, prints, indent=1, sort_keys=True)
+
+
+def _by_file_name(prints: dict[str, str]) -> dict[str, str]:
+    """A fingerprint with its files named as `data_fingerprint` names them now: checkpoints written when files were
+    named by their path relative to a common folder compare by file name."""
+    groups: dict[str, list[str]] = {}
+    for key in sorted(prints):
+        if not key.startswith(("hub ", "prepared ")):
+            split, sep, name = key.partition(": ") if ": " in key else ("", "", key)
+            groups.setdefault(split + sep, []).append(key)
+    renamed = {key: value for key, value in prints.items() if key.startswith(("hub ", "prepared "))}
+    for prefix, keys in groups.items():
+        for key, name in zip(keys, public_file_names([key[len(prefix) :] for key in keys])):
+            renamed[prefix + name] = prints[key]
+    return renamed
 
 
 def saved_fingerprint(checkpoint: Path) -> dict[str, str] | None:
@@ -105,6 +118,7 @@ def saved_fingerprint(checkpoint: Path) -> dict[str, str] | None:
 
 def data_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
     """What differs between two fingerprints, one short phrase each: `b.txt 1200 -> 1350 bytes`, ..."""
+    old, new = _by_file_name(old), _by_file_name(new)
     changes = []
     for name in sorted(set(old) | set(new)):
         before, after = old.get(name), new.get(name)

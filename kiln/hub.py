@@ -11,6 +11,7 @@ the runner logs or saves.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import math
 import os
@@ -23,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx2
 import huggingface_hub
@@ -31,7 +33,7 @@ from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundErro
 from huggingface_hub.utils import filter_repo_objects
 
 from .config import flatten
-from .public import describe_data_files, public_name
+from .public import card_text, describe_data_files, public_name, public_text
 from .redaction import redact, register_token
 
 logger = logging.getLogger(__name__)
@@ -446,11 +448,12 @@ _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
 def _format_value(value) -> str:
+    """A number as the card shows it; anything else as text (`card_text`: no markup, no local path)."""
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
         return f"{value:,}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return card_text(value)
 
 
 def _format_duration(seconds: float) -> str:
@@ -463,7 +466,7 @@ _HIGHLIGHTS = [  # summary facts that open the training section, under any of th
     ("Optimizer steps", ("steps", "optimizer steps", "global_step"), _format_value),
     ("Tokens seen", ("tokens", "tokens seen"), _format_value),
     ("Training time", ("time_s", "training time (s)", "train_time_s"), _format_duration),
-    ("Hardware", ("hardware", "device"), str),
+    ("Hardware", ("hardware", "device"), card_text),
 ]
 
 
@@ -509,7 +512,7 @@ def write_model_card(
     facts = {k: public_name(v) for k, v in flatten(summary).items() if not _SECRET_KEY.search(k.lower())}
     local_data = [d for d in datasets if not _is_hub_dataset(d)]
     lines = [
-        f"# {model_name}",
+        f"# {card_text(model_name)}",
         "",
         _card_origin(model_kind, base_model, [public_name(d) for d in datasets]),
         *_data_section(local_data),
@@ -518,7 +521,7 @@ def write_model_card(
         *_loss_curve_section(_place_plot(loss_plot, save_dir)),
         *_usage_section(task, model_id or local_usage_name(final_dir or save_dir)),
     ]
-    content = redact(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(lines))
+    content = public_text(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(lines))
     try:
         ModelCard(content)  # parses the metadata back, model-index included
     except ValueError as err:
@@ -594,12 +597,14 @@ def _card_origin(model_kind: str, base_model: str | list[str] | None, datasets: 
     """The card's first sentence: what the model is, where it started, what it was trained on."""
     bases = [base_model] if isinstance(base_model, str) else list(base_model or [])
     origin = (
-        "fine-tuned from " + " and ".join(f"[{b}](https://huggingface.co/{b})" for b in bases)
+        "fine-tuned from "
+        + " and ".join(f"[{card_text(b)}](https://huggingface.co/{b})" if _HUB_ID.match(b) else card_text(b) for b in bases)
         if bases
         else "pretrained"
     )
-    trained_on = ", ".join(f"`{d}`" for d in datasets) or "local text"
-    return f"{'An' if model_kind[:1].lower() in 'aeiou' else 'A'} {model_kind} {origin} with Kiln on {trained_on}."
+    trained_on = ", ".join(card_text(d) for d in datasets) or "local text"
+    kind = card_text(model_kind)
+    return f"{'An' if model_kind[:1].lower() in 'aeiou' else 'A'} {kind} {origin} with Kiln on {trained_on}."
 
 
 def _training_section(facts: dict) -> list[str]:
@@ -611,7 +616,7 @@ def _training_section(facts: dict) -> list[str]:
             lines.append(f"- {label}: {fmt(facts[key])}")
     if facts:
         lines += ["", "| setting | value |", "|---|---|"]
-        lines += [f"| {key} | {_format_value(value)} |" for key, value in facts.items()]
+        lines += [f"| {card_text(key)} | {_format_value(value)} |" for key, value in facts.items()]
     return lines
 
 
@@ -619,11 +624,11 @@ def _results_section(metrics: dict[str, float]) -> list[str]:
     if not metrics:
         return []
     lines = ["", "## Results", "", "| metric | value |", "|---|---|"]
-    return lines + [f"| {name} | {_format_value(float(value))} |" for name, value in metrics.items()]
+    return lines + [f"| {card_text(name)} | {_format_value(float(value))} |" for name, value in metrics.items()]
 
 
 def _loss_curve_section(plot_ref: str | None) -> list[str]:
-    return ["", "## Loss curve", "", f"![Training loss]({plot_ref})"] if plot_ref else []
+    return ["", "## Loss curve", "", f"![Training loss]({quote(plot_ref)})"] if plot_ref else []
 
 
 def _usage_section(task: str, repo: str) -> list[str]:
@@ -632,8 +637,8 @@ def _usage_section(task: str, repo: str) -> list[str]:
     usage = [
         f"from transformers import {auto_class}, AutoTokenizer",
         "",
-        f'tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)',
-        f'model = {auto_class}.from_pretrained("{repo}", trust_remote_code=True)',
+        f"tokenizer = AutoTokenizer.from_pretrained({json.dumps(repo)}, trust_remote_code=True)",
+        f"model = {auto_class}.from_pretrained({json.dumps(repo)}, trust_remote_code=True)",
     ]
     if task in _USAGE_TAIL:
         usage.append(_USAGE_TAIL[task])

@@ -46,7 +46,7 @@ from .errors import ConfigError
 from .export import follow_umask
 from .fingerprint import write_fingerprint
 from .nodes import writes_run_files
-from .public import save_public_config
+from .public import save_public_config, write_public_json
 from .run_setup import check_step_counts, optimizer_steps_per_epoch, release_output_lock
 from .train_state import TrainState
 
@@ -302,7 +302,7 @@ class Trainer:
                     follow_umask(tmp)  # safetensors writes model.safetensors owner-only
                     meta = {"global_step": self.state.global_step, "epoch": self.state.epoch, **self.metadata,
                             **layout_of(self.training, acc.num_processes).as_dict()}
-                    (tmp / TRAINER_STATE_FILE).write_text(json.dumps(meta, indent=2))
+                    write_public_json(tmp / TRAINER_STATE_FILE, meta, indent=2)
                     if self.run_config is not None:
                         save_public_config(self.run_config, tmp / CONFIG_FILE)  # pushed by hub.strategy checkpoint
                         write_fingerprint(self._data_fingerprint(), tmp)

@@ -58,6 +58,67 @@ def validate(config: RunConfig) -> None:
             f"data.max_seq_length={config.data.max_seq_length} exceeds model.max_position_embeddings="
             f"{model.max_position_embeddings}: lower data.max_seq_length or raise model.max_position_embeddings"
         )
+    if config.data.prepared:
+        check_prepared_sources(config.data)
+
+
+def check_prepared_sources(data) -> None:
+    """A run with data.prepared trains on the sources its manifest records: data named beside it (a Hub dataset,
+    training or validation files other than those sources) would be ignored, so it is a one-line ConfigError.
+    Files given that this machine does not hold are not compared (the corpus may have been prepared elsewhere)."""
+    import glob
+    import json
+    from collections import Counter
+
+    from kiln.config import resolve_path
+    from kiln.public import public_file_names, public_name
+    from pretrain.config import DataConfig
+
+    where = f"data.prepared {public_name(data.prepared)}"
+    if data.dataset_name:
+        raise ConfigError(
+            f"data.dataset_name {data.dataset_name} and {where} name two corpora; drop one (a prepared folder "
+            "trains on the files it was prepared from)"
+        )
+    folder = Path(resolve_path(data.prepared))
+    sources = None
+    for name in ("manifest.json", "plan.json"):
+        try:
+            sources = json.loads((folder / name).read_text())["sources"]
+            break
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    if not isinstance(sources, dict):
+        return  # not a prepared folder: opening it says so
+    given = {
+        "data.data_files": ("train", None if data.data_files == DataConfig().data_files else data.data_files),
+        "data.validation_files": ("validation", data.validation_files),
+    }
+    for option, (split, patterns) in given.items():
+        if not patterns:
+            continue
+        files: list[str] = []
+        unmatched = False
+        for pattern in patterns:
+            matched = sorted(p for p in glob.glob(resolve_path(pattern), recursive=True) if os.path.isfile(p))
+            unmatched |= not matched
+            files += [p for p in matched if p not in files]
+        recorded = sources.get(split) or []
+        prepared = Counter(
+            zip(public_file_names([os.path.basename(str(s.get("name"))) for s in recorded]), [s.get("bytes") for s in recorded])
+        )
+        named = Counter(zip(public_file_names(files), [os.path.getsize(p) for p in files]))
+        extra, missing = named - prepared, Counter() if unmatched else prepared - named
+        if extra or missing:
+            what = (
+                f"{next(iter(extra))[0]} ({next(iter(extra))[1]:,} bytes) is not among its {split} sources"
+                if extra
+                else f"its {split} source {next(iter(missing))[0]} is not among them"
+            )
+            raise ConfigError(
+                f"--{option} names other files than {where} was prepared from ({what}); drop --{option} (the run "
+                "trains on the prepared sources) or prepare the corpus again from these files"
+            )
 
 
 def validate_electra(model) -> None:
@@ -345,10 +406,13 @@ def start_name(init_from: str) -> str:
 
 
 def card_datasets(data) -> list[str]:
-    """The data named by the model card: the Hub dataset, or the local files (kept out of its Hub metadata)."""
+    """The data named by the model card: the Hub dataset, a prepared corpus folder (the card lists the sources its
+    manifest records), or the local training and validation files (kept out of its Hub metadata)."""
     if data.dataset_name:
         return [data.dataset_name]
-    return list(data.data_files)
+    if data.prepared:
+        return [data.prepared]
+    return [*data.data_files, *(data.validation_files or [])]
 
 
 def cli(argv: list[str] | None = None):

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from kiln.config import REPO_ROOT
+from kiln.public import public_file_names
 from .common import DataError
 from .corpus import (
     _ANY_HEADING,
@@ -122,13 +122,9 @@ def resolve_sources(cfg_data, option: str = "data.data_files") -> list[Source]:
 
 
 def _display_names(files: list[str]) -> list[str]:
-    """Paths relative to the repository (its own data) or to the files' common folder: never absolute."""
-    absolute = [os.path.abspath(f) for f in files]
-    root = str(REPO_ROOT)
-    if all(p.startswith(root + os.sep) for p in absolute):
-        return [os.path.relpath(p, root) for p in absolute]
-    common = os.path.commonpath([os.path.dirname(p) for p in absolute])
-    return [os.path.relpath(p, common) for p in absolute]
+    """What the manifest calls the files: their file names, never where they lie (`kiln.public.public_file_names`:
+    a prepared folder, and the fingerprints and model cards made from it, may be published)."""
+    return public_file_names(files)
 
 
 def file_sha256(path: str) -> str:

@@ -1,0 +1,193 @@
+"""Nothing Kiln publishes names the user's disk: every file of `final/`, `checkpoints/`, `hub-export/` and every
+commit pushed to the Hub names data by what it is (file name, size, sha256), never by where it lies; a prepared
+run's card names the prepared data; the card shows user-controlled names as text, never as markup.
+
+Every case runs as a user runs it (`accelerate launch`, `python -m pretrain.data prepare`) in a fresh process,
+with the data in two separate trees (one inside a home folder whose name is the user's) and HOME pointing there."""
+
+import html
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kiln_testing import DEBUG, REPO
+from test_finetune_scripts import write_sentiment
+from test_trust import ONE_STEP, error_line, finish, launch, pushed_files
+
+USER = "alice-xyz"
+
+
+def corpus_in_two_trees(tmp_path: Path) -> tuple[Path, list[Path], Path]:
+    """(home, training files, validation file): the shipped books copied into the user's home, all but one
+    training, that one validating from a tree outside it (a shared disk)."""
+    home = tmp_path / "home" / USER
+    books = sorted((REPO / "data/pretrain").glob("*.txt"))
+    train = home / "corpora" / "books"
+    train.mkdir(parents=True)
+    for book in books[:-1]:
+        shutil.copy(book, train / book.name)
+    held_out = tmp_path / "mnt" / "shared" / USER / "held-out"
+    held_out.mkdir(parents=True)
+    shutil.copy(books[-1], held_out / books[-1].name)
+    return home, sorted(train.iterdir()), held_out / books[-1].name
+
+
+def published_leaks(tmp_path: Path, home: Path, files: dict[str, bytes]) -> dict[str, list[str]]:
+    """{published file: the private strings it holds} (none should)."""
+    private = [str(tmp_path), str(home), str(Path.home()), USER, "/home/", "/mnt/"]
+    leaks = {name: [p for p in private if p.encode() in data] for name, data in files.items()}
+    return {name: found for name, found in leaks.items() if found}
+
+
+def folder_files(folder: Path, label: str) -> dict[str, bytes]:
+    return {f"{label}/{p.relative_to(folder)}": p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_nothing_published_names_the_users_disk(tmp_path, hub):
+    home, train, validation = corpus_in_two_trees(tmp_path)
+    env = {"HOME": str(home), "USER": USER, "LOGNAME": USER}
+    pretrained = home / "runs" / "enc"
+    proc = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", pretrained,
+                  "--data.data_files", f"{train[0].parent}/*.txt", "--data.validation_files", validation,
+                  "--training.max_steps", 2, "--training.save_steps", 2, "--training.eval_steps", 2,
+                  "--hub.push_to_hub", "--hub.model_id", "kiln-test/enc", "--hub.strategy", "checkpoint",
+                  env_extra=env)  # fmt: skip
+    ((code, output),) = finish(proc)
+    assert code == 0, output[-3000:]
+
+    sentiment = write_sentiment(tmp_path, sizes=(16, 8, 8))
+    (home / "tasks").mkdir()
+    (tmp_path / "mnt" / "dev").mkdir()
+    train_csv = shutil.copy(sentiment["train"], home / "tasks" / "train.csv")
+    validation_csv = shutil.copy(sentiment["validation"], tmp_path / "mnt" / "dev" / "validation.csv")
+    test_csv = shutil.copy(sentiment["test"], home / "tasks" / "test.csv")
+    finetuned = home / "runs" / "cls"
+    procs = [
+        launch("finetune/classify.py", "--model.checkpoint", pretrained / "final", "--training.output_dir", finetuned,
+               "--data.train_file", train_csv, "--data.validation_file", validation_csv,
+               "--data.test_file", test_csv,
+               "--training.max_steps", 2, "--training.save_steps", 2, "--training.eval_steps", 2,
+               "--training.per_device_train_batch_size", 8, "--hub.push_to_hub", "--hub.model_id", "kiln-test/cls",
+               env_extra=env),  # fmt: skip
+        launch("finetune/classify.py", "--model.checkpoint", pretrained / "final", "--model.from_scratch",
+               "--training.output_dir", home / "runs" / "scratch", *ONE_STEP,
+               "--data.train_file", train_csv, "--data.validation_file", validation_csv,
+               "--data.test_file", test_csv,
+               "--training.per_device_train_batch_size", 8, env_extra=env),  # fmt: skip
+    ]
+    for code, output in finish(*procs):
+        assert code == 0, output[-3000:]
+
+    published = pushed_files(hub, "kiln-test/enc") | pushed_files(hub, "kiln-test/cls")
+    assert any(name.endswith("last-checkpoint/data_fingerprint.json") for name in published)
+    for run in (pretrained, finetuned, home / "runs" / "scratch"):
+        for part in ("final", "checkpoints", "best", "hub-export"):
+            if (run / part).is_dir():
+                published |= folder_files(run / part, f"{run.name}/{part}")
+    fingerprint_name = f"{pretrained.name}/checkpoints/step-00000002/data_fingerprint.json"
+    assert fingerprint_name in published, sorted(published)
+    assert f"{finetuned.name}/final/README.md" in published
+    assert published_leaks(tmp_path, home, published) == {}
+
+    # the data is named by what it is: every file by its name and content hash
+    fingerprint = published[fingerprint_name].decode()
+    card = published[f"{pretrained.name}/final/README.md"].decode()
+    for path in [*train, validation]:
+        assert path.name in fingerprint
+        assert path.name in card
+    cls_card = published[f"{finetuned.name}/final/README.md"].decode()
+    assert "train.csv" in cls_card and "validation.csv" in cls_card and "sha256" in cls_card
+    assert "| initialisation | pretrained (final) |" in cls_card, cls_card
+    scratch_card = published["scratch/final/README.md"].decode()
+    assert "| initialisation | random (from scratch, shape and tokenizer of final) |" in scratch_card
+    # the run folder's own config (never published) keeps the full paths
+    assert str(validation) in (pretrained / "config.yaml").read_text()
+
+
+EVIL = "a`<img src=x onerror=alert(1)>`.txt"
+"""A corpus file name that, pasted into a code span, closes it and leaves a live tag."""
+
+
+def small_corpus_in_two_trees(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(home, training folder, validation file): a few hundred paragraphs of the shipped books in files of names
+    the books do not have (one of them `EVIL`), validation outside the home folder."""
+    home = tmp_path / "home" / USER
+    paragraphs = []
+    for book in sorted((REPO / "data/pretrain").glob("*.txt")):
+        paragraphs += [p.strip() for p in book.read_text(encoding="utf-8").split("\n\n") if p.strip()][40:140]
+    train = home / "corpora" / "notes"
+    train.mkdir(parents=True)
+    for i, name in enumerate(["notes-1.txt", "notes-2.txt", EVIL]):
+        (train / name).write_text("\n\n".join(paragraphs[i * 150 : (i + 1) * 150]) + "\n", encoding="utf-8")
+    held_out = tmp_path / "mnt" / "shared" / USER / "held-out"
+    held_out.mkdir(parents=True)
+    (held_out / "notes-dev.txt").write_text("\n\n".join(paragraphs[450:520]) + "\n", encoding="utf-8")
+    return home, train, held_out / "notes-dev.txt"
+
+
+def rendered(card: str) -> str:
+    """The card's markdown as HTML, by a CommonMark renderer that passes raw HTML through (as a page would)."""
+    from markdown_it import MarkdownIt
+
+    body = card.split("\n---\n", 1)[1]  # after the YAML header
+    return MarkdownIt("commonmark").enable("table").render(body)
+
+
+def test_a_prepared_runs_card_names_the_prepared_sources_as_text_and_conflicting_data_is_one_line(tmp_path):
+    home, train, validation = small_corpus_in_two_trees(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home), "USER": USER}
+    prepared = home / "prepared"
+    subprocess.run(
+        [sys.executable, "-m", "pretrain.data", "prepare", "--config", str(DEBUG), "--output", str(prepared),
+         "--data.data_files", f"{train}/*.txt", "--data.validation_files", str(validation),
+         "--tokenizer.input_sentence_size", "2000"],
+        cwd=REPO, env=env, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300,
+    )  # fmt: skip
+    other = tmp_path / "other.txt"
+    other.write_text("Another corpus altogether.\n", encoding="utf-8")
+    out = home / "runs" / "prep"
+    procs = [
+        launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", out, "--data.prepared", prepared,
+               "--training.max_steps", 1, "--training.save_steps", 1, "--training.eval_steps", 1,
+               env_extra={"HOME": str(home), "USER": USER}),  # fmt: skip
+        launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", home / "runs" / "same",
+               "--data.prepared", prepared, "--data.data_files", f"{train}/*.txt",
+               "--data.validation_files", validation, *ONE_STEP),  # fmt: skip
+        launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "x",
+               "--data.prepared", prepared, "--data.data_files", other),  # fmt: skip
+        launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "y",
+               "--data.prepared", prepared, "--data.validation_files", other),  # fmt: skip
+    ]
+    (code, output), (same_code, same_output), *conflicts = finish(*procs)
+    assert code == 0, output[-3000:]
+    assert same_code == 0, same_output[-3000:]  # flags that name the prepared sources are consistent
+    for (conflict_code, conflict_output), option, split in zip(
+        conflicts, ("data.data_files", "data.validation_files"), ("train", "validation")
+    ):
+        assert conflict_code != 0
+        assert error_line(conflict_output) == (
+            f"error: --{option} names other files than data.prepared prepared was prepared from (other.txt "
+            f"(27 bytes) is not among its {split} sources); drop --{option} (the run trains on the prepared "
+            "sources) or prepare the corpus again from these files"
+        )
+        assert not (tmp_path / ("x" if split == "train" else "y")).exists()
+
+    # the card lists the sources the manifest records (name, size, sha256), not the default data_files
+    card = (out / "final" / "README.md").read_text(encoding="utf-8")
+    for name in ("notes-1.txt", "notes-2.txt", "notes-dev.txt"):
+        size = (validation if name == "notes-dev.txt" else train / name).stat().st_size
+        assert re.search(rf"{re.escape(name)} \({size:,} bytes, sha256 [0-9a-f]{{16}}\)", card), card
+    assert "frankenstein" not in card and "pretrain/\\*.txt" not in card
+    # the file name with backticks and a tag is shown as text: no live tag, the name itself in the page's text
+    page = rendered(card)
+    assert "<img src=x" not in card and not re.search(r"<[^>]*onerror", page), page
+    assert page.count("<img") == 1  # the loss curve
+    assert EVIL in html.unescape(re.sub(r"<[^>]+>", "", page)), page
+
+    published = folder_files(out / "final", "final") | folder_files(out / "checkpoints", "checkpoints")
+    assert "checkpoints/step-00000001/data_fingerprint.json" in published, sorted(published)
+    published |= {name: (prepared / name).read_bytes() for name in ("manifest.json", "plan.json")}
+    assert published_leaks(tmp_path, home, published) == {}
