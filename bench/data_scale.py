@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import psutil  # noqa: E402
 
+from bench.wide_corpus import write_wide_corpus  # noqa: E402
 from pretrain.data.corpus import split_documents  # noqa: E402
 
 MB = 1_000_000
@@ -56,8 +57,11 @@ def book_documents() -> list[str]:
     return documents
 
 
-def write_corpus(folder: Path, megabytes: float, layout: str, seed: int = 0) -> int:
-    """Shuffled copies of the books' documents until `megabytes`: one file per copy or one big file."""
+def write_corpus(folder: Path, megabytes: float, layout: str, seed: int = 0, corpus: str = "wide") -> int:
+    """`megabytes` of text in one file (`big`) or in files of about 2 MB (`files`): the wide-vocabulary corpus
+    (bench/wide_corpus.py), or shuffled copies of the books' documents (`books`, one file per copy)."""
+    if corpus == "wide":
+        return write_wide_corpus(folder, megabytes, layout, seed)
     folder.mkdir(parents=True, exist_ok=True)
     documents = book_documents()
     rng = random.Random(seed)
@@ -225,6 +229,75 @@ def time_to_first_step(prepared: Path, run_dir: Path, extra: list[str], timeout:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _anon_kb(pid: int) -> tuple[int, int]:
+    """(RssAnon, VmHWM) of a process in KiB, from /proc (0, 0 when it is gone)."""
+    values = {}
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(("RssAnon:", "VmHWM:")):
+                    name, number = line.split()[:2]
+                    values[name] = int(number)
+    except OSError:
+        pass
+    return values.get("RssAnon:", 0), values.get("VmHWM:", 0)
+
+
+def training_memory(prepared: Path, run_dir: Path, extra: list[str], repo: Path = REPO_ROOT,
+                    timeout: float = 900) -> dict:
+    """A 1-step run from the prepared folder (`accelerate launch`, one process, to its end: evaluation and the
+    final save included), its training process's memory polled every 0.05 s from /proc: the peak of RssAnon,
+    its anonymous memory (what the process itself allocated; the shards' and the cache's mapped pages, shared
+    by every process of a node through the page cache, are not in it), and VmHWM, its peak RSS (mapped pages
+    included)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    command = [
+        "accelerate", "launch", "--num_processes", "1", "pretrain/run.py", "--data.prepared", str(prepared),
+        "--training.output_dir", str(run_dir), "--training.max_steps", "1", "--logging.logging_steps", "1",
+        "--training.eval_steps", "1000", "--training.save_steps", "1000", *extra,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    before = load()
+    start = time.perf_counter()
+    process = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    peaks: dict[int, list[int]] = {}
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            try:
+                children = psutil.Process(process.pid).children(recursive=True)
+            except psutil.Error:
+                children = []
+            for child in children:
+                anon, hwm = _anon_kb(child.pid)
+                peak = peaks.setdefault(child.pid, [0, 0])
+                peak[0], peak[1] = max(peak[0], anon), max(peak[1], hwm)
+            done.wait(0.05)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        done.set()
+        thread.join()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if process.returncode != 0:
+        raise SystemExit(f"the 1-step run failed ({process.returncode}):\n{output.decode(errors='replace')[-3000:]}")
+    anon, hwm = max(peaks.values(), default=[0, 0])  # the training process: the largest of the launch's children
+    return {"train_peak_anon_mb": round(anon * 1024 / MB, 1), "train_peak_rss_mb": round(hwm * 1024 / MB, 1),
+            "train_wall_s": round(time.perf_counter() - start, 2), "train_load": [before, load()]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=float, nargs="+", default=[50, 200, 1000], help="corpus sizes in MB")
@@ -234,28 +307,46 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workdir", default=None, help="where corpora and prepared folders go (default: a temp dir)")
     parser.add_argument("--no-first-step", action="store_true", help="skip the time-to-first-step runs")
     parser.add_argument("--keep-corpus", action="store_true")
+    parser.add_argument("--corpus", choices=["wide", "books"], default="wide",
+                        help="wide: a Zipf vocabulary with one-off tokens (bench/wide_corpus.py); books: copies")
+    parser.add_argument("--no-training-memory", action="store_true", help="skip the 1-step runs' memory")
+    parser.add_argument("--training-repo", nargs="*", default=[],
+                        help="other checkouts whose 1-step run is measured on the same folder too (before/after)")
     parser.add_argument("extra", nargs="*", help="dotted config overrides for prepare and the run (after --)")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kiln-data-scale-"))
     results = {
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "config": "pretrain/run.py defaults" + (f" + {' '.join(args.extra)}" if args.extra else ""),
+        "corpus": args.corpus,
         "rows": [],
     }
     for size in args.sizes:
         for layout in args.layouts:
             corpus = workdir / f"corpus-{layout}-{size:g}"
             shutil.rmtree(corpus, ignore_errors=True)
-            corpus_bytes = write_corpus(corpus, size, layout)
+            corpus_bytes = write_corpus(corpus, size, layout, corpus=args.corpus)
             for num_proc in args.num_proc:
                 output = workdir / f"prepared-{layout}-{size:g}-{num_proc}"
                 row = {"layout": layout, "corpus_mb": round(corpus_bytes / MB, 1),
                        "files": len(list(corpus.glob("*.txt")))}
                 row.update(run_prepare(corpus, output, num_proc, args.extra))
                 row["mb_per_cpu_s"] = round(corpus_bytes / MB / row["cpu_s"], 2)
+                # the training runs keep the corpus's offset arrays and pair plans in a cache folder of their
+                # own, emptied before each run: every run starts from a cold cache, as a first run does
+                cache = ["--data.cache_dir", str(workdir / "cache")]
                 if not args.no_first_step and num_proc == args.num_proc[0]:
-                    row.update(time_to_first_step(output, workdir / "run", args.extra))
+                    shutil.rmtree(workdir / "cache", ignore_errors=True)
+                    row.update(time_to_first_step(output, workdir / "run", args.extra + cache))
                     row["load_after_first_step"] = round(os.getloadavg()[0], 2)
+                if not args.no_training_memory and num_proc == args.num_proc[0]:
+                    shutil.rmtree(workdir / "cache", ignore_errors=True)
+                    row.update(training_memory(output, workdir / "run", args.extra + cache))
+                    for other in args.training_repo:
+                        shutil.rmtree(workdir / "cache", ignore_errors=True)
+                        measured = training_memory(output, workdir / "run", args.extra + cache, Path(other))
+                        row.setdefault("other_code", []).append(
+                            {"repo": Path(other).name, **measured})
                 if num_proc != args.num_proc[0]:
                     shutil.rmtree(output, ignore_errors=True)
                 results["rows"].append(row)
@@ -265,6 +356,7 @@ def main(argv: list[str] | None = None) -> dict:
                     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
             for output in workdir.glob(f"prepared-{layout}-{size:g}-*"):
                 shutil.rmtree(output, ignore_errors=True)
+            shutil.rmtree(workdir / "cache", ignore_errors=True)
             if not args.keep_corpus:
                 shutil.rmtree(corpus, ignore_errors=True)
     return results

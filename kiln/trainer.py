@@ -228,7 +228,7 @@ class Trainer:
 
     def _train_sampler(self, dataset, generator: torch.Generator):
         if not self.training.group_by_length:
-            return RandomSampler(dataset, generator=generator)
+            return _RandomOrder(dataset, generator=generator)
         from transformers.trainer_pt_utils import LengthGroupedSampler
 
         return LengthGroupedSampler(
@@ -960,6 +960,20 @@ class _Prefix(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return self.length
+
+
+class _RandomOrder(RandomSampler):
+    """RandomSampler's order (the same torch.randperm draws) without its Python list of every index: the
+    permutation is read out in chunks, so an epoch of millions of examples costs 8 bytes per example."""
+
+    def __iter__(self):
+        n = len(self.data_source)
+        if self.replacement or self.generator is None or self._num_samples is not None or n == 0:
+            yield from super().__iter__()
+            return
+        for chunk in torch.randperm(n, generator=self.generator).split(1 << 16):
+            yield from chunk.tolist()
+        torch.randperm(n, generator=self.generator)  # RandomSampler draws a second, empty tail: the same state
 
 
 def _with_example_index(dataset, collator):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -30,7 +31,7 @@ def _book_corpus(folder: Path, documents: int = 400) -> None:
 
 def _write_config(root: Path, corpus: Path, *, kind: str = "encoder") -> Path:
     config = yaml.safe_load((REPO / "configs/pretrain/debug.yaml").read_text())
-    config["data"].update(data_files=[str(corpus / "*.txt")], max_train_documents=None)
+    config["data"].update(data_files=[str(corpus / "*.txt")], max_train_documents=None, max_eval_documents=None)
     config["tokenizer"].update(input_sentence_size=2000)
     config["model"]["kind"] = kind
     path = root / f"config-{kind}.yaml"
@@ -64,9 +65,30 @@ def _prepare_with_cache_limit(config: Path, output: Path, limit: int | None, *ex
     )  # fmt: skip
 
 
+def test_the_wide_corpus_has_a_growing_vocabulary_and_is_the_same_in_both_layouts(tmp_path):
+    from bench.wide_corpus import write_wide_corpus
+
+    assert write_wide_corpus(tmp_path / "big", 1.5, "big", seed=3) == 1_500_000
+    assert write_wide_corpus(tmp_path / "files", 1.5, "files", seed=3) == 1_500_000
+    files = sorted((tmp_path / "files").glob("*.txt"))
+    assert len(files) == 1 and files[0].read_bytes() == (tmp_path / "big" / "corpus.txt").read_bytes()
+    assert write_wide_corpus(tmp_path / "other", 1.5, "big", seed=4) == 1_500_000
+    assert (tmp_path / "other" / "corpus.txt").read_bytes() != (tmp_path / "big" / "corpus.txt").read_bytes()
+    text = (tmp_path / "big" / "corpus.txt").read_text(encoding="utf-8")
+    documents = [d for d in text.split("\n\n") if d.strip()]
+    first, second = text[: len(text) // 2].split(), text[len(text) // 2 :].split()
+    assert len(documents) > 1000
+    # many distinct pieces (one-off codes, numbers, URLs, user names, a Zipf tail), and still new ones coming
+    assert len(set(first)) > 0.15 * len(first) and len(set(second) - set(first)) > 0.1 * len(second)
+    for pattern in ("REF-", "https://", "@"):
+        assert text.count(pattern) > 500, pattern
+
+
 def test_a_full_piece_cache_starts_again_without_losing_the_batch(tmp_path):
+    from bench.wide_corpus import write_wide_corpus
+
     corpus = tmp_path / "corpus"
-    _book_corpus(corpus)
+    write_wide_corpus(corpus, 0.6, "big")
     config = _write_config(tmp_path, corpus)
     reference = _prepare_with_cache_limit(config, tmp_path / "reference", None)
     assert reference.returncode == 0, reference.stdout + reference.stderr
@@ -205,3 +227,72 @@ def test_group_by_length_on_a_prepared_corpus_reads_no_example_to_order_them(pre
     size, count = train_reads()
     assert count >= size
     assert losses(tmp_path / "rows") == grouped and sorted(grouped) == [1, 2, 3]
+
+
+def test_offsets_and_pair_plans_are_mapped_from_a_cache_written_once(prepared_books, tmp_path):
+    """A run's offset arrays and each epoch's pair plan are files in the cache folder, mapped (not held) by
+    every process; a second build maps them without writing; the next epoch's plan replaces the previous one;
+    and the examples are those planned in memory."""
+    from kiln.config import build_config
+    from pretrain.config import RunConfig
+    from pretrain.data.pipeline import EVAL_EPOCH
+    from pretrain.data.prepared import (
+        PairExamples,
+        PreparedCorpus,
+        build_prepared_data,
+        plan_pairs,
+        split_documents_like_memory,
+    )
+
+    config, out = prepared_books
+    cache = tmp_path / "cache"
+    cfg = build_config(RunConfig, ["--config", str(config), "--data.cache_dir", str(cache)])
+    corpus = PreparedCorpus.open(str(out))
+    tokenizer = corpus.load_tokenizer(cfg.data.max_seq_length)
+
+    def build():
+        return build_prepared_data(corpus, cfg.data, tokenizer, "encoder", cfg.model.objective, 42, 64)
+
+    data = build()
+    folder = corpus.cache_folder(str(cache))
+    assert folder.parent == cache / "kiln-prepared"
+    train = data.train_dataset(0)
+    assert isinstance(train, PairExamples) and isinstance(train.plan.a_start, np.memmap)
+    assert isinstance(train.index.sentence_tokens, np.memmap)
+    names = sorted(p.name for p in folder.iterdir())
+    assert [n.split("-")[1] for n in names if n.startswith("pairs-")] == ["eval", "train"]
+    assert "index-train" in names
+    stamps = {p: p.stat().st_mtime_ns for p in folder.rglob("*.bin")}
+    again = build()
+    again_train = again.train_dataset(0)
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*.bin")} == stamps  # mapped, not written again
+    # the mapped plan is the one planned in memory (the validation pairs: one pool, epoch "eval")
+    _, validation = split_documents_like_memory(again_train.index, cfg.data, False)
+    task = "nsp" if cfg.model.objective == "mlm+nsp" else "sop"
+    memory = plan_pairs(again_train.index, validation, 64, cfg.data.short_seq_prob, cfg.data.nsp_probability, 42,
+                        EVAL_EPOCH, task, len(validation))  # fmt: skip
+    for name in ("a_start", "a_end", "b_start", "b_end", "label"):
+        assert np.array_equal(getattr(memory, name), getattr(again.eval_dataset.plan, name)), name
+    assert len(memory.label) > 10
+    # epoch 1 replaces epoch 0's plan (written by this process)
+    previous = {n for n in names if n.startswith("pairs-train")}
+    data.train_dataset(1)
+    now = {p.name for p in folder.iterdir()}
+    assert not previous & now and len([n for n in now if n.startswith("pairs-train")]) == 1
+    assert again_train[0]["input_ids"].numel() > 0  # a mapping of the removed plan stays readable
+
+
+def test_a_cache_folder_that_cannot_be_written_is_one_line(prepared_books, tmp_path):
+    from kiln.config import build_config
+    from pretrain.config import RunConfig
+    from pretrain.data.common import DataError
+    from pretrain.data.prepared import PreparedCorpus, build_prepared_data
+
+    config, out = prepared_books
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    cfg = build_config(RunConfig, ["--config", str(config), "--data.cache_dir", str(blocked)])
+    corpus = PreparedCorpus.open(str(out))
+    with pytest.raises(DataError, match=r"^cannot write the prepared corpus's offset arrays to .*a-file/kiln-prepared/"
+                       r"[0-9a-f]+ \(Not a directory\); set data.cache_dir to a writable folder with free space$"):  # fmt: skip
+        build_prepared_data(corpus, cfg.data, corpus.load_tokenizer(64), "encoder", "mlm+nsp", 42, 64)

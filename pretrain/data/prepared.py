@@ -6,8 +6,10 @@
     data = build_prepared_data(corpus, config.data, tokenizer, "encoder", "mlm+nsp", seed, 128)
     corpus.dataset("train")                          # the shards as one `datasets.Dataset` (memory-mapped)
 
-The shards are memory-mapped Arrow files: every process on every node maps the same files and holds only the
-offset arrays (8 bytes per sentence and per document). Each epoch's NSP/SOP pairs are planned from sentence
+The shards are memory-mapped Arrow files: every process on every node maps the same files. The offset arrays
+(8 bytes per sentence, 12 per document) and each epoch's pair plan are written once per node into a cache folder
+(PreparedCorpus.cache_folder) and mapped from there, so a process's own memory does not grow with the corpus.
+Each epoch's NSP/SOP pairs are planned from sentence
 lengths alone, with the same random draws, in the same order, as the in-memory path
 (`nsp.build_pair_instances` over pools of DOCUMENT_POOL shuffled documents): a pair is four token offsets into
 the mapped shards and a label, and an example is sliced out of the shards when the DataLoader asks for it. So
@@ -18,10 +20,13 @@ blocks are likewise cut from the mapped token stream.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import random
+import shutil
+import socket
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -33,10 +38,18 @@ import pyarrow as pa
 import torch
 
 from kiln.config import resolve_path
+
 from .collator import CLMCollator
-from .common import DataError
+from .common import DataError, main_process_first
 from .nsp import IS_NEXT, NOT_NEXT, TASKS
-from .pipeline import DOCUMENT_POOL, EVAL_EPOCH, PAIR_TASK, PretrainingData, make_mlm_collator, validate_settings
+from .pipeline import (
+    DOCUMENT_POOL,
+    EVAL_EPOCH,
+    PAIR_TASK,
+    PretrainingData,
+    make_mlm_collator,
+    validate_settings,
+)
 from .prepare import FORMAT, MANIFEST, PLAN, VERSION, merged_manifest, tokenizer_fingerprint
 from .tokenizer import check_special_tokens, check_tokenizer_fits, load_tokenizer
 
@@ -132,6 +145,18 @@ class PreparedCorpus:
 
         return concatenate_datasets([Dataset.from_file(str(p)) for p in self.shard_paths(split)])
 
+    def cache_folder(self, cache_dir: str | None = None) -> Path:
+        """Where training keeps this corpus's offset arrays and pair plans: `data.cache_dir` (default: the
+        `datasets` cache), in a folder named after the shards' checksums."""
+        if cache_dir:
+            root = Path(resolve_path(cache_dir))
+        else:
+            import datasets.config
+
+            root = Path(datasets.config.HF_DATASETS_CACHE)
+        shards = {split: [s["sha256"] for s in records] for split, records in self.manifest["shards"].items()}
+        return root / "kiln-prepared" / _digest(FORMAT, VERSION, shards)
+
     def load_tokenizer(self, model_max_length: int | None = None):
         return load_tokenizer(str(self.folder / "tokenizer"), model_max_length)
 
@@ -202,15 +227,94 @@ def _check_shard_list(path: Path, folder, manifest: dict) -> None:
         )
 
 
+_INDEX_ARRAYS = {"doc_sentences": np.int64, "sentence_tokens": np.int64, "document_hash": np.uint32}
+_PLAN_ARRAYS = {"a_start": np.int64, "a_end": np.int64, "b_start": np.int64, "b_end": np.int64, "label": np.int8}
+_COMPLETE = "arrays.json"
+
+
+class _ArraySink:
+    """Arrays appended one after the other: held in memory, or written to the file `path`."""
+
+    def __init__(self, path: Path | None = None):
+        self.parts: list[np.ndarray] = []
+        self.file = open(path, "wb") if path is not None else None
+
+    def write(self, values: np.ndarray) -> None:
+        if self.file is not None:
+            self.file.write(np.ascontiguousarray(values).tobytes())
+        else:
+            self.parts.append(np.array(values))  # a copy: the caller may reuse its buffer
+
+    def array(self, dtype) -> np.ndarray:
+        return np.concatenate(self.parts).astype(dtype, copy=False) if self.parts else np.zeros(0, dtype)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _cached_arrays(folder: Path, spec: dict, fill) -> tuple[dict[str, np.ndarray], bool]:
+    """({name: array}, whether this call wrote them): arrays kept as raw files in `folder`, mapped read-only.
+    When `folder` does not hold them yet, `fill(sinks)` writes them into a temporary folder of this process,
+    renamed to `folder` when complete: a reader never sees half-written arrays, and when two processes of a
+    shared cache write the same arrays the first rename wins."""
+    written = False
+    if not (folder / _COMPLETE).is_file():
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            tmp = folder.with_name(f".{folder.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a killed process of this name: ours
+            tmp.mkdir()
+        except OSError as err:
+            raise DataError(
+                f"cannot write the prepared corpus's offset arrays to {folder.parent} ({err.strerror}); set "
+                "data.cache_dir to a writable folder with free space"
+            ) from None
+        sinks = {name: _ArraySink(tmp / f"{name}.bin") for name in spec}
+        try:
+            fill(sinks)
+            for sink in sinks.values():
+                sink.close()
+            (tmp / _COMPLETE).write_text(json.dumps({name: np.dtype(dtype).str for name, dtype in spec.items()}))
+            os.replace(tmp, folder)
+            written = True
+        except OSError as err:
+            if not (folder / _COMPLETE).is_file():
+                raise DataError(
+                    f"cannot write the prepared corpus's offset arrays to {folder.parent} ({err.strerror or err}); "
+                    "set data.cache_dir to a writable folder with free space"
+                ) from None
+        finally:
+            for sink in sinks.values():
+                sink.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+    arrays = {}
+    for name, dtype in spec.items():
+        path = folder / f"{name}.bin"
+        arrays[name] = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+    return arrays, written
+
+
+def _digest(*parts) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True).encode())
+    return digest.hexdigest()[:24]
+
+
 class DocumentIndex:
     """Offsets over the mapped shards: document d holds sentences doc_sentences[d]:doc_sentences[d + 1], sentence
     s holds tokens sentence_tokens[s]:sentence_tokens[s + 1] of the global token stream, read from `tokens`
     (one array per record batch, mapped; batch b starts at token batch_tokens[b])."""
 
-    def __init__(self, paths: list[Path]):
+    def __init__(self, paths: list[Path], cache: Path | None = None):
+        """`cache`: a folder for the offset arrays, written once (here, unless it holds them already) and mapped
+        from there, so that the processes of a node share one copy in the page cache; None: held in memory."""
         self.tables = []  # keep the mapped tables alive
-        tokens, batch_tokens, sentence_ends, doc_ends, hashes = [], [0], [], [], []
-        sentence_base = token_base = 0
+        self.cache = cache
+        tokens, batch_tokens = [], [0]
+        token_base = 0
+        batches = []
         for path in paths:
             source = pa.memory_map(str(path))  # left open: the arrays below point into the mapping
             try:
@@ -224,23 +328,39 @@ class DocumentIndex:
                 ) from None
             self.tables.append((source, table))
             for batch in table.to_batches():
-                documents = batch.column(0)
-                sentences = documents.values
-                values = sentences.values.to_numpy(zero_copy_only=True)
-                doc_offsets = documents.offsets.to_numpy()
-                sentence_offsets = sentences.offsets.to_numpy()
+                values = batch.column(0).values.values.to_numpy(zero_copy_only=True)
                 tokens.append(values)
-                doc_ends.append(doc_offsets[1:].astype(np.int64) + sentence_base)
-                sentence_ends.append(sentence_offsets[1:].astype(np.int64) + token_base)
-                hashes.append(batch.column(1).to_numpy())
-                sentence_base += len(sentence_offsets) - 1
+                batches.append(batch)
                 token_base += len(values)
                 batch_tokens.append(token_base)
         self.tokens = tokens
         self.batch_tokens = np.asarray(batch_tokens, dtype=np.int64)
-        self.doc_sentences = np.concatenate([[0], *doc_ends]).astype(np.int64)
-        self.sentence_tokens = np.concatenate([[0], *sentence_ends]).astype(np.int64)
-        self.document_hash = np.concatenate(hashes) if hashes else np.zeros(0, np.uint32)
+        if cache is None:
+            sinks = {name: _ArraySink() for name in _INDEX_ARRAYS}
+            self._offsets(batches, sinks)
+            arrays = {name: sink.array(_INDEX_ARRAYS[name]) for name, sink in sinks.items()}
+        else:
+            arrays, _ = _cached_arrays(cache, _INDEX_ARRAYS, lambda sinks: self._offsets(batches, sinks))
+        self.doc_sentences = arrays["doc_sentences"]
+        self.sentence_tokens = arrays["sentence_tokens"]
+        self.document_hash = arrays["document_hash"]
+
+    @staticmethod
+    def _offsets(batches, sinks) -> None:
+        """The global offset arrays, a record batch at a time (memory: one batch's offsets)."""
+        sentence_base = token_base = 0
+        sinks["doc_sentences"].write(np.zeros(1, np.int64))
+        sinks["sentence_tokens"].write(np.zeros(1, np.int64))
+        for batch in batches:
+            documents = batch.column(0)
+            sentences = documents.values
+            doc_offsets = documents.offsets.to_numpy()
+            sentence_offsets = sentences.offsets.to_numpy()
+            sinks["doc_sentences"].write(doc_offsets[1:].astype(np.int64) + sentence_base)
+            sinks["sentence_tokens"].write(sentence_offsets[1:].astype(np.int64) + token_base)
+            sinks["document_hash"].write(batch.column(1).to_numpy().astype(np.uint32))
+            sentence_base += len(sentence_offsets) - 1
+            token_base += len(sentences.values)
 
     @property
     def num_documents(self) -> int:
@@ -314,16 +434,24 @@ def plan_pairs(index: DocumentIndex, documents: np.ndarray, max_seq_length: int,
                nsp_probability: float, seed: int, epoch, task: str, pool: int) -> PairPlan:
     """The epoch's pairs over `documents` (in order) in pools of `pool`, each pool seeded as the in-memory
     path's `datasets.map` batch (pair_examples_batch) is: the same random draws as nsp.build_pair_instances."""
+    sinks = {name: _ArraySink() for name in _PLAN_ARRAYS}
+    plan_pools(index, documents, max_seq_length, short_seq_prob, nsp_probability, seed, epoch, task, pool, sinks)
+    return PairPlan(*(sinks[name].array(dtype) for name, dtype in _PLAN_ARRAYS.items()))
+
+
+def plan_pools(index: DocumentIndex, documents: np.ndarray, max_seq_length: int, short_seq_prob: float,
+               nsp_probability: float, seed: int, epoch, task: str, pool: int, sinks: dict) -> None:
+    """plan_pairs, a pool at a time into `sinks` (name -> _ArraySink): memory holds one pool's pairs."""
     if task not in TASKS:
         raise DataError(f"sentence-pair task {task!r} is unknown; use one of {', '.join(TASKS)}")
     max_num_tokens = max_seq_length - (3 if task != "none" else 2)
     if max_num_tokens < 2:
         raise DataError(f"data.max_seq_length={max_seq_length} leaves no room for two segments; use at least 8")
-    out = [array("q") for _ in range(4)] + [array("b")]
     for first in range(0, len(documents), pool):
-        pool_docs = documents[first : first + pool]
+        pool_docs = np.asarray(documents[first : first + pool])
         if task == "nsp" and len(pool_docs) < 2:  # a lone document at the end of the data
             continue
+        out = [array("q") for _ in range(4)] + [array("b")]
         rng = random.Random(f"{task}:{seed}:{epoch}:{first}")
         starts = index.doc_sentences[pool_docs]
         ends = index.doc_sentences[pool_docs + 1]
@@ -332,9 +460,8 @@ def plan_pairs(index: DocumentIndex, documents: np.ndarray, max_seq_length: int,
         truncated, draws = _plan_pool(sentences, max_num_tokens, short_seq_prob, nsp_probability, rng, task, out)
         if truncated:
             _truncate_pairs(out[:4], np.frombuffer(truncated, dtype=np.int64), draws, max_num_tokens)
-    arrays = [np.frombuffer(a, dtype=np.int64) if a.typecode == "q" else np.frombuffer(a, dtype=np.int8)
-              for a in out]
-    return PairPlan(*arrays)
+        for name, values in zip(_PLAN_ARRAYS, out):
+            sinks[name].write(np.frombuffer(values, dtype=_PLAN_ARRAYS[name]))
 
 
 def _plan_pool(sentences: list[list[int]], max_num_tokens: int, short_seq_prob: float, nsp_probability: float,
@@ -550,7 +677,9 @@ def build_prepared_data(
 ) -> PretrainingData:
     """PretrainingData from a prepared folder: the same examples as build_pretraining_data would give.
 
-    `accelerator` is accepted for the same signature; nothing is written, so the processes need no ordering.
+    The offset arrays and each epoch's pair plan are written once per node into the corpus's cache folder
+    (PreparedCorpus.cache_folder) and memory-mapped by every process: `accelerator` orders the processes as
+    `build_pretraining_data` does, so every process must call this and `train_dataset` together.
     """
     validate_settings(data_cfg, model_kind, objective, max_position_embeddings)
     check_special_tokens(tokenizer, model_kind)
@@ -560,12 +689,15 @@ def build_prepared_data(
         raise DataError(
             f"data.prepared was prepared for a {corpus.model_kind} but model.kind is {model_kind}; prepare again"
         )
-    train_index = DocumentIndex(corpus.shard_paths("train"))
+    cache = corpus.cache_folder(data_cfg.cache_dir)
+    with main_process_first(accelerator):  # a node's first process writes the offset arrays, the others map them
+        train_index = DocumentIndex(corpus.shard_paths("train"), cache / "index-train")
     has_validation = bool(corpus.manifest["shards"].get("validation"))
     train_docs, validation_docs = split_documents_like_memory(train_index, data_cfg, has_validation)
     validation_index = train_index
     if has_validation:
-        validation_index = DocumentIndex(corpus.shard_paths("validation"))
+        with main_process_first(accelerator):
+            validation_index = DocumentIndex(corpus.shard_paths("validation"), cache / "index-validation")
         validation_docs = np.arange(validation_index.num_documents)
         if data_cfg.max_eval_documents is not None:
             validation_docs = validation_docs[: data_cfg.max_eval_documents]
@@ -584,8 +716,21 @@ def build_prepared_data(
         eval_collator = make_mlm_collator(data_cfg, tokenizer, seed + 1, objective)
         settings = (data_cfg.max_seq_length, data_cfg.short_seq_prob, data_cfg.nsp_probability, seed)
 
-        def examples(index, documents, epoch, pool):
-            plan = plan_pairs(index, documents, *settings[:3], settings[3], epoch, task, pool)
+        written: list[Path] = []  # the previous epoch's plan, if this process wrote it
+
+        def examples(index, name, documents, epoch, pool):
+            # the plan is mapped from the cache: one copy per node whatever the number of processes (the index
+            # is part of the name: the validation documents may come from the training shards)
+            key = _digest([*settings, task, str(epoch), pool, str(index.cache)], documents.tobytes())
+            folder = cache / f"pairs-{name}-{key}"
+            with main_process_first(accelerator):
+                arrays, wrote = _cached_arrays(folder, _PLAN_ARRAYS, lambda sinks: plan_pools(
+                    index, documents, *settings[:3], settings[3], epoch, task, pool, sinks))  # fmt: skip
+            if epoch != EVAL_EPOCH:
+                for old in written:  # a mapping of it (another process) stays valid
+                    shutil.rmtree(old, ignore_errors=True)
+                written[:] = [folder] if wrote else []
+            plan = PairPlan(*(arrays[name] for name in _PLAN_ARRAYS))
             return PairExamples(index, plan, tokenizer.cls_token_id, tokenizer.sep_token_id, task)
 
         def build_train(epoch: int):
@@ -594,7 +739,7 @@ def build_prepared_data(
                 shuffle_seed = int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
                 documents = documents[np.random.default_rng(shuffle_seed).permutation(len(documents))]
             batches = math.ceil(len(documents) / DOCUMENT_POOL)
-            return examples(train_index, documents, epoch, math.ceil(len(documents) / batches))
+            return examples(train_index, "train", documents, epoch, math.ceil(len(documents) / batches))
 
         eval_dataset = None
         if validation_docs is not None and len(validation_docs):
@@ -603,7 +748,7 @@ def build_prepared_data(
                     f"the validation split has {len(validation_docs)} document(s) but NSP needs 2: raise "
                     "data.validation_split_percentage, give data.validation_files, or use model.objective=mlm+sop"
                 )
-            eval_dataset = examples(validation_index, validation_docs, EVAL_EPOCH, max(len(validation_docs), 1))
+            eval_dataset = examples(validation_index, "eval", validation_docs, EVAL_EPOCH, max(len(validation_docs), 1))
     else:
         collator = eval_collator = CLMCollator(tokenizer, data_cfg.pad_to_multiple_of)
         blocks = BlockExamples(train_index, train_docs, data_cfg.max_seq_length, tokenizer.eos_token_id)
@@ -627,7 +772,7 @@ def build_prepared_data(
         objective=objective,
         streaming=False,
         num_train_documents=len(train_docs),
-        _build_train=build_train,  # every process plans its own copy at once: nothing is written
+        _build_train=build_train,  # every process calls it at once (the plan is written once per node)
     )
 
 
