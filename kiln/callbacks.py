@@ -245,6 +245,7 @@ class HubSync(TrainerCallback):
         self.hub = hub
         self.tokenizer = tokenizer
         self.pusher = None
+        self._downloaded: dict[tuple[str, str], str] = {}
 
     def on_train_begin(self, trainer: RunningTrainer) -> None:
         if not self.hub.push_to_hub:
@@ -279,16 +280,27 @@ class HubSync(TrainerCallback):
                 )
 
     def download_checkpoint(self, trainer: RunningTrainer, spec: str, local_dir: str) -> str:
-        from accelerate.utils import broadcast_object_list
+        return self.fetch(trainer.accelerator, trainer.training, spec, local_dir)
+
+    def fetch(self, accelerator, training, spec: str, local_dir: str) -> str:
+        """Download the `hub:` checkpoint `spec` into `local_dir` where every process can read it: the processes
+        that write the run folder download it (rank 0 on a shared folder, each node's local main process on
+        node-local disks), the others wait for them. Downloaded once per run (the run's start reads its layout
+        before the trainer resumes from it)."""
+        from accelerate.utils import gather_object
 
         from .errors import ConfigError
         from .hub import download_checkpoint, set_request_timeout
+        from .nodes import writes_run_files
         from .redaction import redact
 
-        acc = trainer.accelerator
+        key = (spec, str(Path(local_dir)))
+        if key in self._downloaded:
+            return self._downloaded[key]
+        acc = accelerator
         set_request_timeout(self.hub.timeout_s)
         path, error = None, None
-        if acc.is_main_process:
+        if writes_run_files(acc, training):
             shutil.rmtree(local_dir, ignore_errors=True)
             try:
                 path = download_checkpoint(spec, local_dir, revision=self.hub.revision, timeout=self.hub.timeout_s)
@@ -296,12 +308,19 @@ class HubSync(TrainerCallback):
                 reason = " ".join(str(err).split()) or type(err).__name__
                 error = redact(f"cannot resume from {spec}: {reason[:300]}")
         acc.wait_for_everyone()
-        if acc.num_processes > 1:
-            error = broadcast_object_list([error])[0]
+        if acc.num_processes > 1:  # any node's failure stops every process
+            error = next((e for e in gather_object([error]) if e is not None), None)
         if error is not None:
             raise ConfigError(f"{error}; check the repo id, your token and the network, or resume from a local checkpoint")
-        if path is None:  # other processes: same shared filesystem, same layout
-            path = str(next(Path(local_dir).rglob("trainer_state.json")).parent)
+        if path is None:  # other processes: what their node's downloader wrote
+            found = next(Path(local_dir).rglob("trainer_state.json"), None)
+            if found is None:
+                raise ConfigError(
+                    f"cannot resume from {spec}: process {acc.process_index} does not see the download in {local_dir}; "
+                    "give every node the same --training.save_on_each_node setting as its disks (shared or not)"
+                )
+            path = str(found.parent)
+        self._downloaded[key] = path
         return path
 
     def on_train_end(self, trainer: RunningTrainer, end: RunEnd) -> None:

@@ -94,7 +94,7 @@ def run_job(job: TrainingJob) -> Trainer:
     from .callbacks import FinalExport, HubSync, Trackers
     from .checkpoint_files import check_checkpoint_metadata, resolve_checkpoint
     from .config import validate_run_sections
-    from .run_setup import check_output_folder, prepare_output, start_run
+    from .run_setup import adapt_to_downloaded_checkpoint, check_output_folder, prepare_output, start_run
     from .trainer import Trainer
 
     config = job.config
@@ -115,6 +115,11 @@ def run_job(job: TrainingJob) -> Trainer:
     if out is None:
         out = prepare_output(config, accelerator)
     card = dataclasses.replace(parts.card, model_id=config.hub.model_id, license=config.hub.license)
+    hub_sync = HubSync(config.hub, parts.tokenizer)
+    if resume and resume.startswith("hub:"):
+        # downloaded now, not when the trainer resumes: its layout decides the accumulation the trainer is built with
+        local_dir = str(Path(training.output_dir) / "hub-checkpoint")
+        adapt_to_downloaded_checkpoint(accelerator, training, hub_sync.fetch(accelerator, training, resume, local_dir))
     trainer = Trainer(
         accelerator,
         parts.model,
@@ -132,7 +137,7 @@ def run_job(job: TrainingJob) -> Trainer:
         callbacks=[
             *parts.callbacks,
             FinalExport(Path(out) / "final", parts.tokenizer, card),
-            HubSync(config.hub, parts.tokenizer),
+            hub_sync,
             Trackers(config.logging),
         ],
         num_workers=parts.num_workers,

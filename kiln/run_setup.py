@@ -136,11 +136,7 @@ def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerat
     accelerator = build_accelerator(training, logging_cfg)
     resolve_batch_size(training, accelerator.num_processes)
     align_engine(accelerator, training)
-    if elastic and accelerator.state.deepspeed_plugin is not None:
-        raise ConfigError(
-            f"{elastic}, but DeepSpeed's ZeRO checkpoints hold one optimizer partition per process and load only "
-            "on the number of processes that wrote them; resume on that many processes, or train with DDP or FSDP"
-        )
+    _refuse_elastic_deepspeed(accelerator, elastic)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if accelerator.is_main_process else logging.WARNING,
@@ -151,6 +147,29 @@ def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerat
     quiet_tied_weight_warning()
     set_seed(training.seed)
     return accelerator
+
+
+def _refuse_elastic_deepspeed(accelerator: Accelerator, elastic: str | None) -> None:
+    if elastic and accelerator.state.deepspeed_plugin is not None:
+        raise ConfigError(
+            f"{elastic}, but DeepSpeed's ZeRO checkpoints hold one optimizer partition per process and load only "
+            "on the number of processes that wrote them; resume on that many processes, or train with DDP or FSDP"
+        )
+
+
+def adapt_to_downloaded_checkpoint(accelerator: Accelerator, training: TrainingConfig, checkpoint: Path | str) -> None:
+    """A `hub:` checkpoint, downloaded once the run has started: the elastic rules of a local one (the
+    accumulation that keeps its global batch on this number of processes, or a one-line refusal), applied to the
+    accelerator already built."""
+    from .elastic import adapt_to_world_size
+
+    elastic = adapt_to_world_size(training, accelerator.num_processes, checkpoint)
+    if elastic is None:
+        return
+    _refuse_elastic_deepspeed(accelerator, elastic)
+    accelerator.gradient_accumulation_steps = training.gradient_accumulation_steps
+    if accelerator.is_main_process:
+        logger.warning(elastic)
 
 
 class _TiedWeightsFilter(logging.Filter):
@@ -331,6 +350,7 @@ def check_step_counts(training: TrainingConfig) -> None:
 
 
 __all__ = [
+    "adapt_to_downloaded_checkpoint",
     "build_accelerator",
     "check_output_folder",
     "check_scheduler",

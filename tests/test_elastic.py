@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from kiln_testing import DEBUG, REPO, cli_in_process, launch_two_processes, losses, run
+from conftest import TEST_USER
+from kiln_testing import DEBUG, REPO, cli_in_process, free_port, launch_two_processes, losses, run
 
 from kiln.config import TrainingConfig
 from kiln.elastic import BatchLayout, adapt_to_world_size, convert_position, saved_layout
@@ -157,3 +158,35 @@ def test_a_truncated_evaluation_reads_the_same_examples_on_any_number_of_process
     assert evaluated_on_two["step"] == evaluated_on_one["step"] == 2
     for key in ("eval/loss", "eval/mlm_loss", "eval/mlm_accuracy", "eval/nsp_accuracy"):
         assert abs(evaluated_on_two[key] - evaluated_on_one[key]) < 1e-6, (key, evaluated_on_two, evaluated_on_one)
+
+
+def test_a_hub_resume_follows_the_elastic_rules_and_reaches_every_node(hub, tmp_path):
+    """A checkpoint of 2 processes, pushed to the (loopback) Hub mid-run and resumed with `hub:`: on 1 process the
+    accumulation keeps its global batch, and on two nodes with node-local disks every node downloads it (node 1
+    does not see node 0's disk); both continue the uninterrupted run, dropout on."""
+    from test_multi_node import _can_unshare, two_nodes
+
+    from kiln.hub import CHECKPOINT_FOLDER, HubPusher
+
+    args = ["--data.max_train_documents", 2, "--training.max_steps", 4, "--training.eval_steps", 0,
+            "--training.max_eval_batches", 1, "--training.per_device_train_batch_size", 4]  # fmt: skip
+    full = tmp_path / "full"
+    launch_two_processes(full, *args, "--training.save_steps", 2)
+    pusher = HubPusher(f"{TEST_USER}/elastic")
+    pusher.push(full / "checkpoints/step-00000002", path_in_repo=CHECKPOINT_FOLDER, commit_message="state")
+    assert pusher.wait()
+    resume = ["--training.save_steps", 0, "--training.resume_from_checkpoint", f"hub:{TEST_USER}/elastic"]
+
+    one = tmp_path / "one"
+    state = run(one, *args, *resume)
+    assert state.global_step == 4 and "gradient_accumulation_steps: 2" in (one / "config.yaml").read_text()
+    assert sorted(losses(one)) == [3, 4]
+    assert all(abs(losses(one)[step] - losses(full)[step]) < 1e-5 for step in (3, 4)), (losses(one), losses(full))
+
+    reason = _can_unshare()
+    if reason:
+        pytest.skip(reason)
+    nodes = tmp_path / "nodes"
+    two_nodes(nodes, free_port(), True, *args, *resume)  # both nodes end with status 0
+    assert (tmp_path / "nodes-node1-disk" / "hub-checkpoint").is_dir()  # node 1 downloaded it to its own disk
+    assert all(abs(losses(nodes)[step] - losses(full)[step]) < 1e-5 for step in (3, 4)), (losses(nodes), losses(full))
