@@ -35,7 +35,7 @@ label2id/id2label in the model config), or regression when the labels are floats
 csv/tsv/json/parquet files; --data.glue_task presets the nine GLUE tasks (finetune/glue.py runs the suite).
 Reports accuracy, F1 and Matthews correlation (Pearson/Spearman for regression) after every epoch, keeps the
 best model, writes test-split predictions and output_dir/final (loadable with pipeline("text-classification")),
-and can push it to the Hub."""
+and can push it to the Hub. Guide: docs/finetuning.md."""
 
 
 @dataclass

@@ -74,7 +74,7 @@ class EncoderModelConfig:
     attn_implementation: str = "sdpa"
     """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
     unpad_inputs: bool = True
-    """Run the encoder blocks on the real tokens of a padded batch only (padding re-added inside attention): the same loss, gradients and predictions for less work (README Performance); false: the plain padded path."""
+    """Run the encoder blocks on the real tokens of a padded batch only (padding re-added inside attention): the same loss, gradients and predictions for less work (docs/performance.md); false: the plain padded path."""
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """GLUE: the nine task presets `finetune/classify.py --data.glue_task NAME` uses, and the suite runner.
 
-python finetune/glue.py --checkpoint runs/encoder-tiny/final                        # all nine, from the Hub
-python finetune/glue.py --checkpoint runs/encoder-tiny/final --glue-dir glue_data --tasks cola mrpc stsb \\
+python finetune/glue.py                          # all nine, from the Hub, starting from runs/encoder-tiny/final
+python finetune/glue.py --checkpoint you/kiln-encoder --glue-dir glue_data --tasks cola mrpc stsb \\
     -- --training.num_train_epochs 3 --training.lr 1e-4       # after --: options for every classify run
 
 Each task runs through the same entry as `accelerate launch finetune/classify.py --data.glue_task NAME
@@ -27,6 +27,7 @@ if __package__ in (None, ""):  # run as a script (python finetune/glue.py): impo
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from finetune.glue_tasks import GLUE_TASKS, GlueTask  # noqa: E402 (after the sys.path set-up)
+from kiln.cli import add_print_config, answer_print_config  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------------
 # scores and the results table
@@ -96,18 +97,21 @@ def add_to_card(card: Path, table: str) -> None:
 # the runner
 
 
-def parse_args(argv: list[str] | None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
-    own = argv[: argv.index("--")] if "--" in argv else argv
+DESCRIPTION = """Fine-tune and score a Kiln encoder on the nine GLUE tasks: each task runs through finetune/classify.py
+with its --data.glue_task preset, into OUTPUT_DIR/<task>/, and the runner writes OUTPUT_DIR/glue_results.md and
+glue_results.json (each task's GLUE score on its dev set, and the GLUE score, their mean). The data comes from the
+Hub dataset nyu-mll/glue (downloaded on first use), or from the GLUE distribution's folders with --glue-dir.
+Options after -- go to every classify run (e.g. -- --training.lr 1e-4 --training.num_train_epochs 3).
+Guide: docs/finetuning.md; every option: docs/configuration.md."""
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python finetune/glue.py",
-        description="Fine-tune and score a Kiln encoder on the GLUE tasks (finetune/classify.py presets); options "
-        "after -- go to every classify run (e.g. -- --training.lr 1e-4 --training.num_train_epochs 3).",
+        prog="python finetune/glue.py", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--checkpoint", required=True, help="pretrained encoder: a local final/ folder or Hub id"
-    )
+    parser.add_argument("--checkpoint", default="runs/encoder-tiny/final",
+                        help="pretrained encoder: a local final/ folder or Hub id (default: runs/encoder-tiny/final, "
+                        "written by `accelerate launch pretrain/run.py`)")  # fmt: skip
     parser.add_argument("--tasks", nargs="+", default=list(GLUE_TASKS), choices=list(GLUE_TASKS), metavar="TASK",
                         help=f"tasks to run (default: all nine: {' '.join(GLUE_TASKS)})")  # fmt: skip
     parser.add_argument("--glue-dir", help="folder of the GLUE data (CoLA/, SST-2/, ... or cola/, sst2/, ...; "
@@ -115,7 +119,17 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--output-dir", default="runs/glue", help="each task runs in OUTPUT_DIR/<task>")
     parser.add_argument("--update-checkpoint-card", action="store_true",
                         help="also put the results into the checkpoint's own README.md (a local folder)")  # fmt: skip
-    return parser.parse_args(own), overrides
+    add_print_config(parser)
+    return parser
+
+
+def parse_args(argv: list[str] | None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    args = build_parser().parse_args(own)
+    answer_print_config(args, classify_options=overrides)
+    return args, overrides
 
 
 def task_folder(glue_dir: str, task: GlueTask) -> str:

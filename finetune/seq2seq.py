@@ -52,7 +52,7 @@ scratch (--model.from_scratch), on summarization (SciTLDR sample by default; ROU
 (e.g. Multi30k en->de; sacreBLEU and chrF). Sources are tokenized with the encoder's tokenizer, targets with
 the decoder's. Training uses teacher forcing; evaluation and --predict generate with greedy or beam search.
 Keeps the best model, writes test-split predictions and output_dir/final (model + encoder_tokenizer/ +
-decoder_tokenizer/, ready for `generate`), and can push it to the Hub."""
+decoder_tokenizer/, ready for `generate`), and can push it to the Hub. Guide: docs/finetuning.md."""
 
 CARD_USAGE = """
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer

@@ -35,7 +35,7 @@ with lists of tokens and tags. Each word's tag goes on its first WordPiece (the 
 labelled too with label_all_tokens), and predictions are mapped back to one tag per word. Reports seqeval
 entity precision/recall/F1 (overall and per type) for IOB tag sets, token accuracy for POS tags, keeps the
 best model, writes test-split predictions and output_dir/final (loadable with
-pipeline("token-classification")), and can push it to the Hub."""
+pipeline("token-classification")), and can push it to the Hub. Guide: docs/finetuning.md."""
 
 IOB_PREFIXES = ("B-", "I-", "E-", "S-", "L-", "U-")
 

@@ -28,7 +28,7 @@ def run_cli(
 
     signals.STOPPING = False  # a new command: no stop signal received yet
     launcher.stop_with_launcher()
-    if not ("-h" in (argv or sys.argv) or "--help" in (argv or sys.argv)):
+    if not {"-h", "--help", "--print_config"} & set(argv or sys.argv):  # answers that run nothing
         launcher.default_cpu_threads()
         launcher.watch_for_failures()
     stop_on_sigterm()
@@ -78,6 +78,22 @@ def run_cli(
         raise SystemExit(status) from None
 
 
+def add_print_config(parser) -> None:
+    """`--print_config` for a command whose options are an argparse parser (answered by `answer_print_config`)."""
+    parser.add_argument("--print_config", action="store_true", help="print the resolved options as YAML and exit")
+
+
+def answer_print_config(args, **extra) -> None:
+    """With `--print_config`: print the parsed options (and `extra` ones) as YAML and exit 0."""
+    if not getattr(args, "print_config", False):
+        return
+    import yaml
+
+    options = {key: value for key, value in vars(args).items() if key != "print_config"}
+    print(yaml.safe_dump({**options, **extra}, sort_keys=False), end="")
+    raise SystemExit(0)
+
+
 def _close_progress_bars() -> None:
     """An error raised mid-loop leaves tqdm bars open; closed later, they would print after the error line."""
     if "tqdm" in sys.modules:
@@ -91,4 +107,4 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
-__all__ = ["run_cli"]
+__all__ = ["add_print_config", "answer_print_config", "run_cli"]

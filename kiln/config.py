@@ -14,6 +14,7 @@ import os
 import sys
 import textwrap
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -330,44 +331,111 @@ def _type_name(tp: Any) -> str:
     return str(tp).replace("typing.", "") if not isinstance(tp, type) else tp.__name__
 
 
-def format_help(cls: type, prog: str, description: str) -> str:
+def option_rows(cls: type, defaults: Any = None, keys: Collection[str] | None = None):
+    """(dotted key, type name, default, doc) of every option of config class `cls` a command reads (`keys`:
+    only these; None: all), with `defaults` (an instance, e.g. after --config) as the defaults shown."""
+    for key, tp, default, doc in _walk_fields(cls, defaults=defaults):
+        if keys is None or key in keys:
+            yield key, _type_name(tp), default, doc
+
+
+SOURCES_TEXT = "Values come from the dataclass defaults, then the YAML file (--config; `_base_:` inherits), then dotted\ncommand-line overrides."
+SAVED_TEXT = "The run saves the resolved config as output_dir/config.yaml."
+PRINT_CONFIG_TEXT = "--print_config prints the resolved config as YAML and exits, without running anything."
+
+
+def format_help(
+    cls: type,
+    prog: str,
+    description: str,
+    *,
+    defaults: Any = None,
+    config_path: str | None = None,
+    keys: Collection[str] | None = None,
+    saves_config: bool = True,
+) -> str:
+    """`--help`: the command's description, then every option it reads with its type, default and doc; the
+    defaults shown are `defaults` (the resolved config of `--config config_path` and the overrides given)."""
     lines = [
-        f"usage: {prog} [--config FILE.yaml] [--section.key VALUE ...]",
+        f"usage: {prog} [--config FILE.yaml] [--section.key VALUE ...] [--print_config]",
         "",
         description.strip(),
         "",
-        "Values come from the dataclass defaults, then the YAML file (--config; `_base_:` inherits),",
-        "then dotted command-line overrides. The resolved config is saved as config.yaml in the output dir.",
+        SOURCES_TEXT + (" " + SAVED_TEXT if saves_config else ""),
+        PRINT_CONFIG_TEXT,
+        "Every option, for every command: docs/configuration.md.",
+    ]
+    if config_path is not None:
+        lines += ["", f"The defaults shown below are those of --config {config_path} (and the overrides given)."]
+    lines += [
         "",
         "options:",
         "  --config FILE         YAML run config (see configs/)",
+        "  --print_config        print the resolved config as YAML and exit",
         "  -h, --help            show this help and exit",
     ]
     section = None
-    for key, tp, default, doc in _walk_fields(cls):
+    for key, type_name, default, doc in option_rows(cls, defaults, keys):
         head = key.split(".")[0]
         if head != section:
             section = head
             lines += ["", f"{section}:"]
-        how = "; several as a,b or [a, b]" if "list" in _type_name(tp) else ""
-        lines.append(f"  --{key} ({_type_name(tp)}, default: {default!r}{how})")
+        how = "; several as a,b or [a, b]" if "list" in type_name else ""
+        lines.append(f"  --{key} ({type_name}, default: {default!r}{how})")
         if doc:
             lines += ["      " + line for line in textwrap.wrap(doc, 96)]
     return "\n".join(lines)
 
 
-def build_config(cls: type, argv: list[str] | None = None, prog: str = "run.py", description: str = ""):
-    """Build a config dataclass from defaults, `--config` YAML and dotted CLI overrides; handles --help."""
+def config_yaml(config: Any, keys: Collection[str] | None = None) -> str:
+    """The config as YAML, as output_dir/config.yaml holds it (`keys`: only these dotted keys)."""
+    tree = dataclasses.asdict(config)
+    if keys is not None:
+        kept: dict[str, Any] = {}
+        for key, value in flatten(tree).items():
+            if key in keys:
+                _set_dotted(kept, key, value)
+        tree = kept
+    return yaml.safe_dump(tree, sort_keys=False)
+
+
+def build_config(
+    cls: type,
+    argv: list[str] | None = None,
+    prog: str = "run.py",
+    description: str = "",
+    *,
+    keys: Collection[str] | None = None,
+    saves_config: bool = True,
+):
+    """Build a config dataclass from defaults, `--config` YAML and dotted CLI overrides. `--help` prints the
+    options with the resolved values as defaults and exits; `--print_config` prints the resolved config as YAML
+    and exits. `keys`: the dotted options this command reads (its --help lists only these, and an override of
+    another is refused); None: all."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        print(format_help(cls, prog, description))
-        raise SystemExit(0)
+    wants_help = "-h" in argv or "--help" in argv
+    print_config = "--print_config" in argv
+    argv = [arg for arg in argv if arg not in ("-h", "--help", "--print_config")]
     bool_keys = {key for key, tp, _, _ in _walk_fields(cls) if tp is bool}
     config_path, overrides = parse_overrides(argv, bool_keys)
+    if keys is not None:
+        unread = [key for key in flatten(overrides) if key not in keys]
+        if unread:
+            raise ConfigError(
+                f"{prog} does not read --{unread[0]}; it reads: {', '.join('--' + key for key in keys)} "
+                "(see --help)"
+            )
     config = cls()
     if config_path is not None:
         _apply(config, load_yaml(config_path))
     _apply(config, overrides)
+    if wants_help:
+        print(format_help(cls, prog, description, defaults=config, config_path=config_path, keys=keys,
+                          saves_config=saves_config))  # fmt: skip
+        raise SystemExit(0)
+    if print_config:
+        print(config_yaml(config, keys), end="")
+        raise SystemExit(0)
     return config
 
 
@@ -477,11 +545,13 @@ __all__ = [
     "LoggingConfig",
     "TrainingConfig",
     "build_config",
+    "config_yaml",
     "config_from_dict",
     "field_docs",
     "flatten",
     "format_help",
     "load_yaml",
+    "option_rows",
     "resolve_path",
     "save_config",
 ]

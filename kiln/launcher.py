@@ -274,6 +274,18 @@ def watch_for_failures(interval_s: float = 0.5) -> None:
 # kiln-launch: accelerate launch, ending as the training processes end
 
 
+HELP_HEADER = """kiln-launch: `accelerate launch` for Kiln's scripts. It takes exactly the arguments of `accelerate launch`
+and runs accelerate's own launch code; what it changes is how a run ends:
+
+  - SIGTERM / SIGINT (Ctrl-C, a scheduler's stop) go to the training processes, which save a checkpoint and exit
+    0; the launcher itself is not interrupted.
+  - The command exits with the failed training process's own status, after that process's one-line error,
+    without accelerate's CalledProcessError or torchrun's ChildFailedError traceback; a process killed by a
+    signal (out of memory?) gets one line naming it.
+
+Guide: docs/launching.md; the options of Kiln's scripts: docs/configuration.md."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """`kiln-launch ARGS`: `accelerate launch ARGS` (same arguments, accelerate's own launch code) that forwards
     SIGTERM/SIGINT to the training processes and exits with their status, without a launcher traceback."""
@@ -285,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = launch_command_parser()
     parser.prog = "kiln-launch"
+    accelerate_help = parser.format_help
+    parser.format_help = lambda: f"{HELP_HEADER}\n\nThe arguments, as accelerate launch has them:\n\n{accelerate_help()}"
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     # torchrun's agent (several processes) would take SIGTERM/SIGINT itself: forward them to its workers, wait up
     # to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) and raise a SignalException. Left to the handler below (torchrun's

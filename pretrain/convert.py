@@ -495,17 +495,28 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     return converted
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `python -m pretrain.convert`."""
+    from kiln.cli import add_print_config
+
     parser = argparse.ArgumentParser(
         prog="python -m pretrain.convert",
         description="Convert a transformers BERT/ELECTRA/GPT-2 checkpoint to Kiln, or a Kiln checkpoint to "
         "BERT/ELECTRA/GPT-2. The direction follows SRC_DIR's config.json model_type; a Kiln ELECTRA discriminator "
         "(final/ of an electra run) becomes ElectraForPreTraining, its generator (final/generator/) "
-        "ElectraForMaskedLM.",
+        "ElectraForMaskedLM. Guide: docs/models.md; every option: docs/configuration.md.",
     )
     parser.add_argument("src_dir", metavar="SRC_DIR", help="folder written by save_pretrained")
     parser.add_argument("dst_dir", metavar="DST_DIR", help="output folder (created)")
-    args = parser.parse_args(argv)
+    add_print_config(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    from kiln.cli import answer_print_config
+
+    args = build_parser().parse_args(argv)
+    answer_print_config(args)
     try:
         converted = convert_checkpoint(args.src_dir, args.dst_dir)
     except (ValueError, OSError) as error:

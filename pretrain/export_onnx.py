@@ -150,16 +150,27 @@ def check(model, onnx_path: Path, output_names) -> dict[str, float]:
     return differences
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `python -m pretrain.export_onnx`."""
+    from kiln.cli import add_print_config
+
     parser = argparse.ArgumentParser(
         prog="python -m pretrain.export_onnx",
         description="Export a saved Kiln model folder to OUT/model.onnx (with its config and tokenizer files) and "
-        "check it against PyTorch with onnxruntime.",
+        "check it against PyTorch with onnxruntime. Guide: docs/models.md; every option: docs/configuration.md.",
     )
     parser.add_argument("folder", metavar="FOLDER", help="a folder written by Kiln (save_pretrained)")
     parser.add_argument("out", metavar="OUT", help="output folder (created)")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
-    args = parser.parse_args(argv)
+    add_print_config(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    from kiln.cli import answer_print_config
+
+    args = build_parser().parse_args(argv)
+    answer_print_config(args)
     try:
         differences = export(args.folder, args.out, args.opset)
     except ImportError as error:

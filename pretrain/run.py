@@ -26,7 +26,8 @@ logger = logging.getLogger("kiln")
 DESCRIPTION = """Pretrain a BERT-like encoder (masked LM + next-sentence / sentence-order prediction) or a GPT-like
 decoder (causal LM) from scratch: trains a tokenizer on the corpus (or reuses one), builds the examples, runs the
 shared accelerate loop with evaluation, resumable checkpoints and tracking, then saves output_dir/final/
-(safetensors, tokenizer, config, model card) and optionally pushes it to the Hugging Face Hub."""
+(safetensors, tokenizer, config, model card) and optionally pushes it to the Hugging Face Hub.
+Guide: docs/pretraining.md."""
 
 ENCODER_OBJECTIVES = ("mlm+nsp", "mlm+sop", "mlm", "electra")
 

@@ -12,6 +12,7 @@ import itertools
 import os
 import sys
 import tempfile
+import textwrap
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -27,39 +28,65 @@ if TYPE_CHECKING:
 # torch, datasets and the in-memory pipeline are imported where inspecting needs them: `prepare` starts without
 # them (seconds of start-up that run before its worker processes can share the work)
 
-DESCRIPTION = """Inspect the pretraining data of a run config without training: reads the corpus, trains the tokenizer
+INSPECT_OPTIONS = (
+    ("--examples N", "int", "3", "decoded examples to print"),
+    ("--stat_sequences N", "int", "10000", "training sequences to measure (several epochs if needed)"),
+)
+"""The options of `python -m pretrain.data` besides the run config's: (flag, type, default, meaning)."""
+
+PREPARE_OPTIONS = (
+    ("--output DIR", "str", "required",
+     "the prepared folder; run the same command again to resume a killed prepare"),
+    ("--num_proc N", "int", "data.num_proc, else 1", "worker processes"),
+    ("--shard i/n", "str", "0/1",
+     "prepare only part i of n (0 <= i < n) of the shards, e.g. one part per machine into a shared folder; the "
+     "part that finishes last writes manifest.json (on node-local disks, copy the shards into one folder: "
+     "training merges their .json files)"),
+    ("--shard_size_mb M", "float", "16",
+     "text per shard: larger files are split into ranges of this size at document boundaries, smaller ones "
+     "grouped"),
+)  # fmt: skip
+"""The options of `python -m pretrain.data prepare` besides the run config's: (flag, type, default, meaning)."""
+
+
+def _option_lines(options) -> str:
+    lines = []
+    for flag, _type, default, meaning in options:
+        text = f"{meaning} (default: {default})" if default != "required" else f"{meaning} (required)"
+        wrapped = textwrap.wrap(text, 86)
+        lines.append(f"  {flag:<20}  {wrapped[0]}")
+        lines += [" " * 24 + line for line in wrapped[1:]]
+    return "\n".join(lines)
+
+
+DESCRIPTION = f"""Inspect the pretraining data of a run config without training: reads the corpus, trains the tokenizer
 (into a temporary folder, unless tokenizer.name_or_path is set), builds the examples, prints a few of them
 decoded with their masks shown, and measures over many training sequences: the MLM selection rate, the
 [MASK]/random/unchanged split, the IsNext share and lengths (encoder), or blocks and EOS counts (decoder).
 
 Extra options of this command:
-  --examples N          decoded examples to print (default 3)
-  --stat_sequences N    training sequences to measure (default 10000; several epochs if needed)
+{_option_lines(INSPECT_OPTIONS)}
 
-Masks are shown as [MASK/orig] (replaced by [MASK]), {rand/orig} (replaced by a random token) and <orig>
+Masks are shown as [MASK/orig] (replaced by [MASK]), {{rand/orig}} (replaced by a random token) and <orig>
 (selected but left unchanged).
 
 To tokenize a corpus once and train on it many times (any size, memory-flat, parallel, resumable, split across
-machines), see `python -m pretrain.data prepare --help`."""
+machines), see `python -m pretrain.data prepare --help`. Guide: docs/data-and-scale.md."""
 
-PREPARE_DESCRIPTION = """Prepare once, train many: read the corpus of a run config (data.data_files, any mix of file
+PREPARE_DESCRIPTION = f"""Prepare once, train many: read the corpus of a run config (data.data_files, any mix of file
 sizes, a single huge file included) in bounded chunks, train the tokenizer on a seeded sample of at most
 tokenizer.input_sentence_size lines (default 50,000), and write the tokenized, sentence-split, document-indexed
 corpus to --output as Arrow shards with tokenizer/ and manifest.json. Then train from it with
 `accelerate launch pretrain/run.py --config X --data.prepared DIR` (memory-mapped, nothing tokenized again).
 
 Options of this command (besides --config and the dotted overrides of the run config):
-  --output DIR          the prepared folder (required); run the same command again to resume a killed prepare
-  --num_proc N          worker processes (default: data.num_proc, else 1)
-  --shard i/n           prepare only part i of n (0 <= i < n) of the shards, e.g. one part per machine into a
-                        shared folder; the part that finishes last writes manifest.json (on node-local disks,
-                        copy the shards into one folder: training merges their .json files)
-  --shard_size_mb M     text per shard (default 16): larger files are split into ranges of this size at document
-                        boundaries, smaller ones grouped
+{_option_lines(PREPARE_OPTIONS)}
 
 The settings the shards depend on (model.kind, data.document_separator, data.sentence_split, data.text_column,
-the tokenizer section, training.seed for the sample) are recorded in the manifest; a run whose settings differ
-is stopped with one line naming the setting."""
+the tokenizer section, training.seed for the sample) are recorded in --output's manifest.json; a run whose
+settings differ is stopped with one line naming the setting. Of the run config, prepare reads only the options
+listed below; a YAML file may hold the others (the run that trains from the folder reads them).
+Guide: docs/data-and-scale.md."""
 
 
 def _pop_int(argv: list[str], flag: str, default: int) -> tuple[int, list[str]]:
@@ -301,6 +328,25 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM (a job scheduler's stop) ends a prepare as Ctrl-C does: in one line
 
 
+PREPARE_KEYS = (
+    "model.kind",
+    "tokenizer.name_or_path",
+    "tokenizer.vocab_size",
+    "tokenizer.lowercase",
+    "tokenizer.min_frequency",
+    "tokenizer.input_sentence_size",
+    "data.data_files",
+    "data.validation_files",
+    "data.text_column",
+    "data.document_separator",
+    "data.sentence_split",
+    "data.max_seq_length",
+    "data.num_proc",
+    "training.seed",
+)
+"""The run config options `prepare` reads (its --help lists these; an override of another is refused)."""
+
+
 def prepare_main(argv: list[str]) -> int:
     import signal
 
@@ -309,12 +355,13 @@ def prepare_main(argv: list[str]) -> int:
     output = None
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        if "-h" in argv or "--help" in argv:
-            build_config(RunConfig, ["--help"], prog="python -m pretrain.data prepare", description=PREPARE_DESCRIPTION)
         output, argv = _pop_value(argv, "--output")
         num_proc, argv = _pop_value(argv, "--num_proc")
         part, argv = _pop_value(argv, "--shard")
         shard_mb, argv = _pop_value(argv, "--shard_size_mb")
+        # --help and --print_config answer here, before the checks of the options of this command
+        cfg = build_config(RunConfig, argv, prog="python -m pretrain.data prepare", description=PREPARE_DESCRIPTION,
+                           keys=PREPARE_KEYS, saves_config=False)  # fmt: skip
         if not output:
             raise ConfigError("--output DIR is required: the folder to write the prepared corpus to")
         try:
@@ -328,7 +375,6 @@ def prepare_main(argv: list[str]) -> int:
             processes = int(num_proc) if num_proc else None
         except ValueError:
             raise ConfigError(f"--num_proc {num_proc} / --shard_size_mb {shard_mb}: give numbers") from None
-        cfg = build_config(RunConfig, argv, prog="python -m pretrain.data prepare", description=PREPARE_DESCRIPTION)
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # read when json/csv/parquet need datasets
         prepare(cfg, output, processes or cfg.data.num_proc or 1, shard, shard_size_mb)
     except (DataError, ConfigError) as err:
@@ -350,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         examples, argv = _pop_int(argv, "--examples", 3)
         stat_sequences, argv = _pop_int(argv, "--stat_sequences", 10_000)
-        cfg = build_config(RunConfig, argv, prog="python -m pretrain.data", description=DESCRIPTION)
+        cfg = build_config(RunConfig, argv, prog="python -m pretrain.data", description=DESCRIPTION, saves_config=False)
         import datasets
 
         datasets.disable_progress_bars()

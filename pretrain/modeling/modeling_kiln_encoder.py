@@ -59,7 +59,7 @@ def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
 
 
 # Unpadding gathers and scatters the rows around every attention: it pays only with enough padding. Measured on a
-# 2-core CPU (README Performance): SST-2 fine-tuning batches, 67% padding, 1.55x faster; the default pretraining
+# 2-core CPU (docs/performance.md): SST-2 fine-tuning batches, 67% padding, 1.55x faster; the default pretraining
 # run's NSP batches, 4% padding, 0.83-0.90x (slower), so batches with less padding than this run padded.
 UNPAD_MIN_PADDING = 0.1
 
