@@ -105,7 +105,7 @@ Options after -- go to every classify run (e.g. -- --training.lr 1e-4 --training
 Guide: docs/finetuning.md; every option: docs/configuration.md."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def glue_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python finetune/glue.py", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -127,7 +127,7 @@ def parse_args(argv: list[str] | None):
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
-    args = build_parser().parse_args(own)
+    args = glue_parser().parse_args(own)
     answer_print_config(args, classify_options=overrides)
     return args, overrides
 

@@ -58,10 +58,10 @@ COMMANDS = (
     Command("Sequence to sequence", "accelerate launch finetune/seq2seq.py", "finetune.seq2seq:DESCRIPTION",
             "finetune.seq2seq:Seq2SeqConfig"),
     Command("The GLUE suite", "python finetune/glue.py", "finetune.glue:DESCRIPTION",
-            parser="finetune.glue:build_parser",
+            parser="finetune.glue:glue_parser",
             note="Options after `--` go to every `finetune/classify.py` run (see Classification)."),
-    Command("Converting checkpoints", "python -m pretrain.convert", "", parser="pretrain.convert:build_parser"),
-    Command("ONNX export", "python -m pretrain.export_onnx", "", parser="pretrain.export_onnx:build_parser"),
+    Command("Converting checkpoints", "python -m pretrain.convert", "", parser="pretrain.convert:convert_parser"),
+    Command("ONNX export", "python -m pretrain.export_onnx", "", parser="pretrain.export_onnx:export_parser"),
     Command("kiln-launch", "kiln-launch", "kiln.launcher:HELP_HEADER",
             note="kiln-launch adds no options: it takes `accelerate launch`'s (`accelerate launch --help`), and the "
             "script after them takes its own, listed on this page."),
@@ -69,7 +69,7 @@ COMMANDS = (
 """Every Kiln command, in the page's order."""
 
 
-def load(spec: str) -> Any:
+def load_spec(spec: str) -> Any:
     module, _, attribute = spec.partition(":")
     return getattr(importlib.import_module(module), attribute)
 
@@ -82,20 +82,20 @@ def config_options(command: Command) -> list[tuple[str, str, Any, str]]:
     """(`--section.key`, type, default, meaning) of each config option the command reads."""
     if command.config is None:
         return []
-    keys = load(command.keys) if command.keys else None
-    return [(f"--{key}", kind, default, doc) for key, kind, default, doc in option_rows(load(command.config), None, keys)]
+    keys = load_spec(command.keys) if command.keys else None
+    return [(f"--{key}", kind, default, doc) for key, kind, default, doc in option_rows(load_spec(command.config), None, keys)]
 
 
 def own_options(command: Command) -> list[tuple[str, str, Any, str]]:
     """(flag, type, default, meaning) of the command's options that are not config fields."""
     rows = []
     if command.extra:
-        rows += [(flag, kind, default, meaning) for flag, kind, default, meaning in load(command.extra)]
+        rows += [(flag, kind, default, meaning) for flag, kind, default, meaning in load_spec(command.extra)]
     if command.config:
         rows += [("--config FILE", "str", None, "YAML run config (see configs/); `_base_:` inherits from other files"),
                  ("--print_config", "bool", False, "print the resolved config as YAML and exit")]  # fmt: skip
     if command.parser:
-        for action in load(command.parser)()._actions:
+        for action in load_spec(command.parser)()._actions:
             if isinstance(action, argparse._HelpAction):
                 continue
             flag = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
@@ -183,9 +183,9 @@ def render() -> str:
     for command in COMMANDS:
         lines += [f"## {command.title}", "", f"`{command.command}`", ""]
         if command.description:
-            lines += _description(load(command.description))
+            lines += _description(load_spec(command.description))
         elif command.parser:
-            lines += _description(load(command.parser)().description or "")
+            lines += _description(load_spec(command.parser)().description or "")
         if command.note:
             lines += [_text(command.note), ""]
         top = [row for row in config_options(command) if "." not in row[0]]  # top-level flags (e.g. --predict)

@@ -495,7 +495,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     return converted
 
 
-def build_parser() -> argparse.ArgumentParser:
+def convert_parser() -> argparse.ArgumentParser:
     """The command line of `python -m pretrain.convert`."""
     from kiln.cli import add_print_config
 
@@ -515,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     from kiln.cli import answer_print_config
 
-    args = build_parser().parse_args(argv)
+    args = convert_parser().parse_args(argv)
     answer_print_config(args)
     try:
         converted = convert_checkpoint(args.src_dir, args.dst_dir)

@@ -150,7 +150,7 @@ def check(model, onnx_path: Path, output_names) -> dict[str, float]:
     return differences
 
 
-def build_parser() -> argparse.ArgumentParser:
+def export_parser() -> argparse.ArgumentParser:
     """The command line of `python -m pretrain.export_onnx`."""
     from kiln.cli import add_print_config
 
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     from kiln.cli import answer_print_config
 
-    args = build_parser().parse_args(argv)
+    args = export_parser().parse_args(argv)
     answer_print_config(args)
     try:
         differences = export(args.folder, args.out, args.opset)
