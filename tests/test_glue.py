@@ -378,3 +378,44 @@ def test_a_partial_suite_says_so_and_a_new_table_replaces_the_old_one(tmp_path):
     assert text.index("## Results") < text.index("## GLUE") < text.index("## Usage") and text.endswith(
         "code\n"
     )
+
+
+def test_glue_runs_with_no_arguments_from_the_hub_and_the_default_checkpoint(kiln_checkpoints, tmp_path, hub):
+    """`python finetune/glue.py`, nothing else: the nine tasks from the Hub dataset nyu-mll/glue (here the test Hub
+    serves it in the Hub's layout: a folder of parquet files per config, declared in the card) and the encoder
+    `accelerate launch pretrain/run.py` leaves in runs/encoder-tiny/final."""
+    import io
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from datasets import concatenate_datasets
+    from huggingface_hub import CommitOperationAdd, HfApi
+    from kiln_testing import REPO
+
+    fake, files, card = FakeHub(), {}, ["---", "configs:"]
+    for name in GLUE_TASKS:
+        card += [f"- config_name: {name}", "  data_files:"]
+        for split, dataset in fake("nyu-mll/glue", name).items():
+            if split == "train":  # one batch of the default size (32) at least
+                dataset = concatenate_datasets([dataset] * 6)
+            buffer = io.BytesIO()
+            dataset.to_parquet(buffer)
+            files[f"{name}/{split}-00000-of-00001.parquet"] = buffer.getvalue()
+            card += [f"  - split: {split}", f"    path: {name}/{split}-*"]
+    files["README.md"] = "\n".join([*card, "---", ""]).encode()
+    api = HfApi()
+    api.create_repo("nyu-mll/glue", repo_type="dataset")
+    api.create_commit("nyu-mll/glue", repo_type="dataset", commit_message="glue",
+                      operations=[CommitOperationAdd(path, data) for path, data in files.items()])  # fmt: skip
+    shutil.copytree(kiln_checkpoints[0], tmp_path / "runs" / "encoder-tiny" / "final")
+
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(REPO / "finetune" / "glue.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-5:]
+    summary = json.loads((tmp_path / "runs" / "glue" / "glue_results.json").read_text())
+    assert summary["complete"] and set(summary["tasks"]) == set(GLUE_TASKS)
+    assert summary["checkpoint"] == "runs/encoder-tiny/final"
+    assert "GLUE score" in (tmp_path / "runs" / "glue" / "glue_results.md").read_text()
