@@ -118,6 +118,23 @@ def test_a_static_cache_generates_what_the_dynamic_cache_does(implementation):
     torch.testing.assert_close(static_scores, scores, atol=1e-5, rtol=0)
 
 
+def test_the_seq2seq_model_generates_with_a_static_cache_what_it_does_with_the_dynamic_one():
+    from pretrain.modeling import KilnEncoderDecoderModel, KilnEncoderModel
+
+    encoder = KilnEncoderModel(tiny_encoder_config())
+    decoder = KilnDecoderForCausalLM(tiny_decoder_config(add_cross_attention=True, bos_token_id=1, eos_token_id=2))
+    model = KilnEncoderDecoderModel(encoder=encoder, decoder=decoder).eval()
+    model.config.decoder_start_token_id, model.config.pad_token_id = 1, 0
+    input_ids, attention_mask = batch(length=6, seed=5)  # right padding in the source
+    outputs = [
+        model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=5, cache_implementation=cache,
+                       output_scores=True, return_dict_in_generate=True)
+        for cache in ("dynamic", "static")
+    ]  # fmt: skip
+    assert torch.equal(outputs[1].sequences, outputs[0].sequences)
+    torch.testing.assert_close(torch.stack(outputs[1].scores), torch.stack(outputs[0].scores), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("backend", ["fp8", "quanto"])
 def test_a_quantized_cache_generates_what_the_dynamic_cache_does(backend):
     model = KilnDecoderForCausalLM(tiny_decoder_config(bos_token_id=1, eos_token_id=2)).eval()

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.deprecation import deprecate_kwarg
@@ -347,10 +348,16 @@ def causal_mask(
     return mask
 
 
+_MASK_BUILDER_PARAMETERS = {
+    builder: frozenset(inspect.signature(builder).parameters)
+    for builder in (create_causal_mask, create_bidirectional_mask)
+}
+
+
 def _transformers_mask(builder, **kwargs):
     """Call a `transformers.masking_utils` builder with the argument names of the installed transformers (the
     cache argument was renamed `past_key_values` -> `cache`; older releases also take `cache_position`)."""
-    parameters = inspect.signature(builder).parameters
+    parameters = _MASK_BUILDER_PARAMETERS[builder]
     if "cache" in kwargs and "cache" not in parameters:
         kwargs["past_key_values"] = kwargs.pop("cache")
     if "input_embeds" in parameters:
@@ -364,7 +371,9 @@ def uses_transformers_masks(config, cache=None) -> bool:
     are not simply past + new tokens (a static cache's fixed length, a sliding window)."""
     if config._attn_implementation not in (None, "eager", "sdpa"):
         return True
-    return cache is not None and (bool(getattr(cache, "is_compileable", False)) or any(cache.is_sliding))
+    return cache is not None and (
+        bool(getattr(cache, "is_compileable", False)) or any(getattr(cache, "is_sliding", None) or ())
+    )
 
 
 def decoder_self_mask(config, inputs_embeds, attention_mask, cache, position_ids, past_length):
@@ -375,8 +384,6 @@ def decoder_self_mask(config, inputs_embeds, attention_mask, cache, position_ids
         return attention_mask
     if not uses_transformers_masks(config, cache):
         return causal_mask(attention_mask, inputs_embeds.shape[1], past_length, inputs_embeds.device)
-    from transformers.masking_utils import create_causal_mask
-
     if position_ids is None:
         position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
     return _transformers_mask(
@@ -395,8 +402,6 @@ def bidirectional_mask(config, inputs_embeds, attention_mask, encoder_hidden_sta
     Kiln's `padding_mask` for SDPA and eager, transformers' `create_bidirectional_mask` for other kernels."""
     if not uses_transformers_masks(config):
         return padding_mask(attention_mask)
-    from transformers.masking_utils import create_bidirectional_mask
-
     return _transformers_mask(
         create_bidirectional_mask,
         config=config,
