@@ -514,7 +514,7 @@ def write_model_card(
     lines = [
         f"# {card_text(model_name)}",
         "",
-        _card_origin(model_kind, base_model, [public_name(d) for d in datasets]),
+        _card_origin(model_kind, base_model, [public_name(d) for d in datasets], fine_tuned="fine-tuning" in tags),
         *_data_section(local_data),
         *_training_section(facts),
         *_results_section(metrics),
@@ -593,15 +593,17 @@ def _place_plot(loss_plot: str | None, save_dir: Path) -> str | None:
     return plot.resolve().relative_to(save_dir.resolve()).as_posix()
 
 
-def _card_origin(model_kind: str, base_model: str | list[str] | None, datasets: list[str]) -> str:
-    """The card's first sentence: what the model is, where it started, what it was trained on."""
+def _card_origin(
+    model_kind: str, base_model: str | list[str] | None, datasets: list[str], fine_tuned: bool = False
+) -> str:
+    """The card's first sentence: what the model is, where it started (a fine-tuned model's start that is no Hub
+    id is not named: it lies on the user's disk), what it was trained on."""
     bases = [base_model] if isinstance(base_model, str) else list(base_model or [])
-    origin = (
-        "fine-tuned from "
-        + " and ".join(f"[{card_text(b)}](https://huggingface.co/{b})" if _HUB_ID.match(b) else card_text(b) for b in bases)
-        if bases
-        else "pretrained"
-    )
+    if bases:
+        links = (f"[{card_text(b)}](https://huggingface.co/{b})" if _HUB_ID.match(b) else card_text(b) for b in bases)
+        origin = "fine-tuned from " + " and ".join(links)
+    else:
+        origin = "fine-tuned from a local checkpoint" if fine_tuned else "pretrained"
     trained_on = ", ".join(card_text(d) for d in datasets) or "local text"
     kind = card_text(model_kind)
     return f"{'An' if model_kind[:1].lower() in 'aeiou' else 'A'} {kind} {origin} with Kiln on {trained_on}."

@@ -101,6 +101,7 @@ def test_nothing_published_names_the_users_disk(tmp_path, hub):
     cls_card = published[f"{finetuned.name}/final/README.md"].decode()
     assert "train.csv" in cls_card and "validation.csv" in cls_card and "sha256" in cls_card
     assert "| initialisation | pretrained (final) |" in cls_card, cls_card
+    assert "An encoder fine-tuned from a local checkpoint with Kiln on train.csv, validation.csv, test.csv." in cls_card
     scratch_card = published["scratch/final/README.md"].decode()
     assert "| initialisation | random (from scratch, shape and tokenizer of final) |" in scratch_card
     # the run folder's own config (never published) keeps the full paths
