@@ -119,6 +119,8 @@ def _task_fields(config) -> dict:
 
 
 def encoder_config_from_bert(config: BertConfig) -> KilnEncoderConfig:
+    """The KilnEncoderConfig of a transformers BertConfig: the same shape and task fields (num_labels, id2label,
+    ...), learned absolute positions. A BERT decoder or relative position embeddings raise ValueError."""
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
         raise ValueError(
             "A BERT decoder (is_decoder / add_cross_attention) has no Kiln equivalent; convert encoders."
@@ -134,6 +136,8 @@ def encoder_config_from_bert(config: BertConfig) -> KilnEncoderConfig:
 
 
 def encoder_config_from_electra(config: transformers.ElectraConfig) -> KilnEncoderConfig:
+    """The KilnEncoderConfig of a transformers ElectraConfig: the same shape and task fields; an embedding size
+    other than hidden_size is kept (Kiln then projects the embeddings up, as ELECTRA does)."""
     if getattr(config, "position_embedding_type", "absolute") != "absolute":
         raise ValueError(
             f"ELECTRA position_embedding_type={config.position_embedding_type!r} is not supported by Kiln."
@@ -148,17 +152,22 @@ def encoder_config_from_electra(config: transformers.ElectraConfig) -> KilnEncod
 
 
 def electra_config_from_encoder(config: KilnEncoderConfig) -> transformers.ElectraConfig:
+    """The transformers ElectraConfig of a KilnEncoderConfig (the inverse of `encoder_config_from_electra`)."""
     fields = {name: getattr(config, name) for name in ENCODER_FIELDS}
     return transformers.ElectraConfig(embedding_size=embedding_width(config), **fields, **_task_fields(config))
 
 
 def bert_config_from_encoder(config: KilnEncoderConfig) -> BertConfig:
+    """The transformers BertConfig of a KilnEncoderConfig (the inverse of `encoder_config_from_bert`); a
+    sinusoidal position table becomes BERT's learned table, initialised to it by the weight conversion."""
     # A sinusoidal table becomes BERT's learned table (initialised to it): same function
     fields = {name: getattr(config, name) for name in ENCODER_FIELDS}
     return BertConfig(**fields, **_task_fields(config))
 
 
 def decoder_config_from_gpt2(config: GPT2Config) -> KilnDecoderConfig:
+    """The KilnDecoderConfig of a transformers GPT2Config (n_embd -> hidden_size, n_inner -> intermediate_size,
+    ...); attention scalings GPT-2 offers beyond its default raise ValueError."""
     if not config.scale_attn_weights or config.scale_attn_by_inverse_layer_idx:
         raise ValueError(
             "GPT-2 configs with scale_attn_weights=False or scale_attn_by_inverse_layer_idx=True "
@@ -170,6 +179,7 @@ def decoder_config_from_gpt2(config: GPT2Config) -> KilnDecoderConfig:
 
 
 def gpt2_config_from_decoder(config: KilnDecoderConfig) -> GPT2Config:
+    """The transformers GPT2Config of a KilnDecoderConfig (the inverse of `decoder_config_from_gpt2`)."""
     fields = {gpt2: getattr(config, kiln) for kiln, gpt2 in DECODER_FIELDS.items()}
     inner = None if config.intermediate_size == 4 * config.hidden_size else config.intermediate_size
     return GPT2Config(n_inner=inner, **fields, **_task_fields(config))

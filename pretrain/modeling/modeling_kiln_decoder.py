@@ -104,6 +104,10 @@ class KilnDecoderLayer(GradientCheckpointingLayer):
 
 
 class KilnDecoderPreTrainedModel(PreTrainedModel):
+    """The base of every Kiln decoder class: its config class, weight initialisation (GPT-2's: normal with
+    `initializer_range`, residual projections scaled by 1/sqrt(2 x layers)), gradient checkpointing, the key/value cache and the attention kernels it supports
+    (`sdpa`, `eager`, `flex_attention`)."""
+
     config_class = KilnDecoderConfig
     config: KilnDecoderConfig
     base_model_prefix = "model"

@@ -175,6 +175,10 @@ class KilnMLMHead(nn.Module):
 
 
 class KilnEncoderPreTrainedModel(PreTrainedModel):
+    """The base of every Kiln encoder class: its config class, weight initialisation (BERT's: normal with
+    `initializer_range`, zero biases, unit LayerNorm), gradient checkpointing and the attention kernels it
+    supports (`sdpa`, `eager`, `flex_attention`)."""
+
     config_class = KilnEncoderConfig
     config: KilnEncoderConfig
     base_model_prefix = "model"
