@@ -63,6 +63,8 @@ def run_cli(
             message, status = _one_line(err), 1
         elif as_disk_fault(err) is not None:
             message, status = disk_error_message(as_disk_fault(err)), 2
+        elif launcher.several_processes() and (lost := _lost_peer(err)) is not None:
+            message, status = lost, 1
         else:
             message, status = None, 1
         if not launcher.claim_failure():  # several processes, and another failed first (alike, or so that this
@@ -101,6 +103,26 @@ def _close_progress_bars() -> None:
 
         for bar in list(getattr(tqdm, "_instances", ())):
             bar.close()
+
+
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+"""What a collective backend (gloo) says when the process at the other end of a connection is gone."""
+
+
+def _lost_peer(err: BaseException) -> str | None:
+    """The one line for a collective that failed because another process of the run is gone (killed outright,
+    its machine or network down), in place of the backend's traceback; None for any other error."""
+    import re
+
+    text = str(err)
+    if not isinstance(err, RuntimeError) or not any(phrase in text for phrase in PEER_LOST):
+        return None
+    address = re.search(r"\[([^\]]+)\]:\d+", text)
+    where = f"at {address.group(1)}: " if address else ""
+    return (
+        f"lost contact with another process of the run ({where}it was killed, or its machine or network failed); "
+        "checkpoints completed before it are kept (continue with --training.resume_from_checkpoint latest)"
+    )
 
 
 def _one_line(err: BaseException) -> str:

@@ -316,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         if signal.getsignal(sig) is not signal.SIG_IGN:  # e.g. SIGINT of a background job: keep ignoring it
             signal.signal(sig, forward)
+    if (args.num_machines or 1) > 1:
+        watch_rendezvous(args.machine_rank or 0, args.num_machines, args.main_process_ip, args.main_process_port)
     # the agent's log lines repeat (as "exitcode: 2 ... of binary") what the processes said themselves
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
@@ -328,6 +330,57 @@ def main(argv: list[str] | None = None) -> None:
             raise
         rank, first = failure()
         raise SystemExit(_exit_status(int(first.exitcode), rank)) from None
+
+
+RENDEZVOUS_NOTICE_S = 10.0
+"""How long `kiln-launch` waits for the other nodes quietly before it says so."""
+
+
+def watch_rendezvous(node: int, nodes: int, host: str | None, port: int | None) -> None:
+    """While no training process has started (the nodes' rendezvous): say once, after RENDEZVOUS_NOTICE_S, which
+    nodes this one waits for, and end at once on SIGTERM/SIGINT.
+
+    torchrun's agent waits for the other nodes inside one C++ call (node 0 hosts the rendezvous store and waits
+    for every node to connect, up to torch's rendezvous timeout, 900 s by default); Python's signal handlers do
+    not run until it returns. Python's C-level handler still writes each signal's number to the wakeup file
+    descriptor, which a thread of this process reads. Once the training processes have started, signals go to
+    them as usual (the handler installed by `main`)."""
+    import select
+    import signal
+    import threading
+    import time
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    others = [str(rank) for rank in range(nodes) if rank != node]
+    who = ("node " if len(others) == 1 else "nodes ") + ", ".join(others)
+    where = f"{host or 'the main process address'}:{port or 29500}"
+    start = time.monotonic()
+
+    def watch():
+        said = False
+        while True:
+            ready, _, _ = select.select([read_end], [], [], 0.5)
+            if _children(os.getpid()):
+                return  # the rendezvous is over: the training processes take the signals
+            waited = time.monotonic() - start
+            if ready:
+                received = os.read(read_end, 64)
+                for signum in received:
+                    if signum in (signal.SIGTERM, signal.SIGINT):
+                        name = signal.Signals(signum).name
+                        print(f"stopped by {name} while node {node} of {nodes} waited {waited:.0f} s for {who} to "
+                              f"join at {where}; no training process had started", file=sys.stderr, flush=True)
+                        end_now(0 if signum == signal.SIGTERM else 130)
+            if not said and waited >= RENDEZVOUS_NOTICE_S:
+                said = True
+                print(f"kiln-launch: node {node} of {nodes} has waited {waited:.0f} s for {who} to join at {where} "
+                      "(torch gives up after its rendezvous timeout, 900 s by default); start the other nodes with "
+                      "the same command and their --machine_rank, or stop this one with Ctrl-C", file=sys.stderr,
+                      flush=True)  # fmt: skip
+
+    threading.Thread(target=watch, name="kiln-rendezvous-watch", daemon=True).start()
 
 
 def _exit_status(code: int, rank: int) -> int:

@@ -134,6 +134,7 @@ def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerat
     # before the Accelerator is built: it takes the accumulation count a resume on another world size needs
     elastic = adapt_to_world_size(training, launched_processes(), checkpoint)
     accelerator = build_accelerator(training, logging_cfg)
+    check_launch(accelerator, launched_processes())
     resolve_batch_size(training, accelerator.num_processes)
     align_engine(accelerator, training)
     _refuse_elastic_deepspeed(accelerator, elastic)
@@ -170,6 +171,24 @@ def adapt_to_downloaded_checkpoint(accelerator: Accelerator, training: TrainingC
     accelerator.gradient_accumulation_steps = training.gradient_accumulation_steps
     if accelerator.is_main_process:
         logger.warning(elastic)
+
+
+def check_launch(accelerator: Accelerator, launched: int) -> None:
+    """Refuse a launch of several processes that accelerate runs one by one, each alone (and each taking the
+    output folder for its own): `--multi_gpu` on a machine where torch sees no GPU, without `--cpu`."""
+    if launched <= 1 or accelerator.num_processes == launched:
+        return
+    if accelerator.device.type == "cpu":
+        why = (
+            "torch sees no GPU and ACCELERATE_USE_CPU is not set; on a machine without GPUs launch with --cpu "
+            "(or set ACCELERATE_USE_CPU=1), on a GPU machine check that torch.cuda.is_available() is True"
+        )
+    else:
+        why = "its distributed state was not initialised; check the launch command and the accelerate config"
+    raise ConfigError(
+        f"this process was launched as one of {launched} processes, but accelerate runs it as a run of "
+        f"{accelerator.num_processes} on {accelerator.device}: {why}"
+    )
 
 
 class _TiedWeightsFilter(logging.Filter):
@@ -352,6 +371,7 @@ def check_step_counts(training: TrainingConfig) -> None:
 __all__ = [
     "adapt_to_downloaded_checkpoint",
     "build_accelerator",
+    "check_launch",
     "check_output_folder",
     "check_scheduler",
     "check_step_counts",

@@ -5,12 +5,14 @@ command (`kiln-launch`) in fresh processes on loopback."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 
+import pytest
 from kiln_testing import DEBUG, REPO
 
 from kiln.config import HubConfig
@@ -122,3 +124,112 @@ def test_an_upload_that_progresses_outlasts_the_no_progress_limit(hub, tmp_path)
     (folder / "weights.bin").write_bytes(b"last")
     pusher.push(folder, commit_message="answered")
     assert pusher.wait(timeout=60) and HubProgress.last > before  # the Hub's answers count as progress
+
+
+# ----------------------------------------------------------------------------------------------------------
+# nodes: one that never starts, one killed outright
+
+CPU = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def _node(rank: int, port: int, out, *args, nodes: int = 2) -> subprocess.Popen:
+    """`kiln-launch --num_machines NODES --machine_rank RANK` of one process, on loopback."""
+    command = [*KILN_LAUNCH[:3], "--multi_gpu", "--num_machines", str(nodes), "--num_processes", str(nodes),
+               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+               "--rdzv_backend", "static", *KILN_LAUNCH[7:], str(REPO / "pretrain/run.py"), "--config", DEBUG,
+               "--training.output_dir", str(out), *map(str, args)]  # fmt: skip
+    return subprocess.Popen(command, cwd=REPO, env={**os.environ, **CPU}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("sig,status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_node_0_waiting_for_a_node_that_never_starts_says_so_and_ends_on_a_stop_signal(tmp_path, sig, status):
+    from kiln_testing import free_port
+
+    port = free_port()
+    node0 = _node(0, port, tmp_path / "run", *QUICK)
+    try:
+        lines = []
+        for line in node0.stdout:
+            lines.append(line)
+            if line.startswith("kiln-launch: node 0 of 2 has waited"):
+                break
+        assert lines and lines[-1].startswith("kiln-launch: node 0 of 2 has waited"), "".join(lines)[-3000:]
+        assert lines[-1].rstrip().endswith(
+            f"s for node 1 to join at 127.0.0.1:{port} (torch gives up after its rendezvous timeout, 900 s by "
+            "default); start the other nodes with the same command and their --machine_rank, or stop this one "
+            "with Ctrl-C"
+        )
+        node0.send_signal(sig)
+        rest, _ = node0.communicate(timeout=30)
+    finally:
+        node0.kill()
+    assert node0.returncode == status, rest
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith(f"stopped by {sig.name} while node 0 of 2 waited "), rest
+    assert last.endswith(f"s for node 1 to join at 127.0.0.1:{port}; no training process had started")
+    assert "Traceback" not in rest
+
+
+def test_a_node_killed_outright_leaves_one_line_on_the_surviving_node(tmp_path):
+    from kiln_testing import free_port
+
+    from kiln.launcher import _children
+
+    port, out = free_port(), tmp_path / "run"
+    args = ["--training.max_steps", 100000, "--training.save_steps", 0, "--training.eval_steps", 0,
+            "--data.max_train_documents", 40, "--training.per_device_train_batch_size", 4]  # fmt: skip
+    nodes = [_node(rank, port, out, *args) for rank in (0, 1)]
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.time() + 300
+        while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
+            time.sleep(0.5)
+        assert metrics.exists(), "the two nodes never trained"
+        (trainer,) = _children(nodes[1].pid)
+        os.kill(trainer, signal.SIGKILL)  # node 1's training process, as the OOM killer or a lost machine would
+        started = time.monotonic()
+        output, _ = nodes[0].communicate(timeout=120)
+        took = time.monotonic() - started
+        nodes[1].communicate(timeout=60)
+    finally:
+        for node in nodes:
+            node.kill()
+    assert nodes[0].returncode == 1, output[-3000:]
+    assert "Traceback" not in output and "frame #" not in output and "Connection reset" not in output, output[-4000:]
+    last = output.strip().splitlines()[-1]
+    assert last == (
+        "error: lost contact with another process of the run (at 127.0.0.1: it was killed, or its machine or network "
+        "failed); "
+        "checkpoints completed before it are kept (continue with --training.resume_from_checkpoint latest) "
+        "(node 0, rank 0 of 2)"
+    ), output[-3000:]
+    assert took < 60, took
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a launch of several processes that accelerate runs one by one: not "another run" holding the folder
+
+
+def test_two_processes_launched_without_cpu_on_a_machine_without_gpus_are_told_why(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine where torch sees no GPU (there, --multi_gpu without --cpu runs on the GPUs)")
+    out = tmp_path / "run"
+    env = {key: value for key, value in os.environ.items() if key != "ACCELERATE_USE_CPU"}
+    done = subprocess.run(
+        [*KILN_LAUNCH[:3], "--multi_gpu", "--num_processes", "2", "--main_process_port", "0", *KILN_LAUNCH[5:],
+         str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(out), *map(str, QUICK)],
+        cwd=REPO, env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "in use by another run" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "error: this process was launched as one of 2 processes, but accelerate runs it as a run of 1 on cpu: torch "
+        "sees no GPU and ACCELERATE_USE_CPU is not set; on a machine without GPUs launch with --cpu (or set "
+        "ACCELERATE_USE_CPU=1), on a GPU machine check that torch.cuda.is_available() is True (rank "
+    ), last
+    assert not out.exists()  # refused before the output folder was touched
