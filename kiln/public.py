@@ -56,7 +56,13 @@ def public_name(value: Any) -> Any:
         return value
     if is_local_path(value):
         return _last_part(value)
-    return _EMBEDDED_PATH.sub(lambda match: _last_part(match.group(0)), value) if "/" in value else value
+    return _EMBEDDED_PATH.sub(_reduce_embedded, value) if "/" in value else value
+
+
+def _reduce_embedded(match: re.Match) -> str:
+    """An embedded path's last part; a lone `/name` (`</s>`, `km /h`) is markup or prose, not a place: kept."""
+    path = match.group(0)
+    return _last_part(path) if path.startswith(("~", ".")) or path.count("/") > 1 else path
 
 
 def public_text(text: str) -> str:

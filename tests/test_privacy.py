@@ -192,3 +192,23 @@ def test_a_prepared_runs_card_names_the_prepared_sources_as_text_and_conflicting
     assert "checkpoints/step-00000001/data_fingerprint.json" in published, sorted(published)
     published |= {name: (prepared / name).read_bytes() for name in ("manifest.json", "plan.json")}
     assert published_leaks(tmp_path, home, published) == {}
+
+
+def test_paths_inside_values_are_reduced_and_markup_and_old_fingerprints_are_kept():
+    from kiln.fingerprint import data_changes
+    from kiln.public import card_text, public_file_names, public_name
+
+    home = "/" + "home/alice-xyz"
+    assert public_name(f"pretrained ({home}/runs/enc/final)") == "pretrained (final)"
+    assert public_name(f"--data={home}/a.txt and ~/b.txt.") == "--data=a.txt and b.txt."
+    for kept in ("</s>", "<|endoftext|>", "eval/loss", "https://huggingface.co/kiln-test/enc", "hub:kiln-test/enc"):
+        assert public_name(kept) == kept
+    assert public_file_names(["/a/x.txt", "/b/x.txt", "/c/y.txt"]) == ["x.txt", "x.txt (2)", "y.txt"]
+    assert card_text(EVIL) == "a\\`&lt;img src=x onerror=alert(1)&gt;\\`.txt"
+    assert card_text("a_christmas_carol.txt | *b*") == "a_christmas_carol.txt \\| \\*b\\*"
+    # a checkpoint that named files relative to their common folder compares by file name
+    old = {"home/alice-xyz/x.txt": "1 bytes, sha256 a", "mnt/x.txt": "2 bytes, sha256 b", "hub revision": "r"}
+    assert data_changes(old, {"x.txt": "1 bytes, sha256 a", "x.txt (2)": "2 bytes, sha256 b", "hub revision": "r"}) == []
+    assert data_changes(old, {"x.txt": "1 bytes, sha256 a", "x.txt (2)": "3 bytes, sha256 c", "hub revision": "r"}) == [
+        "x.txt (2) 2 -> 3 bytes"
+    ]
