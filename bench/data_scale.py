@@ -229,7 +229,7 @@ def time_to_first_step(prepared: Path, run_dir: Path, extra: list[str], timeout:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def load() -> list[float]:
+def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
@@ -261,7 +261,7 @@ def training_memory(prepared: Path, run_dir: Path, extra: list[str], repo: Path 
         "--training.eval_steps", "1000", "--training.save_steps", "1000", *extra,
     ]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    before = load()
+    before = load_average()
     start = time.perf_counter()
     process = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                start_new_session=True)
@@ -295,7 +295,7 @@ def training_memory(prepared: Path, run_dir: Path, extra: list[str], repo: Path 
         raise SystemExit(f"the 1-step run failed ({process.returncode}):\n{output.decode(errors='replace')[-3000:]}")
     anon, hwm = max(peaks.values(), default=[0, 0])  # the training process: the largest of the launch's children
     return {"train_peak_anon_mb": round(anon * 1024 / MB, 1), "train_peak_rss_mb": round(hwm * 1024 / MB, 1),
-            "train_wall_s": round(time.perf_counter() - start, 2), "train_load": [before, load()]}
+            "train_wall_s": round(time.perf_counter() - start, 2), "train_load": [before, load_average()]}
 
 
 def main(argv: list[str] | None = None) -> dict:

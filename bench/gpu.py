@@ -1,7 +1,7 @@
 """Every GPU row of the docs in one command: Kiln against transformers on one GPU, within about 8 minutes.
 
     python bench/gpu.py                                   # one GPU: bench/results/gpu.json + docs/results/gpu.md
-    python bench/gpu.py --smoke --json /tmp/g.json --md /tmp/g.md --sst2 DIR    # CPU, tiny shapes, ~2 minutes
+    python bench/gpu.py --smoke --json g.json --md g.md --sst2 DIR    # CPU, tiny shapes, ~2 minutes
     python bench/gpu.py --tables bench/results/gpu.json --md docs/results/gpu.md  # the tables again from a record
 
 It runs the other benchmarks, each in a fresh process with its own time limit, and keeps what each wrote:
@@ -156,7 +156,7 @@ def run_stage(name: str, spec: dict, work: Path, args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- the tables
-def _pct(value) -> str:
+def _percent(value) -> str:
     return f"{100 * value:.1f}%" if isinstance(value, (int, float)) and value == value else "-"
 
 
@@ -187,7 +187,7 @@ def pretraining_table(report: dict) -> list[str]:
             else:
                 who = "Kiln" if model_name == "kiln" else model_name
                 speedup = f"{model['speedup']:.2f} ({model['speedup_min']:.2f}-{model['speedup_max']:.2f})"
-            lines.append(f"| {label} | {who} | {_num(model['tokens_per_s'])} | {speedup} | {_pct(model['mfu'])} | "
+            lines.append(f"| {label} | {who} | {_num(model['tokens_per_s'])} | {speedup} | {_percent(model['mfu'])} | "
                          f"{_num(model['peak_mb'])} |")  # fmt: skip
     return lines
 
@@ -205,12 +205,12 @@ def engines_table(report: dict) -> list[str]:
         lines.append(
             f"| {row['engine']} (exit {row.get('run1_exit')}/{row.get('run2_exit', '-')}) | {row['kind']} | "
             f"{row['steps']} | {losses} | {_num(row.get('resume_max_abs_diff'), 4)} | {_num(row.get('tokens_per_s'))} "
-            f"| {_pct(row.get('mfu'))} | {loaded} |"
+            f"| {_percent(row.get('mfu'))} | {loaded} |"
         )
     return lines
 
 
-def finetune_table(report: dict) -> list[str]:
+def gpu_finetune_table(report: dict) -> list[str]:
     stage = report["stages"].get("finetune", {})
     lines = ["| task | side | examples/s (median) | dev accuracy | speed-up |", "|---|---|---:|---:|---:|"]
     if stage.get("status") != "ok":
@@ -226,7 +226,7 @@ def finetune_table(report: dict) -> list[str]:
     return lines
 
 
-def inference_table(report: dict) -> list[str]:
+def gpu_inference_table(report: dict) -> list[str]:
     stage = report["stages"].get("inference", {})
     lines = ["| task | batch | Kiln ms per input | transformers ms per input | speed-up (min-max) |",
              "|---|---:|---:|---:|---:|"]  # fmt: skip
@@ -262,11 +262,11 @@ def tables(report: dict) -> str:
         "",
         "## Fine-tuning",
         "",
-        *finetune_table(report),
+        *gpu_finetune_table(report),
         "",
         "## Inference",
         "",
-        *inference_table(report),
+        *gpu_inference_table(report),
         "",
     ]
     return "\n".join(parts)
