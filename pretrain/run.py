@@ -59,24 +59,25 @@ def validate(config: RunConfig) -> None:
             f"data.max_seq_length={config.data.max_seq_length} exceeds model.max_position_embeddings="
             f"{model.max_position_embeddings}: lower data.max_seq_length or raise model.max_position_embeddings"
         )
-    if config.data.prepared:
-        check_prepared_sources(config.data)
 
 
-def check_prepared_sources(data) -> None:
-    """A run with data.prepared trains on the sources its manifest records: data named beside it (a Hub dataset,
-    training or validation files other than those sources) would be ignored, so it is a one-line ConfigError.
-    Files given that this machine does not hold are not compared (the corpus may have been prepared elsewhere)."""
+def check_prepared_sources(data, given: set[str]) -> None:
+    """A run with data.prepared trains on the sources its manifest records: data named beside it on the command
+    line (`given`: the options given there) would be ignored, so it is a one-line ConfigError when it is a Hub
+    dataset or training or validation files other than those sources. A config file's data_files are what the
+    corpus may have been prepared from with other files given (`prepare --config X --data.data_files ...`): not
+    compared. Files given that this machine does not hold are not compared (it may have been prepared elsewhere)."""
     import glob
     import json
     from collections import Counter
 
     from kiln.config import resolve_path
     from kiln.public import public_file_names, public_name
-    from pretrain.config import DataConfig
 
+    if not data.prepared:
+        return
     where = f"data.prepared {public_name(data.prepared)}"
-    if data.dataset_name:
+    if data.dataset_name and "data.dataset_name" in given:
         raise ConfigError(
             f"data.dataset_name {data.dataset_name} and {where} name two corpora; drop one (a prepared folder "
             "trains on the files it was prepared from)"
@@ -91,12 +92,12 @@ def check_prepared_sources(data) -> None:
             continue
     if not isinstance(sources, dict):
         return  # not a prepared folder: opening it says so
-    given = {
-        "data.data_files": ("train", None if data.data_files == DataConfig().data_files else data.data_files),
+    flags = {
+        "data.data_files": ("train", data.data_files),
         "data.validation_files": ("validation", data.validation_files),
     }
-    for option, (split, patterns) in given.items():
-        if not patterns:
+    for option, (split, patterns) in flags.items():
+        if option not in given or not patterns:
             continue
         files: list[str] = []
         unmatched = False
@@ -280,8 +281,18 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
 def main(argv: list[str] | None = None):
     """Parse the config and hand the engine the run (kiln.job.run_job); returns the run's TrainState."""
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     config = build_config(RunConfig, argv, prog="accelerate launch pretrain/run.py", description=DESCRIPTION)
+    check_prepared_sources(config.data, given_options(argv))
     return run_pretraining(config)
+
+
+def given_options(argv: list[str]) -> set[str]:
+    """The `section.key` options given on the command line (not by --config or the defaults)."""
+    from kiln.config import _walk_fields, parse_overrides
+
+    _, nested = parse_overrides(argv, {key for key, tp, _, _ in _walk_fields(RunConfig) if tp is bool})
+    return {f"{section}.{key}" for section, values in nested.items() if isinstance(values, dict) for key in values}
 
 
 def run_pretraining(config: RunConfig, card_summary: dict | None = None):

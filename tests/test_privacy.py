@@ -212,3 +212,28 @@ def test_paths_inside_values_are_reduced_and_markup_and_old_fingerprints_are_kep
     assert data_changes(old, {"x.txt": "1 bytes, sha256 a", "x.txt (2)": "3 bytes, sha256 c", "hub revision": "r"}) == [
         "x.txt (2) 2 -> 3 bytes"
     ]
+
+
+def test_only_data_flags_of_the_command_line_are_compared_with_a_prepared_folder(tmp_path):
+    """A config file's data_files may name what other files were prepared instead of (`prepare --config X
+    --data.data_files ...`, then `--config X --data.prepared DIR`): only the command line's flags conflict."""
+    import json
+    from types import SimpleNamespace
+
+    import pytest
+
+    from kiln.errors import ConfigError
+    from pretrain.run import check_prepared_sources
+
+    (tmp_path / "prep").mkdir()
+    source = {"name": "a.txt", "bytes": 3, "sha256": "0" * 64}
+    (tmp_path / "prep" / "manifest.json").write_text(json.dumps({"sources": {"train": [source]}}))
+    (tmp_path / "a.txt").write_text("abc")
+    (tmp_path / "b.txt").write_text("other")
+    data = SimpleNamespace(prepared=str(tmp_path / "prep"), dataset_name=None, validation_files=None,
+                           data_files=[str(tmp_path / "b.txt")])  # fmt: skip
+    check_prepared_sources(data, given={"data.prepared"})
+    with pytest.raises(ConfigError, match=r"^--data.data_files names other files than data.prepared prep was"):
+        check_prepared_sources(data, given={"data.prepared", "data.data_files"})
+    data.data_files = [str(tmp_path / "a.txt")]
+    check_prepared_sources(data, given={"data.prepared", "data.data_files"})
