@@ -71,8 +71,7 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
     if total.get("rtd_tokens"):
         metrics["rtd_loss"] = total["rtd_loss_sum"] / total["rtd_tokens"]
         metrics["rtd_accuracy"] = total["rtd_correct"] / total["rtd_tokens"]
-        metrics["replaced_fraction"] = total["replaced"] / total["rtd_tokens"]
-        metrics["replaced_recall"] = total["replaced_found"] / max(total["replaced"], 1.0)
+        metrics.update(replaced_token_scores(total))
     # the same definition as the training loss (MLM + NSP/SOP, or MLM + lambda * RTD), so the curves compare
     weight = getattr(accelerator.unwrap_model(model), "discriminator_weight", 1.0)
     metrics["loss"] = (
@@ -81,9 +80,20 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
     return metrics
 
 
+def replaced_token_scores(total: dict[str, float]) -> dict[str, float]:
+    """From the sums of `_replaced_token_sums`: the share of real tokens the generator replaced, and the
+    discriminator's recall (replaced tokens it flagged) and precision (flagged tokens that were replaced); 0
+    where nothing was replaced or flagged."""
+    return {
+        "replaced_fraction": total["replaced"] / total["rtd_tokens"],
+        "replaced_recall": total["replaced_found"] / max(total["replaced"], 1.0),
+        "replaced_precision": total["replaced_found"] / max(total["flagged"], 1.0),
+    }
+
+
 def _replaced_token_sums(outputs, real: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per sequence: the discriminator's loss sum and right answers over its real tokens, how many of them the
-    generator replaced and how many of those the discriminator found."""
+    generator replaced, how many it flagged as replaced, and how many replaced ones it found."""
     logits, replaced = outputs.discriminator_logits.float(), outputs.replaced.bool() & real
     token_loss = F.binary_cross_entropy_with_logits(logits, replaced.float(), reduction="none")
     judged = logits > 0
@@ -93,6 +103,7 @@ def _replaced_token_sums(outputs, real: torch.Tensor) -> dict[str, torch.Tensor]
         "rtd_tokens": real.sum(-1).double(),
         "replaced": replaced.sum(-1).double(),
         "replaced_found": (judged & replaced).sum(-1).double(),
+        "flagged": (judged & real).sum(-1).double(),
     }
 
 
@@ -122,4 +133,4 @@ def evaluate_decoder(model, loader, accelerator: Accelerator) -> dict[str, float
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "accuracy": total["correct"] / total["tokens"]}
 
 
-__all__ = ["evaluate_decoder", "evaluate_encoder"]
+__all__ = ["evaluate_decoder", "evaluate_encoder", "replaced_token_scores"]

@@ -199,6 +199,65 @@ def test_electra_learns_and_logs_its_curves(electra_run):
         assert 0 < r["eval/replaced_fraction"] < 0.15  # at most the masked share of the real tokens
 
 
+RECALL_FLOOR, PRECISION_FLOOR = 0.2, 0.6
+
+
+def assert_finds_replaced_tokens(scores: dict) -> None:
+    """The discriminator flags a share of the replaced tokens, and mostly replaced ones: a discriminator that
+    answers "original" everywhere (recall and precision 0) fails, and so does one that flags everything
+    (precision = the replaced share, ~0.14)."""
+    assert scores["replaced_recall"] >= RECALL_FLOOR, scores
+    assert scores["replaced_precision"] >= PRECISION_FLOOR, scores
+
+
+def detectable_corpus(folder) -> tuple:
+    """(corpus file, tokenizer folder) where replacements can be told from the start: 400 documents of 13 words
+    in a fixed cycle, and a 1,000-token vocabulary from a book. The young generator samples mostly tokens the
+    corpus never holds (told by the token alone), later wrong words in the cycle (told by their neighbours)."""
+    import random
+
+    tokenizer = train_tokenizer(BOOK, kind="wordpiece", vocab_size=1000, model_max_length=128)
+    tokenizer.save_pretrained(folder / "tokenizer")
+    words = "the cat sat on a mat and she said it was very good".split()
+    rng = random.Random(0)
+    documents = []
+    for _ in range(400):
+        start = rng.randrange(len(words))
+        documents.append(" ".join(words[(start + i) % len(words)] for i in range(rng.randrange(20, 50))) + ".")
+    corpus = folder / "cycle.txt"
+    corpus.write_text("\n\n".join(documents) + "\n", encoding="utf-8")
+    return corpus, folder / "tokenizer"
+
+
+def test_the_discriminator_finds_replaced_tokens_where_they_can_be_told(tmp_path):
+    corpus, tokenizer = detectable_corpus(tmp_path)
+    out = tmp_path / "run"
+    run(out, *ELECTRA, "--data.data_files", corpus, "--tokenizer.name_or_path", tokenizer,
+        "--training.max_steps", 80, "--training.lr", 3e-3, "--training.save_steps", 0, "--training.eval_steps", 40)  # fmt: skip
+    evals = {r["step"]: r for r in rows(out) if "eval/replaced_recall" in r}
+    scores = {key.removeprefix("eval/"): value for key, value in evals[40].items()}
+    assert 0.1 < scores["replaced_fraction"] < 0.2
+    assert_finds_replaced_tokens(scores)
+
+
+def test_the_replaced_token_check_fails_for_a_discriminator_that_answers_original_everywhere():
+    from types import SimpleNamespace
+
+    from pretrain.evaluation import _replaced_token_sums, replaced_token_scores
+
+    g = torch.Generator().manual_seed(0)
+    real = torch.arange(64).expand(32, 64) < torch.randint(8, 64, (32, 1), generator=g)  # padded rows
+    replaced = (torch.rand(real.shape, generator=g) < 0.14) & real
+    for logits in (torch.full(real.shape, -5.0), torch.full(real.shape, 5.0)):  # "original" / "replaced" everywhere
+        sums = _replaced_token_sums(SimpleNamespace(discriminator_logits=logits, replaced=replaced), real)
+        scores = replaced_token_scores({key: float(value.sum()) for key, value in sums.items()})
+        with pytest.raises(AssertionError):
+            assert_finds_replaced_tokens(scores)
+    # the right answers pass
+    sums = _replaced_token_sums(SimpleNamespace(discriminator_logits=replaced * 10.0 - 5.0, replaced=replaced), real)
+    assert_finds_replaced_tokens(replaced_token_scores({key: float(value.sum()) for key, value in sums.items()}))
+
+
 def test_final_is_the_discriminator_with_the_generator_beside_it(electra_run, tmp_path):
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 

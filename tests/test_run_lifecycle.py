@@ -2,9 +2,11 @@
 end-of-run callbacks on errors, a stop signal during a stalled final push, an unverifiable damaged checkpoint."""
 
 import json
+import os
 import shutil
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -116,7 +118,13 @@ def test_two_processes_both_refuse_a_changed_corpus_on_resume(tmp_path):
 
 
 def test_a_multi_process_gloo_run_gives_the_gil_away_before_its_trainer_is_dropped(monkeypatch):
-    """The end-of-run deadlock's mitigation (kiln.job): only gloo runs of several processes wait, without the GIL."""
+    """The end-of-run deadlock's mitigation (kiln.job): only gloo runs of several processes wait, without the GIL.
+
+    This checks the condition and the wait, not that the deadlock is gone: the deadlock cannot be reproduced on
+    demand. It needs a gloo worker thread to be still freeing a finished collective's Python tensors at the very
+    moment the main thread drops the process group (`~ProcessGroupGloo` joins the workers holding the GIL), an
+    interleaving Python cannot force or observe; it was seen once, in a repeated 2-process run on a loaded
+    machine, and caught with py-spy. That stress run is kept below as an opt-in test."""
     import time
     from types import SimpleNamespace
 
@@ -132,6 +140,41 @@ def test_a_multi_process_gloo_run_gives_the_gil_away_before_its_trainer_is_dropp
     assert not _let_gloo_finish_its_work(accelerator(1, "gloo"))
     assert not _let_gloo_finish_its_work(accelerator(8, "nccl"))
     assert slept == [0.5]
+
+
+@pytest.mark.skipif(
+    not os.environ.get("KILN_STRESS_GLOO_END"),
+    reason="opt-in stress run (minutes to hours): the end-of-run gloo deadlock shows only now and then, under "
+    "load; set KILN_STRESS_GLOO_END to the number of runs (e.g. 50)",
+)
+def test_stress_many_two_process_gloo_runs_all_end(tmp_path):
+    """The run that found the end-of-run hang: 2-process CPU (gloo) runs one after another while busy processes
+    load every core; each must end within its timeout (a hang fails the run that hung, named by its index)."""
+    import multiprocessing
+
+    from kiln_testing import launch_two_processes
+
+    runs = int(os.environ["KILN_STRESS_GLOO_END"])
+    burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(os.cpu_count() or 2)]
+    for burner in burners:
+        burner.start()
+    try:
+        for index in range(runs):
+            out = tmp_path / f"run-{index}"
+            try:
+                launch_two_processes(out, "--training.max_steps", 2, "--training.save_steps", 0,
+                                     "--training.eval_steps", 0, timeout=300)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"run {index} of {runs} did not end within 300 s (the end-of-run hang?)")
+            assert (out / "final" / "model.safetensors").is_file()
+    finally:
+        for burner in burners:
+            burner.terminate()
+
+
+def _burn():
+    while True:
+        sum(i * i for i in range(10_000))
 
 
 # ----------------------------------------------------------------------------------------------------------
