@@ -41,7 +41,8 @@ def page(path: str) -> str:
 
 GENERATED = {
     "docs/performance.md": {"throughput", "mfu", "finetune-sst2", "finetune-conll2003", "padding", "inference"},
-    "README.md": {"data-scale", "num-proc"},
+    "README.md": {"data-scale", "num-proc", "default-run"},
+    "docs/getting-started.md": {"default-run"},
 }
 
 
@@ -61,6 +62,20 @@ def test_the_report_command_rewrites_a_stale_table(tmp_path):
     assert done.returncode == 0, done.stderr
     assert report.generated_blocks(stale) == {"padding": report.padding_table()}
     assert stale.read_text().startswith("Intro.\n\n") and stale.read_text().endswith("\n\nAfter.\n")
+
+
+def test_the_default_run_record_is_the_documented_command_at_the_table_s_steps():
+    """bench/results/default-run.json is `accelerate launch pretrain/run.py` with nothing but where to write (one CPU
+    process, as on a machine without a GPU), and holds a training row at every step of the table and an evaluation
+    at every step but the first."""
+    record = bench("default-run")
+    assert record["command"].startswith("accelerate launch") and record["command"].endswith(" pretrain/run.py")
+    assert "--config" not in record["command"] and "--training." not in record["command"]
+    for step in record["steps"]:
+        logged = [row for row in record["rows"] if row["step"] == step]
+        assert any("train/loss" in row for row in logged), step
+        assert any("eval/mlm_loss" in row for row in logged) == (step != record["steps"][0]), step
+    assert record["wall_s"] > 0 and record["torch"] and record["date_utc"] and record["machine"]["cores"]
 
 
 def speed_quotes() -> list[tuple[str, str]]:
