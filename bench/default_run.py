@@ -45,7 +45,7 @@ def rows_at(metrics: Path, steps: tuple[int, ...]) -> list[dict]:
     return [row for row in rows if row.get("step") in steps]
 
 
-def run(png: Path | None, threads: int | None) -> dict:
+def run_default(png: Path | None, threads: int | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="kiln-default-run-") as tmp:
         out = Path(tmp) / "encoder-tiny"  # the plot's title is the folder's name, as in the default runs/encoder-tiny
         command = [*COMMAND, "--training.output_dir", str(out)]
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, help="--num_cpu_threads_per_process (default: accelerate's choice); "
                         "the printed numbers agree to ~10 digits across thread counts, the time does not")
     args = parser.parse_args(argv)
-    result = run(args.png, args.threads)
+    result = run_default(args.png, args.threads)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{args.json}: {result['wall_s']:.0f} s, load {result['load_average_before'][0]:.1f}")
 
