@@ -36,9 +36,23 @@ are single sentences: no sentence pairs to learn from), data.document_separator 
 Options of this command:
   --task {classify,tag,seq2seq}   the fine-tuning script whose data is read (required)
   --task_config FILE              that script's YAML config (its data section names the training data)
-  --task_data.KEY VALUE           overrides of the task's data section (e.g. --task_data.train_file x.tsv)"""
+  --task_data.KEY VALUE           overrides of the task's data section (e.g. --task_data.train_file x.tsv)
+
+Guide: docs/finetuning.md (Task-adaptive pretraining)."""
 
 TASKS = ("classify", "tag", "seq2seq")
+
+ADAPT_OPTIONS = (
+    ("--task NAME", "str", "required", "the fine-tuning script whose training text is read: classify, tag or seq2seq"),
+    ("--task_config FILE", "str", None, "that script's YAML config; its data section names the training data "
+     "(default: the script's shipped sample)"),
+    ("--task_data.KEY VALUE", "str", None, "an override of the task config's data section, e.g. "
+     "--task_data.train_file reviews.csv"),
+)
+"""The options of `finetune/adapt.py` besides pretraining's: (flag, type, default, meaning)."""
+
+TASK_TEXT = "(the task's training text)"
+"""What --print_config shows as data.data_files: the file is written when the run starts."""
 
 
 def _task(name: str):
@@ -72,8 +86,6 @@ def split_arguments(argv: list[str]) -> tuple[str, list[str], list[str]]:
             continue
         rest.append(argv[i])
         i += 1
-    if task is None:
-        raise ConfigError(f"--task is required: the fine-tuning script whose training text to adapt to ({', '.join(TASKS)})")
     return task, task_argv, rest
 
 
@@ -145,13 +157,15 @@ def main(argv: list[str] | None = None):
     from pretrain.run import run_pretraining
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        build_config(RunConfig, ["--help"], prog="accelerate launch finetune/adapt.py", description=DESCRIPTION)
     task_name, task_argv, argv = split_arguments(argv)
+    print_config = "--print_config" in argv
+    argv = [arg for arg in argv if arg != "--print_config"]
     config = build_config(RunConfig, argv, prog="accelerate launch finetune/adapt.py", description=DESCRIPTION)
     _, nested = parse_overrides(argv, {key for key, tp, _, _ in _walk_fields(RunConfig) if tp is bool})
     given = {f"{section}.{key}" for section, values in nested.items() if isinstance(values, dict) for key in values}
-    if not config.model.init_from:
+    if task_name is None and not print_config:
+        raise ConfigError(f"--task is required: the fine-tuning script whose training text to adapt to ({', '.join(TASKS)})")
+    if not config.model.init_from and not print_config:
         raise ConfigError("--model.init_from is required: the pretrained encoder to adapt (e.g. runs/encoder-tiny/final)")
     if config.model.kind != "encoder":
         raise ConfigError("task-adaptive pretraining adapts an encoder; set --model.kind encoder")
@@ -168,6 +182,12 @@ def main(argv: list[str] | None = None):
         config.model.objective = "mlm"
     if "data.document_separator" not in given:
         config.data.document_separator = "line"
+    if print_config:
+        from kiln.config import config_yaml
+
+        config.data.data_files = [TASK_TEXT]
+        print(config_yaml(config, None), end="")
+        raise SystemExit(0)
     documents, names = task_training_text(task_name, task_argv, config.model.init_from)
     name = Path(str(names[0])).name.replace("/", "-") if names else task_name
     config.data.data_files = [str(write_task_text(documents, name, config.data.cache_dir))]

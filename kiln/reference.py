@@ -57,6 +57,8 @@ COMMANDS = (
             "finetune.tag:TagConfig"),
     Command("Sequence to sequence", "accelerate launch finetune/seq2seq.py", "finetune.seq2seq:DESCRIPTION",
             "finetune.seq2seq:Seq2SeqConfig"),
+    Command("Task-adaptive pretraining", "accelerate launch finetune/adapt.py", "finetune.adapt:DESCRIPTION",
+            "pretrain.config:RunConfig", extra="finetune.adapt:ADAPT_OPTIONS"),
     Command("The GLUE suite", "python finetune/glue.py", "finetune.glue:DESCRIPTION",
             parser="finetune.glue:glue_parser",
             note="Options after `--` go to every `finetune/classify.py` run (see Classification)."),
