@@ -160,6 +160,7 @@ def resolve_checkpoint(
 # settings that may change between a run and its resume without changing what is trained
 _RESUME_FREE_KEYS = (
     "training.output_dir", "training.resume_from_checkpoint", "training.overwrite_output_dir",
+    "training.trust_checkpoint_pickles",
     "training.save_on_each_node",
     "training.allow_config_change", "training.eval_steps", "training.save_steps", "training.save_total_limit",
     "training.max_eval_batches", "training.per_device_eval_batch_size", "training.max_train_time_s",

@@ -93,6 +93,10 @@ class TrainingConfig:
     """Keep at most this many checkpoints (oldest removed); None or 0: keep all. The newest is never removed."""
     resume_from_checkpoint: str | None = None
     """`latest`, a checkpoint folder, or `hub:user/name` to continue a run exactly."""
+    trust_checkpoint_pickles: bool = False
+    """Resume from a checkpoint that holds pickled files (`.pkl`, `.bin`, `.pt`: an earlier Kiln version's, or
+    DeepSpeed's), which are loaded by unpickling and can run any code. Only for checkpoints you wrote yourself;
+    without it such a checkpoint is refused, and Kiln's own checkpoints (safetensors and JSON) need it not."""
     max_nonfinite_steps: int = 3
     """Optimizer steps in a row whose loss or gradient norm is NaN/inf that are skipped (not applied) before the run stops with an error; 0: stop at the first."""
     divergence_factor: float = 10.0

@@ -12,7 +12,7 @@ from typing import Any
 
 @dataclass
 class TrainState:
-    """Counters saved with every checkpoint (registered with accelerate, so save_state/load_state carry it)."""
+    """Counters saved with every checkpoint (as JSON, `kiln.checkpoint_state`)."""
 
     global_step: int = 0
     epoch: int = 0

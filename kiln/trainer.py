@@ -39,6 +39,13 @@ from .checkpoint_files import (
     resolve_checkpoint,
     write_checksums,
 )
+from .checkpoint_state import (
+    DamagedCheckpoint,
+    load_pickled_state,
+    load_training_state,
+    refuse_pickles,
+    save_training_state,
+)
 from .config import LoggingConfig, TrainingConfig, save_config
 from .disk import disk_writes
 from .elastic import convert_position, layout_of, saved_layout
@@ -180,7 +187,7 @@ class Trainer:
         self._prepare(model)
 
     def _prepare(self, model: torch.nn.Module) -> None:
-        """Gradient checkpointing, AdamW, accelerate's prepare, the step count and the schedule (checkpointed)."""
+        """Gradient checkpointing, AdamW, accelerate's prepare, the step count and the schedule."""
         training, accelerator = self.training, self.accelerator
         if training.gradient_checkpointing:
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
@@ -192,7 +199,6 @@ class Trainer:
         self.scheduler = get_scheduler(
             training.lr_scheduler_type, self.optimizer, num_warmup_steps=warmup, num_training_steps=self.total_steps
         )
-        accelerator.register_for_checkpointing(self.scheduler, self.state)
 
     # --- sizes --------------------------------------------------------------------------------------------
 
@@ -276,8 +282,8 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> Path | None:
-        """accelerate.save_state into a temp folder, renamed into place: a crash never leaves half a checkpoint.
-        The run's config and a manifest (sizes + sha256 of every file) are written last, so a resume can tell a
+        """The run's state as plain data (`kiln.checkpoint_state`) into a temp folder, renamed into place: a crash
+        never leaves half a checkpoint. The run's config and a manifest (sizes + sha256 of every file) are written last, so a resume can tell a
         complete checkpoint from a damaged one."""
         acc = self.accelerator
         if getattr(self, "_nonfinite_run", None):  # the weights are not to be trusted: keep the last good one
@@ -296,7 +302,7 @@ class Trainer:
         acc.wait_for_everyone()
         try:
             with disk_writes(tmp):
-                acc.save_state(str(tmp))
+                save_training_state(acc, self.model, self.optimizer, self.scheduler, self.state, tmp, writer)
                 acc.wait_for_everyone()
                 if writer:
                     follow_umask(tmp)  # safetensors writes model.safetensors owner-only
@@ -364,8 +370,14 @@ class Trainer:
         check_checkpoint_metadata(path, self.metadata)
         if self.run_config is not None:
             check_config_change(path, self.run_config, self.accelerator)
+        pickled = refuse_pickles(path, spec, self.training.trust_checkpoint_pickles)
         try:
-            self.accelerator.load_state(str(path))
+            self._load_state(path, pickled)
+        except DamagedCheckpoint as err:
+            raise ConfigError(
+                f"checkpoint {spec} is damaged: {err}; resume from an older checkpoint "
+                "(--training.resume_from_checkpoint latest picks the newest valid one)"
+            ) from None
         except (RuntimeError, ValueError, KeyError) as err:  # e.g. a checkpoint of another model shape
             first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
             raise ConfigError(
@@ -383,6 +395,18 @@ class Trainer:
             self._forget_metrics_after(self.state.global_step)
         logger.info("resumed from %s at step %d", path, self.state.global_step)
         return path
+
+    def _load_state(self, path: Path, pickled: bool) -> None:
+        """The checkpoint's state into the run's objects, as plain data (`kiln.checkpoint_state`); `pickled`: a
+        checkpoint in accelerate's pickled format, allowed by --training.trust_checkpoint_pickles."""
+        acc = self.accelerator
+        if pickled:
+            load_pickled_state(acc, self.scheduler, self.state, path)
+            return
+        step = int(json.loads((path / TRAINER_STATE_FILE).read_text())["global_step"])
+        saved = saved_layout(path)
+        load_training_state(acc, self.model, self.optimizer, self.scheduler, self.state, path, step,
+                            saved.num_processes if saved else None)  # fmt: skip
 
     def _check_same_checkpoint(self, path: Path) -> None:
         """Every process resumes the same step: on node-local disks each node resolves `latest` in its own folder,

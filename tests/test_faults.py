@@ -262,12 +262,12 @@ def test_damaged_checkpoints_are_detected_and_latest_falls_back(tmp_path, caplog
     weights = step4 / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated
 
-    optimizer = step2 / "optimizer.bin"
+    optimizer = step2 / "optimizer.safetensors"
     pristine = optimizer.read_bytes()
     flipped = bytearray(pristine)
     flipped[len(flipped) // 2] ^= 0xFF  # silent bit rot: same size, other content
     optimizer.write_bytes(bytes(flipped))
-    with pytest.raises(ConfigError, match=r"step-00000002 is damaged: optimizer.bin does not match its checksum"):
+    with pytest.raises(ConfigError, match=r"step-00000002 is damaged: optimizer.safetensors does not match its checksum"):
         run(tmp_path / "other", *common, "--training.resume_from_checkpoint", step2)
     with pytest.raises(ConfigError, match=r"no valid checkpoint.*step-00000004: model.safetensors has \d+ bytes"):
         run(out, *common, "--training.resume_from_checkpoint", "latest")

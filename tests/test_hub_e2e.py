@@ -107,7 +107,7 @@ def test_resume_from_the_hub_continues_exactly(hub, tmp_path):
         f"{TEST_USER}/with-state", "--hub.strategy", "checkpoint")  # fmt: skip
     state_files = {k for k in hub.files(f"{TEST_USER}/with-state") if k.startswith(f"{CHECKPOINT_FOLDER}/")}
     assert f"{CHECKPOINT_FOLDER}/trainer_state.json" in state_files
-    assert f"{CHECKPOINT_FOLDER}/optimizer.bin" in state_files
+    assert f"{CHECKPOINT_FOLDER}/optimizer.safetensors" in state_files
     _assert_token_absent(pushed)
 
     # a mid-run state on the Hub (step 3 of the reference run), continued on "another machine"

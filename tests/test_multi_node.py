@@ -79,7 +79,7 @@ def test_two_nodes_share_one_run_folder(tmp_path):
     two_nodes(run_dir, free_port(), False, *ARGS)
     checkpoint = find_checkpoints(run_dir)[-1]
     # one writer: both processes' random states in the one checkpoint, the files once
-    assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors"} <= {p.name for p in checkpoint.iterdir()}
+    assert {"rng_state_0.safetensors", "rng_state_1.safetensors", "model.safetensors"} <= {p.name for p in checkpoint.iterdir()}
     assert "save_on_each_node: false" in (run_dir / "config.yaml").read_text()
     _resume_latest(run_dir, [run_dir], free_port(), False)
 
@@ -96,7 +96,7 @@ def test_two_nodes_with_node_local_disks(tmp_path):
         assert (disk / "tokenizer" / "tokenizer.json").is_file() and (disk / "config.yaml").is_file()
         assert [p.name for p in find_checkpoints(disk)] == ["step-00000002", "step-00000004"]
         names = {p.name for p in find_checkpoints(disk)[-1].iterdir()}
-        assert {"model.safetensors", "optimizer.bin", "trainer_state.json", f"random_states_{rank}.pkl"} <= names
+        assert {"model.safetensors", "optimizer.safetensors", "trainer_state.json", f"rng_state_{rank}.safetensors"} <= names
         assert json.loads((find_checkpoints(disk)[-1] / "trainer_state.json").read_text())["global_step"] == 4
     assert (run_dir / "tokenizer/tokenizer.json").read_bytes() == (node1 / "tokenizer/tokenizer.json").read_bytes()
     assert "save_on_each_node: true" in (run_dir / "config.yaml").read_text()

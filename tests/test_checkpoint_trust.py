@@ -1,0 +1,338 @@
+"""Nothing in a checkpoint is unpickled (kiln/checkpoint_state.py), and a damaged one is refused in one line.
+
+A checkpoint is safetensors and JSON. Files that load by unpickling (`.pkl`, `.bin`, `.pt`, ...) planted in a real
+checkpoint with valid checksums, each carrying a payload that writes a marker when unpickled, are refused in one
+line, locally and on the test Hub, and the payload never runs; with the opt-in for one's own files the run resumes
+from the plain-data files and still never unpickles them. A checkpoint in the pickled format (accelerate's
+`custom_checkpoint_N.pkl`, `random_states_R.pkl`, `optimizer.bin`) resumes only with the opt-in. Every case runs as
+a user runs it: `accelerate launch` in a fresh process.
+"""
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from kiln_testing import DEBUG, losses
+from test_trust import error_line, finish, launch
+
+from kiln.checkpoint_files import find_checkpoints, write_checksums
+
+RUN = ["--config", DEBUG, "--training.max_steps", 4, "--training.eval_steps", 0, "--training.save_steps", 2,
+       "--training.save_total_limit", 0, "--logging.logging_steps", 1]  # fmt: skip
+TRUST = "--training.trust_checkpoint_pickles"
+
+
+class Payload:
+    """Unpickling it writes `marker` (what a published checkpoint's pickle could do: run any code)."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('the checkpoint ran code')",))
+
+
+# every name under which torch, accelerate, FSDP's distributed checkpoint or DeepSpeed keep pickles
+PICKLE_NAMES = ["optimizer.bin", "scheduler.bin", "custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl",
+                "random_states_0.pkl", "pytorch_model.bin", "scaler.pt", "sampler.bin", "dl_state_dict.bin",
+                "pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp_0/__0_0.distcp", "optimizer_0/.metadata",
+                "pytorch_model/mp_rank_00_model_states.pt"]  # fmt: skip
+
+
+def plant(folder: Path, marker: Path, names=PICKLE_NAMES) -> None:
+    """A payload in each of `names` (torch's zip format, or a bare pickle where torch's DCP uses one), then
+    checksums.json regenerated, as anyone publishing a checkpoint can."""
+    for name in names:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(".metadata"):
+            path.write_bytes(pickle.dumps(Payload(marker)))
+        else:
+            torch.save({"state": Payload(marker)}, path)
+    write_checksums(folder)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A 4-step run that saved checkpoints at steps 2 and 4, launched as a user launches it: (run folder, its
+    losses by step)."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    ((code, output),) = finish(launch("pretrain/run.py", *RUN, "--training.output_dir", out))
+    assert code == 0, output[-3000:]
+    return out, losses(out)
+
+
+def step2_copy(reference, folder: Path) -> Path:
+    shutil.copytree(find_checkpoints(reference[0])[0], folder)
+    return folder
+
+
+def resume(out: Path, spec, *extra, env_extra=None) -> tuple[int, str]:
+    ((code, output),) = finish(
+        launch("pretrain/run.py", *RUN, "--training.output_dir", out, "--training.resume_from_checkpoint", spec,
+               *extra, env_extra=env_extra)  # fmt: skip
+    )
+    return code, output
+
+
+def test_a_checkpoint_is_safetensors_and_json_only(reference):
+    checkpoint = find_checkpoints(reference[0])[0]
+    names = sorted(p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file())
+    assert names == ["checksums.json", "data_fingerprint.json", "kiln_config.yaml", "loop_state.json",
+                     "model.safetensors", "optimizer.safetensors", "rng_state_0.safetensors", "trainer_state.json"]
+    for name in names:
+        head = (checkpoint / name).read_bytes()[:4]
+        assert not head.startswith((b"\x80", b"PK")), f"{name} is a pickle or a torch zip archive"
+
+
+def test_planted_pickles_are_refused_in_one_line_and_never_run(tmp_path, reference, hub):
+    from huggingface_hub import HfApi
+
+    marker = tmp_path / "MARKER"
+    planted = step2_copy(reference, tmp_path / "planted")
+    plant(planted, marker)
+    code, output = resume(tmp_path / "local", planted)
+    assert not marker.exists(), "a checkpoint's pickle ran"
+    assert code != 0, output[-3000:]
+    line = error_line(output)
+    assert line.startswith(f"error: checkpoint {planted} holds files loaded by unpickling (custom_checkpoint_0.pkl")
+    assert line.endswith(f"pass {TRUST}")
+
+    # only the files earlier versions unpickled without restriction (weights_only=False), the others pure data
+    only_pkl = step2_copy(reference, tmp_path / "only-pkl")
+    plant(only_pkl, marker, ["custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl"])
+    code, output = resume(tmp_path / "local-pkl", only_pkl)
+    assert not marker.exists(), "a checkpoint's pickle ran"
+    assert code != 0, output[-3000:]
+    assert error_line(output).startswith(f"error: checkpoint {only_pkl} holds files loaded by unpickling")
+
+    # the same files on the Hub, resumed on a fresh machine
+    hub.create_repo("stranger/state")
+    HfApi().upload_folder(repo_id="stranger/state", folder_path=planted, path_in_repo="last-checkpoint",
+                          commit_message="state")  # fmt: skip
+    code, output = resume(tmp_path / "from-hub", "hub:stranger/state", env_extra={"HF_HOME": str(tmp_path / "hf")})
+    assert not marker.exists(), "a checkpoint's pickle ran"
+    assert code != 0, output[-3000:]
+    assert error_line(output).startswith("error: checkpoint hub:stranger/state holds files loaded by unpickling")
+
+    # with the opt-in, Kiln's own files are read and the planted ones still never are: the run continues exactly
+    code, output = resume(tmp_path / "trusted", planted, TRUST)
+    assert not marker.exists(), "a checkpoint's pickle ran"
+    assert code == 0, output[-3000:]
+    again = losses(tmp_path / "trusted")
+    assert sorted(again) == [3, 4] and all(again[s] == reference[1][s] for s in again)
+
+
+def to_pickled_format(folder: Path) -> None:
+    """Rewrite a checkpoint into the pickled format accelerate's `save_state` writes (what earlier Kiln versions
+    saved): model.safetensors, optimizer.bin, custom_checkpoint_0.pkl (the schedule), custom_checkpoint_1.pkl
+    (the counters), random_states_0.pkl."""
+    import numpy as np
+    from safetensors import safe_open
+
+    loop = json.loads((folder / "loop_state.json").read_text())
+    torch.save(loop["scheduler"], folder / "custom_checkpoint_0.pkl")
+    torch.save(loop["counters"], folder / "custom_checkpoint_1.pkl")
+    with safe_open(str(folder / "optimizer.safetensors"), "pt") as f:
+        header = json.loads(f.metadata()["kiln_optimizer"])
+        state = {int(k): dict(v) for k, v in header["state"].items()}
+        for key in f.keys():
+            param, name = key.split("/")
+            state[int(param)][name] = f.get_tensor(key)
+    groups = [{**g, "betas": tuple(g["betas"])} for g in header["param_groups"]]
+    torch.save({"state": state, "param_groups": groups}, folder / "optimizer.bin")
+    with safe_open(str(folder / "rng_state_0.safetensors"), "pt") as f:
+        plain = json.loads(f.metadata()["kiln_random"])
+        cpu = f.get_tensor("torch")
+    version, internal, gauss = plain["python"]
+    name, keys, pos, has_gauss, cached = plain["numpy"]
+    torch.save({"step": loop["accelerator_step"], "random_state": (version, tuple(internal), gauss),
+                "numpy_random_seed": (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
+                "torch_manual_seed": cpu}, folder / "random_states_0.pkl")  # fmt: skip
+    for name in ("loop_state.json", "optimizer.safetensors", "rng_state_0.safetensors"):
+        (folder / name).unlink()
+    write_checksums(folder)
+
+
+def test_a_pickled_checkpoint_resumes_only_with_the_opt_in(tmp_path, reference):
+    old = step2_copy(reference, tmp_path / "old")
+    to_pickled_format(old)
+    code, output = resume(tmp_path / "refused", old)
+    assert code != 0, output[-3000:]
+    assert error_line(output) == (
+        f"error: checkpoint {old} holds files loaded by unpickling (custom_checkpoint_0.pkl, "
+        "custom_checkpoint_1.pkl, optimizer.bin, random_states_0.pkl), which can run any code; Kiln resumes from "
+        "safetensors and JSON only. For a checkpoint you wrote yourself (an earlier Kiln version, DeepSpeed), "
+        f"pass {TRUST}"
+    )
+    code, output = resume(tmp_path / "trusted", old, TRUST)
+    assert code == 0, output[-3000:]
+    again = losses(tmp_path / "trusted")
+    assert sorted(again) == [3, 4] and all(again[s] == reference[1][s] for s in again)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# FSDP2: the same files, gathered from the shards and spread back onto them
+
+_FSDP2_SCRIPT = """\
+import json, os, sys, types
+import torch, torch.distributed as dist
+from accelerate import DistributedType
+from accelerate.utils import FullyShardedDataParallelPlugin
+from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from transformers import get_scheduler
+sys.path.insert(0, "tests")
+from kiln_testing import tiny_encoder_config
+from kiln.checkpoint_state import load_training_state, save_training_state
+from kiln.train_state import TrainState
+from pretrain.modeling import KilnEncoderForPreTraining
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+folder = sys.argv[1]
+plugin = FullyShardedDataParallelPlugin()  # from the shipped config's launch environment
+
+
+def build(seed):
+    torch.manual_seed(seed)
+    model = KilnEncoderForPreTraining(tiny_encoder_config(hidden_dropout_prob=0.1))
+    accelerator = types.SimpleNamespace(
+        state=types.SimpleNamespace(fsdp_plugin=plugin), mixed_precision="no", is_main_process=rank == 0,
+        device=torch.device("cpu"), torch_device_mesh=None, parallelism_config=None,
+        get_state_dict=lambda m: get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True)),
+        unwrap_model=lambda m: m, wait_for_everyone=dist.barrier, distributed_type=DistributedType.FSDP, step=0,
+        scaler=None, process_index=rank,
+    )
+    model = fsdp2_prepare_model(accelerator, model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=1, num_training_steps=10)
+    return accelerator, model, optimizer, scheduler
+
+
+def train(model, optimizer, scheduler, step):
+    ids = torch.randint(5, 250, (4, 16), generator=torch.Generator().manual_seed(step))
+    labels = torch.full_like(ids, -100)
+    labels[:, 2::5] = ids[:, 2::5]
+    rows = slice(rank * 2, rank * 2 + 2)
+    loss = model(input_ids=ids[rows], labels=labels[rows], next_sentence_label=torch.tensor([0, 1, 1, 0])[rows]).loss
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    return float(loss)
+
+
+accelerator, model, optimizer, scheduler = build(0)
+state = TrainState()
+for step in (1, 2):
+    train(model, optimizer, scheduler, step)
+state.global_step, accelerator.step = 2, 2
+save_training_state(accelerator, model, optimizer, scheduler, state, folder, writer=rank == 0)
+dist.barrier()
+reference = [train(model, optimizer, scheduler, step) for step in (3, 4)]
+reference_weights = {n: p.full_tensor() for n, p in model.named_parameters()}
+
+accelerator2, model2, optimizer2, scheduler2 = build(1)
+state2 = TrainState()
+load_training_state(accelerator2, model2, optimizer2, scheduler2, state2, folder, 2, world)
+again = [train(model2, optimizer2, scheduler2, step) for step in (3, 4)]
+worst = max(float((p.full_tensor() - reference_weights[n]).abs().max()) for n, p in model2.named_parameters())
+plain = set(KilnEncoderForPreTraining(tiny_encoder_config()).state_dict())
+print("RESULT", json.dumps(dict(rank=rank, reference=reference, again=again, worst=worst,
+      step=state2.global_step, accelerator_step=accelerator2.step, lr=scheduler2.get_last_lr(),
+      reference_lr=scheduler.get_last_lr(), same_keys=set(load_file(os.path.join(folder, "model.safetensors"))) == plain,
+      files=sorted(os.listdir(folder)))))
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_state_round_trips_through_plain_files_on_two_processes(tmp_path):
+    """accelerate's FSDP2 preparation with the shipped config, 2 gloo processes on CPU: the sharded weights and
+    optimizer are gathered into the same safetensors files as without FSDP (the model's own names), and loaded
+    into a differently initialised sharded model the next two steps are bit-identical, dropout included."""
+    from kiln_testing import run_under_fsdp
+
+    script = tmp_path / "fsdp2_state.py"
+    script.write_text(_FSDP2_SCRIPT)
+    done = run_under_fsdp(script, tmp_path / "state")
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    for r in results:
+        assert r["again"] == r["reference"], r
+        assert r["worst"] == 0.0
+        assert r["step"] == 2 and r["accelerator_step"] == 2 and r["lr"] == r["reference_lr"]
+        assert r["same_keys"]
+        assert r["files"] == ["loop_state.json", "model.safetensors", "optimizer.safetensors",
+                              "rng_state_0.safetensors", "rng_state_1.safetensors"]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------
+# damaged state files: one line, never skipped, never taken as step 0
+
+
+def test_damaged_state_files_are_one_line_errors(tmp_path, reference):
+    """Each file damaged in a way its checksum no longer catches (checksums.json regenerated, or lost): the resume
+    stops in one line naming the file, rather than going on with other random numbers or from step 0."""
+    import subprocess
+
+    marker = tmp_path / "MARKER"
+    cases = {}
+
+    def case(name, damage, *extra):
+        folder = step2_copy(reference, tmp_path / name)
+        damage(folder)
+        write_checksums(folder)
+        proc = launch("pretrain/run.py", *RUN, "--training.output_dir", tmp_path / f"{name}-run",
+                      "--training.resume_from_checkpoint", folder, *extra)  # fmt: skip
+        cases[name] = (folder, proc)
+
+    def garbage_random_states(folder):
+        (path,) = folder.glob("r*_state*_0.*")  # the first process's random states
+        path.write_bytes(b"\x00" * 64 + path.read_bytes()[64:])
+
+    def counters_at_step_0(folder):
+        loop = json.loads((folder / "loop_state.json").read_text())
+        loop["counters"]["global_step"] = 0
+        (folder / "loop_state.json").write_text(json.dumps(loop))
+
+    def loop_state_cut(folder):
+        text = (folder / "loop_state.json").read_text()
+        (folder / "loop_state.json").write_text(text[: len(text) // 2])
+
+    def optimizer_not_safetensors(folder):
+        torch.save({"state": {}, "param_groups": []}, folder / "optimizer.safetensors")
+
+    def pickled_optimizer_with_an_object(folder):
+        to_pickled_format(folder)
+        torch.save({"state": Payload(marker)}, folder / "optimizer.bin")
+
+    case("random", garbage_random_states)
+    case("step0", counters_at_step_0)
+    case("cut", loop_state_cut)
+    case("optimizer", optimizer_not_safetensors)
+    case("pickled", pickled_optimizer_with_an_object, TRUST)
+    expected = {
+        "random": "rng_state_0.safetensors is not a complete safetensors file",
+        "step0": "loop_state.json is at step 0 but the checkpoint's trainer_state.json at step 2",
+        "cut": "loop_state.json is unreadable (JSONDecodeError)",
+        "optimizer": "optimizer.safetensors is not a complete safetensors file",
+        "pickled": "one of its pickled files (custom_checkpoint_0.pkl, custom_checkpoint_1.pkl, optimizer.bin, "
+        "random_states_0.pkl) is not a plain tensor file (UnpicklingError)",
+    }
+    for name, (folder, proc) in cases.items():
+        try:
+            code, output = proc.wait(timeout=240), proc.stdout.read()
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        assert code != 0, (name, output[-3000:])
+        line = error_line(output)
+        assert line.startswith(f"error: checkpoint {folder} is damaged: {expected[name]}"), (name, line)
+        assert "Traceback (most recent call last)" not in output.split("error: ")[0], (name, output[-3000:])
+    assert not marker.exists(), "a checkpoint's pickle ran"
+
