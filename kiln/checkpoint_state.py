@@ -37,6 +37,8 @@ LOOP_STATE_FILE = "loop_state.json"
 RNG_FILE = "rng_state_{}.safetensors"
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth", ".ckpt", ".distcp", ".metadata")
 """Files in formats that are loaded by unpickling (torch.save, pickle, torch.distributed.checkpoint)."""
+DATA_SUFFIXES = (".safetensors", ".json", ".yaml", ".md", ".txt")
+"""Files Kiln reads as data (a safetensors file may begin with any byte: its header's length)."""
 TRUST_FLAG = "--training.trust_checkpoint_pickles"
 
 
@@ -49,13 +51,18 @@ class DamagedCheckpoint(ValueError):
 
 
 def pickle_files(folder: Path) -> list[str]:
-    """The files of the checkpoint `folder` (at any depth) in a format that is loaded by unpickling."""
+    """The files of the checkpoint `folder` (at any depth) in a format that is loaded by unpickling: by name, or,
+    for a name of no known format, by content (a pickle's protocol byte, or torch's zip archive)."""
     folder = Path(folder)
-    return sorted(
-        p.relative_to(folder).as_posix()
-        for p in folder.rglob("*")
-        if p.is_file() and p.suffix in PICKLE_SUFFIXES
-    )
+    found = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        if path.suffix in PICKLE_SUFFIXES or path.name == ".metadata":
+            found.append(path.relative_to(folder).as_posix())
+        elif path.suffix not in DATA_SUFFIXES:
+            with open(path, "rb") as fh:
+                if fh.read(4).startswith((b"\x80", b"PK\x03\x04")):
+                    found.append(path.relative_to(folder).as_posix())
+    return found
 
 
 def refuse_pickles(folder: Path, spec: str, trusted: bool) -> bool:
@@ -148,7 +155,12 @@ def save_training_state(
         if writer:
             save_file(weights, folder / MODEL_FILE, metadata={"format": "pt"})
     elif writer:
-        save_model(accelerator.unwrap_model(model), str(folder / MODEL_FILE), metadata={"format": "pt"})
+        save_model(
+            accelerator.unwrap_model(model),
+            str(folder / MODEL_FILE),
+            metadata={"format": "pt"},
+            force_contiguous=True,
+        )
     if accelerator.distributed_type != DistributedType.DEEPSPEED and (writer or _is_fsdp(accelerator)):
         opt_state, keys = _optimizer_state(accelerator, model, optimizer, writer)
         if writer:

@@ -84,7 +84,7 @@ def saved_layout(checkpoint: str | Path) -> BatchLayout | None:
         return BatchLayout(*(state[key] for key in LAYOUT_KEYS))
     from .checkpoint_config import saved_run_config
 
-    processes = len(list(checkpoint.glob("random_states_*.pkl"))) or len(list(checkpoint.glob("rng_state_*.safetensors")))
+    processes = len(list(checkpoint.glob("rng_state_*.safetensors"))) or len(list(checkpoint.glob("random_states_*.pkl")))
     training = (saved_run_config(checkpoint) or {}).get("training") or {}
     batch, accumulation = training.get("per_device_train_batch_size"), training.get("gradient_accumulation_steps")
     if not processes or not isinstance(batch, int) or not isinstance(accumulation, int):

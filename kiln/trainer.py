@@ -283,8 +283,8 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         """The run's state as plain data (`kiln.checkpoint_state`) into a temp folder, renamed into place: a crash
-        never leaves half a checkpoint. The run's config and a manifest (sizes + sha256 of every file) are written last, so a resume can tell a
-        complete checkpoint from a damaged one."""
+        never leaves half a checkpoint. The run's config and a manifest (sizes + sha256 of every file) are written
+        last, so a resume can tell a complete checkpoint from a damaged one."""
         acc = self.accelerator
         if getattr(self, "_nonfinite_run", None):  # the weights are not to be trusted: keep the last good one
             logger.warning("step %d: no checkpoint while the loss is not finite", self.state.global_step)
