@@ -48,6 +48,7 @@ from finetune.common import (
 )
 from kiln.config import build_config
 from kiln.job import TrainingJob, run_job, start_predicting
+from kiln.model_files import weight_file_errors
 
 
 @dataclass
@@ -245,7 +246,7 @@ def encoder_model(auto_class, path: str, model_cfg, new_head: dict | None, head_
         kwargs.update(new_head, ignore_mismatched_sizes=True)
     if model_cfg.from_scratch:
         return scratch_model(auto_class, path, model_cfg, **kwargs)
-    with quiet_transformers():
+    with quiet_transformers(), weight_file_errors(path, "--model.checkpoint"):
         # a Kiln type (resolve_start_model): Kiln's registered class, never the checkpoint's own code
         model, info = auto_class.from_pretrained(path, output_loading_info=True, trust_remote_code=False, **kwargs)
     report_loading(info, path, allowed_missing=lambda key: key.startswith(head_prefixes))

@@ -1,4 +1,4 @@
-"""A saved model's config.json read as data, never as code.
+"""A saved model's config.json read as data, never as code; its weight files' faults named in one line.
 
 transformers' Auto classes run the Python files a folder or Hub repo names in its `auto_map` when asked to trust
 remote code, and without that flag they may stop and prompt on the terminal. Kiln decides what a checkpoint is by
@@ -8,8 +8,13 @@ Kiln's own classes; a checkpoint's code runs only when the user passes `--model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
+from collections.abc import Iterator
+
+from .errors import ConfigError
 
 
 def read_model_config(spec: str, revision: str | None = None) -> dict:
@@ -39,8 +44,36 @@ def carries_code(config: dict) -> bool:
     return bool(config.get("auto_map"))
 
 
+@contextlib.contextmanager
+def weight_file_errors(spec: str, option: str = "") -> Iterator[None]:
+    """Loading the weights of the model folder or Hub repo `spec` (transformers' `from_pretrained`): a weight
+    file that is damaged, truncated, or a pickle holding more than tensors (which torch's `weights_only` loader
+    refuses to run) becomes a one-line ConfigError naming it and the fix, instead of a library traceback.
+    `option`: the command-line option that named `spec`, for the message."""
+    from safetensors import SafetensorError
+
+    named = f"{option} {spec}" if option else str(spec)
+    try:
+        yield
+    except pickle.UnpicklingError:
+        raise ConfigError(
+            f"{named}: its pytorch_model.bin is not a plain tensor file (it holds Python objects, which are not "
+            "loaded); use a copy saved with save_pretrained (model.safetensors)"
+        ) from None
+    except SafetensorError as err:
+        raise ConfigError(
+            f"{named}: its model.safetensors is damaged or truncated ({_first_line(err)}); copy or save it again"
+        ) from None
+    except RuntimeError as err:
+        if "PytorchStreamReader" not in str(err):
+            raise
+        raise ConfigError(
+            f"{named}: its pytorch_model.bin is damaged or truncated ({_first_line(err)}); copy or save it again"
+        ) from None
+
+
 def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
-__all__ = ["carries_code", "read_model_config"]
+__all__ = ["carries_code", "read_model_config", "weight_file_errors"]

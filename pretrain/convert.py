@@ -27,6 +27,7 @@ import torch
 import transformers
 from transformers import BertConfig, GPT2Config
 
+from kiln.model_files import weight_file_errors
 from pretrain.modeling import (
     KilnDecoderConfig,
     KilnDecoderForCausalLM,
@@ -488,12 +489,16 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     if model_type in ("bert", "electra", "gpt2"):
         default = {"bert": "BertForPreTraining", "electra": "ElectraForPreTraining", "gpt2": "GPT2LMHeadModel"}
         name = architecture if architecture in TO_KILN else default[model_type]
-        converted = from_transformers(getattr(transformers, name).from_pretrained(src))
+        with weight_file_errors(str(src)):
+            loaded = getattr(transformers, name).from_pretrained(src)
+        converted = from_transformers(loaded)
     elif model_type in ("kiln_encoder", "kiln_decoder"):
         by_name = {kiln_class.__name__: kiln_class for kiln_class in TO_TRANSFORMERS}
         default = "KilnEncoderForPreTraining" if model_type == "kiln_encoder" else "KilnDecoderForCausalLM"
         kiln_class = by_name[architecture if architecture in by_name else default]
-        converted = to_transformers(kiln_class.from_pretrained(src))
+        with weight_file_errors(str(src)):
+            loaded = kiln_class.from_pretrained(src)
+        converted = to_transformers(loaded)
     else:
         raise ValueError(
             f"{src} holds a `{model_type}` model; only bert, electra, gpt2, kiln_encoder, kiln_decoder convert."

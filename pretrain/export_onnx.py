@@ -80,6 +80,7 @@ def load(folder: Path):
     import transformers
 
     import pretrain.modeling as modeling
+    from kiln.model_files import weight_file_errors
 
     config = json.loads((folder / "config.json").read_text())
     architecture = (config.get("architectures") or [None])[0]
@@ -91,7 +92,8 @@ def load(folder: Path):
         warnings.simplefilter("ignore")
         transformers.logging.set_verbosity_error()
         try:
-            model = getattr(modeling, architecture).from_pretrained(folder, attn_implementation="eager")
+            with weight_file_errors(str(folder)):
+                model = getattr(modeling, architecture).from_pretrained(folder, attn_implementation="eager")
         finally:
             transformers.logging.set_verbosity(verbosity)
     return model.eval()

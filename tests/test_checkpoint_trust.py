@@ -336,3 +336,46 @@ def test_damaged_state_files_are_one_line_errors(tmp_path, reference):
         assert "Traceback (most recent call last)" not in output.split("error: ")[0], (name, output[-3000:])
     assert not marker.exists(), "a checkpoint's pickle ran"
 
+
+# ----------------------------------------------------------------------------------------------------------
+# model folders given to fine-tuning, conversion and ONNX export
+
+
+def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_errors(tmp_path, kiln_checkpoints):
+    import subprocess
+    import sys
+
+    from kiln_testing import REPO
+    from test_trust import classify_args
+
+    encoder, _ = kiln_checkpoints
+    marker = tmp_path / "MARKER"
+    pickled = tmp_path / "pickled"
+    shutil.copytree(encoder, pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save({"bert.embeddings.word_embeddings.weight": Payload(marker)}, pickled / "pytorch_model.bin")
+    truncated = tmp_path / "truncated"
+    shutil.copytree(encoder, truncated)
+    weights = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    procs = {}
+    for folder in (pickled, truncated):
+        procs[(folder.name, "classify")] = launch("finetune/classify.py", *classify_args(tmp_path, folder, f"f-{folder.name}"))
+        for module in ("pretrain.convert", "pretrain.export_onnx"):
+            procs[(folder.name, module)] = subprocess.Popen(
+                [sys.executable, "-m", module, str(folder), str(tmp_path / f"{module}-{folder.name}")], cwd=REPO,
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+    for (name, command), proc in procs.items():
+        code, output = proc.wait(timeout=300), proc.stdout.read()
+        assert code != 0, (name, command, output[-3000:])
+        line = error_line(output)
+        problem = ("its pytorch_model.bin is not a plain tensor file" if name == "pickled"
+                   else "its model.safetensors is damaged or truncated")  # fmt: skip
+        option = "--model.checkpoint " if command == "classify" else ""
+        assert line.startswith(f"error: {option}{tmp_path / name}: {problem}"), (command, line)
+        # (accelerate launch adds its own traceback of the failed child after the line)
+        assert "Traceback" not in output.split("error: ")[0], (command, output[-3000:])
+    assert not marker.exists(), "a model file's pickle ran"
