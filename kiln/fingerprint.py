@@ -16,28 +16,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .file_hash import sha256_file
 from .public import public_file_names, write_public_json
 
 FINGERPRINT_FILE = "data_fingerprint.json"
 """Written into every checkpoint next to its kiln_config.yaml."""
 
 _HUB_KEYS = ("dataset_name", "dataset_config", "dataset_config_name", "dataset_revision", "revision", "dataset_split")
-_hash_cache: dict[tuple[str, int, int], str] = {}
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """sha256 of a file, read in 1 MiB blocks; cached per (path, size, mtime) for the life of the process."""
-    stat = os.stat(path)
-    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _hash_cache:
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        _hash_cache[key] = digest.hexdigest()
-    return _hash_cache[key]
-
-
 def _local_files(data: Any) -> list[str]:
     """Every local file the data section trains or evaluates on (fields ending in `_file` or `_files`, globs
     expanded; not `test_file`: the test split is only predicted at the end, it does not change what is trained)."""

@@ -134,7 +134,7 @@ def describe_data_files(patterns: list[str]) -> list[str]:
     card, in markdown (`card_text`). A prepared folder (`python -m pretrain.data prepare`) is described by the
     sources its manifest records; a pattern that matches nothing here is named by its last part."""
     from .config import resolve_path
-    from .fingerprint import sha256_file
+    from .file_hash import sha256_file
 
     # sha256_file is cached per process: the checkpoints' data fingerprints have hashed these files already
 

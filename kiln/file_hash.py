@@ -1,0 +1,25 @@
+"""A file's sha256, computed once per process: the data fingerprints of every checkpoint (kiln/fingerprint.py) and
+the model card's list of data files (kiln/public.py) name the same files by their hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+_hash_cache: dict[tuple[str, int, int], str] = {}
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """sha256 of a file, read in 1 MiB blocks; cached per (path, size, mtime) for the life of the process."""
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _hash_cache:
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        _hash_cache[key] = digest.hexdigest()
+    return _hash_cache[key]
+
+
+__all__ = ["sha256_file"]
