@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator, DistributedType
 
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 from .train_state import TrainState
 
 logger = logging.getLogger("kiln")
@@ -219,12 +219,9 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
     except Exception as err:  # safetensors raises its own error types (header, size, dtype)
         raise DamagedCheckpoint(
-            f"{path.name} is not a complete safetensors file ({_first_line(err)})"
+            f"{path.name} is not a complete safetensors file ({first_line(err)})"
         ) from None
 
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 def _json_meta(meta: dict[str, str], key: str, path: Path) -> Any:

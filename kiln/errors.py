@@ -13,4 +13,10 @@ class RunError(RuntimeError):
     what was saved is kept and the message says where. The command line prints it as one line, exit status 1."""
 
 
-__all__ = ["ConfigError", "RunError"]
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none), at most 200 characters: what
+    a one-line error quotes of a library's own message."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+
+
+__all__ = ["ConfigError", "RunError", "first_line"]

@@ -14,7 +14,7 @@ import os
 import pickle
 from collections.abc import Iterator
 
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 
 
 def read_model_config(spec: str, revision: str | None = None) -> dict:
@@ -28,12 +28,12 @@ def read_model_config(spec: str, revision: str | None = None) -> dict:
         try:
             path = hf_hub_download(spec, "config.json", revision=revision)
         except Exception as err:  # not found, no access, no network, invalid id: all mean "cannot read it here"
-            raise OSError(_first_line(err)) from None
+            raise OSError(first_line(err)) from None
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise OSError(f"cannot read {os.path.basename(path)}: {_first_line(err)}") from None
+        raise OSError(f"cannot read {os.path.basename(path)}: {first_line(err)}") from None
     if not isinstance(config, dict):
         raise OSError("config.json does not hold a JSON object")
     return config
@@ -62,18 +62,15 @@ def weight_file_errors(spec: str, option: str = "") -> Iterator[None]:
         ) from None
     except SafetensorError as err:
         raise ConfigError(
-            f"{named}: its model.safetensors is damaged or truncated ({_first_line(err)}); copy or save it again"
+            f"{named}: its model.safetensors is damaged or truncated ({first_line(err)}); copy or save it again"
         ) from None
     except RuntimeError as err:
         if "PytorchStreamReader" not in str(err):
             raise
         raise ConfigError(
-            f"{named}: its pytorch_model.bin is damaged or truncated ({_first_line(err)}); copy or save it again"
+            f"{named}: its pytorch_model.bin is damaged or truncated ({first_line(err)}); copy or save it again"
         ) from None
 
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 __all__ = ["carries_code", "read_model_config", "weight_file_errors"]
