@@ -1,11 +1,14 @@
-"""How the prepared data path scales with the corpus: CPU-seconds, wall clock, peak memory, disk, time to first step.
+"""How the prepared data path scales with the corpus: CPU-seconds, wall clock, peak memory, disk, time to first
+step, and the training process's own memory.
 
-    python bench/data_scale.py --sizes 50 200 1000 --json bench/results/data-scale.json
+    nice python bench/data_scale.py --sizes 50 1000 --layouts files --num_proc 1 --repeat-largest 2 \
+        --json bench/results/data-scale.json
 
-For each corpus size (MB) and layout it generates a corpus from the shipped books (data/pretrain/*.txt, split
-into their blank-line documents; each copy of the books is a seeded shuffle of those documents, separated by
-blank lines): `files`, one file per copy (about 2 MB each), and `big`, every copy in one file. Then it runs, as
-a user would, `python -m pretrain.data prepare` with the default run config at each --num_proc and measures:
+For each corpus size (MB) and layout it generates a corpus (default `wide`: bench/wide_corpus.py, a Zipf
+vocabulary with one-off codes, numbers, URLs and user names, deterministic from its seed; `--corpus books`:
+seeded shuffles of the shipped books' documents) as `files` (about 2 MB each) or `big` (one file), in the work
+folder (a temporary folder unless --workdir), deleted after its measurements. Then it runs, as a user would,
+`python -m pretrain.data prepare` with the default run config at each --num_proc and measures:
 - cpu_s: user + system CPU-seconds of the prepare process and all its workers (resource.getrusage of children),
   tokenizer sample training included; mb_per_cpu_s = corpus MB / cpu_s;
 - wall_s, and the load average (1 min) before and after, since the machine may be shared;
@@ -18,8 +21,16 @@ a user would, `python -m pretrain.data prepare` with the default run config at e
   startup_s: the rest of wall_s (interpreter, imports, exit). The shards phase is what num_proc divides;
 - first_step_s (once per layout and size, on the num_proc 1 folder): from starting `accelerate launch
   pretrain/run.py --data.prepared DIR` (one process) to its first logged training step; first_step_cpu_s: the
-  CPU-seconds of the launcher and the run by then (first_step_run_cpu_s: the run process alone).
+  CPU-seconds of the launcher and the run by then (first_step_run_cpu_s: the run process alone);
+- train_peak_anon_mb: a 1-step run on the same folder to its end (evaluation on 20 batches and the final save
+  included), the peak RssAnon of its training process polled from /proc: the memory the process allocated itself;
+  the shards and the cache's offset arrays and plans are mapped files, in the page cache once per node, and not in
+  it (train_peak_rss_mb: its VmHWM, mapped pages included); train_load: load averages before and after. The same
+  for each checkout given with --training-repo (other_code: before and after a change). With --repeat-largest K,
+  also for a folder holding the largest size's shards K times over (hard links), a corpus K times as large;
+- every training run starts from an empty cache folder (--data.cache_dir in the work folder), as a first run does.
 Results are appended per measurement, so a long run can be read while it goes; --keep-corpus keeps the files.
+The machine may be shared: run it with `nice`, and read CPU-seconds and memory rather than wall clock.
 """
 
 from __future__ import annotations
@@ -258,7 +269,7 @@ def training_memory(prepared: Path, run_dir: Path, extra: list[str], repo: Path 
     command = [
         "accelerate", "launch", "--num_processes", "1", "pretrain/run.py", "--data.prepared", str(prepared),
         "--training.output_dir", str(run_dir), "--training.max_steps", "1", "--logging.logging_steps", "1",
-        "--training.eval_steps", "1000", "--training.save_steps", "1000", *extra,
+        "--training.eval_steps", "1000", "--training.save_steps", "1000", "--training.max_eval_batches", "20", *extra,
     ]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     before = load_average()
@@ -298,6 +309,32 @@ def training_memory(prepared: Path, run_dir: Path, extra: list[str], repo: Path 
             "train_wall_s": round(time.perf_counter() - start, 2), "train_load": [before, load_average()]}
 
 
+def repeated_folder(prepared: Path, target: Path, times: int) -> Path:
+    """A prepared folder holding the shards of `prepared` `times` over (hard links, renumbered; the manifest
+    merged from their .json files as prepare writes it): a corpus `times` as large for the training runs without
+    preparing it again (its documents repeat, which the planner and the offsets do not care about)."""
+    from pretrain.data.prepare import PLAN, shard_name, write_manifest
+
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    shutil.copytree(prepared / "tokenizer", target / "tokenizer")
+    plan = json.loads((prepared / PLAN).read_text())
+    shards = {}
+    for split, names in plan["shards"].items():
+        shards[split] = []
+        for _ in range(times):
+            for name in names:
+                new = shard_name(split, len(shards[split]))
+                os.link(prepared / f"{name}.arrow", target / f"{new}.arrow")
+                record = json.loads((prepared / f"{name}.json").read_text())
+                record["file"] = f"{new}.arrow"
+                (target / f"{new}.json").write_text(json.dumps(record))
+                shards[split].append(new)
+    (target / PLAN).write_text(json.dumps({**plan, "shards": shards}))
+    write_manifest(target, say=lambda *_: None)
+    return target
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=float, nargs="+", default=[50, 200, 1000], help="corpus sizes in MB")
@@ -310,6 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--corpus", choices=["wide", "books"], default="wide",
                         help="wide: a Zipf vocabulary with one-off tokens (bench/wide_corpus.py); books: copies")
     parser.add_argument("--no-training-memory", action="store_true", help="skip the 1-step runs' memory")
+    parser.add_argument("--repeat-largest", type=int, default=0,
+                        help="also measure the 1-step run on the largest size's shards this many times over")
     parser.add_argument("--training-repo", nargs="*", default=[],
                         help="other checkouts whose 1-step run is measured on the same folder too (before/after)")
     parser.add_argument("extra", nargs="*", help="dotted config overrides for prepare and the run (after --)")
@@ -354,6 +393,25 @@ def main(argv: list[str] | None = None) -> dict:
                 if args.json:
                     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
                     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+            largest = workdir / f"prepared-{layout}-{size:g}-{args.num_proc[0]}"
+            if args.repeat_largest > 1 and size == max(args.sizes) and largest.is_dir():
+                times = args.repeat_largest
+                repeated = repeated_folder(largest, workdir / f"repeated-{layout}", times)
+                row = {"layout": layout, "corpus_mb": round(times * corpus_bytes / MB, 1),
+                       "repeated": f"the {corpus_bytes / MB:g} MB corpus's shards {times} times over",
+                       "repeat_of_mb": round(corpus_bytes / MB, 1), "times": times, "num_proc": args.num_proc[0],
+                       "disk_mb": round(folder_bytes(repeated) / MB, 1)}
+                shutil.rmtree(workdir / "cache", ignore_errors=True)
+                row.update(training_memory(repeated, workdir / "run", args.extra + cache))
+                for other in args.training_repo:
+                    shutil.rmtree(workdir / "cache", ignore_errors=True)
+                    measured = training_memory(repeated, workdir / "run", args.extra + cache, Path(other))
+                    row.setdefault("other_code", []).append({"repo": Path(other).name, **measured})
+                results["rows"].append(row)
+                print(json.dumps(row), flush=True)
+                if args.json:
+                    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+                shutil.rmtree(repeated, ignore_errors=True)
             for output in workdir.glob(f"prepared-{layout}-{size:g}-*"):
                 shutil.rmtree(output, ignore_errors=True)
             shutil.rmtree(workdir / "cache", ignore_errors=True)

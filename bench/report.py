@@ -135,16 +135,27 @@ def inference_table() -> str:
 
 
 def data_scale_table() -> str:
-    """`bench/data_scale.py`'s loaded rows at one process: throughput per CPU-second, memory, disk, first step."""
-    lines = ["| corpus | MB of text per CPU-second | peak RSS | prepared on disk | first training step (its CPU-s) |",
-             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    """`bench/data_scale.py`'s rows at one process: `prepare`'s throughput per CPU-second and memory, disk, the first
+    step, and the training process's peak anonymous memory (in brackets: the previous version's, where measured).
+    Rows of a larger size made of repeated shards (`--repeat-largest`) have no `prepare` columns."""
+    lines = ["| corpus | MB of text per CPU-second | `prepare` peak RSS | prepared on disk | first training step "
+             "(its CPU-s) | training process memory (before) |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in bench_record("data-scale")["rows"]:
-        if r["num_proc"] != 1:
+        if r.get("num_proc", 1) != 1:
             continue
         size = f"{r['corpus_mb']:g} MB" if r["corpus_mb"] < 1000 else f"{r['corpus_mb'] / 1000:g} GB"
-        files = "one file" if r["files"] == 1 else f"{r['files']} files"
-        lines.append(f"| {size}, {files} | {r['mb_per_cpu_s']:.2f} | {r['peak_rss_mb']:.0f} MB | {r['disk_mb']:.0f} MB | "
-                     f"{r['first_step_s']:.0f} s ({r['first_step_run_cpu_s']:.0f}) |")  # fmt: skip
+        if "repeated" in r:
+            label, rate, rss = f"{size} (the {r['repeat_of_mb']:g} MB shards ×{r['times']})", "–", "–"
+        else:
+            files = "one file" if r["files"] == 1 else f"{r['files']} files"
+            label, rate, rss = f"{size}, {files}", f"{r['mb_per_cpu_s']:.2f}", f"{r['peak_rss_mb']:.0f} MB"
+        first = f"{r['first_step_s']:.0f} s ({r['first_step_run_cpu_s']:.0f})" if "first_step_s" in r else "–"
+        memory = "–"
+        if "train_peak_anon_mb" in r:
+            memory = f"{r['train_peak_anon_mb']:,.0f} MB"
+            before = [o["train_peak_anon_mb"] for o in r.get("other_code", []) if o["repo"] == "before"]
+            memory += f" ({before[0]:,.0f})" if before else ""
+        lines.append(f"| {label} | {rate} | {rss} | {r['disk_mb']:,.0f} MB | {first} | {memory} |")
     return "\n".join(lines) + "\n"
 
 

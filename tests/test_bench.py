@@ -315,7 +315,8 @@ def test_padding_bench_counts_real_tokens_and_profiles_the_runs_step(tmp_path, m
 
 def test_data_scale_bench_prepares_its_corpus_and_writes_the_measurements(tmp_path):
     """bench/data_scale.py on a 0.3 MB corpus: the generated corpus has the asked size in both layouts, and one
-    prepare (2 worker processes) is measured into the JSON (the README's corpus-size table comes from it)."""
+    prepare (2 worker processes) and a 1-step run from it are measured into the JSON (the README's corpus-size
+    table comes from it)."""
     data_scale = load_bench("data_scale")
     for layout, files in (("big", 1), ("files", 2)):
         written = data_scale.write_corpus(tmp_path / layout, 3.0, layout)
@@ -329,6 +330,9 @@ def test_data_scale_bench_prepares_its_corpus_and_writes_the_measurements(tmp_pa
     assert row["peak_rss_mb"] > 50 and row["mb_per_cpu_s"] == round(0.3 / row["cpu_s"], 2)
     assert "manifest.json" in row["log_tail"]
     assert set(row["phases_s"]) >= {"sample", "tokenizer", "shards", "manifest"} and row["startup_s"] > 0
+    # the 1-step run's own memory, and the corpus: the wide-vocabulary generator's
+    assert 100 < row["train_peak_anon_mb"] < row["train_peak_rss_mb"] and len(row["train_load"]) == 2
+    assert results["corpus"] == "wide" and "REF-" in (tmp_path / "big" / "corpus.txt").read_text()
 
 
 # ------------------------------------------------------------------------------------------------- bench/gpu.py

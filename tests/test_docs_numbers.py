@@ -43,6 +43,7 @@ GENERATED = {
     "docs/performance.md": {"throughput", "mfu", "finetune-sst2", "finetune-conll2003", "padding", "inference"},
     "README.md": {"data-scale", "num-proc", "default-run"},
     "docs/getting-started.md": {"default-run"},
+    "docs/data-and-scale.md": {"data-scale"},
 }
 
 

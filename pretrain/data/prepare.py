@@ -296,7 +296,7 @@ class TokenEncoder:
     tokenize whole texts. tests/test_data_prepare.py checks that both give the same ids.
     """
 
-    CACHE_LIMIT = 2_000_000
+    CACHE_LIMIT = 500_000  # distinct pieces (a few hundred bytes each, all told): bounds a worker's memory
 
     def __init__(self, tokenizer):
         from tokenizers import Tokenizer
