@@ -4,7 +4,7 @@ What a step trains on does not depend on how many processes run it: an epoch is 
 steps over whole global batches (`kiln.run_setup.optimizer_steps_per_epoch`), the epoch's order comes from a
 generator seeded by (seed, epoch) alone, accelerate hands the processes consecutive per-device batches of that
 order (process p takes batches p, p + N, ...: micro-batch a of process p is slot a x N + p of the step), the MLM
-masks come from (seed, epoch, example index), dropout from (seed, step, slot) (`kiln.trainer.micro_batch_seed`),
+masks come from (seed, epoch, example index), dropout from (seed, step, slot) (`kiln.batch_order.micro_batch_seed`),
 and the loss is the per-item mean over the whole window of all processes. A step of N processes x accumulation A
 over per-device batches b trains on the next b x N x A examples of the order, and so does a step of M processes x
 A' = b x N x A / (b x M) (see `kiln.trainer.Trainer`). So resuming on M processes only needs the accumulation

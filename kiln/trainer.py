@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, DistributedType
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Subset
+from torch.utils.data import DataLoader, SequentialSampler, Subset
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
 
+from .batch_order import EpochPrefix, RandomOrder, micro_batch_seed, with_example_index
 from .callbacks import RunEnd, TrainerCallback
 from .checkpoint_config import CONFIG_FILE
 from .checkpoint_files import (
@@ -55,6 +56,7 @@ from .fingerprint import write_fingerprint
 from .nodes import writes_run_files
 from .public import save_public_config, write_public_json
 from .run_setup import check_step_counts, optimizer_steps_per_epoch, release_output_lock
+from .throughput import LogWindow, count_real_tokens, format_metrics, guess_peak_flops
 from .train_state import TrainState
 
 logger = logging.getLogger("kiln")
@@ -209,13 +211,13 @@ class Trainer:
         generator = torch.Generator().manual_seed(self.training.seed * 1000 + epoch)
         is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
         if not is_iterable:
-            dataset = _with_example_index(dataset, self.collator)
+            dataset = with_example_index(dataset, self.collator)
         sampler = None
         if not is_iterable:
             # whole global batches only: the epoch's order cut after its last whole global batch, so an epoch is
             # the same steps over the same examples on any number of processes x accumulation (see kiln.elastic)
             whole = optimizer_steps_per_epoch(len(dataset), self._global_batch()) * self._global_batch()
-            sampler = _Prefix(self._train_sampler(dataset, generator), whole)
+            sampler = EpochPrefix(self._train_sampler(dataset, generator), whole)
         loader = DataLoader(
             dataset,
             batch_size=self.training.per_device_train_batch_size,
@@ -234,7 +236,7 @@ class Trainer:
 
     def _train_sampler(self, dataset, generator: torch.Generator):
         if not self.training.group_by_length:
-            return _RandomOrder(dataset, generator=generator)
+            return RandomOrder(dataset, generator=generator)
         from transformers.trainer_pt_utils import LengthGroupedSampler
 
         return LengthGroupedSampler(
@@ -440,7 +442,7 @@ class Trainer:
         if reset is not None and self.eval_collator is not self.collator:
             reset(0)  # the same masks at every evaluation, so numbers are comparable across steps
         if self._eval_loader is None:  # prepared once: every evaluation reads the same shards in the same order
-            dataset = _with_example_index(self.eval_dataset, self.eval_collator)
+            dataset = with_example_index(self.eval_dataset, self.eval_collator)
             if self.training.max_eval_batches:
                 # a prefix of the eval set rather than breaking out of the loader: a loader left half-read stays
                 # on accelerate's stack of active loaders and `gather_for_metrics` would not see its end. Its
@@ -592,7 +594,7 @@ class Trainer:
         """Epoch after epoch until max_steps, the epochs, early stopping, the clock or a signal stop the run."""
         training, state = self.training, self.state
         self.model.train()
-        self._window = _LogWindow()
+        self._window = LogWindow()
         run_start = time.perf_counter() - state.train_time_s
         done = state.global_step >= self.total_steps
         while not done:
@@ -631,7 +633,7 @@ class Trainer:
             metrics = self._train_metrics(self._window, grad_norm, self._epoch_batches)
             self._log(metrics)
             progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
-            self._window = _LogWindow()
+            self._window = LogWindow()
         self._check_divergence()
 
     def _check_divergence(self) -> None:
@@ -666,7 +668,7 @@ class Trainer:
         if final_metrics:
             self._log(final_metrics)
             if self.accelerator.is_main_process:
-                print(_format_metrics(self.state.global_step, final_metrics))
+                print(format_metrics(self.state.global_step, final_metrics))
             self._track_best(final_metrics)
 
     def _end_run(self, failure: BaseException | None = None) -> TrainState:
@@ -714,7 +716,7 @@ class Trainer:
         acc, model = self.accelerator, self.model
         local = [{name: float(count) for name, count in self.loss_items(b).items()} for b in micro_batches]
         names = sorted({name for counts in local for name in counts})
-        real_tokens = sum(_real_tokens(b) for b in micro_batches)
+        real_tokens = sum(count_real_tokens(b) for b in micro_batches)
         window_counts = [sum(counts.get(name, 0.0) for counts in local) for name in names]
         # one small all-reduce per step: the items of the whole window on every process, and its real tokens
         totals = acc.reduce(torch.tensor([*window_counts, float(real_tokens)], device=acc.device), reduction="sum")
@@ -849,7 +851,7 @@ class Trainer:
             )
         return True
 
-    def _train_metrics(self, window: _LogWindow, grad_norm, epoch_batches: int | None) -> dict[str, float]:
+    def _train_metrics(self, window: LogWindow, grad_norm, epoch_batches: int | None) -> dict[str, float]:
         acc, state = self.accelerator, self.state
         names = sorted(window.sums)
         # each process holds its share of every step's global mean: the sum over processes is the mean
@@ -876,7 +878,7 @@ class Trainer:
             eval_metrics = self.evaluate()
             if eval_metrics:
                 self._log(eval_metrics)
-                progress.write(_format_metrics(state.global_step, eval_metrics))
+                progress.write(format_metrics(state.global_step, eval_metrics))
                 if self._track_best(eval_metrics):
                     state.stop_reason = "early_stopping"
                     done = True
@@ -944,113 +946,9 @@ def _distribution(accelerator: Accelerator) -> str:
     return "no data parallelism" if kind == "NO" else kind
 
 
-class _ExampleIndexed(torch.utils.data.Dataset):
-    """Rows of `dataset` with their position added as `example_index`, for collators whose randomness is per
-    example (the MLM collator: masks from (seed, epoch, example index), the same on any number of processes)."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> dict:
-        return {**self.dataset[index], "example_index": index}
-
-    def __getitems__(self, indices: list[int]) -> list[dict]:
-        getitems = getattr(self.dataset, "__getitems__", None)
-        rows = getitems(indices) if getitems is not None else [self.dataset[i] for i in indices]
-        return [{**row, "example_index": index} for row, index in zip(rows, indices)]
-
-
-def micro_batch_seed(seed: int, step: int, slot: int) -> int:
-    """The seed of the micro-batch in `slot` of optimizer step `step` (see Trainer._micro_batch_rng)."""
-    import numpy as np
-
-    state = np.random.SeedSequence([seed % 2**63, step, slot, 0x6B696C6E]).generate_state(2, dtype=np.uint32)
-    return int(state[0]) << 31 | int(state[1]) >> 1
-
-
-class _Prefix(torch.utils.data.Sampler):
-    """The first `length` indices `sampler` gives (an epoch cut after its last whole global batch). Keeps the
-    sampler's generator visible, so accelerate still synchronises it across processes."""
-
-    def __init__(self, sampler, length: int):
-        self.sampler, self.length = sampler, length
-        self.generator = getattr(sampler, "generator", None)
-
-    def __iter__(self):
-        return itertools.islice(iter(self.sampler), self.length)
-
-    def __len__(self) -> int:
-        return self.length
-
-
-class _RandomOrder(RandomSampler):
-    """RandomSampler's order (the same torch.randperm draws) without its Python list of every index: the
-    permutation is read out in chunks, so an epoch of millions of examples costs 8 bytes per example."""
-
-    def __iter__(self):
-        n = len(self.data_source)
-        if self.replacement or self.generator is None or self._num_samples is not None or n == 0:
-            yield from super().__iter__()
-            return
-        for chunk in torch.randperm(n, generator=self.generator).split(1 << 16):
-            yield from chunk.tolist()
-        torch.randperm(n, generator=self.generator)  # RandomSampler draws a second, empty tail: the same state
-
-
-def _with_example_index(dataset, collator):
-    return _ExampleIndexed(dataset) if getattr(collator, "wants_example_index", False) else dataset
-
-
-def _real_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Tokens that are not padding (tokens/s, tokens_seen and MFU count these)."""
-    mask = batch.get("attention_mask")
-    if torch.is_tensor(mask):
-        return int(mask.sum())
-    ids = batch.get("input_ids")
-    return int(ids.numel()) if torch.is_tensor(ids) else 0
-
-
-class _LogWindow:
-    """Loss parts, steps and real tokens summed over the optimizer steps of one logging interval."""
-
-    def __init__(self):
-        self.sums: dict[str, torch.Tensor] = {}
-        self.steps = 0
-        self.tokens = 0
-        self.start = time.perf_counter()
-
-    def add(self, parts: dict[str, torch.Tensor], tokens: int) -> None:
-        for name, value in parts.items():
-            self.sums[name] = self.sums[name] + value if name in self.sums else value
-        self.steps += 1
-        self.tokens += tokens
-
-
-def _format_metrics(step: int, metrics: dict[str, float]) -> str:
-    return f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-
-
-# Dense bf16/fp16 tensor-core peaks (no sparsity) of common accelerators, for the MFU estimate.
-_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L4": 121e12, "V100": 125e12}
-
-
-def guess_peak_flops(device: torch.device, mixed_precision: str) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, peak in _PEAK_FLOPS.items():
-        if key in name:
-            return peak if mixed_precision in ("bf16", "fp16") else peak / 2
-    return None
-
-
 __all__ = [
     "TrainState",
     "Trainer",
     "build_optimizer",
     "count_loss_items",
-    "guess_peak_flops",
 ]
