@@ -54,13 +54,32 @@ def setup(tmp_path_factory):
     return config_path, root / "prepared"
 
 
+@pytest.fixture(scope="module")
+def long_setup(tmp_path_factory):
+    """(config path, a prepared folder) of a corpus large enough that a prepare still has most of its ~1,700 shards
+    ahead when its first one is written: a signal or a lost worker then always lands mid-prepare, on a busy
+    machine or an idle one."""
+    root = tmp_path_factory.mktemp("prepare-faults-long")
+    _corpus(root / "corpus")
+    for part in (root / "corpus").glob("*.txt"):
+        part.write_text(part.read_text(encoding="utf-8") * 30, encoding="utf-8")
+    config = yaml.safe_load(DEBUG.read_text())
+    config["data"].update(data_files=[str(root / "corpus" / "*.txt")], max_train_documents=None)
+    config["tokenizer"].update(input_sentence_size=2000)
+    config_path = root / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    done = _prepare(config_path, root / "prepared", "--num_proc", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return config_path, root / "prepared"
+
+
 def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _prepare_argv(config_path, output, *extra) -> list[str]:
     return [sys.executable, "-m", "pretrain.data", "prepare", "--config", str(config_path), "--output", str(output),
-            "--shard_size_mb", "0.05", *map(str, extra)]  # fmt: skip
+            "--shard_size_mb", "0.01", *map(str, extra)]  # fmt: skip
 
 
 def _prepare(config_path, output, *extra, timeout=300):
@@ -74,11 +93,19 @@ def _start(config_path, output, *extra):
 
 
 def _wait_for_a_shard(process, output: Path, timeout: float = 240) -> None:
+    """Return once the prepare has written its first shard, with every process of it stopped (SIGSTOP), so that
+    what the test does next lands mid-prepare however the machine schedules; `_resume` lets it go on."""
     deadline = time.time() + timeout
     while time.time() < deadline and process.poll() is None and not list(output.glob("train-*.json")):
-        time.sleep(0.01)
+        time.sleep(0.005)
+    os.killpg(process.pid, signal.SIGSTOP)
     assert process.poll() is None, process.communicate()
     assert list(output.glob("train-*.json")), "no shard was written in time"
+    assert not (output / "manifest.json").exists(), "the prepare finished before it could be stopped"
+
+
+def _resume(process) -> None:
+    os.killpg(process.pid, signal.SIGCONT)
 
 
 def _one_error_line(stderr: str) -> str:
@@ -107,21 +134,22 @@ def _group(process) -> int | None:
 
 
 def _finishes_like_the_reference(config_path, output: Path, reference: Path) -> None:
-    done = _prepare(config_path, output)
+    done = _prepare(config_path, output, "--num_proc", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "already done" in done.stdout
     assert json.loads((output / "manifest.json").read_text()) == json.loads((reference / "manifest.json").read_text())
 
 
 # ------------------------------------------------------------------------------------------------- prepare
-def test_a_worker_killed_outright_ends_the_prepare_in_one_line(setup, tmp_path):
-    config_path, reference = setup
+def test_a_worker_killed_outright_ends_the_prepare_in_one_line(long_setup, tmp_path):
+    config_path, reference = long_setup
     output = tmp_path / "out"
     process = _start(config_path, output, "--num_proc", "2")
     _wait_for_a_shard(process, output)
     workers = psutil.Process(process.pid).children()
     assert len(workers) == 2, workers
     workers[0].send_signal(signal.SIGKILL)  # as the out-of-memory killer does
+    _resume(process)
     _, stderr = process.communicate(timeout=60)  # a multiprocessing.Pool waited here forever
     assert process.returncode == 2
     assert "a worker process was killed (out of memory?" in _one_error_line(stderr)
@@ -130,8 +158,8 @@ def test_a_worker_killed_outright_ends_the_prepare_in_one_line(setup, tmp_path):
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stopped_prepare_with_workers_says_one_line_and_leaves_no_process(setup, tmp_path, stop):
-    config_path, reference = setup
+def test_a_stopped_prepare_with_workers_says_one_line_and_leaves_no_process(long_setup, tmp_path, stop):
+    config_path, reference = long_setup
     output = tmp_path / "out"
     process = _start(config_path, output, "--num_proc", "2")
     _wait_for_a_shard(process, output)
@@ -139,6 +167,7 @@ def test_a_stopped_prepare_with_workers_says_one_line_and_leaves_no_process(setu
         os.killpg(process.pid, stop)  # Ctrl-C reaches every process of the terminal's group
     else:
         process.send_signal(stop)  # a scheduler stops the command it started
+    _resume(process)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
     assert _one_error_line(stderr) == (

@@ -583,8 +583,11 @@ def _worker_encoder(folder: str) -> TokenEncoder:
 
 def _one_thread_worker() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    # Ctrl-C reaches the whole process group: the main process alone answers it (one line, the workers stopped)
+    # Ctrl-C reaches the whole process group: the main process alone answers it (one line, the workers stopped);
+    # the main process ends its workers with SIGTERM, which must end them silently, not through the handler the
+    # command installed in the main process before they were forked
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run_task_star(args):
