@@ -136,3 +136,17 @@ def kiln_checkpoints(tmp_path_factory):
             run_main(pretrain, *common, *DECODER, "--training.output_dir", root / "dec")
             (root / "done").touch()
     return root / "enc" / "final", root / "dec" / "final"
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_restored():
+    """Each test leaves SIGINT and SIGTERM as it found them. A command run in-process that reports an error
+    ignores further stop signals (kiln.signals.absorb_stop_signals), and an ignored signal is inherited: every
+    command a later test starts from the same worker would then ignore Ctrl-C."""
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)

@@ -235,3 +235,12 @@ def tiny_decoder_config(**overrides):
         pad_token_id=0,
     )
     return KilnDecoderConfig(**{**settings, **overrides})
+
+
+def with_terminal_signals() -> None:
+    """`preexec_fn` for a command started as from a terminal: SIGINT handled by default. pytest-xdist's workers
+    ignore SIGINT, and an ignored signal is inherited, so a command started from them would take Ctrl-C as a
+    background job does (ignore it), which is not what its tests mean to check."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

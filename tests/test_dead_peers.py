@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from kiln_testing import DEBUG, REPO
+from kiln_testing import DEBUG, REPO, with_terminal_signals
 
 from kiln.config import HubConfig
 
@@ -139,7 +139,7 @@ def _node(rank: int, port: int, out, *args, nodes: int = 2) -> subprocess.Popen:
                "--rdzv_backend", "static", *KILN_LAUNCH[7:], str(REPO / "pretrain/run.py"), "--config", DEBUG,
                "--training.output_dir", str(out), *map(str, args)]  # fmt: skip
     return subprocess.Popen(command, cwd=REPO, env={**os.environ, **CPU}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=with_terminal_signals)  # fmt: skip
 
 
 @pytest.mark.parametrize("sig,status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])

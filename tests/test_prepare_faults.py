@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from kiln_testing import with_terminal_signals
 
 REPO = Path(__file__).resolve().parent.parent
 DEBUG = REPO / "configs/pretrain/debug.yaml"
@@ -89,7 +90,8 @@ def _prepare(config_path, output, *extra, timeout=300):
 
 def _start(config_path, output, *extra):
     return subprocess.Popen(_prepare_argv(config_path, output, *extra), cwd=REPO, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=with_terminal_signals)  # fmt: skip
 
 
 def _wait_for_a_shard(process, output: Path, timeout: float = 240) -> None:
