@@ -204,6 +204,80 @@ def default_run_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _duration(seconds: float) -> str:
+    """`63 s` under 100 seconds, `2m42s` above."""
+    return f"{seconds:.0f} s" if seconds < 99.5 else _minutes(seconds)
+
+
+_WORDS = dict(enumerate(["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]))
+
+
+def _shipped_result(row: dict) -> str:
+    """A row's test metrics, as its task reports them."""
+    t, name = row["test"], row["name"]
+    if name.startswith("classify"):
+        return (f"accuracy {t['accuracy']:.3f}, macro F1 {t['f1']:.3f}, MCC {t['matthews_correlation']:.3f} "
+                f"(chance: {1 / row['labels']:.2f})")  # fmt: skip
+    if name == "sst2":
+        return f"accuracy {t['accuracy']:.3f}, F1 {t['f1']:.3f}, MCC {t['matthews_correlation']:.3f}"
+    if name == "tag":
+        return f"token accuracy {t['accuracy']:.3f}"
+    if name == "conll2003":
+        types = ", ".join(f"{kind} {t[f'{kind}_f1']:.3f}" for kind in ("LOC", "ORG", "PER", "MISC") if f"{kind}_f1" in t)
+        return f"entity F1 {t['f1']:.3f} (P {t['precision']:.3f}, R {t['recall']:.3f}; {types})"
+    if name.startswith("seq2seq"):
+        return f"ROUGE-1 {t['rouge1']:.3f}, ROUGE-2 {t['rouge2']:.3f}, ROUGE-L {t['rougeL']:.3f}"
+    if name == "multi30k":
+        return f"BLEU {t['bleu']:.2f}, chrF {t['chrf']:.1f} (beam {row['num_beams']})"
+    raise ValueError(f"shipped-commands: no result format for row {name!r}")
+
+
+def shipped_commands_table() -> str:
+    """`bench/shipped_commands.py`'s record: the fine-tuning commands of docs/finetuning.md, their time and results."""
+    p = bench_record("shipped-commands")
+    if p["quick"]:
+        raise ValueError("bench/results/shipped-commands.json is a --quick record (a check, not a measurement)")
+    torch = ".".join(p["torch"].split("+")[0].split(".")[:2])
+    rows = {row["name"]: row for row in p["rows"]}
+    threads = sorted({row["threads"] for row in p["rows"]})
+    pre = p["pretrained"]
+    made = " and ".join(f"{_duration(pre[kind]['wall_s'])} ({pre[kind]['parameters'] / 1e6:.1f}M parameters)"
+                        for kind in ("encoder", "decoder") if kind in pre and "wall_s" in pre[kind])  # fmt: skip
+    offline = sum(row["offline"] for row in p["rows"])
+    intro = (f"What these commands gave ({p['machine']['cores']}-core CPU, {' or '.join(threads)} threads per "
+             f"process, torch {torch}, {p['date_utc'][:10]}; load average {p['load_average_start'][0]:.1f} at the "
+             f"start and {p['load_average_end'][0]:.1f} at the end, one command at a time, each in a fresh folder; "
+             + ("from pretrained checkpoints given to the script" if any("given" in f for f in pre.values())
+                else f"from the default pretrained checkpoints above, which their commands made in {made}")
+             + (f"; the last {'row reads a local copy' if offline == 1 else f'{_WORDS[offline]} rows read local copies'} of "
+                "the full sets in `../shared/data` through the offline configs" if offline else "")
+             + "):")  # fmt: skip
+    lines = [intro, "", "| command | data | time | result (test split) |", "|---|---|---:|---|"]
+    previous = None
+    for row in p["rows"]:
+        words = row["command"].split()
+        script, args = words[2], words[3:]
+        command = f"`{row['command']}`" if not args else f"`… {script.split('/')[-1]} {' '.join(args)}`"
+        data = "same" if row["data"] == previous else row["data"]
+        previous = row["data"]
+        lines.append(f"| {command} | {data} | {_duration(row['wall_s'])} | {_shipped_result(row)} |")
+    notes = []
+    if "classify" in rows and "classify-padded" in rows:
+        default, padded = rows["classify"]["test"]["accuracy"], rows["classify-padded"]["test"]["accuracy"]
+        notes.append(f"`--model.unpad_inputs false` (the padded encoder: the same start, data and steps, its dropout "
+                     f"masks drawn in another layout) gave accuracy {padded:.3f} against {default:.3f}: on "
+                     f"{rows['classify']['train_examples']:,} training sentences, dropout alone moves the authorship "
+                     f"result by {100 * abs(padded - default):.1f} points.")  # fmt: skip
+    if "seq2seq" in rows and "seq2seq-scratch" in rows:
+        pretrained, scratch = rows["seq2seq"]["test"]["rougeL"], rows["seq2seq-scratch"]["test"]["rougeL"]
+        verdict = "beats" if pretrained > scratch else "does not beat"
+        notes.append(f"The pretrained seq2seq {verdict} the same shapes from scratch (ROUGE-L {pretrained:.3f} "
+                     f"against {scratch:.3f}).")  # fmt: skip
+    if p["skipped"]:
+        notes.append(f"Not run (no local copy): {', '.join(sorted(p['skipped']))}.")
+    return "\n".join(lines) + "\n" + ("\n" + " ".join(notes) + "\n" if notes else "")
+
+
 TABLES = {
     "throughput": throughput_table,
     "mfu": mfu_table,
@@ -214,6 +288,7 @@ TABLES = {
     "data-scale": data_scale_table,
     "num-proc": num_proc_table,
     "default-run": default_run_table,
+    "shipped-commands": shipped_commands_table,
 }
 
 

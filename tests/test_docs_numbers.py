@@ -44,7 +44,11 @@ GENERATED = {
     "README.md": {"data-scale", "num-proc", "default-run"},
     "docs/getting-started.md": {"default-run"},
     "docs/data-and-scale.md": {"data-scale"},
+    "docs/finetuning.md": {"shipped-commands"},
 }
+AWAITING = {"shipped-commands": "python bench/shipped_commands.py"}
+"""Tables whose record bench/results/NAME.json is still to be measured, and the command that measures it: until it
+exists, the page's block holds the last hand-written table; from then on it must be the generated one."""
 
 
 @pytest.mark.parametrize("where", sorted(GENERATED))
@@ -52,6 +56,8 @@ def test_the_benchmark_tables_are_the_ones_the_records_give(where):
     blocks = report.generated_blocks(REPO / where)
     assert set(blocks) == GENERATED[where], sorted(blocks)
     for name, text in blocks.items():
+        if name in AWAITING and not (REPO / "bench/results" / f"{name}.json").is_file():
+            continue  # the last hand-written table stands until `AWAITING[name]` has written the record
         assert text == report.TABLES[name](), f"{where}'s {name} table: run `python bench/report.py --update {where}`"
 
 
