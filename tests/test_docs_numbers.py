@@ -224,6 +224,29 @@ def test_the_label_curve_table_of_results_md_is_the_records():
             assert cells[3] == f"{100 * full_pre['mean']:.2f} vs {100 * full_scr['mean']:.2f}", (size, cells)
 
 
+def test_the_sst2_levers_table_of_results_md_is_the_records():
+    """docs/results.md's levers block is `experiments/run.py levers experiments/sst2-levers.yaml` of the records, and
+    the recipe table's block beside it is still the recipe's."""
+    where = REPO / "docs/results.md"
+    assert f"{experiments.LEVERS_BEGIN} experiments/sst2-levers.yaml -->\n" in where.read_text()
+    declaration = experiments.load_declaration(REPO / "experiments/sst2-levers.yaml")
+    wanted = experiments.levers_table(declaration, where="experiments/sst2-levers.yaml")
+    assert experiments.generated_block(where, experiments.LEVERS_BEGIN) == wanted, (
+        "run `python experiments/run.py levers experiments/sst2-levers.yaml --update docs/results.md`")
+    assert experiments.generated_block(where).startswith("| task (metric) | pretrained | scratch |")
+    rows = table_rows("docs/results.md")
+    assert rows["the recipe: BERT-Tiny MLM+SOP, 30 min"][3] == f"{page_delta('sst2'):+.2f}"
+
+
+def page_delta(task: str) -> float:
+    """The recipe table's dev difference for `task` (recipe.yaml), from the records."""
+    entries = experiments.summary()
+    (row,) = [row for row in experiments.load_declaration(REPO / "experiments/recipe.yaml")["table"] if row["task"] == task]
+    pre = experiments._one_group(entries, task, row["pretrained"], "table")
+    scr = experiments._one_group(entries, task, row["scratch"], "table")
+    return experiments.PERCENT[task] * (pre["dev_mean"] - scr["dev_mean"])
+
+
 def test_the_recipe_s_wall_clock_is_its_record():
     minutes = round(pretraining_record("encoder-30min-sop13k")["wall_s"] / 60)
     assert f"a {minutes}-minute CPU pretraining run" in page("README.md")
