@@ -278,6 +278,49 @@ def shipped_commands_table() -> str:
     return "\n".join(lines) + "\n" + ("\n" + " ".join(notes) + "\n" if notes else "")
 
 
+def _clock(seconds: float) -> str:
+    whole = round(seconds)
+    return f"{whole // 60}:{whole % 60:02d}"
+
+
+def agreeing_digits(a: float, b: float) -> int | None:
+    """How many leading significant digits two numbers share (None when they are equal to 17 digits)."""
+    x, y = (f"{v:.16e}".split("e")[0].replace(".", "").lstrip("-") for v in (a, b))
+    if f"{a:.16e}".split("e")[1] != f"{b:.16e}".split("e")[1]:
+        return 0
+    return next((i for i, (c, d) in enumerate(zip(x, y)) if c != d), None)
+
+
+def threads_table() -> str:
+    """`bench/threads.py`'s record: the default run pinned to one thread against a thread per core."""
+    p = bench_record("threads")
+    if p["quick"]:
+        raise ValueError("bench/results/threads.json is a --quick record (a check, not a measurement)")
+    one, per_core = p["runs"]
+    torch = ".".join(p["torch"].split("+")[0].split(".")[:2])
+    lines = [f"Measured on the {p['machine']['cores']}-core machine (torch {torch}, {p['date_utc'][:10]}; load average "
+             f"{p['load_average_before'][0]:.1f} before the first run and {p['load_average_after'][0]:.1f} after the "
+             f"last), `{p['command']}` without a config, pinned to one thread (`OMP_NUM_THREADS=1`) against Kiln's "
+             "default of a thread per core:", "",
+             "| threads | real tokens/s (median of logged windows) | training loop | end to end |",
+             "|---|---:|---:|---:|"]  # fmt: skip
+    speedup = per_core["tokens_per_s_median"] / one["tokens_per_s_median"]
+    lines.append(f"| {one['threads']} | {one['tokens_per_s_median']:,.0f} | {_clock(one['training_loop_s'])} | "
+                 f"{_clock(one['wall_s'])} |")  # fmt: skip
+    lines.append(f"| a thread per core ({per_core['threads']}) | {per_core['tokens_per_s_median']:,.0f} "
+                 f"(**{speedup:.2f}×**) | {_clock(per_core['training_loop_s'])} | {_clock(per_core['wall_s'])} |")  # fmt: skip
+    a, b = one["last_eval"]["eval/mlm_loss"], per_core["last_eval"]["eval/mlm_loss"]
+    digits = agreeing_digits(a, b)
+    step = one["last_eval"]["step"]
+    if digits is None:
+        same = f"The two runs' eval MLM loss at step {step} was the same ({a:.6f})."
+    else:
+        same = (f"The two runs' eval MLM loss at step {step} agreed to {digits} significant digits ({a:.{digits + 2}g} "
+                f"and {b:.{digits + 2}g}): {'two threads sum' if per_core['threads'] == 2 else 'more threads sum'} "
+                "in a different order.")  # fmt: skip
+    return "\n".join(lines) + "\n\n" + same + "\n"
+
+
 TABLES = {
     "throughput": throughput_table,
     "mfu": mfu_table,
@@ -289,6 +332,7 @@ TABLES = {
     "num-proc": num_proc_table,
     "default-run": default_run_table,
     "shipped-commands": shipped_commands_table,
+    "threads": threads_table,
 }
 
 

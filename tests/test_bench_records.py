@@ -115,3 +115,51 @@ def test_the_shipped_commands_table_formats_every_row_from_the_record(tmp_path, 
         "The pretrained seq2seq beats the same shapes from scratch (ROUGE-L 0.166 against 0.138).",
     ):
         assert expected in table, expected
+
+
+threads = load("kiln_bench_threads", "bench/threads.py")
+
+
+def test_threads_quick_runs_the_default_command_pinned_and_per_core(tmp_path, monkeypatch):
+    """`bench/threads.py --quick`: the default run twice through `accelerate launch`, once with OMP_NUM_THREADS=1 and
+    once without it (whatever this process's environment says), each with the thread count it printed, its logged
+    tokens/s windows, the training loop's clock and its last evaluation."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the thread-per-core run must not inherit it
+    out = tmp_path / "threads.json"
+    threads.main(["--quick", "--json", str(out)])
+    record = json.loads(out.read_text())
+    one, per_core = record["runs"]
+    assert (one["label"], one["environment"]) == ("one thread", {"OMP_NUM_THREADS": "1"})
+    assert (per_core["label"], per_core["environment"]) == ("a thread per core", {})
+    assert one["threads"] == 1 and per_core["threads"] >= 1
+    for run in (one, per_core):
+        assert run["steps"] == 6 and len(run["tokens_per_s_windows"]) == 3  # logged every 2 steps
+        assert run["tokens_per_s_median"] == pytest.approx(sorted(run["tokens_per_s_windows"])[1], abs=0.1)
+        assert 0 < run["training_loop_s"] < run["wall_s"]
+        assert run["last_eval"]["step"] == 6 and math.isfinite(run["last_eval"]["eval/mlm_loss"])
+    assert record["quick"] is True and record["command"] == "accelerate launch pretrain/run.py"
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    with pytest.raises(ValueError, match="--quick record"):
+        report.threads_table()
+
+
+def test_the_threads_table_is_its_record(tmp_path, monkeypatch):
+    run = {"tokens_per_s_windows": [], "steps": 600, "environment": {}}
+    record = {"quick": False, "command": "accelerate launch pretrain/run.py", "date_utc": "2030-01-02T03:04:05Z",
+              "machine": {"cores": 2}, "torch": "2.13.0+cpu", "load_average_before": [0.2, 0, 0],
+              "load_average_after": [1.1, 0, 0],
+              "runs": [{**run, "label": "one thread", "threads": 1, "tokens_per_s_median": 20735.4,
+                        "training_loop_s": 116.2, "wall_s": 129.0,
+                        "last_eval": {"step": 600, "eval/mlm_loss": 6.029814706324721}},
+                       {**run, "label": "a thread per core", "threads": 2, "tokens_per_s_median": 32845.0,
+                        "training_loop_s": 72.4, "wall_s": 85.3,
+                        "last_eval": {"step": 600, "eval/mlm_loss": 6.029814706355}}]}  # fmt: skip
+    (tmp_path / "threads.json").write_text(json.dumps(record))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    table = report.threads_table()
+    assert table.startswith("Measured on the 2-core machine (torch 2.13, 2030-01-02; load average 0.2 before the first "
+                            "run and 1.1 after the last)")  # fmt: skip
+    assert "| 1 | 20,735 | 1:56 | 2:09 |\n| a thread per core (2) | 32,845 (**1.58×**) | 1:12 | 1:25 |\n" in table
+    assert "eval MLM loss at step 600 agreed to 11 significant digits (6.029814706325 and 6.029814706355)" in table
+    assert report.agreeing_digits(1.5, 1.5) is None and report.agreeing_digits(0.1234, 0.1235) == 3
+    assert report.agreeing_digits(6.03, 5.99) == 0 and report.agreeing_digits(100.0, 10.0) == 0

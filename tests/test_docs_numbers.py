@@ -45,8 +45,9 @@ GENERATED = {
     "docs/getting-started.md": {"default-run"},
     "docs/data-and-scale.md": {"data-scale"},
     "docs/finetuning.md": {"shipped-commands"},
+    "docs/launching.md": {"threads"},
 }
-AWAITING = {"shipped-commands": "python bench/shipped_commands.py"}
+AWAITING = {"shipped-commands": "python bench/shipped_commands.py", "threads": "python bench/threads.py"}
 """Tables whose record bench/results/NAME.json is still to be measured, and the command that measures it: until it
 exists, the page's block holds the last hand-written table; from then on it must be the generated one."""
 
