@@ -44,6 +44,8 @@ class ClassifyDataConfig:
     """Hub dataset (e.g. `nyu-mll/glue`) or a local dataset folder; when set, the *_file options are ignored."""
     dataset_config: str | None = None
     """Hub dataset configuration (e.g. `sst2`, `mrpc`, `stsb`)."""
+    dataset_revision: str | None = None
+    """Hub dataset revision: a branch, tag or commit, or `refs/convert/parquet` for the Hub's Parquet export of a dataset that has only a loading script (which `datasets` no longer runs)."""
     train_file: str | None = "data/finetune/authorship/train.csv"
     """Training data: .csv, .tsv, .json/.jsonl or .parquet (.gz allowed); relative paths are also looked up from the repo root."""
     validation_file: str | None = "data/finetune/authorship/validation.csv"
@@ -287,6 +289,7 @@ def read(config, files: dict, start):
     return load_classification_data(
         dataset_name=data.dataset_name,
         dataset_config=data.dataset_config,
+        dataset_revision=data.dataset_revision,
         **files,
         text_columns=data.text_columns,
         label_column=data.label_column,

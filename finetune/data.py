@@ -356,14 +356,25 @@ def _load_splits(
     reader=None,
     hub_splits: dict[str, str] | None = None,
     column_names: dict[str, Sequence[str]] | None = None,
+    revision: str | None = None,
 ) -> DatasetDict:
     """Splits by name. `hub_splits`: our split name -> the Hub dataset's (default: the usual aliases, dev ->
-    validation, ...); `column_names`: split -> columns of a local file without a header line."""
+    validation, ...); `column_names`: split -> columns of a local file without a header line; `revision`: the
+    Hub dataset's branch, tag, commit or `refs/convert/parquet`."""
     given_files = {split: path for split, path in files.items() if path}
     if dataset_name and given_files:
         raise FinetuneDataError("give either dataset_name or local files (train_file, ...), not both")
     if dataset_name:
-        raw = load_dataset(dataset_name, dataset_config)
+        try:
+            raw = load_dataset(dataset_name, dataset_config, **({"revision": revision} if revision else {}))
+        except RuntimeError as error:  # datasets >= 4 runs no loading scripts
+            if "Dataset scripts are no longer supported" not in str(error):
+                raise
+            raise FinetuneDataError(
+                f"{dataset_name}{f' (revision {revision})' if revision else ''} has only a loading script, which "
+                "datasets no longer runs: give --data.dataset_revision refs/convert/parquet (the Hub's Parquet "
+                "export of it), another Hub dataset with data files, or local files"
+            ) from None
         if hub_splits is None:
             hub_splits = {_SPLIT_ALIASES[name]: name for name in raw if name in _SPLIT_ALIASES}
         dataset = DatasetDict({ours: raw[theirs] for ours, theirs in hub_splits.items() if theirs in raw})
@@ -543,6 +554,7 @@ def _check_labels(dataset: DatasetDict, column: str, label_list: Sequence | None
 def load_classification_data(
     dataset_name: str | None = None,
     dataset_config: str | None = None,
+    dataset_revision: str | None = None,
     train_file: str | None = None,
     validation_file: str | None = None,
     test_file: str | None = None,
@@ -568,7 +580,8 @@ def load_classification_data(
     turns int labels i into int_label_names[i] (files that write 0/1 where the Hub has names);
     `unlabelled_test` drops the test split's labels (placeholders such as GLUE's -1)."""
     files = {"train": train_file, "validation": validation_file, "test": test_file, **(extra_files or {})}
-    dataset = _load_splits(dataset_name, dataset_config, files, hub_splits=hub_splits, column_names=column_names)
+    dataset = _load_splits(dataset_name, dataset_config, files, hub_splits=hub_splits, column_names=column_names,
+                           revision=dataset_revision)  # fmt: skip
     columns = dataset["train"].column_names
     if text_columns is None:
         candidates = [("sentence1", "sentence2"), ("sentence",), ("text",)]
@@ -621,6 +634,7 @@ def _tagging_reader(tag_column: int, token_column: int, tag_field: str):
 def load_tagging_data(
     dataset_name: str | None = None,
     dataset_config: str | None = None,
+    dataset_revision: str | None = None,
     train_file: str | None = None,
     validation_file: str | None = None,
     test_file: str | None = None,
@@ -643,6 +657,7 @@ def load_tagging_data(
         dataset_config,
         {"train": train_file, "validation": validation_file, "test": test_file},
         reader=reader,
+        revision=dataset_revision,
     )
     _require_columns(dataset, [tokens_column], "tokens")
     _require_columns(dataset, [tags_column], "tags", splits=("train", "validation"))
@@ -686,6 +701,7 @@ def _parallel_text_reader(source_lang: str | None, target_lang: str | None):
 def load_seq2seq_data(
     dataset_name: str | None = None,
     dataset_config: str | None = None,
+    dataset_revision: str | None = None,
     train_file: str | None = None,
     validation_file: str | None = None,
     test_file: str | None = None,
@@ -708,6 +724,7 @@ def load_seq2seq_data(
         dataset_config,
         {"train": train_file, "validation": validation_file, "test": test_file},
         reader=reader,
+        revision=dataset_revision,
     )
     columns = dataset["train"].column_names
     if source_lang and target_lang and "translation" in columns:

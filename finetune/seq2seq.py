@@ -102,6 +102,8 @@ class Seq2SeqDataConfig:
     """Hub dataset (e.g. `allenai/scitldr`, `bentrevett/multi30k`) or a local dataset folder; when set, the *_file options are ignored."""
     dataset_config: str | None = None
     """Hub dataset configuration name."""
+    dataset_revision: str | None = None
+    """Hub dataset revision: a branch, tag or commit, or `refs/convert/parquet` for the Hub's Parquet export of a dataset that has only a loading script (which `datasets` no longer runs)."""
     train_file: str | None = "data/finetune/scitldr/train.jsonl.gz"
     """Training data: .json/.jsonl/.csv/.tsv/.parquet (.gz allowed) or, with source_lang/target_lang, parallel text files (`train.en` pairs with `train.de`); relative paths are also looked up from the repo root."""
     validation_file: str | None = "data/finetune/scitldr/dev.jsonl.gz"
@@ -466,6 +468,7 @@ def read(config, files: dict, start):
     return load_seq2seq_data(
         dataset_name=data.dataset_name,
         dataset_config=data.dataset_config,
+        dataset_revision=data.dataset_revision,
         **files,
         source_column=data.source_column,
         target_column=data.target_column,

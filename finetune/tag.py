@@ -46,6 +46,8 @@ class TagDataConfig:
     """Hub dataset (e.g. `eriktks/conll2003`) or a local dataset folder; when set, the *_file options are ignored."""
     dataset_config: str | None = None
     """Hub dataset configuration name."""
+    dataset_revision: str | None = None
+    """Hub dataset revision: a branch, tag or commit, or `refs/convert/parquet` for the Hub's Parquet export of a dataset that has only a loading script (which `datasets` no longer runs)."""
     train_file: str | None = "data/finetune/ud-english-ewt/en_ewt-ud-train-sample.conllu.gz"
     """Training data: .conllu, .json/.jsonl/.parquet with token and tag lists, or any other name read as CoNLL columns (.gz allowed); relative paths are also looked up from the repo root."""
     validation_file: str | None = "data/finetune/ud-english-ewt/en_ewt-ud-dev-sample.conllu.gz"
@@ -263,6 +265,7 @@ def read(config, files: dict, start):
     return load_tagging_data(
         dataset_name=data.dataset_name,
         dataset_config=data.dataset_config,
+        dataset_revision=data.dataset_revision,
         **files,
         tokens_column=data.tokens_column,
         tags_column=data.tags_column,

@@ -11,6 +11,7 @@ Test helpers:
   - `hold(...)`: park requests of some kinds until the test releases them (a deterministic "slow server");
   - `stall(...)`: accept requests (of some kinds) and never answer them, like a dead proxy, until `reset()`;
   - `requests(...)`: the request log; `files(...)` / `commits(...)`: the repository state.
+  - `add_convert_ref(...)`: a `refs/convert/parquet` export, as the Hub writes beside a dataset's branches.
 
 `huggingface_hub` reads `HF_ENDPOINT` once, at import: point it here before anything imports it
 (tests/conftest.py does).
@@ -306,6 +307,19 @@ class HubServer:
             )
             repo.branches["main"] = next(iter(repo.commits))
             return repo
+
+    def add_convert_ref(self, repo_id: str, files: dict[str, bytes], repo_type: str = "dataset",
+                        name: str = "parquet") -> Commit:  # fmt: skip
+        """`refs/convert/<name>`, which only the Hub itself writes (its Parquet export of a dataset, beside the
+        repo's own branches): a commit of its own holding `files`, resolvable as the revision `refs/convert/<name>`
+        and listed under the repo's `converts`."""
+        with self._lock:
+            repo = self.repo(repo_id, repo_type)
+            blobs = {".gitattributes": Blob(GITATTRIBUTES, lfs=False)}
+            blobs.update({path: Blob(data, lfs=False) for path, data in files.items()})
+            commit = self._new_commit(repo, None, "Update parquet files", "", blobs)
+            repo.branches[f"refs/convert/{name}"] = commit.oid
+            return commit
 
     # ---------------------------------------------------------------------------------------- internals
     def _new_commit(self, repo: Repo, parent: str | None, title: str, message: str, files: dict) -> Commit:
@@ -664,8 +678,14 @@ class _Handler(BaseHTTPRequestHandler):
             branches = [
                 {"name": name, "ref": f"refs/heads/{name}", "targetCommit": oid}
                 for name, oid in repo.branches.items()
+                if not name.startswith("refs/")
             ]
-        self._json({"branches": branches, "converts": [], "tags": [], "pullRequests": []})
+            converts = [
+                {"name": name.removeprefix("refs/convert/"), "ref": name, "targetCommit": oid}
+                for name, oid in repo.branches.items()
+                if name.startswith("refs/convert/")
+            ]
+        self._json({"branches": branches, "converts": converts, "tags": [], "pullRequests": []})
 
     def _do_commits(self, repo_type, repo_id, revision, **_):
         self._repo(repo_type, repo_id)

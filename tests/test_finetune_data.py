@@ -460,3 +460,39 @@ def test_shipped_scitldr_sample_is_source_target_text():
     example = dataset["train"][0]
     assert example["source"].startswith("Due to the success of deep learning")
     assert example["target"].startswith("We provide necessary and sufficient analytical forms")
+
+
+@pytest.mark.parametrize("revision", [None, "refs/convert/parquet"])
+def test_the_dataset_revision_reaches_load_dataset(monkeypatch, revision):
+    """`data.dataset_revision` is `load_dataset(..., revision=...)` for every task's loader (left out when unset)."""
+    from datasets import DatasetDict
+
+    import finetune.data
+
+    calls = []
+    rows = {"tokens": [["a", "b"]], "tags": [["O", "O"]], "text": ["a b"], "label": ["x"], "source": ["a"],
+            "target": ["b"]}  # fmt: skip
+
+    def load_dataset(name, config, **options):
+        calls.append((name, config, options))
+        return DatasetDict({"train": Dataset.from_dict(rows), "validation": Dataset.from_dict(rows)})
+
+    monkeypatch.setattr(finetune.data, "load_dataset", load_dataset)
+    for loader in (load_tagging_data, load_classification_data, load_seq2seq_data):
+        loader(dataset_name="someone/data", dataset_config="cfg", dataset_revision=revision)
+    expected = {"revision": revision} if revision else {}
+    assert calls == [("someone/data", "cfg", expected)] * 3
+
+
+def test_a_dataset_with_only_a_loading_script_is_a_data_error_naming_the_parquet_export(monkeypatch):
+    import finetune.data
+
+    def load_dataset(name, config, **options):
+        raise RuntimeError("Dataset scripts are no longer supported, but found data.py")
+
+    monkeypatch.setattr(finetune.data, "load_dataset", load_dataset)
+    with pytest.raises(FinetuneDataError, match=r"^someone/data has only a loading script, which datasets no longer "
+                                                r"runs: give --data.dataset_revision refs/convert/parquet"):  # fmt: skip
+        load_tagging_data(dataset_name="someone/data")
+    with pytest.raises(FinetuneDataError, match=r"^someone/data \(revision v1\) has only a loading script"):
+        load_tagging_data(dataset_name="someone/data", dataset_revision="v1")

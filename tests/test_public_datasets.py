@@ -132,6 +132,9 @@ def serve_glue_sst2(hub) -> None:
 
 
 def serve_conll2003(hub) -> None:
+    """eriktks/conll2003 as the Hub holds it: a loading script (with its card) on main, which datasets no longer
+    runs, and the Hub's Parquet export of it in refs/convert/parquet, a folder per config and split, the ClassLabel
+    names in the Parquet schema."""
     from datasets import ClassLabel, Dataset, Features, List, Value
 
     tags = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
@@ -143,8 +146,10 @@ def serve_conll2003(hub) -> None:
         return parquet(Dataset.from_dict({"id": [str(i) for i in range(n)], "tokens": tokens,
                                           "ner_tags": [[1, 2, 0, 5, 0]] * n}, features=features))  # fmt: skip
 
-    upload(hub, "eriktks/conll2003", {f"data/{name}-00000-of-00001.parquet": split(n)
-                                      for name, n in (("train", 16), ("validation", 4), ("test", 4))})  # fmt: skip
+    script = b"import datasets\n\n\nclass Conll2003(datasets.GeneratorBasedBuilder):\n    pass\n"
+    upload(hub, "eriktks/conll2003", {"conll2003.py": script, "README.md": b"# CoNLL-2003\n"})
+    hub.add_convert_ref("eriktks/conll2003", {f"conll2003/{name}/0000.parquet": split(n)
+                                             for name, n in (("train", 16), ("validation", 4), ("test", 4))})  # fmt: skip
 
 
 def serve_multi30k(hub) -> None:
@@ -183,6 +188,24 @@ def test_tag_conll2003_config_reads_the_ner_tags_from_the_hub(hub, kiln_checkpoi
     labels = set(json.loads((out / "final" / "config.json").read_text())["id2label"].values())
     assert labels == {"O", "B-PER", "I-PER", "B-LOC"}  # tag names, from the ClassLabel ids
     assert "f1" in result.eval_metrics["validation"]
+
+
+def test_a_hub_dataset_with_only_a_loading_script_names_its_parquet_export(hub, kiln_checkpoints, tmp_path,
+                                                                          monkeypatch):  # fmt: skip
+    """Without the config's revision, eriktks/conll2003's main branch offers datasets only its loading script: the
+    run stops with a data error (one line on the command line) naming --data.dataset_revision refs/convert/parquet,
+    not the library's RuntimeError. (An empty datasets cache: with a copy loaded before, datasets falls back to it.)"""
+    import datasets
+
+    from finetune.data import FinetuneDataError
+    from finetune.tag import main
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
+    serve_conll2003(hub)
+    with pytest.raises(FinetuneDataError, match=r"eriktks/conll2003 has only a loading script.*--data\.dataset_revision "
+                                                r"refs/convert/parquet"):  # fmt: skip
+        run_main(main, "--config", FINETUNE / "tag-conll2003.yaml", "--data.dataset_revision", "none",
+                 "--model.checkpoint", kiln_checkpoints[0], "--training.output_dir", tmp_path / "run", *SHORT)  # fmt: skip
 
 
 def test_seq2seq_multi30k_config_reads_the_language_columns_from_the_hub(hub, kiln_checkpoints, tmp_path):
