@@ -336,13 +336,23 @@ TABLES = {
 }
 
 
+MEASURED_BY = {"default-run": "python bench/default_run.py", "shipped-commands": "python bench/shipped_commands.py",
+               "threads": "python bench/threads.py"}  # fmt: skip
+"""The command that writes a table's record, where it is one script."""
+
+
 def update(page: Path) -> list[str]:
     """Rewrite every generated table of `page`; the names of the tables it holds."""
     text, names = page.read_text(), []
     for name, make in TABLES.items():
         pattern = re.compile(re.escape(f"{BEGIN}{name} -->\n") + r".*?" + re.escape(END), flags=re.S)
         if pattern.search(text):
-            block = f"{BEGIN}{name} -->\n{make()}{END}"
+            try:
+                table = make()
+            except FileNotFoundError as missing:  # a table whose measurement has not been run yet
+                raise SystemExit(f"error: {page}'s {name} table needs {missing.filename}, which is not there: run "
+                                 f"`{MEASURED_BY.get(name, 'its benchmark script')}` first") from None  # fmt: skip
+            block = f"{BEGIN}{name} -->\n{table}{END}"
             text = pattern.sub(lambda _, block=block: block, text)
             names.append(name)
     page.write_text(text)

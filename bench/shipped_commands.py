@@ -269,6 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     for kind, path in given.items():
         if not (path / "config.json").is_file():
             parser.error(f"--{kind} {path}: not a final/ folder (no config.json)")
+    if args.keep and args.keep.exists():
+        parser.error(f"--keep {args.keep}: give a new folder (the commands each need a fresh one)")
     out = args.json or REPO / "bench/results/shipped-commands.json"
     if args.keep:
         args.keep.mkdir(parents=True)

@@ -65,13 +65,14 @@ def test_shipped_commands_quick_runs_the_documented_command_and_records_its_resu
     assert "Not run (no local copy): sst2." in table
 
 
-def test_shipped_commands_refuses_unknown_rows_and_a_quick_run_without_its_own_record(capsys):
-    for argv in (["--only", "classify,nope"], ["--quick", "--only", "classify"]):
+def test_shipped_commands_refuses_unknown_rows_a_quick_run_without_its_own_record_and_a_used_folder(tmp_path, capsys):
+    for argv in (["--only", "classify,nope"], ["--quick", "--only", "classify"],
+                 ["--only", "classify", "--keep", str(tmp_path)]):  # fmt: skip
         with pytest.raises(SystemExit) as stop:
             shipped.main(argv)
         assert stop.value.code == 2
     err = capsys.readouterr().err
-    assert "unknown row(s) nope" in err and "give --json" in err
+    assert "unknown row(s) nope" in err and "give --json" in err and "give a new folder" in err
 
 
 def test_the_shipped_commands_table_formats_every_row_from_the_record(tmp_path, monkeypatch):

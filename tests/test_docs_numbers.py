@@ -72,6 +72,16 @@ def test_the_report_command_rewrites_a_stale_table(tmp_path):
     assert stale.read_text().startswith("Intro.\n\n") and stale.read_text().endswith("\n\nAfter.\n")
 
 
+def test_the_report_command_names_the_measurement_a_missing_record_needs(tmp_path, monkeypatch):
+    page = tmp_path / "page.md"
+    page.write_text(f"{report.BEGIN}threads -->\n| old |\n{report.END}\n")
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "no-records")
+    with pytest.raises(SystemExit, match=r"threads table needs .*threads\.json, which is not there: run "
+                                         r"`python bench/threads\.py` first"):  # fmt: skip
+        report.update(page)
+    assert page.read_text() == f"{report.BEGIN}threads -->\n| old |\n{report.END}\n"
+
+
 def test_the_default_run_record_is_the_documented_command_at_the_table_s_steps():
     """bench/results/default-run.json is `accelerate launch pretrain/run.py` with nothing but where to write (one CPU
     process, as on a machine without a GPU), and holds a training row at every step of the table and an evaluation
