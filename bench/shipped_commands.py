@@ -111,7 +111,11 @@ def missing_offline_data(row: Row) -> str | None:
 
 
 def launch(script: str, args: tuple[str, ...], cwd: Path, log: Path) -> tuple[float, str]:
-    """`accelerate launch <script> <args>` in `cwd` with this repository's code; (wall seconds, its output)."""
+    """`accelerate launch <script> <args>` in `cwd` with this repository's code; (wall seconds, its output).
+    `cwd` sees this repository's configs/ as a user's checkout does: the documented `--config configs/...` paths
+    are relative to the folder the command runs in."""
+    if not (cwd / "configs").exists():
+        (cwd / "configs").symlink_to(REPO / "configs", target_is_directory=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
     start = time.perf_counter()

@@ -65,6 +65,16 @@ def test_shipped_commands_quick_runs_the_documented_command_and_records_its_resu
     assert "Not run (no local copy): sst2." in table
 
 
+def test_shipped_commands_run_the_documented_config_paths_from_a_fresh_folder(tmp_path):
+    """The documented commands name `--config configs/...` relative to the folder they run in: each command's fresh
+    folder sees the repository's configs/, as a user's checkout does."""
+    cwd = tmp_path / "decoder"
+    cwd.mkdir()
+    _, output = shipped.launch("pretrain/run.py", ("--config", "configs/pretrain/decoder-tiny.yaml", "--print_config"),
+                               cwd, tmp_path / "decoder.log")  # fmt: skip
+    assert "kind: decoder" in output and "config file not found" not in output
+
+
 def test_shipped_commands_refuses_unknown_rows_a_quick_run_without_its_own_record_and_a_used_folder(tmp_path, capsys):
     for argv in (["--only", "classify,nope"], ["--quick", "--only", "classify"],
                  ["--only", "classify", "--keep", str(tmp_path)]):  # fmt: skip
