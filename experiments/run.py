@@ -74,7 +74,7 @@ def load_declaration(path) -> dict:
     """An experiment declaration (experiments/*.yaml), its fields checked."""
     declaration = yaml.safe_load(Path(path).read_text())
     unknown = set(declaration) - {"description", "corpus", "pretrain", "finetune", "after", "table", "curves",
-                                 "levers"}
+                                 "levers", "levers_reference"}
     if unknown:
         sys.exit(f"error: {path}: unknown field(s) {', '.join(sorted(unknown))}; see experiments/README.md")
     return declaration
@@ -493,7 +493,8 @@ def levers_table(declaration: dict, records: Path = RECORDS, where: str = "the d
         sys.exit(f"error: {where}: no lever is marked `baseline: true` (the row the others are compared with)")
     entries = summary(records)
     found = {row["label"]: _one_group(entries, row["task"], row["group"], f"lever {row['label']!r}") for row in rows}
-    lines = ["| lever | budget and settings | dev (mean ± std) | test (mean ± std) | dev over scratch | command |",
+    reference_name = declaration.get("levers_reference", "scratch")  # what the baseline rows are, in the header
+    lines = [f"| lever | budget and settings | dev (mean ± std) | test (mean ± std) | dev over {reference_name} | command |",
              "|---|---|---:|---:|---:|---|"]  # fmt: skip
     for row in rows:
         reference = row.get("versus", baselines[0])
@@ -517,6 +518,13 @@ def replace_generated(page: Path, table: str, experiments: str, begin: str = BEG
     """Put `table` in `page`'s block that opens with `begin` (the first such block, up to the END after it), naming
     the experiments; the page's other generated blocks are left as they are."""
     text = page.read_text()
+    if begin == LEVERS_BEGIN:  # a page may hold several levers blocks, one per declaration: find its own
+        begin = f"{LEVERS_BEGIN} {experiments} -->"
+        if begin not in text:
+            sys.exit(f"error: {page} has no '{begin}' ... '{END}' block to write the table into")
+        head, rest = text.split(begin, 1)
+        page.write_text(f"{head}{begin}\n{table}{END}{rest.split(END, 1)[1]}")
+        return
     if begin not in text or END not in text.split(begin, 1)[1]:
         sys.exit(f"error: {page} has no '{begin} ...' and '{END}' markers to write the table between")
     head, rest = text.split(begin, 1)
