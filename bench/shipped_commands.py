@@ -79,7 +79,7 @@ QUICK_FINETUNE = ("--training.max_steps", "2", "--data.max_train_samples", "32",
 QUICK_SEQ2SEQ = ("--generation.max_new_tokens", "8", "--generation.num_beams", "1")
 
 
-def cpu_model() -> str:
+def processor_of_this_machine() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -210,11 +210,11 @@ def finetune(row: Row, work: Path, pretrained: dict[str, Path], quick: bool) -> 
     }
 
 
-def load_average() -> list[float]:
+def load_averages_now() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def measure(names: list[str], work: Path, quick: bool, given: dict[str, Path]) -> dict:
+def run_rows(names: list[str], work: Path, quick: bool, given: dict[str, Path]) -> dict:
     rows = [row for row in ROWS if row.name in names]
     skipped = {}
     for row in rows:
@@ -230,10 +230,10 @@ def measure(names: list[str], work: Path, quick: bool, given: dict[str, Path]) -
         "quick": quick,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit.stdout.strip(),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "system": platform.system(),
+        "machine": {"cpu": processor_of_this_machine(), "cores": os.cpu_count(), "system": platform.system(),
                     "python": platform.python_version(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},  # fmt: skip
         "torch": torch.__version__,
-        "load_average_start": load_average(),
+        "load_average_start": load_averages_now(),
         "output": "a new folder per command, beside a folder of the two pretraining runs",
     }
     pretrained, facts = {}, {}
@@ -247,7 +247,7 @@ def measure(names: list[str], work: Path, quick: bool, given: dict[str, Path]) -
     record["pretrained"] = facts
     record["rows"] = [finetune(row, work, pretrained, quick) for row in rows]
     record["skipped"] = skipped
-    record["load_average_end"] = load_average()
+    record["load_average_end"] = load_averages_now()
     return record
 
 
@@ -278,11 +278,11 @@ def main(argv: list[str] | None = None) -> None:
     out = args.json or REPO / "bench/results/shipped-commands.json"
     if args.keep:
         args.keep.mkdir(parents=True)
-        record = measure(names, args.keep, args.quick, given)
+        record = run_rows(names, args.keep, args.quick, given)
     else:
         work = Path(tempfile.mkdtemp(prefix="kiln-shipped-commands-"))
         try:
-            record = measure(names, work, args.quick, given)
+            record = run_rows(names, work, args.quick, given)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     out.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")

@@ -36,7 +36,7 @@ QUICK = ("--training.max_steps", "6", "--training.eval_steps", "6", "--training.
 RUNS = {"one thread": {"OMP_NUM_THREADS": "1"}, "a thread per core": {}}  # what each run's environment sets
 
 
-def cpu_model() -> str:
+def processor_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -81,7 +81,7 @@ def one_run(label: str, env_set: dict[str, str], work: Path, quick: bool) -> dic
     }
 
 
-def measure(quick: bool) -> dict:
+def run_both_thread_counts(quick: bool) -> dict:
     import torch
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
@@ -91,7 +91,7 @@ def measure(quick: bool) -> dict:
         "output_dir": "a new temporary folder per run (--training.output_dir)",
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit.stdout.strip(),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "system": platform.system(),
+        "machine": {"cpu": processor_model(), "cores": os.cpu_count(), "system": platform.system(),
                     "python": platform.python_version()},  # fmt: skip
         "torch": torch.__version__,
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick and args.json is None:
         parser.error("--quick measures nothing: give --json for its record (the default record is the measurement)")
-    record = measure(args.quick)
+    record = run_both_thread_counts(args.quick)
     out = args.json or REPO / "bench/results/threads.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
     for run in record["runs"]:

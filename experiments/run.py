@@ -155,8 +155,20 @@ def summarise(run: Path) -> dict:
         out["test"] = json.loads(test.read_text())
     config = run / "config.yaml"
     if config.is_file():
-        out["config"] = yaml.safe_load(config.read_text())
+        out["config"] = without_machine_paths(yaml.safe_load(config.read_text()))
     return out
+
+
+def without_machine_paths(value):
+    """A saved config as a record may hold it: absolute paths (e.g. the task text finetune/adapt.py writes to the
+    datasets cache) by their file name, so that no tracked record names a folder of the machine that made it."""
+    if isinstance(value, dict):
+        return {key: without_machine_paths(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_machine_paths(item) for item in value]
+    if isinstance(value, str) and value.startswith("/") and "\n" not in value:
+        return Path(value).name
+    return value
 
 
 def record(job: Job, wall_s: float, records: Path) -> dict:
