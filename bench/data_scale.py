@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import psutil  # noqa: E402
 
+from bench.machine import load_average  # noqa: E402
 from bench.wide_corpus import write_wide_corpus  # noqa: E402
 from pretrain.data.corpus import split_documents  # noqa: E402
 
@@ -238,10 +239,6 @@ def time_to_first_step(prepared: Path, run_dir: Path, extra: list[str], timeout:
             os.killpg(process.pid, signal.SIGTERM)  # the launch we started and its own children
         process.wait()
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _anon_kb(pid: int) -> tuple[int, int]:

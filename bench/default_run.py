@@ -25,18 +25,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # python bench/X.py, or loaded by path: import the repository's bench package
+    sys.path.insert(0, str(REPO))
+
+from bench.machine import cpu_name  # noqa: E402
+
 STEPS = (10, 200, 400, 600)  # the rows of the README's table
 COMMAND = ["accelerate", "launch", "--num_processes", "1", "--cpu", "pretrain/run.py"]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def rows_at(metrics: Path, steps: tuple[int, ...]) -> list[dict]:
@@ -68,7 +63,7 @@ def run_default(png: Path | None, threads: int | None) -> dict:
             "output_dir": "a new temporary folder named encoder-tiny (--training.output_dir)",
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "commit": commit.stdout.strip(),
-            "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "system": platform.system(),
+            "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "system": platform.system(),
                         "python": platform.python_version()},  # fmt: skip
             "torch": torch.__version__,
             "wall_s": round(wall, 1),

@@ -54,7 +54,7 @@ if __package__ in (None, ""):  # python bench/finetune.py: import the repository
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from bench.throughput import cpu_name  # noqa: E402
+from bench.machine import cpu_name  # noqa: E402
 
 SHARED_DATA = REPO.parent / "shared" / "data"  # ../shared/data, resolved against the repository root
 DEFAULT_SST2 = Path(os.environ.get("KILN_SST2", SHARED_DATA / "sst2"))

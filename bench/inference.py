@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # python bench/inference.py: import the repositor
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from bench.throughput import cpu_name  # noqa: E402
+from bench.machine import cpu_name  # noqa: E402
 from pretrain.convert import from_transformers  # noqa: E402
 
 # ../shared/data/sst2, resolved against the repository root

@@ -36,6 +36,11 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # python bench/X.py, or loaded by path: import the repository's bench package
+    sys.path.insert(0, str(REPO))
+
+from bench.machine import cpu_name, load_average  # noqa: E402
+
 SHARED_DATA = REPO.parent / "shared" / "data"  # what ../shared/data in the offline configs means
 LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # = `accelerate launch`
 
@@ -77,16 +82,6 @@ QUICK_PRETRAIN = ("--training.max_steps", "3", "--training.eval_steps", "3", "--
 QUICK_FINETUNE = ("--training.max_steps", "2", "--data.max_train_samples", "32", "--data.max_eval_samples", "16",
                   "--data.max_predict_samples", "16")  # fmt: skip
 QUICK_SEQ2SEQ = ("--generation.max_new_tokens", "8", "--generation.num_beams", "1")
-
-
-def processor_of_this_machine() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def documented(script: str, args: tuple[str, ...]) -> str:
@@ -210,10 +205,6 @@ def finetune(row: Row, work: Path, pretrained: dict[str, Path], quick: bool) -> 
     }
 
 
-def load_averages_now() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def run_rows(names: list[str], work: Path, quick: bool, given: dict[str, Path]) -> dict:
     rows = [row for row in ROWS if row.name in names]
     skipped = {}
@@ -230,10 +221,10 @@ def run_rows(names: list[str], work: Path, quick: bool, given: dict[str, Path]) 
         "quick": quick,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit.stdout.strip(),
-        "machine": {"cpu": processor_of_this_machine(), "cores": os.cpu_count(), "system": platform.system(),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "system": platform.system(),
                     "python": platform.python_version(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},  # fmt: skip
         "torch": torch.__version__,
-        "load_average_start": load_averages_now(),
+        "load_average_start": load_average(),
         "output": "a new folder per command, beside a folder of the two pretraining runs",
     }
     pretrained, facts = {}, {}
@@ -247,7 +238,7 @@ def run_rows(names: list[str], work: Path, quick: bool, given: dict[str, Path]) 
     record["pretrained"] = facts
     record["rows"] = [finetune(row, work, pretrained, quick) for row in rows]
     record["skipped"] = skipped
-    record["load_average_end"] = load_averages_now()
+    record["load_average_end"] = load_average()
     return record
 
 

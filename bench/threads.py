@@ -29,21 +29,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # python bench/X.py, or loaded by path: import the repository's bench package
+    sys.path.insert(0, str(REPO))
+
+from bench.machine import cpu_name  # noqa: E402
+
 LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # = `accelerate launch`
 COMMAND = "accelerate launch pretrain/run.py"
 QUICK = ("--training.max_steps", "6", "--training.eval_steps", "6", "--training.save_steps", "6",
          "--training.max_eval_batches", "1", "--logging.logging_steps", "2")  # fmt: skip
 RUNS = {"one thread": {"OMP_NUM_THREADS": "1"}, "a thread per core": {}}  # what each run's environment sets
-
-
-def processor_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def one_run(label: str, env_set: dict[str, str], work: Path, quick: bool) -> dict:
@@ -91,7 +86,7 @@ def run_both_thread_counts(quick: bool) -> dict:
         "output_dir": "a new temporary folder per run (--training.output_dir)",
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit.stdout.strip(),
-        "machine": {"cpu": processor_model(), "cores": os.cpu_count(), "system": platform.system(),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "system": platform.system(),
                     "python": platform.python_version()},  # fmt: skip
         "torch": torch.__version__,
         "load_average_before": [round(x, 2) for x in os.getloadavg()],

@@ -45,9 +45,14 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import transformers
 
-from pretrain.convert import from_transformers
-from pretrain.modeling import count_flops_per_token
-from pretrain.run import PRETRAINING_FAST_PATHS
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:  # python bench/throughput.py: import the repository's bench package
+    sys.path.insert(0, REPO_ROOT)
+
+from bench.machine import cpu_name  # noqa: E402
+from pretrain.convert import from_transformers  # noqa: E402
+from pretrain.modeling import count_flops_per_token  # noqa: E402
+from pretrain.run import PRETRAINING_FAST_PATHS  # noqa: E402
 
 MASK_PROBABILITY = 0.15  # share of positions with an MLM label in the synthetic encoder batches
 NUM_BATCHES = 4  # distinct batches cycled through, so the number of masked positions varies as in training
@@ -424,17 +429,6 @@ def machine_info(device) -> dict:
         "cpu": cpu_name(),
     }
     return info
-
-
-def cpu_name() -> str | None:
-    """The CPU's model name (/proc/cpuinfo), None where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(
-                (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), None
-            )
-    except OSError:
-        return None
 
 
 # --------------------------------------------------------------------------------------------------- profile

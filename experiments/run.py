@@ -161,7 +161,9 @@ def summarise(run: Path) -> dict:
 
 def without_machine_paths(value):
     """A saved config as a record may hold it: absolute paths (e.g. the task text finetune/adapt.py writes to the
-    datasets cache) by their file name, so that no tracked record names a folder of the machine that made it."""
+    datasets cache) by their file name, so that no tracked record names a folder of the machine that made it.
+    Relative paths stay (`../shared/data/...`, `runs/...`: the declarations' own names for the data and runs), which
+    is why this is not kiln.public.public_config, which reduces those too."""
     if isinstance(value, dict):
         return {key: without_machine_paths(item) for key, item in value.items()}
     if isinstance(value, list):
