@@ -282,6 +282,82 @@ class KilnMLP(nn.Module):
         return self.fc_out(self.act(self.fc_in(hidden_states)))
 
 
+class KilnGatedMLP(nn.Module):
+    """Gated feed-forward (SwiGLU with `silu`, GeGLU with `gelu`): fc_out(act(gate) * up), as Llama's MLP and
+    ModernBERT's; the gate and up projections are one fused Linear `gate_up` (h -> 2 x intermediate: gate rows
+    first, then up rows), one matmul instead of two."""
+
+    def __init__(self, hidden_size, intermediate_size, activation, bias=False):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.act = activation_module(activation)
+        self.fc_out = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, hidden_states):
+        gate, up = self.gate_up(hidden_states).chunk(2, dim=-1)  # 2 x (..., I)
+        return self.fc_out(self.act(gate) * up)
+
+
+class KilnRMSNorm(nn.Module):
+    """Root-mean-square norm (Llama's, T5's): x / sqrt(mean(x^2) + eps) * weight, computed in float32 and cast
+    back before the weight, as `LlamaRMSNorm` does (so converted models give the same numbers)."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.eps)
+        return self.weight * hidden_states.to(input_dtype)
+
+    def extra_repr(self):
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """RoPE's inverse frequencies theta^(-2i/d), i = 0 .. d/2 - 1 (float32), as transformers' default rope."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+class KilnRotaryEmbedding(nn.Module):
+    """Rotary position embedding: the (cos, sin) of every position, computed once per forward from the position
+    ids and shared by every layer. `inv_freq` is a buffer rebuilt on load (not saved). head_dim must be even."""
+
+    def __init__(self, head_dim: int, theta: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"Rotary positions need an even head size, got {head_dim}; change hidden_size or heads.")
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", rope_inverse_frequencies(head_dim, theta), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """position_ids (B|1, T) -> cos, sin (B|1, T, head_dim) in x's dtype (computed in float32)."""
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float32)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (B|1, T, hs)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    def extra_repr(self):
+        return f"head_dim={self.head_dim}, theta={self.theta}"
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """Rotate queries and keys (B, nh, T, hs) by their positions' angles; cos/sin (B|1, T, hs) are unsqueezed at
+    `unsqueeze_dim` (1 for the (B, nh, T, hs) layout, 2 for (B, T, nh, hs))."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
 class Unpadded:
     """Where the real tokens of a right- or left-padded (B, T) batch sit: `unpad` keeps their rows of a (B, T, ...)
     tensor as (N, ...), `pad` puts (N, ...) rows back into (B, T, ...) with zeros at the padding. Every
@@ -570,10 +646,14 @@ def auto_map_for(model, auto_classes: dict) -> dict:
 __all__ = [
     "KilnCrossAttention",
     "KilnDropout",
+    "KilnGatedMLP",
     "KilnMLP",
+    "KilnRMSNorm",
+    "KilnRotaryEmbedding",
     "KilnSelfAttention",
     "activation_module",
     "apply_dropout",
+    "apply_rotary_pos_emb",
     "attend",
     "auto_map_for",
     "bidirectional_mask",
@@ -586,6 +666,8 @@ __all__ = [
     "eager_attention_forward",
     "linear_cross_entropy",
     "padding_mask",
+    "rope_inverse_frequencies",
+    "rotate_half",
     "sequence_classification_loss",
     "uses_transformers_masks",
 ]
