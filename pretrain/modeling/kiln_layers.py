@@ -166,9 +166,10 @@ def attend(module, query, key, value, attention_mask, is_causal, output_attentio
 
 
 class KilnSelfAttention(nn.Module):
-    """Multi-head self-attention with one fused QKV projection; optional KV cache (decoder)."""
+    """Multi-head self-attention with one fused QKV projection; optional KV cache (decoder); rotary positions
+    when the model passes `position_embeddings` (see `KilnRotaryEmbedding`)."""
 
-    def __init__(self, config, hidden_size, num_heads, dropout, is_causal, layer_idx):
+    def __init__(self, config, hidden_size, num_heads, dropout, is_causal, layer_idx, bias=True):
         super().__init__()
         check_heads(hidden_size, num_heads)
         self.config = config
@@ -179,8 +180,8 @@ class KilnSelfAttention(nn.Module):
         self.fast_cpu_mask = True  # see `apply_dropout`
         self.is_causal = is_causal
         self.layer_idx = layer_idx
-        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
-        self.out = nn.Linear(hidden_size, hidden_size)
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
+        self.out = nn.Linear(hidden_size, hidden_size, bias=bias)
 
     def forward(
         self,
@@ -190,30 +191,42 @@ class KilnSelfAttention(nn.Module):
         output_attentions=False,
         query_states=None,
         unpadded=None,
+        position_embeddings=None,
     ):
         """query_states: (B, P, C) rows to compute outputs for, when not all of `hidden_states` (T rows) are
         needed; keys and values still come from every row of `hidden_states`.
 
         unpadded: an `Unpadded` plan when `hidden_states` holds only the real tokens, (N, C): the projections run
         on those N rows, and only the attention itself sees the (B, T) layout (zeros at the padding, which the
-        mask hides); the output is (N, C) again."""
+        mask hides); the output is (N, C) again.
+
+        position_embeddings: rotary (cos, sin) of the keys' positions, (B|1, T, hs) each (`KilnRotaryEmbedding`),
+        or None (positions are added to the embeddings instead); with `query_states`, a third and fourth entry
+        give the queries' own (cos, sin), (B, P, hs)."""
         if unpadded is not None:
             qkv = unpadded.pad(self.qkv(hidden_states))  # (B, T, 3C)
             B, T, C3 = qkv.shape
             query, key, value = qkv.view(B, T, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4).unbind(0)
+            if position_embeddings is not None:
+                query, key = apply_rotary_pos_emb(query, key, *position_embeddings[:2])
             output, weights = attend(self, query, key, value, attention_mask, self.is_causal, output_attentions)
             return self.out(unpadded.unpad(output)), weights
         B, T, C = hidden_states.shape
         if query_states is None:
             qkv = self.qkv(hidden_states).view(B, T, 3, self.num_heads, self.head_size)
             query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs), one buffer
+            if position_embeddings is not None:
+                query, key = apply_rotary_pos_emb(query, key, *position_embeddings[:2])
         else:
             q_weight, kv_weight = self.qkv.weight.split([C, 2 * C])
-            q_bias, kv_bias = self.qkv.bias.split([C, 2 * C])
+            q_bias, kv_bias = self.qkv.bias.split([C, 2 * C]) if self.qkv.bias is not None else (None, None)
             P = query_states.shape[1]
             query = F.linear(query_states, q_weight, q_bias).view(B, P, self.num_heads, -1).transpose(1, 2)
             kv = F.linear(hidden_states, kv_weight, kv_bias).view(B, T, 2, self.num_heads, self.head_size)
             key, value = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, nh, T, hs)
+            if position_embeddings is not None:
+                cos, sin, query_cos, query_sin = position_embeddings
+                query, key = _rotate(query, query_cos, query_sin), _rotate(key, cos, sin)
         if past_key_values is not None:
             cache = past_key_values
             if isinstance(cache, EncoderDecoderCache):
@@ -272,11 +285,13 @@ def activation_module(name: str) -> nn.Module:
 
 
 class KilnMLP(nn.Module):
-    def __init__(self, hidden_size, intermediate_size, activation):
+    """fc_in -> activation -> fc_out (BERT's and GPT-2's feed-forward)."""
+
+    def __init__(self, hidden_size, intermediate_size, activation, bias=True):
         super().__init__()
-        self.fc_in = nn.Linear(hidden_size, intermediate_size)
+        self.fc_in = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.act = activation_module(activation)
-        self.fc_out = nn.Linear(intermediate_size, hidden_size)
+        self.fc_out = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, hidden_states):
         return self.fc_out(self.act(self.fc_in(hidden_states)))
@@ -349,6 +364,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """One tensor (B, nh, T, hs) rotated by its own angles (cos/sin (B|1, T, hs))."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (x * cos) + (rotate_half(x) * sin)
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
