@@ -317,6 +317,7 @@ def test_tag_default_ud_sample_scores_pos_accuracy_and_writes_conll(kiln_checkpo
 # seq2seq
 
 
+@pytest.mark.filterwarnings("error:`past_key_values` is deprecated:FutureWarning")  # the cache API of 5.24+
 def test_seq2seq_summarization_learns_saves_both_tokenizers_and_generates_the_same(
     kiln_checkpoints, tmp_path
 ):
@@ -377,6 +378,7 @@ def test_seq2seq_summarization_learns_saves_both_tokenizers_and_generates_the_sa
     assert "rougeL" in again.test_metrics
 
 
+@pytest.mark.filterwarnings("error:`past_key_values` is deprecated:FutureWarning")  # the cache API of 5.24+
 def test_seq2seq_translation_from_scratch(kiln_checkpoints, tmp_path):
     from safetensors.torch import load_file
 

@@ -16,6 +16,11 @@ from pretrain.modeling import (
     KilnEncoderForPreTraining,
     KilnEncoderModel,
 )
+from pretrain.modeling.kiln_layers import CACHE_FIELD
+
+# transformers 5.24 renamed the cache argument `past_key_values` -> `cache` (the old name goes in 5.40): Kiln and
+# these tests pass it under the name the installed transformers takes, so its deprecation warning is an error here
+pytestmark = pytest.mark.filterwarnings("error:`past_key_values` is deprecated:FutureWarning")
 
 VOCAB = 211
 PAD, BOS, EOS = 0, 1, 2
@@ -60,9 +65,9 @@ def test_bad_input_gives_clear_errors(tmp_path):
     model = KilnDecoderForCausalLM(make_config()).eval()
     with pytest.raises(ValueError, match="Sequence length 49 exceeds max_position_embeddings=48"):
         model(torch.ones(1, 49, dtype=torch.long))
-    cache = model(torch.ones(1, 40, dtype=torch.long), use_cache=True).past_key_values
+    cache = getattr(model(torch.ones(1, 40, dtype=torch.long), use_cache=True), CACHE_FIELD)
     with pytest.raises(ValueError, match="Sequence length 49 exceeds max_position_embeddings=48"):
-        model(torch.ones(1, 9, dtype=torch.long), past_key_values=cache)
+        model(torch.ones(1, 9, dtype=torch.long), **{CACHE_FIELD: cache})
     with pytest.raises(ValueError, match=f"id {VOCAB},.*resize_token_embeddings"):
         model(torch.tensor([[3, VOCAB]]))
     with pytest.raises(ValueError, match="no cross-attention.*add_cross_attention=True"):
@@ -89,7 +94,7 @@ def test_loss_is_next_token_cross_entropy_with_ignored_positions():
     out = model(input_ids, labels=labels)
     expected = F.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, expected)
-    assert out.past_key_values is None  # no cache when training with labels
+    assert getattr(out, CACHE_FIELD) is None  # no cache when training with labels
 
 
 def test_lm_head_is_tied_and_residual_projections_get_gpt2_scaled_init():
@@ -115,10 +120,10 @@ def test_cached_decoding_matches_the_full_forward_with_left_padding():
             input_ids[:, start:end],
             attention_mask=attention_mask[:, :end],
             position_ids=position_ids[:, start:end],
-            past_key_values=cache,
+            **{CACHE_FIELD: cache},
             use_cache=True,
         )
-        cache = out.past_key_values
+        cache = getattr(out, CACHE_FIELD)
         logits.append(out.logits)
     real = attention_mask.bool()
     torch.testing.assert_close(torch.cat(logits, 1)[real], full[real], atol=1e-5, rtol=1e-5)
@@ -134,10 +139,10 @@ def test_eager_and_sdpa_agree_with_padding_and_with_cache():
     for mask in (None, attention_mask):
         a, b = sdpa(input_ids, attention_mask=mask).logits, eager(input_ids, attention_mask=mask).logits
         torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=1e-5)
-    prefix_a = sdpa(input_ids[:, :5], use_cache=True).past_key_values
-    prefix_b = eager(input_ids[:, :5], use_cache=True).past_key_values
-    a = sdpa(input_ids[:, 5:], past_key_values=prefix_a).logits
-    b = eager(input_ids[:, 5:], past_key_values=prefix_b).logits
+    prefix_a = getattr(sdpa(input_ids[:, :5], use_cache=True), CACHE_FIELD)
+    prefix_b = getattr(eager(input_ids[:, :5], use_cache=True), CACHE_FIELD)
+    a = sdpa(input_ids[:, 5:], **{CACHE_FIELD: prefix_a}).logits
+    b = eager(input_ids[:, 5:], **{CACHE_FIELD: prefix_b}).logits
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     attentions = eager(input_ids, output_attentions=True).attentions
     assert attentions[0].shape == (3, 4, 7, 7)
@@ -217,8 +222,8 @@ def test_encoder_decoder_model_trains_beam_searches_and_reloads(tmp_path):
     # one training step reaches both halves, the cross-attention included, and lowers the loss
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     with warnings.catch_warnings():
-        # EncoderDecoderModel warns that it computes the loss itself
-        warnings.simplefilter("ignore", FutureWarning)
+        # EncoderDecoderModel warns that it computes the loss itself (that warning only: the cache's is an error)
+        warnings.filterwarnings("ignore", message="Version v4.12.0 introduces", category=FutureWarning)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         loss.backward()
         cross = model.decoder.model.layers[0].cross_attention
