@@ -236,9 +236,11 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
     def _unpads(self, attention_mask, output_hidden_states) -> bool:
         """Whether a padded batch may run unpadded (`config.unpad_inputs`): only right-padded batches (the pooler
         reads position 0, which must be a real token) with at least UNPAD_MIN_PADDING of padding, not when
-        per-layer states are asked for, nor while tracing or compiling (the token count is data-dependent)."""
+        per-layer states are asked for, nor while tracing or compiling (the token count is data-dependent). Never
+        without an `attention_mask` (flex attention builds a mask for a batch without one: there is no padding)."""
         return (
-            getattr(self.config, "unpad_inputs", False)
+            attention_mask is not None
+            and getattr(self.config, "unpad_inputs", False)
             and not output_hidden_states
             and not torch.jit.is_tracing()
             and not torch.compiler.is_compiling()
