@@ -257,7 +257,9 @@ def load_yaml(path: str | os.PathLike, _chain: tuple[Path, ...] = ()) -> dict[st
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}. Pick one of the YAML files under configs/ or fix the path.")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+        _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid YAML in {path}: {err}".replace("\n", " ")) from None
     if not isinstance(data, dict):
@@ -269,6 +271,27 @@ def load_yaml(path: str | os.PathLike, _chain: tuple[Path, ...] = ()) -> dict[st
         _deep_merge(merged, load_yaml(path.parent / base, (*_chain, path)))
     _deep_merge(merged, data)
     return merged
+
+
+def _refuse_duplicate_keys(node, path: Path, prefix: str = "") -> None:
+    """A key given twice in one mapping of a config file: YAML loaders keep the last silently, so one of the two
+    settings the file shows would be ignored."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[tuple[str, str], int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and key != "<<":  # `<<`: a merge key, which may repeat
+                line = key_node.start_mark.line + 1
+                if (key_node.tag, key) in seen:
+                    raise ConfigError(
+                        f"{path}, line {line}: key '{prefix}{key}' is given twice (also on line "
+                        f"{seen[key_node.tag, key]}), and only the last would count; keep one"
+                    )
+                seen[key_node.tag, key] = line
+            _refuse_duplicate_keys(value_node, path, f"{prefix}{key}." if key is not None else prefix)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_duplicate_keys(item, path, prefix)
 
 
 def _deep_merge(into: dict, update: dict) -> dict:

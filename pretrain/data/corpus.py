@@ -214,12 +214,13 @@ def _builder_for(path: str, option: str) -> str:
     return FILE_BUILDERS[suffixes[-1]]
 
 
-def find_invalid_utf8(path: str) -> tuple[int, bytes] | None:
-    """(line number, offending bytes) of the first invalid UTF-8 sequence in a file, or None."""
+def _first_invalid_utf8(path: str) -> tuple[int, int, bytes, bytes] | None:
+    """(byte offset, line number, the invalid sequence as Python's decoder names it, the whole run of invalid
+    bytes there (at most 16)) of the first invalid UTF-8 in a file, or None."""
     opener = COMPRESSED.get(Path(path).suffix.lower(), open)
     if opener is None:  # .zst: no stdlib reader; datasets reports problems itself
         return None
-    line, carry = 1, b""
+    line, carry, offset = 1, b"", 0  # offset: of data[0] in the file
     with opener(path, "rb") as f:
         while True:
             chunk = f.read(1 << 20)
@@ -233,10 +234,34 @@ def find_invalid_utf8(path: str) -> tuple[int, bytes] | None:
                 if chunk and err.reason == "unexpected end of data":  # a character cut by the chunk boundary
                     good, carry = data[: err.start], data[err.start :]
                 else:
-                    return line + data.count(b"\n", 0, err.start), data[err.start : err.end]
+                    if chunk and len(data) - err.start < 32:  # room to see the whole run of bad bytes
+                        data += f.read(32)
+                    where = line + data.count(b"\n", 0, err.start)
+                    return offset + err.start, where, data[err.start : err.end], _bad_run(data, err.start)
             line += good.count(b"\n")
+            offset += len(good)
             if not chunk:
                 return None
+
+
+def _bad_run(data: bytes, start: int) -> bytes:
+    """The run of invalid bytes that begins at `start` (at most 16), up to where a valid character begins."""
+    end = start
+    while end < len(data) and end - start < 16:
+        try:
+            data[end : end + 4].decode("utf-8")
+            break
+        except UnicodeDecodeError as err:
+            if err.start > 0:  # a valid character begins here
+                break
+            end += err.end
+    return data[start:end]
+
+
+def find_invalid_utf8(path: str) -> tuple[int, bytes] | None:
+    """(line number, offending bytes) of the first invalid UTF-8 sequence in a file, or None."""
+    found = _first_invalid_utf8(path)
+    return None if found is None else (found[1], found[2])
 
 
 # byte-order marks, longest first (the UTF-32 LE mark begins with the UTF-16 LE one)
@@ -260,10 +285,52 @@ def detect_encoding(path: str) -> str:
     return next((name for mark, name in _BYTE_ORDER_MARKS if start.startswith(mark)), "UTF-8")
 
 
+# how much of a file `utf8_damage` reads to tell a damaged UTF-8 file from one in an 8-bit encoding (Latin-1,
+# Windows-1252): what it has read by then tells them apart
+_DAMAGE_SCAN_BYTES = 64 << 20
+_DAMAGE_RUNS = 1000
+
+
+@dataclass
+class Utf8Damage:
+    """The invalid UTF-8 in a file: the first run of invalid bytes (its byte offset, line and bytes), how many
+    such runs and how many valid non-ASCII characters the part read holds (`complete`: it is the whole file)."""
+
+    offset: int
+    line: int
+    first: bytes
+    runs: int
+    non_ascii: int
+    complete: bool
+
+
+def utf8_damage(path: str) -> Utf8Damage | None:
+    """What is wrong with a file's UTF-8 (None when it is valid): the first bad run and counts over the file, or
+    over its first _DAMAGE_SCAN_BYTES, or until _DAMAGE_RUNS runs were seen."""
+    found = _first_invalid_utf8(path)
+    if found is None:
+        return None
+    offset, line, _, first = found
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    runs, non_ascii, read, previous = 0, 0, 0, ""
+    with COMPRESSED.get(Path(path).suffix.lower(), open)(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            read += len(chunk)
+            text = decoder.decode(chunk, final=not chunk)
+            runs += len(re.findall("\ufffd+", text)) - (previous == "\ufffd" and text[:1] == "\ufffd")
+            non_ascii += len(text) - len(text.encode("ascii", "ignore")) - text.count("\ufffd")
+            previous = text[-1:] or previous
+            if not chunk or read > _DAMAGE_SCAN_BYTES or runs >= _DAMAGE_RUNS:
+                break
+    return Utf8Damage(offset, line, first, max(runs, 1), non_ascii, complete=not chunk)
+
+
 def not_utf8_error(path: str) -> DataError:
-    """The one-line error for a corpus file that is not UTF-8, with the iconv command that fixes it: a UTF-16 or
+    """The one-line error for a corpus file that is not UTF-8, with the command that fixes it: a UTF-16 or
     UTF-32 file (named by its byte-order mark) needs that source encoding, not latin1, which would turn every
-    other byte into a NUL."""
+    other byte into a NUL; a UTF-8 file with a few bad bytes (a lone surrogate, a cut character) beside valid
+    non-ASCII text is named as such, with the byte offset: re-encoding it from latin1 would garble that text."""
     encoding = detect_encoding(path)
     if encoding != "UTF-8":
         quoted = shlex.quote(path)
@@ -273,10 +340,30 @@ def not_utf8_error(path: str) -> DataError:
         return DataError(
             f"{path} is {encoding} text (it starts with a {encoding} byte-order mark); Kiln reads UTF-8: {fix}"
         )
-    bad = find_invalid_utf8(path)
-    where = f"line {bad[0]}: bytes {bad[1].hex(' ')} are" if bad else "some bytes are"
+    damage = utf8_damage(path)
+    if damage is None:
+        return DataError(f"{path}: some bytes are not valid UTF-8; re-encode the file as UTF-8")
+    if damage.non_ascii:  # valid multi-byte characters beside the bad bytes: the file is UTF-8, damaged
+        count = f"{damage.runs}{'' if damage.complete else ' or more'}"
+        what = "one invalid byte sequence" if count == "1" else f"{count} invalid byte sequences, the first"
+        surrogate = (
+            ", an encoded UTF-16 surrogate"
+            if damage.first[:1] == b"\xed" and len(damage.first) > 1 and 0xA0 <= damage.first[1] <= 0xBF
+            else ""
+        )
+        quoted = shlex.quote(path)
+        fix = f"`iconv -f utf-8 -t utf-8 -c {quoted} > {quoted}.clean` drops only those bytes"
+        if Path(path).suffix.lower() in COMPRESSED:
+            fix = "`iconv -f utf-8 -t utf-8 -c` on the decompressed text drops only those bytes"
+        return DataError(
+            f"{path} is UTF-8 with {what} at byte offset {damage.offset} (line {damage.line}: bytes "
+            f"{damage.first.hex(' ')}{surrogate}); do not re-encode the file (from latin1 or any other encoding: its "
+            f"other non-ASCII text would be garbled): delete or fix those bytes, e.g. {fix}"
+        )
     return DataError(
-        f"{path}, {where} not valid UTF-8; re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+        f"{path}, line {damage.line}: bytes {damage.first.hex(' ')} at byte offset {damage.offset} are not valid "
+        f"UTF-8, and the file has no valid non-ASCII UTF-8 text (an 8-bit encoding?); re-encode the file as UTF-8 "
+        f"(e.g. `iconv -f latin1 -t utf-8` for Latin-1)"
     )
 
 
