@@ -1,16 +1,20 @@
-"""Convert transformers BERT / ELECTRA / GPT-2 models to Kiln and back: the proof that Kiln computes the same
-function.
+"""Convert transformers BERT / ELECTRA / ModernBERT / GPT-2 models to Kiln and back: the proof that Kiln computes
+the same function.
 
     from_transformers(BertModel | BertForPreTraining | BertForMaskedLM | BertForNextSentencePrediction
                       | BertForSequenceClassification | BertForMultipleChoice | BertForTokenClassification
                       | BertForQuestionAnswering | ElectraModel | ElectraForPreTraining (discriminator)
-                      | ElectraForMaskedLM (generator) | GPT2Model | GPT2LMHeadModel
+                      | ElectraForMaskedLM (generator) | ModernBertModel | ModernBertForMaskedLM
+                      | ModernBertForSequenceClassification | ModernBertForTokenClassification
+                      | ModernBertForQuestionAnswering | ModernBertForMultipleChoice | GPT2Model | GPT2LMHeadModel
                       | GPT2ForSequenceClassification | GPT2ForTokenClassification) -> matching Kiln model
-    to_transformers(Kiln model, family=None) -> matching transformers model (BERT, or ELECTRA for the
-                      discriminator and for encoders with an embedding projection; family="electra" forces it)
+    to_transformers(Kiln model, family=None) -> matching transformers model (BERT; ELECTRA for the
+                      discriminator and for encoders with an embedding projection; ModernBERT for encoders built
+                      with the `modernbert` preset's pieces; family="electra" / "modernbert" forces it)
 
 Layouts differ in two places only: Kiln fuses the query/key/value projections into one `qkv` Linear (BERT's
 three Linears are concatenated along the output dimension), and GPT-2's Conv1D stores weights transposed.
+ModernBERT's layout is Kiln's own under other names (`MODERNBERT_NAMES`).
 
 CLI:  python -m pretrain.convert SRC_DIR DST_DIR   (direction from SRC_DIR's config.json `model_type`)
 """
@@ -45,6 +49,7 @@ from pretrain.modeling import (
     KilnEncoderForTokenClassification,
     KilnEncoderModel,
 )
+from pretrain.modeling.configuration_kiln import ENCODER_PRESETS
 from pretrain.modeling.modeling_kiln_encoder import embedding_width
 
 # transformers class name -> Kiln class; the reverse direction uses the same table
@@ -71,7 +76,17 @@ ELECTRA_CLASSES = {
     "ElectraForPreTraining": KilnEncoderForReplacedTokenDetection,
     "ElectraForMaskedLM": KilnEncoderForMaskedLM,
 }
-TO_KILN = {**ENCODER_CLASSES, **ELECTRA_CLASSES, **DECODER_CLASSES}
+# ModernBERT: the encoder with the `modernbert` preset's pieces; ModernBertModel has no pooler
+MODERNBERT_CLASSES = {
+    "ModernBertModel": KilnEncoderModel,
+    "ModernBertForMaskedLM": KilnEncoderForMaskedLM,
+    "ModernBertForSequenceClassification": KilnEncoderForSequenceClassification,
+    "ModernBertForTokenClassification": KilnEncoderForTokenClassification,
+    "ModernBertForQuestionAnswering": KilnEncoderForQuestionAnswering,
+    "ModernBertForMultipleChoice": KilnEncoderForMultipleChoice,
+}
+TO_MODERNBERT = {kiln_class: name for name, kiln_class in MODERNBERT_CLASSES.items()}
+TO_KILN = {**ENCODER_CLASSES, **ELECTRA_CLASSES, **MODERNBERT_CLASSES, **DECODER_CLASSES}
 TO_TRANSFORMERS = {kiln_class: name for name, kiln_class in {**ENCODER_CLASSES, **DECODER_CLASSES}.items()}
 TO_ELECTRA = {kiln_class: name for name, kiln_class in ELECTRA_CLASSES.items()}
 TO_TRANSFORMERS[KilnEncoderForReplacedTokenDetection] = "ElectraForPreTraining"
@@ -158,6 +173,122 @@ def electra_config_from_encoder(config: KilnEncoderConfig) -> transformers.Elect
     return transformers.ElectraConfig(embedding_size=embedding_width(config), **fields, **_task_fields(config))
 
 
+# Kiln encoder field -> ModernBERT field, same meaning
+MODERNBERT_FIELDS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_hidden_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "hidden_act": "hidden_activation",
+    "attention_probs_dropout_prob": "attention_dropout",
+    "max_position_embeddings": "max_position_embeddings",
+    "layer_norm_eps": "norm_eps",
+    "initializer_range": "initializer_range",
+    "pad_token_id": "pad_token_id",
+    "bos_token_id": "bos_token_id",
+    "eos_token_id": "eos_token_id",
+    "classifier_dropout": "classifier_dropout",
+    "attention_bias": "attention_bias",
+    "mlp_bias": "mlp_bias",
+    "norm_bias": "norm_bias",
+    "classifier_bias": "classifier_bias",
+    "decoder_bias": "decoder_bias",
+    "classifier_pooling": "classifier_pooling",
+    "local_attention": "local_attention",
+    "tie_word_embeddings": "tie_word_embeddings",
+}
+# the pieces a Kiln encoder needs to be a ModernBERT (the rest of the preset is in MODERNBERT_FIELDS)
+MODERNBERT_PIECES = {
+    "position_embedding_type": "rotary",
+    "norm_position": "pre",
+    "mlp_type": "glu",
+    "classifier_head": "transform",
+    "type_vocab_size": 0,
+}
+
+
+def _every_n(layer_types: list[str]) -> int:
+    """The `global_attn_every_n_layers` that gives these layer types (global at 0, n, 2n, ...); ValueError if none."""
+    full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+    every = full[1] if len(full) > 1 else max(len(layer_types), 1)
+    expected = ["sliding_attention" if i % every else "full_attention" for i in range(len(layer_types))]
+    if not full or full[0] != 0 or expected != list(layer_types):
+        raise ValueError(
+            f"ModernBERT layer_types {layer_types} are not 'global every n layers from the first'; Kiln's encoder "
+            "has that pattern only (global_attn_every_n_layers)."
+        )
+    return every
+
+
+def encoder_config_from_modernbert(config: transformers.ModernBertConfig) -> KilnEncoderConfig:
+    """The KilnEncoderConfig of a transformers ModernBertConfig: the `modernbert` preset with its shape, biases,
+    window, rotary thetas and task fields. RoPE scaling, a head size other than hidden / heads and layer patterns
+    other than 'global every n layers' raise ValueError."""
+    thetas = {}
+    for kind in ("full_attention", "sliding_attention"):
+        rope = (config.rope_parameters or {}).get(kind) or {}
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"ModernBERT rope_type={rope['rope_type']!r} is not supported by Kiln; only 'default'.")
+        thetas[kind] = rope.get("rope_theta")
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim and head_dim != config.hidden_size // config.num_attention_heads:
+        raise ValueError(f"ModernBERT head_dim={head_dim} differs from hidden_size / heads; Kiln cannot hold it.")
+    if not isinstance(config.hidden_activation, str) or not isinstance(config.classifier_activation, str):
+        raise ValueError("Only string activations (e.g. 'gelu') can be converted.")
+    fields = {kiln: getattr(config, theirs) for kiln, theirs in MODERNBERT_FIELDS.items()}
+    return KilnEncoderConfig(
+        preset="modernbert",
+        **{name: value for name, value in MODERNBERT_PIECES.items()},
+        **fields,
+        hidden_dropout_prob=config.mlp_dropout,
+        classifier_activation=config.classifier_activation,
+        global_attn_every_n_layers=_every_n(config.layer_types),
+        rope_theta=thetas["full_attention"] or 160_000.0,
+        local_rope_theta=thetas["sliding_attention"] or 10_000.0,
+        sparse_prediction=config.sparse_prediction,
+        cls_token_id=config.cls_token_id,
+        sep_token_id=config.sep_token_id,
+        **_task_fields(config),
+    )
+
+
+def modernbert_shaped(config) -> bool:
+    """A Kiln encoder built with any of the `modernbert` preset's pieces (not BERT's block)."""
+    if not isinstance(config, KilnEncoderConfig):
+        return False
+    bert = {**ENCODER_PRESETS["bert"], "position_embedding_type": config.position_embedding_type}
+    return config.position_embedding_type == "rotary" or any(getattr(config, k) != v for k, v in bert.items())
+
+
+def modernbert_config_from_encoder(config: KilnEncoderConfig) -> transformers.ModernBertConfig:
+    """The transformers ModernBertConfig of a KilnEncoderConfig (the inverse of `encoder_config_from_modernbert`);
+    an encoder without every ModernBERT piece (or with embeddings of another width) raises ValueError."""
+    wrong = {name: getattr(config, name) for name, value in MODERNBERT_PIECES.items() if getattr(config, name) != value}
+    if wrong or embedding_width(config) != config.hidden_size:
+        details = ", ".join(f"{name}={value!r}" for name, value in wrong.items()) or "embedding_size"
+        raise ValueError(
+            f"This encoder has no ModernBERT equivalent ({details}); ModernBERT needs "
+            f"{', '.join(f'{name}={value!r}' for name, value in MODERNBERT_PIECES.items())} and no embedding_size."
+        )
+    fields = {theirs: getattr(config, kiln) for kiln, theirs in MODERNBERT_FIELDS.items()}
+    return transformers.ModernBertConfig(
+        **fields,
+        embedding_dropout=config.hidden_dropout_prob,
+        mlp_dropout=config.hidden_dropout_prob,
+        classifier_activation=config.classifier_activation or config.hidden_act,
+        layer_types=list(config.layer_types),
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": config.rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": config.local_rope_theta},
+        },
+        sparse_prediction=config.sparse_prediction,
+        cls_token_id=getattr(config, "cls_token_id", None),
+        sep_token_id=getattr(config, "sep_token_id", None),
+        **_task_fields(config),
+    )
+
+
 def bert_config_from_encoder(config: KilnEncoderConfig) -> BertConfig:
     """The transformers BertConfig of a KilnEncoderConfig (the inverse of `encoder_config_from_bert`); a
     sinusoidal position table becomes BERT's learned table, initialised to it by the weight conversion."""
@@ -204,6 +335,54 @@ ELECTRA_HEADS = {
     "generator_predictions.LayerNorm.": "mlm_head.layer_norm.",
     "generator_lm_head.": "mlm_head.decoder.",
 }
+
+
+# ModernBERT key fragment -> Kiln's: the base model (under `model.` in both, except the bare models) ...
+MODERNBERT_NAMES = (
+    (".embeddings.tok_embeddings.", ".embeddings.word_embeddings."),
+    (".embeddings.norm.", ".embeddings.layer_norm."),
+    (".attn_norm.", ".attention_norm."),
+    (".attn.Wqkv.", ".attention.qkv."),
+    (".attn.Wo.", ".attention.out."),
+    (".mlp.Wi.", ".mlp.gate_up."),
+    (".mlp.Wo.", ".mlp.fc_out."),
+)
+# ... and each head's (ModernBERT's `head` transform sits in Kiln's pooler for the sequence heads)
+MODERNBERT_HEADS = {
+    "ModernBertModel": (),
+    "ModernBertForMaskedLM": (("decoder.", "mlm_head.decoder."), ("head.norm.", "mlm_head.layer_norm."),
+                              ("head.", "mlm_head.")),
+    "ModernBertForSequenceClassification": (("head.norm.", "model.pooler.layer_norm."), ("head.", "model.pooler.")),
+    "ModernBertForMultipleChoice": (("head.norm.", "model.pooler.layer_norm."), ("head.", "model.pooler.")),
+    "ModernBertForTokenClassification": (("head.norm.", "head.layer_norm."),),
+    "ModernBertForQuestionAnswering": (("head.norm.", "head.layer_norm."), ("classifier.", "qa_outputs.")),
+}  # fmt: skip
+
+
+def _rename(key: str, name: str, reverse: bool) -> str:
+    """One key in the other layout: its head prefix (MODERNBERT_HEADS, anchored at the start), then the first
+    base-model fragment (MODERNBERT_NAMES) found in it."""
+    for theirs, ours in MODERNBERT_HEADS[name]:
+        old, new = (ours, theirs) if reverse else (theirs, ours)
+        if key.startswith(old):
+            key = new + key[len(old) :]
+            break
+    dotted = "." + key
+    for theirs, ours in MODERNBERT_NAMES:
+        old, new = (ours, theirs) if reverse else (theirs, ours)
+        if old in dotted:
+            return dotted.replace(old, new, 1)[1:]
+    return key
+
+
+def modernbert_to_kiln_state(state: dict, name: str) -> dict:
+    """ModernBERT's state dict under Kiln's names (the same tensors: the layouts are the same)."""
+    return {_rename(key, name, reverse=False): value for key, value in state.items()}
+
+
+def kiln_to_modernbert_state(state: dict, name: str) -> dict:
+    """The inverse of `modernbert_to_kiln_state`."""
+    return {_rename(key, name, reverse=True): value for key, value in state.items()}
 
 
 def electra_to_kiln_state(electra: dict, num_layers: int, name: str) -> dict:
@@ -386,6 +565,8 @@ def _build(model_class, config, state: dict, like: torch.nn.Module, **init_kwarg
 
 
 def _pooling_kwargs(name: str, model: torch.nn.Module) -> dict:
+    if name == "ModernBertModel":
+        return {"add_pooling_layer": False}
     return {"add_pooling_layer": model.pooler is not None} if name == "BertModel" else {}
 
 
@@ -398,6 +579,9 @@ def from_transformers(model: torch.nn.Module) -> torch.nn.Module:
     if name in ENCODER_CLASSES:
         config = encoder_config_from_bert(model.config)
         kiln_state = bert_to_kiln_state(state, config.num_hidden_layers, name)
+    elif name in MODERNBERT_CLASSES:
+        config = encoder_config_from_modernbert(model.config)
+        kiln_state = modernbert_to_kiln_state(state, name)
     elif name in ELECTRA_CLASSES:
         config = encoder_config_from_electra(model.config)
         if name == "ElectraForMaskedLM" and config.hidden_act != "gelu":
@@ -423,12 +607,20 @@ def electra_shaped(model: torch.nn.Module) -> bool:
 
 
 def to_transformers(model: torch.nn.Module, family: str | None = None) -> torch.nn.Module:
-    """A Kiln model -> the matching transformers BERT / ELECTRA / GPT-2 model, same weights (config converted
-    too). `family`: "bert" or "electra" for an encoder (None: ELECTRA where only ELECTRA fits, else BERT)."""
-    if family not in (None, "bert", "electra"):
-        raise ValueError(f"family={family!r}: use 'bert' or 'electra'.")
+    """A Kiln model -> the matching transformers BERT / ELECTRA / ModernBERT / GPT-2 model, same weights (config
+    converted too). `family`: "bert", "electra" or "modernbert" for an encoder (None: ModernBERT for the
+    `modernbert` preset's pieces, ELECTRA where only ELECTRA fits, else BERT)."""
+    if family not in (None, "bert", "electra", "modernbert"):
+        raise ValueError(f"family={family!r}: use 'bert', 'electra' or 'modernbert'.")
+    if family == "modernbert" or (family is None and modernbert_shaped(model.config)):
+        return _to_modernbert(model)
     if family == "electra" or (family is None and electra_shaped(model)):
         return _to_electra(model)
+    if modernbert_shaped(model.config):
+        raise ValueError(
+            f"{type(model).__name__} has the modernbert preset's pieces and no BERT equivalent; convert it to "
+            "ModernBERT (family='modernbert')."
+        )
     if electra_shaped(model):
         raise ValueError(f"{type(model).__name__} with these shapes has no BERT equivalent; convert it to ELECTRA.")
     if type(model) not in TO_TRANSFORMERS:
@@ -445,6 +637,20 @@ def to_transformers(model: torch.nn.Module, family: str | None = None) -> torch.
         config = gpt2_config_from_decoder(model.config)
         hf_state = kiln_to_gpt2_state(state, config.num_hidden_layers, name)
     return _build(getattr(transformers, name), config, hf_state, model, **_pooling_kwargs(name, model))
+
+
+def _to_modernbert(model: torch.nn.Module) -> torch.nn.Module:
+    if type(model) not in TO_MODERNBERT:
+        supported = ", ".join(kiln_class.__name__ for kiln_class in TO_MODERNBERT)
+        raise ValueError(f"Cannot convert {type(model).__name__} to ModernBERT; supported: {supported}.")
+    name = TO_MODERNBERT[type(model)]
+    if name == "ModernBertModel" and model.pooler is not None:
+        raise ValueError(
+            "ModernBertModel has no pooler; convert a KilnEncoderModel built with add_pooling_layer=False."
+        )
+    config = modernbert_config_from_encoder(model.config)
+    state = {key: value.detach() for key, value in model.state_dict().items()}
+    return _build(getattr(transformers, name), config, kiln_to_modernbert_state(state, name), model)
 
 
 def _to_electra(model: torch.nn.Module) -> torch.nn.Module:
@@ -486,8 +692,13 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     config = json.loads(config_file.read_text())
     model_type = config.get("model_type")
     architecture = (config.get("architectures") or [None])[0]
-    if model_type in ("bert", "electra", "gpt2"):
-        default = {"bert": "BertForPreTraining", "electra": "ElectraForPreTraining", "gpt2": "GPT2LMHeadModel"}
+    if model_type in ("bert", "electra", "modernbert", "gpt2"):
+        default = {
+            "bert": "BertForPreTraining",
+            "electra": "ElectraForPreTraining",
+            "modernbert": "ModernBertForMaskedLM",
+            "gpt2": "GPT2LMHeadModel",
+        }
         name = architecture if architecture in TO_KILN else default[model_type]
         with weight_file_errors(str(src)):
             loaded = getattr(transformers, name).from_pretrained(src)
@@ -501,7 +712,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
         converted = to_transformers(loaded)
     else:
         raise ValueError(
-            f"{src} holds a `{model_type}` model; only bert, electra, gpt2, kiln_encoder, kiln_decoder convert."
+            f"{src} holds a `{model_type}` model; only bert, electra, modernbert, gpt2, kiln_encoder, kiln_decoder "
+            "convert."
         )
     converted.save_pretrained(dst)
     for file_name in TOKENIZER_FILES:
@@ -516,10 +728,11 @@ def convert_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="python -m pretrain.convert",
-        description="Convert a transformers BERT/ELECTRA/GPT-2 checkpoint to Kiln, or a Kiln checkpoint to "
-        "BERT/ELECTRA/GPT-2. The direction follows SRC_DIR's config.json model_type; a Kiln ELECTRA discriminator "
-        "(final/ of an electra run) becomes ElectraForPreTraining, its generator (final/generator/) "
-        "ElectraForMaskedLM. Guide: docs/models.md; every option: docs/configuration.md.",
+        description="Convert a transformers BERT/ELECTRA/ModernBERT/GPT-2 checkpoint to Kiln, or a Kiln checkpoint "
+        "to BERT/ELECTRA/ModernBERT/GPT-2. The direction follows SRC_DIR's config.json model_type; a Kiln ELECTRA "
+        "discriminator (final/ of an electra run) becomes ElectraForPreTraining, its generator (final/generator/) "
+        "ElectraForMaskedLM, an encoder with the modernbert preset its ModernBertFor* class. Guide: docs/models.md; "
+        "every option: docs/configuration.md.",
     )
     parser.add_argument("src_dir", metavar="SRC_DIR", help="folder written by save_pretrained")
     parser.add_argument("dst_dir", metavar="DST_DIR", help="output folder (created)")

@@ -54,8 +54,8 @@ def test_model_build_rejects_head_count_that_does_not_divide_hidden_size():
 
 
 def test_config_rejects_unknown_position_embedding_type():
-    with pytest.raises(ValueError, match="position_embedding_type='rotary'.*learned.*sinusoidal"):
-        KilnEncoderConfig(position_embedding_type="rotary")
+    with pytest.raises(ValueError, match="position_embedding_type='alibi'.*learned.*sinusoidal.*rotary"):
+        KilnEncoderConfig(position_embedding_type="alibi")
 
 
 def test_too_long_sequence_and_out_of_vocab_ids_give_clear_errors():

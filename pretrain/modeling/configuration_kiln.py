@@ -9,7 +9,45 @@ import sys
 from transformers.configuration_utils import PreTrainedConfig, SubConfigSpec
 from transformers.models.encoder_decoder.configuration_encoder_decoder import EncoderDecoderConfig
 
-POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary")
+NORM_POSITIONS = ("post", "pre")
+MLP_TYPES = ("mlp", "glu")
+CLASSIFIER_HEADS = ("tanh_pooler", "transform")
+CLASSIFIER_POOLINGS = ("cls", "mean")
+
+# The encoder's block pieces a `preset` sets together; a piece passed explicitly overrides its preset's value.
+# `bert`: BERT's 2018 block. `modernbert`: transformers' ModernBERT (Warner et al., 2024).
+ENCODER_PRESETS = {
+    "bert": {
+        "position_embedding_type": "learned",
+        "norm_position": "post",
+        "mlp_type": "mlp",
+        "attention_bias": True,
+        "mlp_bias": True,
+        "norm_bias": True,
+        "classifier_bias": True,
+        "classifier_head": "tanh_pooler",
+        "global_attn_every_n_layers": 1,
+        "local_attention": 0,
+    },
+    "modernbert": {
+        "position_embedding_type": "rotary",
+        "norm_position": "pre",
+        "mlp_type": "glu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "norm_bias": False,
+        "classifier_bias": False,
+        "classifier_head": "transform",
+        "global_attn_every_n_layers": 3,
+        "local_attention": 128,
+    },
+}
+
+
+def _choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"Unknown {name}={value!r}; use one of {tuple(allowed)}.")
 
 # LoRA's default target modules per model type, as PEFT keeps them for transformers' own models: the fused
 # query-key-value projection of every self-attention (GPT-2's `c_attn` default), and in the seq2seq model also the
@@ -86,8 +124,9 @@ class KilnEncoderConfig(_KilnConfig):
         layer_norm_eps: LayerNorm epsilon.
         initializer_range: std of the normal initialisation.
         pad_token_id: id of the padding token (its embedding row starts at zero and gets no gradient).
-        position_embedding_type: `learned` (a trained table) or `sinusoidal` (the fixed sin/cos table of
-            "Attention Is All You Need"; a buffer, not a parameter).
+        position_embedding_type: `learned` (a trained table), `sinusoidal` (the fixed sin/cos table of
+            "Attention Is All You Need"; a buffer, not a parameter) or `rotary` (RoPE: queries and keys rotated by
+            their positions in every attention, `rope_theta` / `local_rope_theta`; no table). None: the preset's.
         sparse_prediction: when MLM labels are given, compute vocabulary logits only at the labelled positions
             (`labels != -100`); the MLM logits then have shape (num_masked, vocab_size) instead of BERT's
             (batch, seq_len, vocab_size). The last block, too, then computes only the rows that are read
@@ -109,6 +148,32 @@ class KilnEncoderConfig(_KilnConfig):
             the MLM head maps back to it before the tied vocabulary projection, as in ELECTRA (`ElectraConfig.
             embedding_size`): an ELECTRA generator narrower than its discriminator shares the discriminator's
             embeddings this way.
+        preset: the block's pieces set together (`ENCODER_PRESETS`): `bert` (post-LN, learned positions, GELU MLP,
+            biases everywhere, tanh pooler) or `modernbert` (transformers' ModernBERT: rotary positions, GeGLU,
+            pre-LN with bias-free LayerNorms and a final norm, no linear biases, local attention in two layers of
+            three). Each piece below left at None takes the preset's value; one given explicitly overrides it.
+        norm_position: `post` (x = LN(x + f(x)), BERT) or `pre` (x = x + f(LN(x)), with a LayerNorm after the
+            last block; the first block's attention reads the normed embeddings directly, as in ModernBERT).
+        mlp_type: `mlp` (fc_in -> act -> fc_out) or `glu` (gated: fc_out(act(x W) * x V); GeGLU with `gelu`);
+            with `glu`, `intermediate_size` is the width of one of the two halves.
+        attention_bias: biases in the attention's linear layers (query-key-value and output projections).
+        mlp_bias: biases in the feed-forward's linear layers.
+        norm_bias: biases in every LayerNorm.
+        classifier_bias: bias of the dense layer in the MLM head and in the pooler / classifier transform.
+        decoder_bias: bias of the MLM vocabulary projection.
+        classifier_head: what the sequence heads read: `tanh_pooler` (dense + tanh on the first token, BERT's
+            pooler; token heads read the states directly) or `transform` (dense + `classifier_activation` +
+            LayerNorm, on the pooled state for sequence heads and on every state for token heads, ModernBERT's).
+        classifier_activation: activation of the MLM head's and the classifier transform's dense layer (None:
+            `hidden_act`).
+        classifier_pooling: with `classifier_head: transform`, which state the sequence heads read: `cls` (the
+            first token's) or `mean` (the mean over real tokens).
+        global_attn_every_n_layers: blocks 0, n, 2n, ... attend globally; the others only within
+            `local_attention` (1: every block global).
+        local_attention: the local blocks' window, in tokens: a token attends to those at most
+            `local_attention // 2` positions away (0: no local attention).
+        rope_theta: rotary base of the global blocks (ModernBERT's 160,000).
+        local_rope_theta: rotary base of the local blocks (ModernBERT's 10,000).
     """
 
     model_type = "kiln_encoder"
@@ -128,20 +193,61 @@ class KilnEncoderConfig(_KilnConfig):
         layer_norm_eps: float = 1e-12,
         initializer_range: float = 0.02,
         pad_token_id: int | None = 0,
-        position_embedding_type: str = "learned",
+        position_embedding_type: str | None = None,
         sparse_prediction: bool = False,
         classifier_dropout: float | None = None,
         chunked_mlm_loss: bool = False,
         unpad_inputs: bool = True,
         tie_word_embeddings: bool = True,
         embedding_size: int | None = None,
+        preset: str = "bert",
+        norm_position: str | None = None,
+        mlp_type: str | None = None,
+        attention_bias: bool | None = None,
+        mlp_bias: bool | None = None,
+        norm_bias: bool | None = None,
+        classifier_bias: bool | None = None,
+        decoder_bias: bool = True,
+        classifier_head: str | None = None,
+        classifier_activation: str | None = None,
+        classifier_pooling: str = "cls",
+        global_attn_every_n_layers: int | None = None,
+        local_attention: int | None = None,
+        rope_theta: float = 160_000.0,
+        local_rope_theta: float = 10_000.0,
         **kwargs,
     ):
-        if position_embedding_type not in POSITION_EMBEDDING_TYPES:
+        _choice("preset", preset, ENCODER_PRESETS)
+        pieces = dict(
+            position_embedding_type=position_embedding_type,
+            norm_position=norm_position,
+            mlp_type=mlp_type,
+            attention_bias=attention_bias,
+            mlp_bias=mlp_bias,
+            norm_bias=norm_bias,
+            classifier_bias=classifier_bias,
+            classifier_head=classifier_head,
+            global_attn_every_n_layers=global_attn_every_n_layers,
+            local_attention=local_attention,
+        )
+        for name, value in pieces.items():
+            setattr(self, name, ENCODER_PRESETS[preset][name] if value is None else value)
+        _choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
+        _choice("norm_position", self.norm_position, NORM_POSITIONS)
+        _choice("mlp_type", self.mlp_type, MLP_TYPES)
+        _choice("classifier_head", self.classifier_head, CLASSIFIER_HEADS)
+        _choice("classifier_pooling", classifier_pooling, CLASSIFIER_POOLINGS)
+        if self.global_attn_every_n_layers < 1 or self.local_attention < 0:
             raise ValueError(
-                f"Unknown position_embedding_type={position_embedding_type!r}; "
-                f"use one of {POSITION_EMBEDDING_TYPES}."
+                f"global_attn_every_n_layers={self.global_attn_every_n_layers} must be >= 1 and "
+                f"local_attention={self.local_attention} >= 0 (1 and 0: every block attends globally)."
             )
+        self.preset = preset
+        self.decoder_bias = decoder_bias
+        self.classifier_activation = classifier_activation
+        self.classifier_pooling = classifier_pooling
+        self.rope_theta = rope_theta
+        self.local_rope_theta = local_rope_theta
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -154,7 +260,6 @@ class KilnEncoderConfig(_KilnConfig):
         self.type_vocab_size = type_vocab_size
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
-        self.position_embedding_type = position_embedding_type
         self.sparse_prediction = sparse_prediction
         self.classifier_dropout = classifier_dropout
         self.chunked_mlm_loss = chunked_mlm_loss
@@ -164,6 +269,22 @@ class KilnEncoderConfig(_KilnConfig):
         self.add_cross_attention = False
         # pad_token_id / tie_word_embeddings go through the base class: some transformers 5.x own them there
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    @property
+    def layer_types(self) -> list[str]:
+        """Per block: `full_attention` (global) or `sliding_attention` (within `local_attention`), as
+        transformers names them."""
+        local = self.local_attention > 0 and self.global_attn_every_n_layers > 1
+        return [
+            "sliding_attention" if local and i % self.global_attn_every_n_layers else "full_attention"
+            for i in range(self.num_hidden_layers)
+        ]
+
+    @property
+    def sliding_window(self) -> int:
+        """How far a local block's token sees on each side (`local_attention // 2`), as transformers' mask
+        builders read it."""
+        return self.local_attention // 2
 
 
 class KilnDecoderConfig(_KilnConfig):
@@ -280,4 +401,4 @@ class KilnEncoderDecoderConfig(EncoderDecoderConfig):
     }
 
 
-__all__ = ["KilnDecoderConfig", "KilnEncoderConfig", "KilnEncoderDecoderConfig"]
+__all__ = ["ENCODER_PRESETS", "KilnDecoderConfig", "KilnEncoderConfig", "KilnEncoderDecoderConfig"]

@@ -16,7 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import EncoderDecoderCache
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_bidirectional_sliding_window_mask,
+    create_causal_mask,
+)
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.deprecation import deprecate_kwarg
@@ -447,7 +451,7 @@ def causal_mask(
 
 _MASK_BUILDER_PARAMETERS = {
     builder: frozenset(inspect.signature(builder).parameters)
-    for builder in (create_causal_mask, create_bidirectional_mask)
+    for builder in (create_causal_mask, create_bidirectional_mask, create_bidirectional_sliding_window_mask)
 }
 
 
@@ -506,6 +510,32 @@ def bidirectional_mask(config, inputs_embeds, attention_mask, encoder_hidden_sta
         attention_mask=attention_mask,
         encoder_hidden_states=encoder_hidden_states,
     )
+
+
+def sliding_window_mask(
+    config, inputs_embeds, attention_mask, window: int, query_positions: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """A local block's mask: a query attends to the keys at most `window` positions away, and not to padding
+    (ModernBERT's local attention, transformers' `create_bidirectional_sliding_window_mask`). Returns the
+    padding mask alone when the sequence fits in the window, else (B|1, 1, T, S) bool; with `query_positions`
+    (B, P), only those queries' rows, (B, 1, P, S). Other kernels than SDPA/eager get transformers' mask."""
+    key_length = inputs_embeds.shape[1]
+    padding = bidirectional_mask(config, inputs_embeds, attention_mask)
+    if uses_transformers_masks(config):
+        if key_length - 1 <= window:
+            return padding
+        return _transformers_mask(
+            create_bidirectional_sliding_window_mask,
+            config=config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+        )
+    if key_length - 1 <= window and query_positions is None:
+        return padding
+    keys = torch.arange(key_length, device=inputs_embeds.device)
+    queries = keys[None] if query_positions is None else query_positions  # (1|B, P)
+    mask = ((queries[..., None] - keys).abs() <= window)[:, None]  # (1|B, 1, P, S)
+    return mask if padding is None else mask & padding
 
 
 # Logits per chunk in `linear_cross_entropy` (rows = this // vocab size: 667 at a 50k vocabulary). Measured on
@@ -690,5 +720,6 @@ __all__ = [
     "rope_inverse_frequencies",
     "rotate_half",
     "sequence_classification_loss",
+    "sliding_window_mask",
     "uses_transformers_masks",
 ]

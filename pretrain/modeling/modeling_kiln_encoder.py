@@ -2,6 +2,10 @@
 
 embeddings (token + position + segment -> LayerNorm -> dropout) -> N post-LN blocks
 (x = LN(x + attn(x)); x = LN(x + mlp(x))) -> tanh pooler on the first token.
+The `modernbert` preset (KilnEncoderConfig.preset) swaps pieces, each chosen once when the model is built:
+rotary positions in the attention instead of a table, GeGLU feed-forward, pre-LN blocks (x = x + attn(LN(x));
+x = x + mlp(LN(x))) with a final LayerNorm, no biases, local attention in two blocks of three, and a
+dense + activation + LayerNorm transform in place of the tanh pooler.
 Heads: pretraining (MLM + NSP/SOP), masked LM, next-sentence prediction, sequence classification, multiple
 choice, token classification, extractive question answering: BERT's head family, same weights layout per head.
 
@@ -32,7 +36,9 @@ from transformers.utils import ModelOutput
 from .configuration_kiln import KilnEncoderConfig
 from .kiln_layers import (
     KilnDropout,
+    KilnGatedMLP,
     KilnMLP,
+    KilnRotaryEmbedding,
     KilnSelfAttention,
     Unpadded,
     activation_module,
@@ -43,7 +49,9 @@ from .kiln_layers import (
     check_kwargs,
     check_sequence_length,
     linear_cross_entropy,
+    rope_inverse_frequencies,
     sequence_classification_loss,
+    sliding_window_mask,
 )
 
 
@@ -77,11 +85,13 @@ class KilnEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
         if config.position_embedding_type == "learned":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
-        else:
+        elif config.position_embedding_type == "sinusoidal":
             table = sinusoidal_table(config.max_position_embeddings, width)
             self.register_buffer("position_table", table, persistent=False)  # fixed, rebuilt on load
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width)
-        self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        # rotary: no table, the attention rotates queries and keys; type_vocab_size 0: no segment table, and
+        # token_type_ids (which BERT tokenizers make) are ignored, as ModernBERT has none
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
+        self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.norm_bias)
         self.dropout = KilnDropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
@@ -90,15 +100,24 @@ class KilnEmbeddings(nn.Module):
             inputs_embeds = self.word_embeddings(input_ids)  # (B, T, C)
         T = inputs_embeds.shape[1]
         check_sequence_length(T, self.config.max_position_embeddings)
-        if token_type_ids is None:  # all segment 0: add the row instead of gathering B*T copies of it
+        if self.token_type_embeddings is None:
+            x = inputs_embeds
+        elif token_type_ids is None:  # all segment 0: add the row instead of gathering B*T copies of it
             x = inputs_embeds + self.token_type_embeddings.weight[0]
         else:
             x = inputs_embeds + self.token_type_embeddings(token_type_ids)
-        table = (
-            self.position_embeddings.weight if hasattr(self, "position_embeddings") else self.position_table
-        )
-        x = x + (table[:T] if position_ids is None else F.embedding(position_ids, table))  # (T, C) broadcasts
+        table = getattr(self, "position_table", None)
+        table = self.position_embeddings.weight if hasattr(self, "position_embeddings") else table
+        if table is not None:
+            x = x + (table[:T] if position_ids is None else F.embedding(position_ids, table))  # (T, C) broadcasts
         return self.dropout(self.layer_norm(x))
+
+
+MLP_CLASSES = {"mlp": KilnMLP, "glu": KilnGatedMLP}
+
+
+def layer_norm(config: KilnEncoderConfig, width: int | None = None) -> nn.LayerNorm:
+    return nn.LayerNorm(width or config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
 
 
 class KilnEncoderLayer(GradientCheckpointingLayer):
@@ -106,6 +125,7 @@ class KilnEncoderLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: KilnEncoderConfig, layer_idx: int):
         super().__init__()
+        self.attention_type = config.layer_types[layer_idx]  # which mask and rotary angles the model passes
         self.attention = KilnSelfAttention(
             config,
             config.hidden_size,
@@ -113,21 +133,34 @@ class KilnEncoderLayer(GradientCheckpointingLayer):
             config.attention_probs_dropout_prob,
             is_causal=False,
             layer_idx=layer_idx,
+            bias=config.attention_bias,
         )
-        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.mlp = KilnMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
-        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attention_norm = layer_norm(config)
+        mlp_class = MLP_CLASSES[config.mlp_type]
+        self.mlp = mlp_class(config.hidden_size, config.intermediate_size, config.hidden_act, bias=config.mlp_bias)
+        self.mlp_norm = layer_norm(config)
         self.dropout = KilnDropout(config.hidden_dropout_prob)
 
     def forward(
-        self, hidden_states, attention_mask=None, output_attentions=False, query_positions=None, unpadded=None
+        self,
+        hidden_states,
+        attention_mask=None,
+        output_attentions=False,
+        query_positions=None,
+        unpadded=None,
+        position_embeddings=None,
     ):
         """query_positions: (B, P) positions to compute outputs for (default: all); the output is then
         (B, P, C), while attention still reads keys and values at every position. unpadded: `hidden_states`
-        holds only the real tokens, (N, C) (see `Unpadded`); the output is (N, C)."""
+        holds only the real tokens, (N, C) (see `Unpadded`); the output is (N, C). position_embeddings: the
+        rotary (cos, sin) for the attention (see `KilnSelfAttention`), or None."""
         if unpadded is not None:
             attention_output, attention_weights = self.attention(
-                hidden_states, attention_mask, output_attentions=output_attentions, unpadded=unpadded
+                hidden_states,
+                attention_mask,
+                output_attentions=output_attentions,
+                unpadded=unpadded,
+                position_embeddings=position_embeddings,
             )
             hidden_states = self.attention_norm(hidden_states + self.dropout(attention_output))
             hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
@@ -137,7 +170,11 @@ class KilnEncoderLayer(GradientCheckpointingLayer):
             index = query_positions[..., None].expand(-1, -1, hidden_states.shape[-1])
             residual = query_states = hidden_states.gather(1, index)  # (B, P, C)
         attention_output, attention_weights = self.attention(
-            hidden_states, attention_mask, output_attentions=output_attentions, query_states=query_states
+            hidden_states,
+            attention_mask,
+            output_attentions=output_attentions,
+            query_states=query_states,
+            position_embeddings=position_embeddings,
         )
         residual = hidden_states if residual is None else residual
         hidden_states = self.attention_norm(residual + self.dropout(attention_output))
@@ -145,13 +182,105 @@ class KilnEncoderLayer(GradientCheckpointingLayer):
         return hidden_states, attention_weights
 
 
+class KilnPreNormEncoderLayer(KilnEncoderLayer):
+    """Pre-LN block: x = x + attn(LN(x)); x = x + mlp(LN(x)), as in ModernBERT. The first block's attention reads
+    the embeddings as they are (they end in a LayerNorm already): its `attention_norm` is an identity."""
+
+    def __init__(self, config: KilnEncoderConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        if layer_idx == 0:
+            self.attention_norm = nn.Identity()
+
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        output_attentions=False,
+        query_positions=None,
+        unpadded=None,
+        position_embeddings=None,
+    ):
+        """As `KilnEncoderLayer.forward`."""
+        normed = self.attention_norm(hidden_states)
+        residual = hidden_states
+        query_states = None
+        if query_positions is not None:
+            index = query_positions[..., None].expand(-1, -1, hidden_states.shape[-1])
+            residual, query_states = hidden_states.gather(1, index), normed.gather(1, index)  # (B, P, C)
+        attention_output, attention_weights = self.attention(
+            normed,
+            attention_mask,
+            output_attentions=output_attentions,
+            query_states=query_states,
+            unpadded=unpadded,
+            position_embeddings=position_embeddings,
+        )
+        hidden_states = residual + self.dropout(attention_output)
+        hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
+        return hidden_states, attention_weights
+
+
+LAYER_CLASSES = {"post": KilnEncoderLayer, "pre": KilnPreNormEncoderLayer}
+
+
 class KilnPooler(nn.Module):
+    """BERT's pooler: dense + tanh on the first ([CLS]) token."""
+
     def __init__(self, config: KilnEncoderConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+
+    def forward(self, hidden_states, attention_mask=None):
+        return torch.tanh(self.dense(hidden_states[:, 0]))  # (B, C) from the first ([CLS]) token
+
+
+def head_activation(config: KilnEncoderConfig) -> nn.Module:
+    return activation_module(getattr(config, "classifier_activation", None) or config.hidden_act)
+
+
+class KilnClassifierTransform(nn.Module):
+    """dense + activation + LayerNorm before a classifier (ModernBERT's prediction head): on every token's state
+    for the token heads, on the pooled state for the sequence heads (`KilnTransformPooler`)."""
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.act = head_activation(config)
+        self.layer_norm = layer_norm(config)
 
     def forward(self, hidden_states):
-        return torch.tanh(self.dense(hidden_states[:, 0]))  # (B, C) from the first ([CLS]) token
+        return self.layer_norm(self.act(self.dense(hidden_states)))
+
+
+class KilnTransformPooler(KilnClassifierTransform):
+    """The first token's state (`classifier_pooling: cls`) or the mean of the real tokens' (`mean`), through
+    `KilnClassifierTransform`: what ModernBERT's sequence heads read."""
+
+    def __init__(self, config: KilnEncoderConfig):
+        super().__init__(config)
+        self.pool = self.first_token if config.classifier_pooling == "cls" else self.mean
+
+    @staticmethod
+    def first_token(hidden_states, attention_mask):
+        return hidden_states[:, 0]
+
+    @staticmethod
+    def mean(hidden_states, attention_mask):
+        if attention_mask is None:
+            return hidden_states.mean(1)
+        weights = attention_mask[..., None].to(hidden_states.dtype)  # (B, T, 1)
+        return (hidden_states * weights).sum(1) / weights.sum(1)
+
+    def forward(self, hidden_states, attention_mask=None):
+        return super().forward(self.pool(hidden_states, attention_mask))  # (B, C)
+
+
+POOLER_CLASSES = {"tanh_pooler": KilnPooler, "transform": KilnTransformPooler}
+
+
+def token_head(config: KilnEncoderConfig) -> nn.Module:
+    """What token heads put between the encoder and their classifier: nothing (BERT) or the transform."""
+    return KilnClassifierTransform(config) if config.classifier_head == "transform" else nn.Identity()
 
 
 class KilnMLMHead(nn.Module):
@@ -162,10 +291,10 @@ class KilnMLMHead(nn.Module):
     def __init__(self, config: KilnEncoderConfig):
         super().__init__()
         width = embedding_width(config)
-        self.dense = nn.Linear(config.hidden_size, width)
-        self.act = activation_module(config.hidden_act)
-        self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(width, config.vocab_size)
+        self.dense = nn.Linear(config.hidden_size, width, bias=config.classifier_bias)
+        self.act = head_activation(config)
+        self.layer_norm = layer_norm(config, width)
+        self.decoder = nn.Linear(width, config.vocab_size, bias=config.decoder_bias)
 
     def transform(self, hidden_states):
         return self.layer_norm(self.act(self.dense(hidden_states)))
@@ -185,7 +314,7 @@ class KilnEncoderPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     # one block per unit: also FSDP's wrap units (configs/accelerate/fsdp.yaml names none). Not the embeddings:
     # their word table is tied to the MLM decoder, and a separate FSDP unit for it breaks the tie
-    _no_split_modules = ["KilnEncoderLayer"]
+    _no_split_modules = ["KilnEncoderLayer", "KilnPreNormEncoderLayer"]
     _supports_sdpa = True
     _supports_flex_attn = True  # masks from transformers.masking_utils (a BlockMask) for that kernel
 
@@ -202,10 +331,13 @@ class KilnEncoderPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
-            init.zeros_(module.bias)
+            if module.bias is not None:
+                init.zeros_(module.bias)
         elif isinstance(module, KilnEmbeddings) and hasattr(module, "position_table"):
             table = sinusoidal_table(self.config.max_position_embeddings, embedding_width(self.config))
             init.copy_(module.position_table, table)
+        elif isinstance(module, KilnRotaryEmbedding):  # a buffer, not saved: rebuilt on load
+            init.copy_(module.inv_freq, rope_inverse_frequencies(module.head_dim, module.theta))
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         # Registered for trust_remote_code: list every head in auto_map, not only the saved one
@@ -223,8 +355,18 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         width = embedding_width(config)
         # embeddings narrower or wider than the blocks (ELECTRA's generator): one linear map to the hidden size
         self.embeddings_project = nn.Linear(width, config.hidden_size) if width != config.hidden_size else None
-        self.layers = nn.ModuleList(KilnEncoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.pooler = KilnPooler(config) if add_pooling_layer else None
+        layer_class = LAYER_CLASSES[config.norm_position]
+        self.layers = nn.ModuleList(layer_class(config, i) for i in range(config.num_hidden_layers))
+        # pre-LN blocks leave the residual stream unnormed: one LayerNorm after the last
+        self.final_norm = layer_norm(config) if config.norm_position == "pre" else None
+        self.rotary = None  # rotary positions: (cos, sin) per attention type, computed once per forward
+        if config.position_embedding_type == "rotary":
+            head_size = config.hidden_size // config.num_attention_heads
+            thetas = {"full_attention": config.rope_theta, "sliding_attention": config.local_rope_theta}
+            self.rotary = nn.ModuleDict(
+                {kind: KilnRotaryEmbedding(head_size, thetas[kind]) for kind in sorted(set(config.layer_types))}
+            )
+        self.pooler = POOLER_CLASSES[config.classifier_head](config) if add_pooling_layer else None
         self.post_init()
 
     def get_input_embeddings(self):
@@ -248,6 +390,23 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
             and bool(attention_mask[:, 0].all())
             and int(attention_mask.sum()) <= (1 - UNPAD_MIN_PADDING) * attention_mask.numel()
         )
+
+    def _rotary(self, hidden_states, position_ids, query_positions) -> dict:
+        """Rotary (cos, sin) per attention type, (B|1, T, hs) each, once per forward; under ("query", type) the
+        sparse last block's own query rows, (B, P, hs). Empty without rotary positions."""
+        if self.rotary is None:
+            return {}
+        if position_ids is None:
+            position_ids = torch.arange(hidden_states.shape[1], device=hidden_states.device)[None]
+        angles = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary.items()}
+        if query_positions is not None:
+            for kind, (cos, sin) in list(angles.items()):
+                index = query_positions[..., None].expand(-1, -1, cos.shape[-1])
+                batch = query_positions.shape[0]
+                query_cos = cos.expand(batch, -1, -1).gather(1, index)
+                query_sin = sin.expand(batch, -1, -1).gather(1, index)
+                angles[("query", kind)] = (cos, sin, query_cos, query_sin)
+        return angles
 
     def forward(
         self,
@@ -287,6 +446,11 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         if self.embeddings_project is not None:
             hidden_states = self.embeddings_project(hidden_states)  # (B, T, E) -> (B, T, C)
         mask = bidirectional_mask(self.config, hidden_states, attention_mask)  # None | (B, 1, 1, T) | BlockMask
+        masks = {"full_attention": mask}
+        if "sliding_attention" in self.config.layer_types:  # local blocks: (1|B, 1, T, T) window & padding
+            window = self.config.sliding_window
+            masks["sliding_attention"] = sliding_window_mask(self.config, hidden_states, attention_mask, window)
+        rotary = self._rotary(hidden_states, position_ids, query_positions)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         if query_positions is not None and not self.layers:
@@ -298,25 +462,35 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
             hidden_states = unpadded.unpad(hidden_states)  # (N, C): the real tokens only
         for i, layer in enumerate(self.layers):
             positions = query_positions if i == len(self.layers) - 1 else None
-            if positions is not None and unpadded is not None:  # the sparse last block reads (B, T, C)
-                hidden_states, unpadded = unpadded.pad(hidden_states), None
+            layer_mask, angles = masks[layer.attention_type], rotary.get(layer.attention_type)
+            if positions is not None:
+                if unpadded is not None:  # the sparse last block reads (B, T, C)
+                    hidden_states, unpadded = unpadded.pad(hidden_states), None
+                if layer.attention_type == "sliding_attention":  # the window around each query position
+                    layer_mask = sliding_window_mask(
+                        self.config, hidden_states, attention_mask, self.config.sliding_window, positions
+                    )
+                angles = rotary.get(("query", layer.attention_type))
             hidden_states, attention_weights = layer(
                 hidden_states,
-                mask,
+                layer_mask,
                 output_attentions=output_attentions,
                 query_positions=positions,
                 unpadded=unpadded,
+                position_embeddings=angles,
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
                 all_attentions += (attention_weights,)
+        if self.final_norm is not None:
+            hidden_states = self.final_norm(hidden_states)
         if unpadded is not None:
             hidden_states = unpadded.pad(hidden_states)  # (B, T, C), zeros at the padding
 
         output = BaseModelOutputWithPooling(
             last_hidden_state=hidden_states,
-            pooler_output=self.pooler(hidden_states) if self.pooler is not None else None,
+            pooler_output=self.pooler(hidden_states, attention_mask) if self.pooler is not None else None,
             hidden_states=all_hidden_states,
             attentions=all_attentions,
         )
@@ -580,6 +754,7 @@ class KilnEncoderForTokenClassification(KilnEncoderPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = KilnEncoderModel(config, add_pooling_layer=False)
+        self.head = token_head(config)  # nothing (BERT) or dense + activation + LayerNorm (ModernBERT)
         dropout = (
             config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         )
@@ -614,7 +789,7 @@ class KilnEncoderForTokenClassification(KilnEncoderPreTrainedModel):
             return_dict=True,
             unpad=True,
         )
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
+        logits = self.classifier(self.dropout(self.head(outputs.last_hidden_state)))  # (B, T, num_labels)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
@@ -730,6 +905,7 @@ class KilnEncoderForQuestionAnswering(KilnEncoderPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = KilnEncoderModel(config, add_pooling_layer=False)
+        self.head = token_head(config)  # nothing (BERT) or dense + activation + LayerNorm (ModernBERT)
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -761,7 +937,7 @@ class KilnEncoderForQuestionAnswering(KilnEncoderPreTrainedModel):
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
-        logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, num_labels)
+        logits = self.qa_outputs(self.head(outputs.last_hidden_state))  # (B, T, num_labels)
         start_logits, end_logits = logits.split(1, dim=-1)
         start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
         loss = None
