@@ -283,3 +283,100 @@ def test_damaged_prepared_folders_are_refused_in_one_line_before_training(setup,
         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------------------- a manifest names its own files
+def _record(folder: Path, name: str) -> dict:
+    return next(r for r in json.loads((folder / "manifest.json").read_text())["shards"]["train"] if r["file"] == name)
+
+
+def _rename_in_manifest(folder: Path, name: str, new: str) -> None:
+    """The shard `name` called `new` in manifest.json and plan.json alike (so that the two still agree)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for record in manifest["shards"]["train"]:
+        if record["file"] == name:
+            record["file"] = new
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    plan = json.loads((folder / "plan.json").read_text())
+    stem, new_stem = name.rsplit(".", 1)[0], new.rsplit(".", 1)[0]
+    plan["shards"]["train"] = [new_stem if n == stem else n for n in plan["shards"]["train"]]
+    (folder / "plan.json").write_text(json.dumps(plan))
+
+
+def _outside(folder: Path, how: str) -> None:
+    """The shard train-00001.arrow moved out of the folder, its bytes (and so its size and sha256) unchanged, and
+    named by the manifest as a path leading out of the folder, by an absolute path, through a symbolic link, or by
+    plan.json (manifest.json deleted: training merges the shards' .json files)."""
+    outside = folder.parent / f"{folder.name}-outside"
+    outside.mkdir()
+    moved = outside / "train-00001.arrow"
+    (folder / "train-00001.arrow").rename(moved)
+    if how == "dotdot":
+        _rename_in_manifest(folder, "train-00001.arrow", f"../{outside.name}/train-00001.arrow")
+    elif how == "absolute":
+        _rename_in_manifest(folder, "train-00001.arrow", str(moved))
+    elif how == "symlink":
+        (folder / "train-00001.arrow").symlink_to(moved)
+    else:  # plan.json names ../outside/train-00001, whose .json sidecar names the shard's file
+        (folder / "train-00001.json").rename(outside / "train-00001.json")
+        plan = json.loads((folder / "plan.json").read_text())
+        plan["shards"]["train"] = [f"../{outside.name}/train-00001" if n == "train-00001" else n
+                                   for n in plan["shards"]["train"]]  # fmt: skip
+        (folder / "plan.json").write_text(json.dumps(plan))
+        (folder / "manifest.json").unlink()
+
+
+def _another_dtype(folder: Path) -> None:
+    """train-00001.arrow rewritten with the same column names but 64-bit token ids and a text hash, its size and
+    sha256 recorded in the manifest (as anyone editing a folder can)."""
+    import pyarrow as pa
+
+    from pretrain.data.prepare import file_sha256
+
+    shard = folder / "train-00001.arrow"
+    with pa.memory_map(str(shard)) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    table = table.cast(pa.schema([("sentence_ids", pa.list_(pa.list_(pa.int64()))), ("document_hash", pa.string())]))
+    with pa.OSFile(str(shard), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for record in manifest["shards"]["train"]:
+        if record["file"] == shard.name:
+            record.update(bytes=shard.stat().st_size, sha256=file_sha256(str(shard)))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_manifest_names_only_files_of_its_own_folder(setup, tmp_path):
+    """Shard names are plain file names inside the prepared folder: a name leading out of it (`../x`, an absolute
+    path, a symbolic link, or such a name in plan.json) is refused in one line before the file is read, even when
+    the file outside is a valid shard with the recorded sha256; a shard with the right column names but other
+    types is one line too. Through the training command, each in a fresh process."""
+    config_path, reference = setup
+    cases = {how: (lambda f, how=how: _outside(f, how)) for how in ("dotdot", "absolute", "symlink", "plan")}
+    cases["dtype"] = _another_dtype
+    procs = {}
+    for name, damage in cases.items():
+        folder = _damage_copy(reference, tmp_path / name, damage)
+        procs[name] = (folder, subprocess.Popen(
+            [sys.executable, "pretrain/run.py", "--config", str(config_path), "--data.prepared", str(folder),
+             "--training.output_dir", str(tmp_path / f"run-{name}"), "--training.max_steps", "2"],
+            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))  # fmt: skip
+    expected = {
+        "dotdot": f"manifest.json names the shard '../{'dotdot'}-outside/train-00001.arrow', which is not a plain "
+        "file name in the folder",
+        "absolute": f"manifest.json names the shard '{tmp_path / 'absolute-outside' / 'train-00001.arrow'}', which "
+        "is not a plain file name in the folder",
+        "symlink": "manifest.json names the shard 'train-00001.arrow', which is a symbolic link leading out of the "
+        "folder",
+        "plan": "plan.json names the shard '../plan-outside/train-00001.json', which is not a plain file name",
+        "dtype": "shard train-00001.arrow cannot be read (ArrowInvalid: columns sentence_ids: "
+        "list<item: list<item: int64>>, document_hash: string, not those of a prepared shard)",
+    }
+    for name, (folder, proc) in procs.items():
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 2, (name, stderr[-3000:])
+        line = _one_error_line(stderr)
+        assert line.startswith(f"error: data.prepared {folder}"), (name, line)
+        assert expected[name] in line, (name, line)
+        assert not (tmp_path / f"run-{name}" / "final").exists()

@@ -50,7 +50,7 @@ from .pipeline import (
     make_mlm_collator,
     validate_settings,
 )
-from .prepare import FORMAT, MANIFEST, PLAN, VERSION, merged_manifest, tokenizer_fingerprint
+from .prepare import FORMAT, MANIFEST, PLAN, VERSION, merged_manifest, shard_schema, tokenizer_fingerprint
 from .tokenizer import check_special_tokens, check_tokenizer_fits, load_tokenizer
 
 if TYPE_CHECKING:
@@ -71,6 +71,9 @@ class PreparedCorpus:
             manifest = _read_json(path / MANIFEST, folder, "delete it: training then merges the shards' .json "
                                   "files, or run the same prepare command again")  # fmt: skip
         elif (path / PLAN).is_file():
+            plan = _read_json(path / PLAN, folder, "run the same prepare command again")
+            _check_names(path, folder, plan, PLAN,
+                         lambda name: [f"{name}.json", f"{name}.arrow"] if isinstance(name, str) else [None])
             try:
                 manifest = merged_manifest(path)
             except ValueError as err:  # a plan.json or a shard's .json cut short
@@ -86,11 +89,14 @@ class PreparedCorpus:
                 f"data.prepared {folder} is not a prepared folder (no {MANIFEST}); make one with "
                 "`python -m pretrain.data prepare --config X --output DIR`"
             )
+        if not isinstance(manifest, dict):
+            raise DataError(f"data.prepared {folder}: {MANIFEST} does not hold a manifest; prepare again")
         if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
             raise DataError(
                 f"data.prepared {folder} has format {manifest.get('format')} v{manifest.get('version')}, this Kiln "
                 f"reads {FORMAT} v{VERSION}; prepare it again"
             )
+        _check_records(path, folder, manifest)
         _check_shard_list(path, folder, manifest)
         for records in manifest["shards"].values():
             for record in records:
@@ -203,6 +209,63 @@ def _read_json(path: Path, folder, fix: str) -> dict:
         return json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError):
         raise DataError(f"data.prepared {folder}: {path.name} is not valid JSON (cut short?); {fix}") from None
+
+
+def _plain_name_problem(folder: Path, name) -> str | None:
+    """Why `name` is not a plain file name inside `folder` (a path of other folders, `..`, an absolute path, a
+    symbolic link leading out of it), or None. Checked before any file it names is opened or measured."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return "is not a plain file name in the folder"
+    path = folder / name
+    if path.is_symlink():
+        try:
+            inside = path.resolve(strict=True).parent == folder.resolve()
+        except (OSError, RuntimeError):  # a dangling link, or a loop of links
+            inside = False
+        if not inside:
+            return "is a symbolic link leading out of the folder"
+    return None
+
+
+def _check_names(path: Path, folder, listing: dict, source: str, files) -> None:
+    """Every shard `listing` (a plan.json or manifest.json) names, as the `files(entry)` it stands for, is a plain
+    file name inside the folder: a name like `../../x.arrow` or `/etc/passwd` is refused before anything is read."""
+    shards = listing.get("shards") if isinstance(listing, dict) else None
+    if not isinstance(shards, dict) or not all(isinstance(v, list) for v in shards.values()):
+        raise DataError(f"data.prepared {folder}: {source} does not list its shards by split; prepare again")
+    for entries in shards.values():
+        for entry in entries:
+            for name in files(entry):
+                problem = _plain_name_problem(path, name)
+                if problem:
+                    raise DataError(
+                        f"data.prepared {folder}: {source} names the shard {name!r}, which {problem}; a prepared "
+                        "folder's shards are files of its own: prepare again"
+                    )
+
+
+_RECORD_FIELDS = {"file": str, "bytes": int, "rows": int, "sha256": str}
+
+
+def _check_records(path: Path, folder, manifest: dict) -> None:
+    """The manifest's shard records: plain file names inside the folder (`_check_names`), sizes and row counts
+    as whole numbers, a sha256 as 64 hex digits."""
+    def names(record):
+        return [record.get("file") if isinstance(record, dict) else None]
+
+    _check_names(path, folder, manifest, MANIFEST, names)
+    for records in manifest["shards"].values():
+        for record in records:
+            for key, kind in _RECORD_FIELDS.items():
+                value = record.get(key)
+                bad = not isinstance(value, kind) or isinstance(value, bool)
+                bad = bad or (kind is int and value < 0)
+                bad = bad or (key == "sha256" and (len(value) != 64 or value.strip("0123456789abcdef")))
+                if bad:
+                    raise DataError(
+                        f"data.prepared {folder}: {MANIFEST}: shard {record['file']} has no valid {key} "
+                        f"({value!r}); prepare again"
+                    )
 
 
 def _check_shard_list(path: Path, folder, manifest: dict) -> None:
@@ -319,8 +382,9 @@ class DocumentIndex:
             source = pa.memory_map(str(path))  # left open: the arrays below point into the mapping
             try:
                 table = pa.ipc.open_stream(source).read_all()
-                if table.schema.names[:2] != ["sentence_ids", "document_hash"]:
-                    raise pa.ArrowInvalid(f"columns {table.schema.names}")
+                if not any(table.schema.equals(shard_schema(v)) for v in (1 << 16, 1 << 17)):
+                    shown = ", ".join(f"{field.name}: {field.type}" for field in table.schema)
+                    raise pa.ArrowInvalid(f"columns {shown}, not those of a prepared shard")
             except (pa.ArrowException, OSError) as err:
                 raise DataError(
                     f"data.prepared {Path(path).parent}: shard {Path(path).name} cannot be read ({type(err).__name__}: {str(err)[:120]}); copy "
