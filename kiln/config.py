@@ -71,6 +71,10 @@ class TrainingConfig:
     """Warmup steps (takes precedence over warmup_ratio when > 0)."""
     warmup_ratio: float = 0.06
     """Warmup as a fraction of the total steps."""
+    decay_ratio: float = 0.1
+    """`lr_scheduler_type: warmup_stable_decay` only: the share of the total steps spent in the final decay (the learning rate holds after the warmup until then)."""
+    decay_type: str = "1-sqrt"
+    """`lr_scheduler_type: warmup_stable_decay` only: the shape of the final decay, `linear`, `cosine` or `1-sqrt` (ModernBERT's), as transformers' `get_wsd_schedule` takes it."""
     mixed_precision: str | None = None
     """`no`, `bf16` or `fp16` (through accelerate). None: whatever accelerate was launched with (the accelerate
     config's `mixed_precision` or `accelerate launch --mixed_precision`; `no` without either). A value given here
@@ -533,6 +537,10 @@ def check_training_values(training: Any) -> None:
             raise ConfigError(f"training.{name} must not be negative, got {getattr(training, name)}")
     if not 0 <= training.warmup_ratio <= 1:
         raise ConfigError(f"training.warmup_ratio must be in [0, 1], got {training.warmup_ratio}")
+    if not 0 <= training.decay_ratio <= 1:
+        raise ConfigError(f"training.decay_ratio must be in [0, 1], got {training.decay_ratio}")
+    if training.decay_type not in ("linear", "cosine", "1-sqrt"):
+        raise ConfigError(f"training.decay_type {training.decay_type!r} is unknown; use linear, cosine or 1-sqrt")
     if training.max_train_time_s is not None and training.max_train_time_s < 0:
         raise ConfigError(f"training.max_train_time_s must not be negative, got {training.max_train_time_s}")
 

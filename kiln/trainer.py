@@ -198,8 +198,16 @@ class Trainer:
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         self.total_steps = self._total_steps()
         warmup = training.warmup_steps or math.ceil(training.warmup_ratio * self.total_steps)
+        specific = {}
+        if training.lr_scheduler_type == "warmup_stable_decay":  # the one schedule with its own required lengths
+            decay = math.ceil(training.decay_ratio * self.total_steps)
+            specific = {"num_decay_steps": decay, "decay_type": training.decay_type}
         self.scheduler = get_scheduler(
-            training.lr_scheduler_type, self.optimizer, num_warmup_steps=warmup, num_training_steps=self.total_steps
+            training.lr_scheduler_type,
+            self.optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=self.total_steps,
+            scheduler_specific_kwargs=specific,
         )
 
     # --- sizes --------------------------------------------------------------------------------------------

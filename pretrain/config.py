@@ -43,14 +43,32 @@ class ModelConfig:
     """Dropout on attention probabilities."""
     max_position_embeddings: int = 128
     """Longest sequence the model accepts."""
-    position_embedding_type: str = "learned"
-    """Encoder only: `learned` or `sinusoidal` (fixed sin/cos table)."""
+    position_embedding_type: str | None = None
+    """Encoder only: `learned`, `sinusoidal` (fixed sin/cos table) or `rotary` (RoPE in every attention); None: the preset's (`learned` for `bert`)."""
     type_vocab_size: int = 2
     """Encoder only: number of segment (token type) ids."""
     layer_norm_eps: float = 1e-12
     """LayerNorm epsilon (BERT uses 1e-12, GPT-2 1e-5)."""
     initializer_range: float = 0.02
     """Std of the normal initialisation."""
+    preset: str | None = None
+    """Encoder only: the block's pieces set together, `bert` (BERT's post-LN block, the default) or `modernbert` (ModernBERT's: rotary positions, GeGLU, pre-LN without biases, local attention in two blocks of three; docs/models.md). Each piece below left at None takes the preset's value."""
+    norm_position: str | None = None
+    """Encoder only: `post` (LayerNorm after each residual sum, BERT) or `pre` (before each sublayer, with a final LayerNorm); None: the preset's."""
+    mlp_type: str | None = None
+    """Encoder only: `mlp` (fc_in, activation, fc_out) or `glu` (gated, GeGLU with `gelu`; intermediate_size is the width of one of its two halves); None: the preset's."""
+    bias: bool | None = None
+    """Encoder only: biases in the attention's and the feed-forward's linear layers, in every LayerNorm and in the heads' dense layers (the MLM vocabulary projection keeps its bias); None: the preset's (`bert` True, `modernbert` False)."""
+    classifier_head: str | None = None
+    """Encoder only: what the classification heads read, `tanh_pooler` (BERT's pooler on the first token) or `transform` (dense, activation, LayerNorm, also before the token classifier, ModernBERT's); None: the preset's."""
+    local_attention: int | None = None
+    """Encoder only: window of the local-attention blocks in tokens (a token sees `local_attention // 2` positions each side; 0: none); None: the preset's (`modernbert` 128)."""
+    global_attn_every_n_layers: int | None = None
+    """Encoder only: blocks 0, n, 2n, ... attend globally, the others locally (1: all global); None: the preset's (`modernbert` 3)."""
+    rope_theta: float = 160_000.0
+    """Encoder with rotary positions: the global blocks' rotary base (ModernBERT's 160,000)."""
+    local_rope_theta: float = 10_000.0
+    """Encoder with rotary positions: the local blocks' rotary base (ModernBERT's 10,000)."""
     attn_implementation: str = "sdpa"
     """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
 

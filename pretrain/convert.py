@@ -271,7 +271,9 @@ def modernbert_config_from_encoder(config: KilnEncoderConfig) -> transformers.Mo
             f"This encoder has no ModernBERT equivalent ({details}); ModernBERT needs "
             f"{', '.join(f'{name}={value!r}' for name, value in MODERNBERT_PIECES.items())} and no embedding_size."
         )
-    fields = {theirs: getattr(config, kiln) for kiln, theirs in MODERNBERT_FIELDS.items()}
+    fields = {theirs: getattr(config, kiln, None) for kiln, theirs in MODERNBERT_FIELDS.items()}
+    if config.classifier_dropout is None:  # Kiln's None: the hidden dropout
+        fields["classifier_dropout"] = config.hidden_dropout_prob
     return transformers.ModernBertConfig(
         **fields,
         embedding_dropout=config.hidden_dropout_prob,

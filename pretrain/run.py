@@ -32,6 +32,34 @@ Guide: docs/pretraining.md."""
 ENCODER_OBJECTIVES = ("mlm+nsp", "mlm+sop", "mlm", "electra")
 
 
+def check_pieces(model) -> None:
+    """The block preset and pieces: encoder options with known values (KilnEncoderConfig's own check, as a
+    config error)."""
+    from pretrain.modeling import KilnEncoderConfig
+
+    named = [name for name in ENCODER_PIECE_FIELDS if getattr(model, name) is not None]
+    if model.kind == "decoder":
+        if named:
+            raise ConfigError(f"model.{named[0]} is an encoder option; remove it for model.kind decoder")
+        return
+    try:
+        KilnEncoderConfig(**encoder_pieces(model))
+    except ValueError as error:
+        raise ConfigError(f"model: {error}") from None
+
+
+ENCODER_PIECE_FIELDS = (
+    "preset",
+    "position_embedding_type",
+    "norm_position",
+    "mlp_type",
+    "bias",
+    "classifier_head",
+    "local_attention",
+    "global_attn_every_n_layers",
+)
+
+
 def validate(config: RunConfig) -> None:
     model = config.model
     if model.kind not in ("encoder", "decoder"):
@@ -40,6 +68,7 @@ def validate(config: RunConfig) -> None:
         model.objective = "clm"
     elif model.objective not in ENCODER_OBJECTIVES:
         raise ConfigError(f"model.objective for an encoder must be one of {ENCODER_OBJECTIVES}, got {model.objective!r}")
+    check_pieces(model)
     if model.hidden_size % model.num_attention_heads:
         raise ConfigError(
             f"model.hidden_size {model.hidden_size} is not divisible by model.num_attention_heads "
@@ -193,6 +222,27 @@ def _divisor_near(model) -> int:
 PRETRAINING_FAST_PATHS = {"sparse_prediction": True, "chunked_mlm_loss": True}
 
 
+def encoder_pieces(m) -> dict:
+    """The encoder block's preset and the pieces the run sets (None: the preset's), as KilnEncoderConfig takes
+    them; `model.bias` sets every bias the preset turns on or off together."""
+    pieces = dict(
+        position_embedding_type=m.position_embedding_type,
+        norm_position=m.norm_position,
+        mlp_type=m.mlp_type,
+        classifier_head=m.classifier_head,
+        local_attention=m.local_attention,
+        global_attn_every_n_layers=m.global_attn_every_n_layers,
+    )
+    if m.bias is not None:
+        pieces.update(attention_bias=m.bias, mlp_bias=m.bias, norm_bias=m.bias, classifier_bias=m.bias)
+    return dict(
+        preset=m.preset or "bert",
+        rope_theta=m.rope_theta,
+        local_rope_theta=m.local_rope_theta,
+        **{name: value for name, value in pieces.items() if value is not None},
+    )
+
+
 def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
     m = config.model
     common = dict(
@@ -213,7 +263,7 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
             attention_probs_dropout_prob=m.attention_probs_dropout_prob,
             type_vocab_size=m.type_vocab_size,
             layer_norm_eps=m.layer_norm_eps,
-            position_embedding_type=m.position_embedding_type,
+            **encoder_pieces(m),
             **PRETRAINING_FAST_PATHS,
         )
     return dict(

@@ -95,7 +95,7 @@ def test_saved_config_round_trips(tmp_path):
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["training"]["lr"] == 0.01
 
 
-@pytest.mark.parametrize("name", ["encoder-tiny", "encoder-mini", "encoder-small", "encoder-base", "decoder-tiny", "decoder-small", "debug"])
+@pytest.mark.parametrize("name", ["encoder-tiny", "encoder-mini", "encoder-small", "encoder-base", "encoder-modern-tiny", "encoder-modern-base", "decoder-tiny", "decoder-small", "debug"])
 def test_shipped_run_configs_load(name):
     config = build_config(RunConfig, ["--config", f"configs/pretrain/{name}.yaml"])
     assert config.model.hidden_size % config.model.num_attention_heads == 0
