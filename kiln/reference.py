@@ -64,6 +64,8 @@ COMMANDS = (
             note="Options after `--` go to every `finetune/classify.py` run (see Classification)."),
     Command("Converting checkpoints", "python -m pretrain.convert", "", parser="pretrain.convert:convert_parser"),
     Command("ONNX export", "python -m pretrain.export_onnx", "", parser="pretrain.export_onnx:export_parser"),
+    Command("Zero-shot evaluation", "python -m pretrain.zero_shot blimp", "pretrain.zero_shot.__main__:BLIMP_DESCRIPTION",
+            parser="pretrain.zero_shot.__main__:blimp_parser"),
     Command("kiln-launch", "kiln-launch", "kiln.launcher:HELP_HEADER",
             note="kiln-launch adds no options: it takes `accelerate launch`'s (`accelerate launch --help`), and the "
             "script after them takes its own, listed on this page."),

@@ -28,11 +28,13 @@ OTHER_COMMANDS = {
     "glue": ["finetune/glue.py"],
     "convert": ["-m", "pretrain.convert"],
     "export_onnx": ["-m", "pretrain.export_onnx"],
+    "zero_shot": ["-m", "pretrain.zero_shot", "blimp"],
 }
 TITLES = {
     "pretrain": "Pretraining", "prepare": "Preparing a corpus", "inspect": "Inspecting the data",
     "classify": "Classification", "tag": "Token tagging", "seq2seq": "Sequence to sequence",
     "adapt": "Task-adaptive pretraining", "glue": "The GLUE suite", "convert": "Converting checkpoints", "export_onnx": "ONNX export",
+    "zero_shot": "Zero-shot evaluation",
 }  # fmt: skip
 
 
@@ -191,7 +193,8 @@ def test_print_config_prints_the_resolved_config_and_reads_back_the_same(name, t
 @pytest.mark.parametrize("name", sorted(OTHER_COMMANDS))
 def test_print_config_of_the_other_commands(name):
     argv = {"glue": ["--tasks", "sst2", "rte", "--print_config", "--", "--training.lr", "1e-4"],
-            "convert": ["a", "b", "--print_config"], "export_onnx": ["a", "b", "--opset", "18", "--print_config"]}[name]  # fmt: skip
+            "convert": ["a", "b", "--print_config"], "export_onnx": ["a", "b", "--opset", "18", "--print_config"],
+            "zero_shot": ["--model", "m", "--pairs", "5", "--print_config"]}[name]  # fmt: skip
     values = yaml.safe_load(python(*OTHER_COMMANDS[name], *argv).stdout)
     expected = {
         "glue": {"checkpoint": "runs/encoder-tiny/final", "tasks": ["sst2", "rte"], "glue_dir": None,
@@ -199,5 +202,7 @@ def test_print_config_of_the_other_commands(name):
                  "classify_options": ["--training.lr", "1e-4"]},
         "convert": {"src_dir": "a", "dst_dir": "b"},
         "export_onnx": {"folder": "a", "out": "b", "opset": 18},
+        "zero_shot": {"model": "m", "data": None, "pairs": 5, "paradigms": None, "json": None, "kind": None,
+                      "revision": None, "from_scratch": False, "seed": 0, "batch_tokens": None},
     }[name]  # fmt: skip
     assert values == expected

@@ -1,0 +1,301 @@
+"""Zero-shot BLiMP scoring (pretrain/zero_shot): right three ways, and the command that reports it.
+
+(a) Kiln's batched scores equal a sentence-by-sentence computation with transformers' own GPT2LMHeadModel and
+BertForMaskedLM converted from the same weights; (b) lm-evaluation-harness's `hf` model on a Kiln decoder folder,
+with lm-eval's BLiMP tasks reading the shipped files, gives the same accuracies; (c) a model set to prefer one
+token scores a hand-made set of pairs as constructed, ties counting as wrong.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kiln_testing import REPO
+
+from pretrain.zero_shot import BlimpEvaluation, MinimalPair, ZeroShotError, read_blimp, score_sentences
+from pretrain.zero_shot.blimp import PARADIGMS, blimp_accuracies, blimp_files, lm_eval_group
+from pretrain.zero_shot.models import load_model
+from pretrain.zero_shot.scoring import TARGET_DELIMITER, plan_batches
+
+SAMPLE = REPO / "data" / "blimp"
+SENTENCES = ["The cats sleep on the mat.", "Who should Derek hug after shocking Richard?", "A dog barks.",
+             "Many girls insulted themselves.", "These boys were not wearing the hats."]  # fmt: skip
+
+
+def python(*args, check=True, env=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {})}
+    done = subprocess.run([sys.executable, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=env)  # fmt: skip
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (a) the same numbers as transformers' own models, one sentence at a time
+
+
+def test_decoder_scores_equal_gpt2_sentence_by_sentence(kiln_checkpoints):
+    from pretrain.convert import to_transformers
+
+    model, tokenizer, kind = load_model(str(kiln_checkpoints[1]))
+    assert kind == "decoder"
+    gpt2 = to_transformers(model).eval()
+    assert type(gpt2).__name__ == "GPT2LMHeadModel"
+    ours = score_sentences(model, tokenizer, "decoder", SENTENCES)
+    for sentence, score in zip(SENTENCES, ours):
+        # lm-eval's empty-context continuation: BOS (this tokenizer's <|endoftext|>), then " " + sentence
+        ids = [tokenizer.bos_token_id] + tokenizer.encode(" " + sentence, add_special_tokens=False)
+        with torch.no_grad():
+            log_probs = F.log_softmax(gpt2(torch.tensor([ids])).logits[0].double(), -1)
+        direct = sum(log_probs[t - 1, ids[t]].item() for t in range(1, len(ids)))
+        assert score == pytest.approx(direct, abs=1e-4), sentence
+    assert len(set(ours)) == len(ours) and all(score < 0 for score in ours)
+
+
+def test_encoder_scores_equal_bert_pseudo_log_likelihood(kiln_checkpoints):
+    from pretrain.convert import to_transformers
+
+    model, tokenizer, kind = load_model(str(kiln_checkpoints[0]))
+    assert kind == "encoder" and type(model).__name__ == "KilnEncoderForMaskedLM"
+    bert = to_transformers(model).eval()
+    assert type(bert).__name__ == "BertForMaskedLM"
+    ours = score_sentences(model, tokenizer, "encoder", SENTENCES)
+    dense = score_sentences(bert, tokenizer, "encoder", SENTENCES)  # the dense path of a non-Kiln masked LM
+    for sentence, score, other in zip(SENTENCES, ours, dense):
+        ids = tokenizer(sentence)["input_ids"]
+        direct = 0.0
+        for position in range(1, len(ids) - 1):  # each token but [CLS] and [SEP], masked in its own copy
+            masked = list(ids)
+            masked[position] = tokenizer.mask_token_id
+            with torch.no_grad():
+                logits = bert(torch.tensor([masked])).logits[0, position].double()
+            direct += F.log_softmax(logits, -1)[ids[position]].item()
+        assert score == pytest.approx(direct, abs=1e-4), sentence
+        assert other == pytest.approx(direct, abs=1e-4), sentence
+
+
+def test_scores_do_not_depend_on_batching_or_the_number_of_processes(kiln_checkpoints):
+    """Each sentence lies whole in one batch, planned from the sentences alone: any split across processes sums
+    to the one-process scores exactly."""
+    model, tokenizer, _ = load_model(str(kiln_checkpoints[0]))
+    evaluation = BlimpEvaluation(read_blimp(SAMPLE, 4, PARADIGMS[:6]), tokenizer, "encoder", budget=200)
+    whole = evaluation.scorer.score(model, evaluation.encoded)
+    parts = [evaluation.scorer.score(model, evaluation.encoded, rank, 3) for rank in range(3)]
+    assert all((part != 0).any() for part in parts)  # every process got some
+    assert torch.equal(sum(parts), whole)
+    assert plan_batches([(3, 5), (1, 9), (2, 5)], budget=10) == [[1], [0], [2]]  # longest first; within budget
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (b) lm-evaluation-harness on a Kiln decoder folder
+
+
+def test_lm_eval_on_a_kiln_decoder_folder_gives_the_same_accuracy(kiln_checkpoints, tmp_path):
+    """docs/zero-shot.md's lm-eval command, as a user types it: lm-eval's own blimp_<paradigm> tasks reading the
+    shipped files (configs/lm-eval/blimp-sample.yaml), through its `hf` model with trust_remote_code on a Kiln
+    decoder folder. Every paradigm's accuracy, and the group's mean, equal ours."""
+    folder = str(kiln_checkpoints[1])
+    done = subprocess.run(
+        ["lm_eval", "--model", "hf", "--model_args", f"pretrained={folder},trust_remote_code=True",
+         "--include_path", "configs/lm-eval", "--tasks", "kiln_blimp_sample", "--limit", "4", "--batch_size", "64",
+         "--device", "cpu", "--output_path", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (written,) = tmp_path.rglob("results_*.json")
+    results = json.loads(written.read_text())["results"]
+    model, tokenizer, _ = load_model(folder)
+    ours = BlimpEvaluation(read_blimp(SAMPLE, 4), tokenizer, "decoder").evaluate(model)
+    theirs = {name: results[f"blimp_{name}"]["acc,none"] for name in PARADIGMS}
+    assert theirs == {name: entry["accuracy"] for name, entry in ours["paradigms"].items()}
+    assert results["kiln_blimp_sample"]["acc,none"] == pytest.approx(ours["mean"])
+    assert len(set(theirs.values())) > 1  # not a constant answer
+
+
+def test_the_shipped_lm_eval_group_names_every_shipped_paradigm():
+    from pretrain.zero_shot.blimp import LM_EVAL_HEADER
+
+    shipped = (REPO / "configs" / "lm-eval" / "blimp-sample.yaml").read_text()
+    files = {name: f"data/blimp/{name}.jsonl.gz" for name in PARADIGMS}
+    assert shipped == lm_eval_group(files, "kiln_blimp_sample", LM_EVAL_HEADER), "python data/blimp/make_sample.py"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (c) answers known by construction
+
+
+class PrefersOneToken(torch.nn.Module):
+    """Whatever the context, the same distribution: `favoured` e^2 times as likely as every other token, which are
+    all alike. A sentence's score then depends only on where its favoured tokens are."""
+
+    def __init__(self, vocab_size: int, favoured: int):
+        super().__init__()
+        self.config = type("Config", (), {"max_position_embeddings": 64})()
+        self.bias = torch.nn.Parameter(torch.zeros(vocab_size))
+        with torch.no_grad():
+            self.bias[favoured] = 2.0
+
+    def forward(self, input_ids, attention_mask=None):
+        return {"logits": self.bias.expand(*input_ids.shape, -1)}
+
+
+def one_token_words(tokenizer, kind: str, favoured: str) -> list[str]:
+    """Lowercase words of the vocabulary that the tokenizer keeps as one token (after a space, for byte-level
+    BPE), other than `favoured`."""
+    words = []
+    for token in sorted(tokenizer.get_vocab()):
+        word = token[1:] if kind == "decoder" and token.startswith("\u0120") else token
+        if word != favoured and word.isalpha() and word.islower() and len(word) > 1:
+            if tokenizer.tokenize(TARGET_DELIMITER + word if kind == "decoder" else word) == [token]:
+                words.append(word)
+    return words
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder"])
+def test_hand_made_pairs_score_as_constructed_and_ties_are_wrong(kind, kiln_checkpoints):
+    """20 pairs of two one-token words each: 10 where only the good sentence has the favoured word (right), 5
+    where only the bad one has it (wrong), 5 of the same two other words swapped: every token as likely as the
+    other, the same score exactly, a tie, which counts as wrong."""
+    _, tokenizer, _ = load_model(str(kiln_checkpoints[0 if kind == "encoder" else 1]))
+    favoured = "the"
+    words = one_token_words(tokenizer, kind, favoured)
+    assert len(words) >= 30, words
+    (token,) = tokenizer.tokenize(" the")  # "the" (WordPiece) or "\u0120the" (byte-level BPE)
+    model = PrefersOneToken(len(tokenizer), tokenizer.convert_tokens_to_ids(token))
+    right = [MinimalPair("right", "made", f"{favoured} {words[i]}", f"{words[i + 1]} {words[i]}") for i in range(10)]
+    wrong = [MinimalPair("wrong", "made", f"{words[i + 1]} {words[i]}", f"{favoured} {words[i]}") for i in range(10, 15)]
+    ties = [MinimalPair("tie", "made", f"{words[i]} {words[i + 15]}", f"{words[i + 15]} {words[i]}") for i in range(15, 20)]
+    pairs = right + wrong + ties
+    assert len(pairs) == 20
+    evaluation = BlimpEvaluation(pairs, tokenizer, kind)
+    good, bad = evaluation.scores(model)
+    assert (good[:10] > bad[:10]).all() and (good[10:15] < bad[10:15]).all()
+    assert torch.equal(good[15:], bad[15:])  # the same likelihoods in the same places: the same score exactly
+    result = evaluation.evaluate(model)
+    assert {name: entry["accuracy"] for name, entry in result["paradigms"].items()} == {
+        "right": 1.0, "wrong": 0.0, "tie": 0.0}  # fmt: skip
+    assert result["mean"] == pytest.approx(1 / 3) and result["correct"] == 10 and result["pairs"] == 20
+
+
+def test_summary_is_the_mean_over_paradigms_and_phenomena():
+    pairs = [MinimalPair("p1", "x", "a", "b")] * 4 + [MinimalPair("p2", "x", "a", "b")] * 2 + [
+        MinimalPair("p3", "y", "a", "b")] * 2  # fmt: skip
+    result = blimp_accuracies(pairs, [1, 1, 1, 0, 0, 0, 1, 0])
+    assert result["paradigms"]["p1"]["accuracy"] == 0.75 and result["paradigms"]["p2"]["accuracy"] == 0.0
+    assert result["phenomena"] == {"x": 0.375, "y": 0.5}
+    assert result["mean"] == pytest.approx((0.75 + 0.0 + 0.5) / 3) and result["correct"] == 4
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the data
+
+
+def test_the_shipped_sample_is_blimp_in_its_layout():
+    files = blimp_files(SAMPLE)
+    assert sorted(files) == sorted(PARADIGMS) and len(PARADIGMS) == 67
+    pairs = read_blimp(SAMPLE)
+    assert len(pairs) == 67 * 50
+    assert len({p.phenomenon for p in pairs}) == 12  # the paper's phenomena (s-selection is argument_structure)
+    first = pairs[0]
+    assert first.paradigm == "adjunct_island" and first.good == "Who should Derek hug after shocking Richard?"
+    assert len(read_blimp(SAMPLE, 3, ["wh_island", "causative"])) == 6
+    assert "Attribution" in (SAMPLE / "SOURCE.md").read_text()
+
+
+def test_plain_and_gzipped_files_in_a_data_subfolder_read_alike(tmp_path):
+    rows = [{"sentence_good": f"Good {i}.", "sentence_bad": f"Bad {i}.", "linguistics_term": "binding",
+             "UID": "p"} for i in range(5)]  # fmt: skip
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    (tmp_path / "plain" / "data").mkdir(parents=True)
+    (tmp_path / "plain" / "data" / "p.jsonl").write_text(text)
+    (tmp_path / "zipped").mkdir()
+    with gzip.open(tmp_path / "zipped" / "p.jsonl.gz", "wt") as f:
+        f.write(text)
+    assert read_blimp(tmp_path / "plain", 3) == read_blimp(tmp_path / "zipped", 3)
+    assert [p.good for p in read_blimp(tmp_path / "plain")] == [f"Good {i}." for i in range(5)]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [("not json\n", "cannot read p.jsonl"), ('["a list"]\n', "not a JSON object"),
+     ('{"sentence_good": "A.", "linguistics_term": "x"}\n', "no text in sentence_bad"), ("", "holds no minimal pairs")],
+)  # fmt: skip
+def test_bad_files_are_one_line_errors(tmp_path, content, message):
+    (tmp_path / "p.jsonl").write_text(content)
+    with pytest.raises(ZeroShotError, match=message) as caught:
+        read_blimp(tmp_path)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ZeroShotError, match="no wh_island.jsonl"):
+        read_blimp(tmp_path, paradigms=["wh_island"])
+    with pytest.raises(ZeroShotError, match="does not exist"):
+        read_blimp(tmp_path / "nowhere")
+
+
+def test_without_a_folder_and_offline_it_is_one_line():
+    """No --data folder and no Hub to read nyu-mll/blimp from: the command says so in one line."""
+    done = python("-m", "pretrain.zero_shot", "blimp", "--model", "nowhere/model", check=False,
+                  env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})  # fmt: skip
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "nyu-mll/blimp" in done.stderr and "--data" in done.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the command
+
+
+def blimp_command(capsys, *args) -> tuple[int, str, str]:
+    """`python -m pretrain.zero_shot blimp ARGS` in this process: (exit status, stdout, stderr)."""
+    from pretrain.zero_shot.__main__ import main
+
+    try:
+        main(["blimp", *map(str, args)])
+        status = 0
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else 1
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_the_command_prints_and_writes_the_accuracies(kiln_checkpoints, tmp_path, capsys, which):
+    out = tmp_path / "blimp.json"
+    status, printed, _ = blimp_command(capsys, "--model", kiln_checkpoints[which], "--data", "data/blimp",
+                                       "--pairs", 2, "--json", out)  # fmt: skip
+    assert status == 0
+    result = json.loads(out.read_text())
+    assert result["kind"] == ["encoder", "decoder"][which] and result["pairs"] == 134
+    assert len(result["paradigms"]) == 67 and len(result["phenomena"]) == 12
+    mean = sum(entry["accuracy"] for entry in result["paradigms"].values()) / 67
+    assert result["mean"] == pytest.approx(mean) and result["correct"] == round(mean * 134)
+    assert f"BLiMP: {100 * mean:.1f} (mean over 67 paradigms" in printed
+    assert "island_effects" in printed and "wh_vs_that_with_gap_long_distance" in printed
+    # random weights of the same shape, drawn from the seed
+    scratch = [blimp_command(capsys, "--model", kiln_checkpoints[which], "--data", "data/blimp", "--pairs", 5,
+                             "--paradigms", "wh_island", "adjunct_island", "--from_scratch", "--seed", seed,
+                             "--json", tmp_path / f"random-{seed}.json") for seed in (0, 0, 1)]  # fmt: skip
+    assert [status for status, _, _ in scratch] == [0, 0, 0]
+    results = [json.loads((tmp_path / f"random-{seed}.json").read_text()) for seed in (0, 1)]
+    assert results[0]["from_scratch"] is True and results[0]["pairs"] == 10
+    assert scratch[0][1].split("\n")[:-2] == scratch[1][1].split("\n")[:-2]  # the same seed, the same report
+
+
+def test_the_command_refuses_what_it_cannot_score_in_one_line(kiln_checkpoints, tmp_path, capsys):
+    run_folder = kiln_checkpoints[0].parent
+    status, _, err = blimp_command(capsys, "--model", run_folder, "--data", "data/blimp")
+    assert status == 1 and err.count("\n") == 1 and f"{run_folder}/final" in err
+    status, _, err = blimp_command(capsys, "--model", kiln_checkpoints[0], "--data", tmp_path)
+    assert status == 1 and "holds no <paradigm>.jsonl" in err
+    status, _, err = blimp_command(capsys, "--model", tmp_path / "nothing", "--data", "data/blimp")
+    assert status == 1 and "cannot load a model" in err and err.count("\n") == 1
+    done = python("-m", "pretrain.zero_shot", check=False)  # as a user types it
+    assert done.returncode == 1 and "name a task" in done.stderr
