@@ -55,6 +55,72 @@ def check_push_settings(model_id: str | None, token: str | None = None) -> None:
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
 
+START_CHECK_S = 10.0
+"""The longest the start of a pushing run waits for the Hub to answer its rights check (or hub.timeout_s if
+shorter): a Hub that does not answer then costs this, once, and training goes on."""
+
+
+@dataclass
+class PushRights:
+    """What the Hub said at the start of a pushing run: `refusal` (it will not take this run's pushes: one line
+    naming why and the fix) or `unchecked` (it could not be asked: offline, not answering, failing; training goes
+    on and the pushes are retried as ever); neither: the token can write to the repo, created if it was missing."""
+
+    refusal: str | None = None
+    unchecked: str | None = None
+
+
+def check_push_rights(model_id: str, *, private: bool = False, timeout_s: float = START_CHECK_S) -> PushRights:
+    """Before step 1 of a run with --hub.push_to_hub: the token is valid (`whoami`), the repo exists or the
+    token may create it (`create_repo(exist_ok=True)`, as transformers' Trainer does at its start) and the token
+    may write to it (`auth_check(write=True)`). An HTTP 400/401/403/404 is a refusal; no answer within
+    `timeout_s` (the whole check), a connection error, offline mode or a server error is `unchecked`."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    done: dict[str, PushRights] = {}
+    login = "run `hf auth login` (or set HF_TOKEN) with a token that has write access"
+
+    def ask() -> None:
+        api, user, step = HfApi(), {}, "whoami"
+        try:
+            user = api.whoami()
+            step = "create the repo"
+            api.create_repo(model_id, private=private, exist_ok=True)
+            step = "write to it"
+            api.auth_check(model_id, write=True)
+            done["rights"] = PushRights()
+        except OfflineModeIsEnabled:
+            done["rights"] = PushRights(unchecked="HF_HUB_OFFLINE is set")
+        except HfHubHTTPError as err:
+            status = err.response.status_code if err.response is not None else None
+            said = " ".join((getattr(err, "server_message", None) or "").split())[:200]
+            said = f"HTTP {status}: {said}" if said else f"HTTP {status}"
+            if status == 401 or (status == 403 and step == "whoami"):
+                done["rights"] = PushRights(refusal=f"the Hub does not accept the Hugging Face token ({said}); {login}")
+            elif step == "create the repo" and status == 400:
+                done["rights"] = PushRights(
+                    refusal=f"the Hub refuses the repo id {model_id} ({said}); name another with --hub.model_id"
+                )
+            elif step != "whoami" and status in (403, 404):
+                who = f"the token of {user['name']}" if user.get("name") else "the token"
+                done["rights"] = PushRights(
+                    refusal=f"cannot push to the Hub repo {model_id}: {who} may not {step} ({said}); pick a repo id "
+                    f"in a namespace you can write to with --hub.model_id, or {login} there"
+                )
+            else:
+                done["rights"] = PushRights(unchecked=said)
+        except Exception as err:  # no network, no DNS, a timeout: the Hub could not be asked
+            reason = " ".join(str(err).split())[:200] or type(err).__name__
+            done["rights"] = PushRights(unchecked=redact(f"{type(err).__name__}: {reason}"))
+
+    asking = threading.Thread(target=ask, name="hub-rights-check", daemon=True)
+    asking.start()
+    asking.join(timeout_s + 2)  # DNS is not bounded by the client's timeout: the thread is
+    if "rights" not in done:
+        return PushRights(unchecked=f"no answer within {timeout_s:g} s")
+    return done["rights"]
+
+
 def set_request_timeout(timeout_s: float) -> None:
     """Bound how long any Hub request of this process waits for the server (huggingface_hub's own client has
     no timeout, so a server that accepts the connection and never answers would hang a push forever). A stalled
@@ -724,6 +790,7 @@ def download_checkpoint(
 __all__ = [
     "CHECKPOINT_FOLDER",
     "HubPusher",
+    "check_push_rights",
     "check_push_settings",
     "set_request_timeout",
     "download_checkpoint",

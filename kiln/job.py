@@ -3,8 +3,9 @@ and the engine runs all of it.
 
     run_job(job)
       the engine's sections checked (training, logging, hub) -> a resume checkpoint of another kind refused
-      (job.metadata) -> accelerator, batch size, logging, seed -> output folder prepared when the app writes
-      into it while building, else only checked (kiln.run_folder) -> job.build(accelerator): the app's
+      (job.metadata) -> accelerator, batch size, logging, seed -> output folder checked (kiln.run_folder) ->
+      W&B and the Hub asked whether they take the run (kiln.run_setup.check_services) -> output folder
+      prepared when the app writes into it while building -> job.build(accelerator): the app's
       model, data, metrics and callbacks -> the evaluation interval of one epoch -> output folder prepared and
       locked (config changes against the run being resumed checked, config.yaml written) -> Trainer: trackers,
       resume, summary, loop, evaluation, final export, Hub, every callback ended whatever ends the run
@@ -94,7 +95,13 @@ def run_job(job: TrainingJob) -> Trainer:
     from .callbacks import FinalExport, HubSync, Trackers
     from .checkpoint_files import check_checkpoint_metadata, resolve_checkpoint
     from .config import validate_run_sections
-    from .run_setup import adapt_to_downloaded_checkpoint, check_output_folder, prepare_output, start_run
+    from .run_setup import (
+        adapt_to_downloaded_checkpoint,
+        check_output_folder,
+        check_services,
+        prepare_output,
+        start_run,
+    )
     from .trainer import Trainer
 
     config = job.config
@@ -104,11 +111,10 @@ def run_job(job: TrainingJob) -> Trainer:
     if job.metadata and resume and not resume.startswith("hub:"):
         check_checkpoint_metadata(resolve_checkpoint(resume, training.output_dir, quiet=True), job.metadata)
     accelerator = start_run(training, config.logging)
-    if job.output_before_build:
-        out = prepare_output(config, accelerator)
-    else:  # a folder the run may not write into is refused before the (long) build; prepared after it
-        check_output_folder(training, accelerator)
-        out = None
+    check_output_folder(training, accelerator)  # a folder the run may not write into: refused before anything
+    check_services(config, accelerator)  # W&B and the Hub take this run: said before anything is built
+    # pretraining writes its tokenizer into the folder while building; the others prepare it after the build
+    out = prepare_output(config, accelerator) if job.output_before_build else None
     parts = job.build(accelerator)
     if job.eval_each_epoch is not None:
         evaluate_each_epoch(training, parts.train_dataset(0), accelerator.num_processes, job.eval_each_epoch)

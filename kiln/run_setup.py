@@ -52,6 +52,119 @@ def build_accelerator(training: TrainingConfig, logging_cfg: LoggingConfig) -> A
     )
 
 
+def check_services(config: Any, accelerator: Accelerator) -> None:
+    """At the start of a run, before its build and its output folder: the services it will use take it. W&B
+    (`wandb_problem`) and, with --hub.push_to_hub, the Hub: the repo id and a token at once (no network), then
+    whether the token may create and write the repo (`kiln.hub.check_push_rights`). A refusal is one line on
+    every process; a Hub that cannot be asked (offline, not answering) is one warning, and training goes on with
+    its pushes retried as ever. The main process asks; the others wait for its answer."""
+    hub_cfg = getattr(config, "hub", None)
+    pushing = hub_cfg is not None and hub_cfg.push_to_hub
+    if pushing:
+        from .hub import check_push_settings
+
+        check_push_settings(hub_cfg.model_id)
+    message = None
+    if accelerator.is_main_process:
+        message = wandb_problem(config.logging)
+        if message is None and pushing:
+            from .hub import START_CHECK_S, check_push_rights, set_request_timeout
+            from .redaction import redact
+
+            timeout_s = min(hub_cfg.timeout_s, START_CHECK_S)
+            set_request_timeout(timeout_s)
+            try:
+                rights = check_push_rights(hub_cfg.model_id, private=hub_cfg.private, timeout_s=timeout_s)
+            finally:
+                set_request_timeout(hub_cfg.timeout_s)
+            message = redact(rights.refusal) if rights.refusal else None
+            if rights.unchecked:
+                logger.warning(
+                    "could not ask the Hub whether this run may push to %s (%s); training goes on, and the pushes "
+                    "are tried and retried as it saves", hub_cfg.model_id, redact(rights.unchecked),
+                )
+    _agree(accelerator, message)
+
+
+WANDB_CHECK_S = 5.0
+"""How long the start of a run waits for the W&B server to answer (wandb.init itself waits 90 s and more)."""
+
+
+def wandb_problem(logging_cfg: LoggingConfig) -> str | None:
+    """Why `--logging.report_to wandb` (or `all`) cannot log online, found at the start in a few seconds rather
+    than by wandb.init after the build (a UsageError traceback without an API key; about two minutes and a
+    traceback without a network): None when wandb logs offline or is disabled (WANDB_MODE), or when an API key
+    is set and the server (WANDB_BASE_URL) answers and accepts it."""
+    if logging_cfg.report_to not in ("wandb", "all"):
+        return None
+    if "WANDB_MODE" not in os.environ and not os.environ.get("WANDB_API_KEY"):
+        return None  # build_accelerator logs offline (documented): nothing to reach
+    mode = os.environ.get("WANDB_MODE", "online").strip().lower()
+    if mode in ("offline", "dryrun", "disabled") or os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes"):
+        return None
+    offline = "or set WANDB_MODE=offline to log to disk (`wandb sync` uploads later)"
+    base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
+    key = os.environ.get("WANDB_API_KEY") or _netrc_password(base_url)
+    if not key and not os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return (
+            f"--logging.report_to {logging_cfg.report_to} with WANDB_MODE={mode}, but no W&B API key is set "
+            f"(WANDB_API_KEY, or `wandb login`); run `wandb login`, {offline}"
+        )
+    answer = _ask_wandb(base_url, key or "")  # an identity token (no key): wandb exchanges it; the server answers
+    if answer == 401 and key:
+        return f"the W&B server {base_url} does not accept the API key (HTTP 401); run `wandb login --relogin`, {offline}"
+    if isinstance(answer, str):
+        return f"the W&B server {base_url} does not answer ({answer}); check the network, {offline}"
+    return None
+
+
+def _netrc_password(url: str) -> str | None:
+    """The password `wandb login` saved for the host of `url` in ~/.netrc (or $NETRC)."""
+    import netrc
+    from urllib.parse import urlsplit
+
+    try:
+        found = netrc.netrc(os.environ.get("NETRC") or None).authenticators(urlsplit(url).hostname or "")
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return found[2] if found else None
+
+
+def _ask_wandb(base_url: str, key: str) -> int | str:
+    """The HTTP status of one GraphQL query for the key's user (what `wandb login` checks), or why none came
+    within WANDB_CHECK_S (in a thread: name resolution is not bounded by the socket's timeout)."""
+    import base64
+    import json
+    import threading
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{base_url}/graphql",
+        data=json.dumps({"query": "query Viewer { viewer { id } }"}).encode(),
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": "Basic " + base64.b64encode(f"api:{key}".encode()).decode(),
+        },
+    )
+    answer: list[int | str] = []
+
+    def ask() -> None:
+        try:
+            with urllib.request.urlopen(request, timeout=WANDB_CHECK_S) as response:
+                answer.append(response.status)
+        except urllib.error.HTTPError as err:
+            answer.append(err.code)
+        except Exception as err:  # refused, unresolvable, timed out
+            reason = getattr(err, "reason", None) or err
+            answer.append(" ".join(f"{type(reason).__name__}: {reason}".split())[:200])
+
+    thread = threading.Thread(target=ask, name="wandb-check", daemon=True)
+    thread.start()
+    thread.join(WANDB_CHECK_S + 1)
+    return answer[0] if answer else f"no answer within {WANDB_CHECK_S:g} s"
+
+
 def configure_deepspeed(plugin: Any, training: TrainingConfig) -> None:
     """Give DeepSpeed Kiln's accumulation, clipping and per-device batch in place of its `auto` values.
 

@@ -2,8 +2,9 @@
 
 It speaks the subset of the Hub protocol that `huggingface_hub` 1.x/2.x uses to create repositories, upload
 folders (regular files inline in the commit, or LFS files through the batch API and a PUT), create branches,
-list trees and download files (`hf_hub_download`, `snapshot_download`, `from_pretrained`). State lives in
-memory: repositories with commits and branches, nothing on disk.
+list trees and download files (`hf_hub_download`, `snapshot_download`, `from_pretrained`), and to check a token
+(`whoami`, `auth_check`, with or without `write`). State lives in memory: repositories with commits and
+branches, nothing on disk.
 
 Test helpers:
   - `fail(...)` / `recover()`: answer HTTP 500 (or another status) to every request, or only to some kinds of
@@ -12,6 +13,7 @@ Test helpers:
   - `stall(...)`: accept requests (of some kinds) and never answer them, like a dead proxy, until `reset()`;
   - `requests(...)`: the request log; `files(...)` / `commits(...)`: the repository state.
   - `add_convert_ref(...)`: a `refs/convert/parquet` export, as the Hub writes beside a dataset's branches.
+  - `namespaces` / `token_role`: where the token may create and write repos (403 elsewhere), and its role.
 
 `huggingface_hub` reads `HF_ENDPOINT` once, at import: point it here before anything imports it
 (tests/conftest.py does).
@@ -35,7 +37,7 @@ REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 URL_PREFIXES = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 REPO_ACTIONS = {
     "revision", "tree", "paths-info", "preupload", "commit", "branch", "refs", "commits",
-    "xet-write-token", "xet-read-token",
+    "xet-write-token", "xet-read-token", "auth-check",
 }  # fmt: skip
 GITATTRIBUTES = (
     b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.bin filter=lfs diff=lfs merge=lfs -text\n"
@@ -211,6 +213,11 @@ class HubServer:
             self.lfs_threshold = 10 * 1024 * 1024
             self.lfs_redirect = True
             """Answer /resolve of LFS files with a 302 to a "CDN" on another origin, as the Hub does."""
+            self.namespaces: set[str] | None = None
+            """The namespaces the token may create repos in and write to (its user and organisations, as on the
+            Hub); None: every namespace."""
+            self.token_role = "write"
+            """The token's role as whoami reports it: `write`, or `read` (creates and writes answer 403)."""
             self.ignore_globs: list[str] = []
             """Paths matching these globs get `shouldIgnore: true` in the preupload answer."""
             self.gate_timeout = 60.0
@@ -383,6 +390,8 @@ def _classify(method: str, segments: list[str]) -> tuple[str, dict]:
             return action.replace("-", "_"), {**args, "revision": rest[0]}
         if action == "refs":
             return "refs", args
+        if action == "auth-check":
+            return "auth_check", {**args, "write": rest[:1] == ["write"]}
         if action.startswith("xet-"):
             return "xet_token", args
         return "unknown", {}
@@ -515,7 +524,13 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(404, "Repository not found", "RepoNotFound")
         if write and not authorized:
             raise HubError(401, "You must be authenticated to write to this repository")
+        if write and not self._may_write(repo_id.split("/")[0]):
+            raise HubError(403, f"You don't have the rights to write to {repo_id}")
         return repo
+
+    def _may_write(self, namespace: str) -> bool:
+        allowed = self.hub.namespaces
+        return self.hub.token_role == "write" and (allowed is None or namespace in allowed)
 
     def _commit(self, repo: Repo, revision: str) -> Commit:
         commit = repo.resolve(revision)
@@ -566,8 +581,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(401, "Invalid credentials in Authorization header")
         self._json({
             "type": "user", "id": "0" * 24, "name": USER, "fullname": "Kiln Test", "email": None,
-            "orgs": [], "isPro": False, "canPay": False,
-            "auth": {"type": "access_token", "accessToken": {"displayName": "kiln-tests", "role": "write"}},
+            "isPro": False, "canPay": False,
+            "orgs": [{"type": "org", "name": name} for name in sorted((self.hub.namespaces or set()) - {USER})],
+            "auth": {"type": "access_token", "accessToken": {"displayName": "kiln-tests", "role": self.hub.token_role}},
         })  # fmt: skip
 
     def _do_agent_harnesses(self, **_):
@@ -583,6 +599,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(400, f"Invalid repo name or type: {name!r}, {repo_type!r}")
         repo_id = f"{organization}/{name}"
         url = f"{self.hub.url}/{URL_PREFIXES[repo_type]}{repo_id}"
+        if not self._may_write(organization):  # the Hub answers so whether or not the repo exists
+            raise HubError(403, f'You don\'t have the rights to create a {repo_type} under the namespace "{organization}"')
         with self.hub._lock:
             if (repo_type, repo_id) in self.hub.repos:
                 # `create_repo(exist_ok=True)` reads the url from this 409 answer
@@ -591,6 +609,10 @@ class _Handler(BaseHTTPRequestHandler):
             private = payload.get("private", payload.get("visibility") == "private")
             self.hub.create_repo(repo_id, repo_type, private=bool(private))
         self._json({"url": url, "name": repo_id, "id": repo_id})
+
+    def _do_auth_check(self, repo_type, repo_id, write, **_):
+        self._repo(repo_type, repo_id, write=write)  # 404 unknown or private, 401 or 403 no right to write
+        self._json({})
 
     def _do_delete_repo(self, body, **_):
         payload = self._json_body(body)
