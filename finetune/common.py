@@ -149,13 +149,15 @@ def check_best_metric(training: TrainingConfig, available: Sequence[str], defaul
 
 
 def resolve_start_model(spec: str, option: str, expected: Sequence[str], revision: str | None = None):
-    """A Kiln checkpoint as a local folder or Hub id -> (path or id, its transformers config).
+    """A Kiln checkpoint as a local folder or Hub id -> (path or id, its transformers config); a transformers BERT /
+    ELECTRA / GPT-2 checkpoint of the expected kind is converted on the way in (the path is then the Kiln folder).
 
     `option` names the setting in errors (e.g. "--model.checkpoint"); `expected` lists the accepted
     model_type values (kiln_encoder, kiln_decoder, encoder-decoder)."""
     from transformers import AutoConfig
 
     import pretrain.modeling  # noqa: F401  (registers the Kiln model types with AutoConfig)
+    from pretrain.convert import converted_start, convertible
 
     local = resolve_path(spec)
     if os.path.isdir(local):
@@ -175,15 +177,22 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
             f"{option} {spec} not found; {hint}point {option} at a Kiln checkpoint folder or Hub id"
         )
     try:  # read as data first: a checkpoint of another type never gets its own code (auto_map) imported
-        found_type = read_model_config(path, revision).get("model_type")
+        found = read_model_config(path, revision)
     except OSError as err:
         raise ConfigError(f"cannot load {option} {spec}: {err}") from None
+    found_type = found.get("model_type")
+    family = convertible(found)
+    if family is not None and family[2] in expected:  # transformers BERT / ELECTRA / GPT-2: converted to Kiln
+        path, found_type = converted_start(path, option, revision), family[2]
     if found_type not in expected:
         wanted = " or ".join(expected)
         default_dir, command = PRETRAIN_COMMANDS.get(expected[0], (None, None))
         example = f", e.g. {default_dir} from `{command}`" if command else ""
+        converts = {"kiln_encoder": " (or a transformers BERT or ELECTRA one, converted on the way in)",
+                    "kiln_decoder": " (or a transformers GPT-2 one, converted on the way in)"}.get(expected[0], "")  # fmt: skip
+        what = f"a transformers {family[0]} ({family[1]})" if family else f"a {found_type}"
         raise ConfigError(
-            f"{option} {spec} is a {found_type} checkpoint, but a {wanted} checkpoint is needed here{example}"
+            f"{option} {spec} is {what} checkpoint, but a {wanted} checkpoint{converts} is needed here{example}"
         )
     try:  # a Kiln or transformers type: its registered class, never the checkpoint's own code
         with quiet_transformers():
@@ -244,6 +253,9 @@ def is_fine_tuned(config, head: str) -> bool:
 def report_loading(info: dict, what: str, allowed_missing: Callable[[str], bool]) -> None:
     """One log line about new and unused weights; weights missing from the checkpoint that are not new by
     design (e.g. the encoder's own layers) mean the wrong checkpoint, so they are an error."""
+    from pretrain.convert import announce_conversions
+
+    announce_conversions()  # the start model's conversion from transformers, if any (before logging was set up)
     missing = sorted(info.get("missing_keys", []))
     unexpected = sorted(info.get("unexpected_keys", []))
     mismatched = sorted(str(key) for key in info.get("mismatched_keys", []))

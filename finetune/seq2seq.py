@@ -243,8 +243,8 @@ def build_encoder_decoder(model_cfg, predict: bool):
                 is_decoder=True,
                 output_loading_info=True,
             )
-        report_loading(encoder_info, encoder_path, allowed_missing=lambda key: key.startswith("pooler."))
-        report_loading(decoder_info, decoder_path, allowed_missing=lambda key: ".cross_attention" in key)
+        report_loading(encoder_info, model_cfg.encoder_checkpoint, allowed_missing=lambda key: key.startswith("pooler."))
+        report_loading(decoder_info, model_cfg.decoder_checkpoint, allowed_missing=lambda key: ".cross_attention" in key)
     freeze_pooler(encoder)
     with quiet_transformers():
         model = KilnEncoderDecoderModel(encoder=encoder, decoder=decoder)

@@ -17,21 +17,33 @@ three Linears are concatenated along the output dimension), and GPT-2's Conv1D s
 ModernBERT's layout is Kiln's own under other names (`MODERNBERT_NAMES`).
 
 CLI:  python -m pretrain.convert SRC_DIR DST_DIR   (direction from SRC_DIR's config.json `model_type`)
+
+A run started from a transformers BERT / ELECTRA / GPT-2 folder or Hub id (`--model.init_from`,
+`--model.checkpoint`) converts it on the way in: `converted_start` reads its config.json as data, checks it and the
+weight file's shapes, converts with the classes above and keeps the Kiln folder in the Hugging Face cache, named by
+the source's content, so the next run reuses it.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import logging
+import os
+import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import transformers
 from transformers import BertConfig, GPT2Config
 
-from kiln.model_files import weight_file_errors
+from kiln.errors import ConfigError, first_line
+from kiln.file_hash import sha256_file
+from kiln.model_files import carries_code, read_model_config, weight_file_errors
 from pretrain.modeling import (
     KilnDecoderConfig,
     KilnDecoderForCausalLM,
@@ -51,6 +63,8 @@ from pretrain.modeling import (
 )
 from pretrain.modeling.configuration_kiln import ENCODER_PRESETS
 from pretrain.modeling.modeling_kiln_encoder import embedding_width
+
+logger = logging.getLogger("kiln")
 
 # transformers class name -> Kiln class; the reverse direction uses the same table
 ENCODER_CLASSES = {
@@ -688,6 +702,10 @@ TOKENIZER_FILES = (
 def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     """Load SRC (transformers BERT/GPT-2 or Kiln), convert it, save it to DST with the tokenizer files."""
     src, dst = Path(src), Path(dst)
+    if not src.is_dir() and HUB_ID.fullmatch(str(src)):  # a Hub id: its config, weights and tokenizer files
+        hub_id, src = str(src), _download_start(str(src), "SRC_DIR", None)
+        if not any((src / name).is_file() for name in WEIGHT_FILES):  # older repos: a torch file only
+            src = _download_start(hub_id, "SRC_DIR", None, more=("pytorch_model.bin",))
     config_file = src / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{src} has no config.json; pass a folder written by save_pretrained.")
@@ -722,6 +740,204 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
         if (src / file_name).is_file():
             shutil.copy(src / file_name, dst / file_name)
     return converted
+
+
+# ------------------------------------------------------------------------------------------ a run's start model
+# transformers model_type -> (the family's name, the kind of Kiln model it converts to, the Kiln model_type)
+CONVERTIBLE = {
+    "bert": ("BERT", "encoder", "kiln_encoder"),
+    "electra": ("ELECTRA", "encoder", "kiln_encoder"),
+    "gpt2": ("GPT-2", "decoder", "kiln_decoder"),
+}
+# the whole-number fields of each family's config.json whose values size the model: checked before anything is built
+SHAPE_FIELDS = {
+    "bert": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "max_position_embeddings", "type_vocab_size"),
+    "electra": ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size"),
+    "gpt2": ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"),
+}  # fmt: skip
+# the word-embedding table in each family's weights (base model, with or without its prefix), (rows, columns)
+EMBEDDING_TABLES = {
+    "bert": ("embeddings.word_embeddings.weight", "vocab_size", "hidden_size"),
+    "electra": ("embeddings.word_embeddings.weight", "vocab_size", "embedding_size"),
+    "gpt2": ("wte.weight", "vocab_size", "n_embd"),
+}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|[A-Za-z0-9][\w.-]*")
+_converted: dict[tuple[str, str | None], str] = {}
+_pending: list[str] = []
+
+
+def convertible(config: dict) -> tuple[str, str, str] | None:
+    """(family name, Kiln kind, Kiln model_type) of a transformers BERT / ELECTRA / GPT-2 config.json read as a
+    dict, which a run converts on the way in; None for any other checkpoint, and for one that names Python files
+    of its own (auto_map: not plain BERT / ELECTRA / GPT-2 weights)."""
+    if carries_code(config):
+        return None
+    return CONVERTIBLE.get(config.get("model_type"))
+
+
+def converted_start(spec: str, option: str, revision: str | None = None) -> str:
+    """The local folder of the Kiln model converted from the transformers BERT / ELECTRA / GPT-2 checkpoint `spec`
+    (a folder or Hub id; `option` names the setting in errors), with its tokenizer files. Its config.json is read as
+    data and checked, and the weight file's shapes against it, before any model is built; nothing it names is run.
+    Converted once per content: the folder sits in the Hugging Face cache under the hash of the source files."""
+    key = (spec, revision)
+    if key not in _converted:
+        _converted[key] = _convert_start(spec, option, revision)
+    return _converted[key]
+
+
+def _convert_start(spec: str, option: str, revision: str | None) -> str:
+    from huggingface_hub import constants
+
+    source = Path(spec) if os.path.isdir(spec) else _download_start(spec, option, revision)
+    try:
+        config = read_model_config(str(source))
+    except OSError as err:
+        raise ConfigError(f"{option} {spec}: {err}") from None
+    model_type = config.get("model_type")
+    family = CONVERTIBLE[model_type][0]
+    weights = [source / name for name in WEIGHT_FILES if (source / name).is_file()]
+    if not weights:
+        raise ConfigError(
+            f"{option} {spec} is a transformers {family} checkpoint without a model.safetensors; save it with "
+            f"save_pretrained (safetensors), or convert it first with `python -m pretrain.convert {spec} DST` "
+            f"and point {option} at DST"
+        )
+    keys = _check_start_config(spec, option, config, weights)
+    name = _start_class(model_type, config, keys)
+    files = [source / "config.json", *_weight_files(weights), *(source / f for f in TOKENIZER_FILES)]
+    digest = hashlib.sha256()
+    for path in files:
+        if path.is_file():
+            digest.update(f"{path.name}\0{sha256_file(path)}\0".encode())
+    target = Path(constants.HF_HOME) / "kiln-converted" / digest.hexdigest()[:20]
+    if not (target / "config.json").is_file() or not (target / "model.safetensors").is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+        from kiln.export import quiet_transformers
+
+        try:
+            pooling = {"add_pooling_layer": "pooler.dense.weight" in keys} if name == "BertModel" else {}
+            with quiet_transformers(), weight_file_errors(spec, option):
+                loaded, info = getattr(transformers, name).from_pretrained(
+                    source, dtype=torch.float32, output_loading_info=True, **pooling
+                )
+            if info["missing_keys"] or info["mismatched_keys"]:
+                lacking = sorted(map(str, [*info["missing_keys"], *info["mismatched_keys"]]))
+                raise ValueError(f"its weights do not fit {name} (e.g. {lacking[0]})")
+            model = from_transformers(loaded)
+            with quiet_transformers():
+                model.save_pretrained(staging)
+            for file_name in TOKENIZER_FILES:
+                if (source / file_name).is_file():
+                    shutil.copy(source / file_name, staging / file_name)
+            try:
+                os.replace(staging, target)  # atomic: another process may have converted the same files meanwhile
+            except OSError:
+                if not (target / "model.safetensors").is_file():
+                    raise
+        except ConfigError:
+            raise
+        except (ValueError, OSError, RuntimeError) as err:
+            raise ConfigError(
+                f"{option} {spec} is a transformers {family} checkpoint that Kiln could not convert "
+                f"({first_line(err)}); convert it first with `python -m pretrain.convert {spec} DST` to see why, "
+                f"and point {option} at DST"
+            ) from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    kiln_type = json.loads((target / "config.json").read_text())["architectures"][0]
+    _pending.append(
+        f"{option} {spec} is a transformers {family} checkpoint ({name}): converted to Kiln's {kiln_type}, same "
+        "weights (kept for the next run)"
+    )
+    if logger.hasHandlers():  # else checked before the run set up its logging: said when the model is built
+        announce_conversions()
+    return str(target)
+
+
+def announce_conversions() -> None:
+    """Log the line of each start model converted since the last call (converted_start converts before the run
+    has set up its logging: the run calls this once it has, when it builds the model)."""
+    while _pending:
+        logger.info(_pending.pop(0))
+
+
+def _download_start(spec: str, option: str, revision: str | None, more: tuple[str, ...] = ()) -> Path:
+    """The files of Hub repo `spec` a conversion reads (config, safetensors weights, tokenizer, `more`): never
+    code."""
+    from huggingface_hub import snapshot_download
+
+    patterns = ["config.json", *WEIGHT_FILES, "model-*-of-*.safetensors", *TOKENIZER_FILES, *more]
+    try:
+        return Path(snapshot_download(spec, revision=revision, allow_patterns=patterns))
+    except Exception as err:  # not found, no access, no network: all mean "cannot read it here"
+        raise ConfigError(f"{option} {spec}: cannot download it from the Hub ({first_line(err)})") from None
+
+
+def _weight_files(weights: list[Path]) -> list[Path]:
+    """The safetensors files holding the weights (a sharded checkpoint's index names its shards)."""
+    if weights[0].name == "model.safetensors":
+        return weights[:1]
+    index = json.loads(weights[0].read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    if any(Path(shard).name != shard for shard in shards):
+        raise ValueError(f"{weights[0].name} names shards outside its folder")
+    return [weights[0], *(weights[0].parent / shard for shard in shards)]
+
+
+def _check_start_config(spec: str, option: str, config: dict, weights: list[Path]) -> set[str]:
+    """The shape fields of `config` are whole numbers in range and the word-embedding table in the weights has the
+    shape they give (so nothing larger than the weights is built); returns the weights' names."""
+    from safetensors import safe_open
+
+    model_type = config["model_type"]
+    family = CONVERTIBLE[model_type][0]
+    for field in SHAPE_FIELDS[model_type]:
+        value = config.get(field, config.get("hidden_size") if field == "embedding_size" else None)
+        if type(value) is not int or not 0 < value <= 10**7:
+            raise ConfigError(
+                f"{option} {spec}: its config.json's {field} is {value!r}, not a size a {family} model has; "
+                "point it at a folder written by save_pretrained"
+            )
+    table, rows, columns = EMBEDDING_TABLES[model_type]
+    expected = (config[rows], config.get(columns, config.get("hidden_size")))
+    shapes: dict[str, tuple[int, ...]] = {}
+    try:
+        for path in _weight_files(weights):
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), "pt") as f:
+                    for name in f.keys():
+                        shapes[name] = tuple(f.get_slice(name).get_shape())
+    except Exception as err:  # a damaged header, an index that names other files
+        raise ConfigError(
+            f"{option} {spec}: its weights cannot be read ({first_line(err)}); copy or save it again"
+        ) from None
+    found = [shape for name, shape in shapes.items() if name == table or name.endswith("." + table)]
+    if found != [expected]:
+        raise ConfigError(
+            f"{option} {spec}: its weights' word embeddings are {found[0] if found else 'missing'} but its "
+            f"config.json gives {expected}; point it at a folder written by save_pretrained"
+        )
+    return set(shapes)
+
+
+def _start_class(model_type: str, config: dict, keys: set[str]) -> str:
+    """The transformers class the weights were saved from: the config's architecture where Kiln converts it, with
+    BERT's pretraining heads decided by the weights (bert-base-uncased says BertForMaskedLM but holds both)."""
+    default = {"bert": "BertForPreTraining", "electra": "ElectraForPreTraining", "gpt2": "GPT2LMHeadModel"}
+    prefix = {"bert": "Bert", "electra": "Electra", "gpt2": "GPT2"}[model_type]
+    architecture = (config.get("architectures") or [None])[0]
+    name = architecture if architecture in TO_KILN and architecture.startswith(prefix) else default[model_type]
+    if model_type == "bert" and name in ("BertForPreTraining", "BertForMaskedLM"):
+        if "cls.predictions.bias" in keys:
+            name = "BertForPreTraining" if "cls.seq_relationship.weight" in keys else "BertForMaskedLM"
+        elif not any(key.startswith("cls.") for key in keys):
+            name = "BertModel"
+    return name
 
 
 def convert_parser() -> argparse.ArgumentParser:

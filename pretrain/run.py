@@ -181,29 +181,61 @@ def validate_electra(model) -> None:
 
 def check_init_from(model) -> None:
     """model.init_from is a checkpoint of model.kind, decided from its config.json read as data: nothing it names
-    is imported or run here (a non-Kiln checkpoint with code of its own is refused unless model.trust_remote_code)."""
+    is imported or run here (a non-Kiln checkpoint with code of its own is refused unless model.trust_remote_code).
+    A transformers BERT / ELECTRA (encoder) or GPT-2 (decoder) checkpoint is converted to Kiln (`start_folder`)."""
     from kiln.model_files import carries_code, read_model_config
+    from pretrain.convert import convertible
 
     try:
         found = read_model_config(model.init_from)
     except OSError as err:  # not a folder with config.json, not a Hub repo, no network
         raise ConfigError(
-            f"model.init_from {model.init_from}: cannot load a checkpoint from it ({err}); point it at a "
-            "checkpoint folder saved by Kiln (e.g. runs/encoder-tiny/final) or a Hub id (user/name)"
+            f"--model.init_from {model.init_from}: cannot load a checkpoint from it ({err}); point it at a "
+            "checkpoint folder saved by Kiln (e.g. runs/encoder-tiny/final), a transformers BERT, ELECTRA or GPT-2 "
+            "folder, or a Hub id (user/name)"
         ) from None
     expected_type = "kiln_encoder" if model.kind == "encoder" else "kiln_decoder"
     found_type = found.get("model_type")
     if found_type == expected_type or (model.trust_remote_code and carries_code(found)):
         return
-    own_code = (
-        " with Python code of its own (auto_map), which Kiln runs only with --model.trust_remote_code,"
-        if carries_code(found)
-        else ""
+    kinds = {"kiln_encoder": ("a Kiln encoder", "encoder"), "kiln_decoder": ("a Kiln decoder", "decoder")}
+    family = convertible(found)
+    if family is not None:
+        kinds[found_type] = (f"a transformers {family[0]} ({family[1]})", family[1])
+    if found_type in kinds:
+        what, kind = kinds[found_type]
+        if kind == model.kind:
+            start_folder(model)  # converted now: a checkpoint that cannot be is refused before the run starts
+            return
+        raise ConfigError(
+            f"--model.init_from {model.init_from} is {what} checkpoint but --model.kind is {model.kind}; "
+            f"set --model.kind {kind}"
+        )
+    starts = (
+        "a Kiln encoder checkpoint or a transformers BERT or ELECTRA one (converted on the way in)"
+        if model.kind == "encoder"
+        else "a Kiln decoder checkpoint or a transformers GPT-2 one (converted on the way in)"
     )
+    if carries_code(found):
+        raise ConfigError(
+            f"--model.init_from {model.init_from} is a {found_type} checkpoint with Python code of its own "
+            f"(auto_map), which Kiln runs only with --model.trust_remote_code; point it at {starts}"
+        )
     raise ConfigError(
-        f"model.init_from {model.init_from} is a {found_type} checkpoint{own_code} but model.kind is {model.kind}; "
-        f"point it at a {expected_type} checkpoint or change model.kind"
+        f"--model.init_from {model.init_from} is a {found_type} checkpoint, which Kiln cannot start a {model.kind} "
+        f"from; point it at {starts}"
     )
+
+
+def start_folder(model) -> str:
+    """Where build_model loads model.init_from from: the folder or Hub id itself, or for a transformers BERT /
+    ELECTRA / GPT-2 checkpoint the Kiln folder converted from it (`pretrain.convert.converted_start`)."""
+    from kiln.model_files import read_model_config
+    from pretrain.convert import converted_start, convertible
+
+    if convertible(read_model_config(model.init_from)) is None:  # Kiln's own, or code the user trusts
+        return model.init_from
+    return converted_start(model.init_from, "--model.init_from")
 
 
 def _looks_local(spec: str) -> bool:
@@ -281,6 +313,7 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
 def build_model(config: RunConfig, tokenizer, vocab_size: int):
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForPreTraining
 
+    from pretrain.convert import announce_conversions
     from pretrain.modeling import (
         KilnDecoderConfig,
         KilnDecoderForCausalLM,
@@ -292,7 +325,8 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
 
     m = config.model
     if m.init_from:  # a checkpoint of model.kind (check_init_from)
-        if m.trust_remote_code:  # the user opted into the checkpoint's own code
+        start = start_folder(m)
+        if m.trust_remote_code and start == m.init_from:  # the user opted into the checkpoint's own code
             auto = AutoModelForCausalLM
             if m.kind == "encoder":
                 auto = AutoModelForMaskedLM if m.objective == "mlm" else AutoModelForPreTraining
@@ -301,7 +335,8 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
             kiln_class = KilnDecoderForCausalLM
             if m.kind == "encoder":
                 kiln_class = KilnEncoderForMaskedLM if m.objective == "mlm" else KilnEncoderForPreTraining
-            model = kiln_class.from_pretrained(m.init_from, attn_implementation=m.attn_implementation)
+            model = kiln_class.from_pretrained(start, attn_implementation=m.attn_implementation)
+            announce_conversions()
         if m.kind == "encoder":
             for name, value in PRETRAINING_FAST_PATHS.items():
                 setattr(model.config, name, value)

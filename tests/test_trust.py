@@ -95,9 +95,9 @@ def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(tm
     assert p_code != 0 and f_code != 0
     assert "Do you wish to run the custom code" not in p_out + f_out  # refused, not asked about
     assert error_line(p_out) == (
-        f"error: model.init_from {stranger} is a stranger_bert checkpoint with Python code of its own (auto_map), "
-        "which Kiln runs only with --model.trust_remote_code, but model.kind is encoder; point it at a kiln_encoder "
-        "checkpoint or change model.kind"
+        f"error: --model.init_from {stranger} is a stranger_bert checkpoint with Python code of its own (auto_map), "
+        "which Kiln runs only with --model.trust_remote_code; point it at a Kiln encoder checkpoint or a "
+        "transformers BERT or ELECTRA one (converted on the way in)"
     )
     assert error_line(f_out).startswith(f"error: --model.checkpoint {stranger} is a stranger_bert checkpoint")
     assert not (tmp_path / "p").exists() and not (tmp_path / "f").exists()
@@ -137,7 +137,7 @@ def test_a_hub_checkpoint_of_another_type_with_code_is_refused_without_running_i
     assert not marker.exists(), "the checkpoint's own code ran"
     assert p_code != 0 and f_code != 0
     assert "Do you wish to run the custom code" not in p_out + f_out
-    assert error_line(p_out).startswith("error: model.init_from stranger/bert-init is a stranger_bert checkpoint with")
+    assert error_line(p_out).startswith("error: --model.init_from stranger/bert-init is a stranger_bert checkpoint with")
     assert error_line(f_out).startswith("error: --model.checkpoint stranger/bert-init is a stranger_bert checkpoint")
     # only config.json was read; none of the repo's Python files was even downloaded
     downloaded = [str(p) for p in (tmp_path / "hf-home").rglob("*.py")]

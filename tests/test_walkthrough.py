@@ -157,19 +157,24 @@ def test_continued_pretraining_from_bert_and_gpt2(tmp_path, kind):
     commands = documented_commands(page)
     download = [c for c in commands if c.startswith("hf download")]
     assert len(download) == 2 and "bert" in download[0] and "gpt2" in download[1], commands
-    # the page's three steps for this model: download, convert, continue, convert back
+    # the page's steps for this model: download, continue from the downloaded folder (converted on the way in),
+    # convert back
     first = commands.index(download[0 if kind == "bert" else 1])
     folder = shlex.split(commands[first])[-1]
-    steps = [commands[first + 1], commands[first + 2]]
+    steps = [commands[first + 1]]
+    assert f"--model.init_from {folder} " in steps[0], steps
     back = [c for c in commands if c.startswith("python -m pretrain.convert runs/") and
-            shlex.split(steps[1])[-1] in c]  # fmt: skip
+            shlex.split(steps[0])[-1] in c]  # fmt: skip
     assert len(back) == 1, (steps, commands)
     work = workspace(tmp_path)
     make_checkpoint(kind, work / folder)  # what `hf download` would leave, small and random
+    outputs = []
     for command in [*steps, *back]:
         argv, env = as_run_here(command)
-        run(argv, work, env)
-    continued, plain = shlex.split(steps[1])[-1], shlex.split(back[0])[-1]
+        outputs.append(run(argv, work, env))
+    family = "BERT" if kind == "bert" else "GPT-2"
+    assert f"--model.init_from {folder} is a transformers {family} checkpoint" in outputs[0], outputs[0][-3000:]
+    continued, plain = shlex.split(steps[0])[-1], shlex.split(back[0])[-1]
     saved = json.loads((work / continued / "final/config.json").read_text())
     assert saved["model_type"] == ("kiln_encoder" if kind == "bert" else "kiln_decoder")
     assert saved["hidden_size"] == 32  # the shape of the checkpoint it started from, not the config's
