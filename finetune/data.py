@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 import pyarrow.compute
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value, load_dataset
 
+from kiln.errors import as_flag
+
 IGNORE_INDEX = -100  # label id that torch's cross-entropy (and so every model head) skips
 
 SPLITS = ("train", "validation", "test")
@@ -399,7 +401,9 @@ def _load_splits(
     return dataset
 
 
-def _require_columns(dataset: DatasetDict, columns: Sequence[str], what: str, splits=None) -> None:
+def _require_columns(dataset: DatasetDict, columns: Sequence[str], what: str, option: str, splits=None) -> None:
+    """Every column in `columns` exists in each split (`splits`, default all); else one line naming the setting
+    (`option`, e.g. "data.label_column") as its flag and the columns the split has."""
     for split_name in dataset if splits is None else splits:
         if split_name not in dataset:
             continue
@@ -407,8 +411,8 @@ def _require_columns(dataset: DatasetDict, columns: Sequence[str], what: str, sp
         missing = [column for column in columns if column not in existing]
         if missing:
             raise FinetuneDataError(
-                f"{what} column {', '.join(map(repr, missing))} not found in the {split_name} split; "
-                f"its columns are: {', '.join(existing)}"
+                f"{what} column {', '.join(map(repr, missing))} not found in the {split_name} split, whose columns "
+                f"are: {', '.join(existing)}; set {as_flag(option)} to one of them"
             )
 
 
@@ -588,12 +592,12 @@ def load_classification_data(
         text_columns = next((c for c in candidates if all(name in columns for name in c)), None)
         if text_columns is None:
             raise FinetuneDataError(
-                f"cannot guess the text column(s) among: {', '.join(columns)}; set text_columns"
+                f"cannot guess the text column(s) among: {', '.join(columns)}; set --data.text_columns"
             )
     text_columns = [text_columns] if isinstance(text_columns, str) else list(text_columns)
     if len(text_columns) not in (1, 2):
-        raise FinetuneDataError(f"text_columns must name 1 or 2 columns, got {len(text_columns)}")
-    _require_columns(dataset, text_columns, "text")
+        raise FinetuneDataError(f"--data.text_columns must name 1 or 2 columns, got {len(text_columns)}")
+    _require_columns(dataset, text_columns, "text", "data.text_columns")
     origins = {split: os.fspath(path) for split, path in files.items() if path}
     if dataset_name:
         origins = {split: f"the {split} split of {dataset_name}" for split in dataset}
@@ -601,7 +605,7 @@ def load_classification_data(
     _require_text(dataset, text_columns, "text", "data.text_columns")
     if unlabelled_test and "test" in dataset and label_column in dataset["test"].column_names:
         dataset["test"] = dataset["test"].remove_columns(label_column)
-    _require_columns(dataset, [label_column], "label", splits=[name for name in dataset if name != "test"])
+    _require_columns(dataset, [label_column], "label", "data.label_column", splits=[name for name in dataset if name != "test"])
 
     renames = dict(zip(text_columns, ("text", "text_pair")))
     renames[label_column] = "label"
@@ -659,8 +663,8 @@ def load_tagging_data(
         reader=reader,
         revision=dataset_revision,
     )
-    _require_columns(dataset, [tokens_column], "tokens")
-    _require_columns(dataset, [tags_column], "tags", splits=("train", "validation"))
+    _require_columns(dataset, [tokens_column], "tokens", "data.tokens_column")
+    _require_columns(dataset, [tags_column], "tags", "data.tags_column", splits=("train", "validation"))
     for split_name, split in dataset.items():
         if tags_column in split.column_names:
             split = _class_labels_to_names(split, tags_column)
@@ -737,7 +741,7 @@ def load_seq2seq_data(
             dataset[split_name] = split.map(from_translation, batched=True, remove_columns=split.column_names)
     elif source_lang and target_lang and source_lang in columns and target_lang in columns:
         source_column, target_column = source_lang, target_lang
-    _require_columns(dataset, [source_column, target_column], "source/target")
+    _require_columns(dataset, [source_column, target_column], "source/target", "data.source_column / --data.target_column")
     _require_text(
         dataset, [source_column, target_column], "source/target", "data.source_column/target_column", lists=True
     )
@@ -756,7 +760,7 @@ def load_seq2seq_data(
         if empty_targets:
             raise FinetuneDataError(
                 f"{len(empty_targets)} rows of the {split_name} split have an empty target "
-                f"(first: row {empty_targets[0]}); drop them or fix target_column"
+                f"(first: row {empty_targets[0]}); drop them or fix --data.target_column"
             )
         dataset[split_name] = split.map(flatten, batched=True, desc=f"{split_name} to source/target text")
     return _add_validation_split(dataset, validation_split_percentage, seed)

@@ -268,7 +268,7 @@ def test_classification_errors_name_the_problem(tmp_path):
     train = write_csv(tmp_path / "train.csv", [("good", "pos"), ("bad", "neg")])
     with pytest.raises(
         FinetuneDataError,
-        match="label column 'sentiment' not found in the train split; its columns are: sentence, label",
+        match="label column 'sentiment' not found in the train split, whose columns are: sentence, label; set --data.label_column to one of them",
     ):
         load_classification_data(train_file=train, label_column="sentiment")
     unseen = write_csv(tmp_path / "dev.csv", [("meh", "neutral"), ("ok", "pos"), ("hm", "mixed")])
@@ -349,7 +349,7 @@ def test_tagging_errors_name_the_problem(tmp_path):
     words = write_jsonl(tmp_path / "words.jsonl", [{"words": ["a"], "ner": ["O"]}])
     with pytest.raises(
         FinetuneDataError,
-        match="tokens column 'tokens' not found in the train split; its columns are: words, ner",
+        match="tokens column 'tokens' not found in the train split, whose columns are: words, ner; set --data.tokens_column to one of them",
     ):
         load_tagging_data(train_file=words)
 
