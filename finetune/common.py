@@ -157,7 +157,7 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
     from transformers import AutoConfig
 
     import pretrain.modeling  # noqa: F401  (registers the Kiln model types with AutoConfig)
-    from pretrain.convert import converted_start, convertible
+    from pretrain.convert import convert_first_advice, converted_start, convertible
 
     local = resolve_path(spec)
     if os.path.isdir(local):
@@ -184,6 +184,9 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
     family = convertible(found)
     if family is not None and family[2] in expected:  # transformers BERT / ELECTRA / GPT-2: converted to Kiln
         path, found_type = converted_start(path, option, revision), family[2]
+    advice = convert_first_advice(found, spec, option)
+    if advice and "kiln_encoder" in expected:
+        raise ConfigError(advice)
     if found_type not in expected:
         wanted = " or ".join(expected)
         default_dir, command = PRETRAIN_COMMANDS.get(expected[0], (None, None))

@@ -769,6 +769,21 @@ _converted: dict[tuple[str, str | None], str] = {}
 _pending: list[str] = []
 
 
+# transformers model types `python -m pretrain.convert` converts but a run does not convert on the way in
+CONVERT_FIRST = {"modernbert": "ModernBERT"}
+
+
+def convert_first_advice(config: dict, spec: str, option: str) -> str | None:
+    """For a checkpoint only the converter's command takes (ModernBERT): the one-line advice to run it first."""
+    family = CONVERT_FIRST.get(config.get("model_type"))
+    if family is None or carries_code(config):
+        return None
+    return (
+        f"{option} {spec} is a transformers {family} checkpoint; convert it first with "
+        f"`python -m pretrain.convert {spec} DST` and point {option} at DST"
+    )
+
+
 def convertible(config: dict) -> tuple[str, str, str] | None:
     """(family name, Kiln kind, Kiln model_type) of a transformers BERT / ELECTRA / GPT-2 config.json read as a
     dict, which a run converts on the way in; None for any other checkpoint, and for one that names Python files

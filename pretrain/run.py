@@ -184,7 +184,7 @@ def check_init_from(model) -> None:
     is imported or run here (a non-Kiln checkpoint with code of its own is refused unless model.trust_remote_code).
     A transformers BERT / ELECTRA (encoder) or GPT-2 (decoder) checkpoint is converted to Kiln (`start_folder`)."""
     from kiln.model_files import carries_code, read_model_config
-    from pretrain.convert import convertible
+    from pretrain.convert import convert_first_advice, convertible
 
     try:
         found = read_model_config(model.init_from)
@@ -216,14 +216,17 @@ def check_init_from(model) -> None:
         if model.kind == "encoder"
         else "a Kiln decoder checkpoint or a transformers GPT-2 one (converted on the way in)"
     )
+    advice = convert_first_advice(found, model.init_from, "--model.init_from")
+    if advice and model.kind == "encoder":
+        raise ConfigError(advice)
     if carries_code(found):
         raise ConfigError(
             f"--model.init_from {model.init_from} is a {found_type} checkpoint with Python code of its own "
             f"(auto_map), which Kiln runs only with --model.trust_remote_code; point it at {starts}"
         )
     raise ConfigError(
-        f"--model.init_from {model.init_from} is a {found_type} checkpoint, which Kiln cannot start a {model.kind} "
-        f"from; point it at {starts}"
+        f"--model.init_from {model.init_from} is a {found_type} checkpoint, which Kiln cannot start "
+        f"{'an encoder' if model.kind == 'encoder' else 'a decoder'} from; point it at {starts}"
     )
 
 

@@ -230,9 +230,17 @@ def test_a_start_that_cannot_be_converted_is_one_line_naming_the_fix(tmp_path, c
     transformers.RobertaModel(transformers.RobertaConfig(vocab_size=60, **SHAPE)).save_pretrained(roberta)
     message = cli_error(capsys, "--model.init_from", roberta)
     assert message == (
-        f"error: --model.init_from {roberta} is a roberta checkpoint, which Kiln cannot start a encoder from; point "
+        f"error: --model.init_from {roberta} is a roberta checkpoint, which Kiln cannot start an encoder from; point "
         "it at a Kiln encoder checkpoint or a transformers BERT or ELECTRA one (converted on the way in)"
     ) and "model.kind" not in message
+    # a type only the converter's command takes: run it first
+    modern = tmp_path / "modernbert"
+    modern.mkdir()
+    (modern / "config.json").write_text(json.dumps({"model_type": "modernbert", "hidden_size": 32}))
+    assert cli_error(capsys, "--model.init_from", modern) == (
+        f"error: --model.init_from {modern} is a transformers ModernBERT checkpoint; convert it first with "
+        f"`python -m pretrain.convert {modern} DST` and point --model.init_from at DST"
+    )
     # weights as a pickle only: not read here; the converter's command does it
     pickled = tmp_path / "pickled"
     pickled.mkdir()
