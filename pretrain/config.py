@@ -1,5 +1,5 @@
-"""The pretraining run's configuration: the model, tokenizer and data sections of the pretraining app, with the
-engine's training, logging and hub sections (kiln.config, which also holds the YAML and command-line machinery).
+"""The pretraining run's configuration: the model, tokenizer, data and eval sections of the pretraining app, with
+the engine's training, logging and hub sections (kiln.config, which also holds the YAML and command-line machinery).
 
 Every field carries a docstring (the string literal right under it); `--help` prints them.
 """
@@ -148,6 +148,14 @@ class DataConfig:
 
 
 @dataclass
+class PretrainEvalConfig:
+    blimp: int = 0
+    """Score BLiMP's minimal pairs zero-shot at every evaluation (encoder: pseudo-log-likelihood, decoder: log-probability; docs/zero-shot.md): the first N pairs of each of its 67 paradigms, logged as eval/blimp, the mean accuracy over paradigms; split across the processes, the same number on any number of them. 0: off. The shipped sample holds 50 per paradigm."""
+    blimp_data: str = "data/blimp"
+    """Folder of BLiMP's <paradigm>.jsonl files (gzipped or not) for eval.blimp; relative paths are taken from the repo root. The default is the sample shipped with Kiln (the first 50 pairs of each paradigm); `hub` reads the Hub dataset nyu-mll/blimp."""
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -155,9 +163,10 @@ class RunConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     hub: HubConfig = field(default_factory=HubConfig)
+    eval: PretrainEvalConfig = field(default_factory=PretrainEvalConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-__all__ = ["DataConfig", "ModelConfig", "RunConfig", "TokenizerConfig"]
+__all__ = ["DataConfig", "ModelConfig", "PretrainEvalConfig", "RunConfig", "TokenizerConfig"]

@@ -1,4 +1,5 @@
-"""Pretraining evaluation: token-weighted MLM loss/accuracy, NSP accuracy, CLM loss/perplexity.
+"""Pretraining evaluation: token-weighted MLM loss/accuracy, NSP accuracy, CLM loss/perplexity, and BLiMP
+zero-shot accuracy beside them (`with_blimp`, scored by pretrain.zero_shot).
 
 Each evaluator computes per-sequence sums so that `gather_for_metrics` (which drops the samples duplicated to
 even out the last batch across processes) weighs every real token exactly once.
@@ -133,4 +134,17 @@ def evaluate_decoder(model, loader, accelerator: Accelerator) -> dict[str, float
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "accuracy": total["correct"] / total["tokens"]}
 
 
-__all__ = ["evaluate_decoder", "evaluate_encoder", "replaced_token_scores"]
+def with_blimp(evaluator, blimp):
+    """`evaluator` (model, loader, accelerator) -> metrics, with `blimp` (a pretrain.zero_shot.BlimpEvaluation)
+    scored after it: its mean accuracy over paradigms as `blimp`. Every process scores its share of the batches
+    with the unwrapped model and the sums are exchanged, so the number is the same on any number of processes."""
+
+    def evaluate(model, loader, accelerator: Accelerator) -> dict[str, float]:
+        metrics = evaluator(model, loader, accelerator)
+        result = blimp.evaluate(accelerator.unwrap_model(model), accelerator)
+        return {**metrics, "blimp": result["mean"]}
+
+    return evaluate
+
+
+__all__ = ["evaluate_decoder", "evaluate_encoder", "replaced_token_scores", "with_blimp"]

@@ -83,6 +83,13 @@ def validate(config: RunConfig) -> None:
         )
     if model.init_from:
         check_init_from(model)
+    if config.eval.blimp < 0:
+        raise ConfigError(f"eval.blimp must be a number of pairs per paradigm (0: off), got {config.eval.blimp}")
+    if config.eval.blimp and model.objective == "electra":
+        raise ConfigError(
+            "eval.blimp scores sentences with a masked LM, and ELECTRA's discriminator has none; drop --eval.blimp "
+            "and score its generator afterwards (python -m pretrain.zero_shot blimp --model OUTPUT/final/generator)"
+        )
     if not model.init_from and config.data.max_seq_length > model.max_position_embeddings:
         raise ConfigError(
             f"data.max_seq_length={config.data.max_seq_length} exceeds model.max_position_embeddings="
@@ -402,12 +409,15 @@ def build_run(config: RunConfig, accelerator, card_summary: dict | None = None):
     """The run's parts: tokenizer, model and examples (`build_inputs`), evaluation, FLOPs and the model card."""
     from kiln.export import ModelCardFacts
     from kiln.job import RunParts
-    from pretrain.evaluation import evaluate_decoder, evaluate_encoder
+    from pretrain.evaluation import evaluate_decoder, evaluate_encoder, with_blimp
     from pretrain.modeling import count_flops_per_token
 
     model_cfg, data_cfg = config.model, config.data
     tokenizer, model, data = build_inputs(config, accelerator, Path(config.training.output_dir))
     encoder, electra = model_cfg.kind == "encoder", model_cfg.objective == "electra"
+    evaluator = evaluate_encoder if encoder else evaluate_decoder
+    if config.eval.blimp:
+        evaluator = with_blimp(evaluator, blimp_evaluation(config, tokenizer, model, accelerator))
     return RunParts(
         model=model,
         tokenizer=tokenizer,
@@ -423,7 +433,7 @@ def build_run(config: RunConfig, accelerator, card_summary: dict | None = None):
         collator=data.collator,
         eval_dataset=data.eval_dataset,
         eval_collator=data.eval_collator,
-        evaluator=evaluate_encoder if encoder else evaluate_decoder,
+        evaluator=evaluator,
         # the encoder's vocabulary projection runs only at the masked positions (sparse prediction)
         flops_per_token=electra_flops_per_token(model, data_cfg)
         if electra
@@ -434,6 +444,24 @@ def build_run(config: RunConfig, accelerator, card_summary: dict | None = None):
         loss_weights={"rtd_loss": model_cfg.discriminator_weight, "rtd_accuracy": 0.0} if electra else None,
         num_workers=data_cfg.num_workers,
     )
+
+
+def blimp_evaluation(config: RunConfig, tokenizer, model, accelerator):
+    """BLiMP's first eval.blimp pairs of each paradigm, tokenized once for the run's tokenizer."""
+    from kiln.config import resolve_path
+    from pretrain.zero_shot import BlimpEvaluation, ZeroShotError, read_blimp
+    from pretrain.zero_shot.scoring import max_input_length
+
+    source = config.eval.blimp_data
+    try:
+        pairs = read_blimp(None if source == "hub" else resolve_path(source), config.eval.blimp)
+        evaluation = BlimpEvaluation(pairs, tokenizer, config.model.kind, max_length=max_input_length(model))
+    except ZeroShotError as err:
+        raise ConfigError(f"eval.blimp: {err} (eval.blimp_data {source})") from None
+    if accelerator.is_main_process:
+        paradigms = len({pair.paradigm for pair in pairs})
+        logger.info("BLiMP at every evaluation: %d pairs of %d paradigms from %s", len(pairs), paradigms, source)
+    return evaluation
 
 
 def build_inputs(config: RunConfig, accelerator, out):

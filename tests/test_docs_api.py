@@ -19,7 +19,8 @@ REQUIRED = {
     "kiln.job": ["run_job", "TrainingJob", "RunParts"],
     "kiln.callbacks": ["TrainerCallback", "RunEnd", "BestModel", "FinalExport", "HubSync", "Trackers"],
     "kiln.config": ["TrainingConfig", "LoggingConfig", "HubConfig", "build_config"],
-    "pretrain.config": ["RunConfig", "ModelConfig", "TokenizerConfig", "DataConfig"],
+    "pretrain.config": ["RunConfig", "ModelConfig", "TokenizerConfig", "DataConfig", "PretrainEvalConfig"],
+    "pretrain.zero_shot": ["score_sentences", "SentenceScorer", "read_blimp", "BlimpEvaluation", "blimp_accuracies"],
     "pretrain.convert": ["from_transformers", "to_transformers", "convert_checkpoint"],
     "pretrain.export_onnx": ["export"],
 }

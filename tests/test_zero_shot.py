@@ -299,3 +299,53 @@ def test_the_command_refuses_what_it_cannot_score_in_one_line(kiln_checkpoints, 
     assert status == 1 and "cannot load a model" in err and err.count("\n") == 1
     done = python("-m", "pretrain.zero_shot", check=False)  # as a user types it
     assert done.returncode == 1 and "name a task" in done.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# in the pretraining loop: --eval.blimp
+
+
+def final_blimp(output_dir) -> float:
+    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["eval/blimp"] for row in rows if "eval/blimp" in row][-1]
+
+
+def test_in_loop_blimp_on_two_processes_is_the_one_process_score_of_the_same_weights(tmp_path):
+    """`--eval.blimp 3` on two CPU processes (each scoring its share of the batches): the final evaluation's
+    eval/blimp is exactly what one process gives the saved final/ weights; on the progress line and the card."""
+    from kiln_testing import launch_two_processes
+
+    out = tmp_path / "two"
+    done = launch_two_processes(out, "--eval.blimp", 3, "--training.max_steps", 2, "--training.eval_steps", 2,
+                                "--training.save_steps", 0)  # fmt: skip
+    two = final_blimp(out)
+    assert f"eval/blimp {two:.4g}" in done.stdout + done.stderr
+    model, tokenizer, _ = load_model(str(out / "final"))
+    one = BlimpEvaluation(read_blimp(SAMPLE, 3), tokenizer, "encoder").evaluate(model)
+    assert two == one["mean"]
+    assert 0.3 < two < 0.7  # two steps: near chance
+    assert "| blimp |" in (out / "final" / "README.md").read_text()
+
+
+def test_in_loop_blimp_of_a_decoder_is_the_command_s_score(tmp_path, capsys):
+    from kiln_testing import DECODER, run
+
+    out = tmp_path / "dec"
+    run(out, *DECODER, "--eval.blimp", 2, "--training.max_steps", 2, "--training.eval_steps", 2,
+        "--training.save_steps", 0)  # fmt: skip
+    status, _, _ = blimp_command(capsys, "--model", out / "final", "--data", "data/blimp", "--pairs", 2,
+                                 "--json", tmp_path / "dec.json")  # fmt: skip
+    assert status == 0 and final_blimp(out) == json.loads((tmp_path / "dec.json").read_text())["mean"]
+
+
+def test_in_loop_blimp_refuses_what_it_cannot_score_in_one_line(tmp_path, capsys):
+    from kiln_testing import cli_in_process
+
+    status, err = cli_in_process(capsys, "--eval.blimp", 5, "--model.objective", "electra",
+                                 "--training.output_dir", tmp_path / "e")  # fmt: skip
+    assert status != 0 and len(err) == 1 and "ELECTRA's discriminator has none" in err[0]
+    status, err = cli_in_process(capsys, "--eval.blimp", 5, "--eval.blimp_data", tmp_path / "none",
+                                 "--training.output_dir", tmp_path / "n")  # fmt: skip
+    assert status != 0 and len(err) == 1 and "eval.blimp" in err[0] and "does not exist" in err[0]
+    status, err = cli_in_process(capsys, "--eval.blimp", -1, "--training.output_dir", tmp_path / "m")
+    assert status != 0 and len(err) == 1 and "eval.blimp must be" in err[0]
