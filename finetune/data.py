@@ -16,6 +16,7 @@ import gzip
 import math
 import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import pyarrow.compute
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value, load_dataset
@@ -359,16 +360,20 @@ def _load_splits(
     hub_splits: dict[str, str] | None = None,
     column_names: dict[str, Sequence[str]] | None = None,
     revision: str | None = None,
+    offline_fix: str | None = None,
 ) -> DatasetDict:
     """Splits by name. `hub_splits`: our split name -> the Hub dataset's (default: the usual aliases, dev ->
     validation, ...); `column_names`: split -> columns of a local file without a header line; `revision`: the
-    Hub dataset's branch, tag, commit or `refs/convert/parquet`."""
+    Hub dataset's branch, tag, commit or `refs/convert/parquet`; `offline_fix`: how to give the data as local
+    files instead, named when the Hub dataset cannot be loaded (default: the --data.*_file options)."""
     given_files = {split: path for split, path in files.items() if path}
     if dataset_name and given_files:
         raise FinetuneDataError("give either dataset_name or local files (train_file, ...), not both")
     if dataset_name:
         try:
             raw = load_dataset(dataset_name, dataset_config, **({"revision": revision} if revision else {}))
+        except ConnectionError:  # no network or offline, and not in the datasets cache
+            raise FinetuneDataError(_unreachable_dataset(dataset_name, dataset_config, offline_fix)) from None
         except RuntimeError as error:  # datasets >= 4 runs no loading scripts
             if "Dataset scripts are no longer supported" not in str(error):
                 raise
@@ -399,6 +404,47 @@ def _load_splits(
         if len(split) == 0:
             raise FinetuneDataError(f"the {split_name} split is empty; check the file or dataset config")
     return dataset
+
+
+OFFLINE_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "finetune" / "offline"
+"""The shipped configs that read local copies of the Hub data sets the other fine-tuning configs name."""
+
+
+def offline_config_for(dataset_name: str, dataset_config: str | None) -> Path | None:
+    """The config in OFFLINE_CONFIGS whose `_base_` loads `dataset_name` (`dataset_config`) from the Hub."""
+    import yaml
+
+    from kiln.config import load_yaml
+
+    for path in sorted(OFFLINE_CONFIGS.glob("*.yaml")):
+        try:
+            base = yaml.safe_load(path.read_text(encoding="utf-8")).get("_base_")
+            data = load_yaml(path.parent / base).get("data", {}) if isinstance(base, str) else {}
+        except Exception:  # a config that does not read: not the one
+            continue
+        if data.get("dataset_name") == dataset_name and data.get("dataset_config") == dataset_config:
+            return path
+    return None
+
+
+def _unreachable_dataset(dataset_name: str, dataset_config: str | None, offline_fix: str | None) -> str:
+    """The one line for a Hub data set that can neither be downloaded nor read from the datasets cache."""
+    from datasets import config as datasets_config
+
+    name = f"{dataset_name} ({dataset_config})" if dataset_config else dataset_name
+    why = "HF_HUB_OFFLINE is set" if datasets_config.HF_HUB_OFFLINE else "the Hub cannot be reached"
+    if offline_fix is None:
+        twin = offline_config_for(dataset_name, dataset_config)
+        offline_fix = (
+            "--data.dataset_name none with --data.train_file, --data.validation_file and --data.test_file"
+            + (f" (as --config {twin.relative_to(OFFLINE_CONFIGS.parents[2])} does)" if twin else "")
+        )
+        if dataset_name == "nyu-mll/glue" and dataset_config:  # the GLUE distribution's files, by task preset
+            offline_fix += f", or --data.glue_task {dataset_config} --data.glue_dir DIR (the task's GLUE folder)"
+    return (
+        f"cannot load the Hub dataset {name}: {why} and the datasets cache does not hold it; run once with the "
+        f"network to cache it (HF_HUB_OFFLINE=1 then reads the cache), or read local copies: {offline_fix}"
+    )
 
 
 def _require_columns(dataset: DatasetDict, columns: Sequence[str], what: str, option: str, splits=None) -> None:
@@ -572,6 +618,7 @@ def load_classification_data(
     column_names: dict[str, Sequence[str]] | None = None,
     int_label_names: Sequence[str] | None = None,
     unlabelled_test: bool = False,
+    offline_fix: str | None = None,
 ) -> DatasetDict:
     """Sentence(-pair) classification data from a Hub dataset (or local folder) or csv/tsv/json/jsonl/parquet
     files, as columns `text` (+ `text_pair`) and `label`. `text_columns`: one column, or two for pairs; by
@@ -582,10 +629,11 @@ def load_classification_data(
     labelled evaluation splits by name (MNLI's mismatched dev set); `hub_splits` maps split names to the Hub
     dataset's; `column_names` names the columns of files without a header line, by split; `int_label_names`
     turns int labels i into int_label_names[i] (files that write 0/1 where the Hub has names);
-    `unlabelled_test` drops the test split's labels (placeholders such as GLUE's -1)."""
+    `unlabelled_test` drops the test split's labels (placeholders such as GLUE's -1); `offline_fix` names the
+    local files to give when the Hub dataset cannot be loaded."""
     files = {"train": train_file, "validation": validation_file, "test": test_file, **(extra_files or {})}
     dataset = _load_splits(dataset_name, dataset_config, files, hub_splits=hub_splits, column_names=column_names,
-                           revision=dataset_revision)  # fmt: skip
+                           revision=dataset_revision, offline_fix=offline_fix)  # fmt: skip
     columns = dataset["train"].column_names
     if text_columns is None:
         candidates = [("sentence1", "sentence2"), ("sentence",), ("text",)]

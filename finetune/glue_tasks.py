@@ -115,7 +115,9 @@ def apply_preset(data, training) -> dict:
         data.dataset_name, data.dataset_config = HUB_DATASET, task.name
         data.train_file = data.validation_file = data.test_file = None
         data.text_columns, data.label_column = list(task.hub_text_columns), "label"
-        return {"hub_splits": task.hub_splits, "unlabelled_test": True}
+        # without the Hub: the GLUE distribution's folder of the task
+        offline_fix = f"--data.glue_dir DIR, the {task.folder} folder of the GLUE data (python finetune/glue.py: --glue-dir)"
+        return {"hub_splits": task.hub_splits, "unlabelled_test": True, "offline_fix": offline_fix}
     folder = Path(resolve_path(data.glue_dir))
     paths = {split: folder / name for split, name in task.files.items()}
     missing = [str(paths[split]) for split in ("train", "validation") if not paths[split].is_file()]

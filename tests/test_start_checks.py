@@ -249,3 +249,59 @@ def test_a_hub_that_cannot_be_asked_leaves_the_run_going(hub, tmp_path, caplog, 
         hub.reset(token=hub.token)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert check_push_rights(f"{TEST_USER}/later").unchecked == "HF_HUB_OFFLINE is set"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# item 9: the shipped Hub-dataset configs without the Hub
+
+
+HUB_DATASET_CONFIGS = ["classify-sst2", "classify-mrpc", "classify-stsb", "tag-conll2003", "seq2seq-multi30k"]
+
+
+@pytest.mark.parametrize("name", HUB_DATASET_CONFIGS)
+def test_every_shipped_hub_dataset_config_offline_names_the_dataset_and_the_local_files(name, monkeypatch, tmp_path):
+    from datasets import config as datasets_config
+    from huggingface_hub import constants
+
+    from finetune.data import FinetuneDataError, _load_splits
+    from kiln.config import load_yaml
+
+    data = load_yaml(REPO / "configs" / "finetune" / f"{name}.yaml")["data"]
+    monkeypatch.setattr(datasets_config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # empty caches: nothing used before
+    monkeypatch.setattr(datasets_config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    with pytest.raises(FinetuneDataError) as refused:
+        _load_splits(data["dataset_name"], data.get("dataset_config"), {}, revision=data.get("dataset_revision"))
+    dataset = data["dataset_name"] + (f" ({data['dataset_config']})" if data.get("dataset_config") else "")
+    message = str(refused.value)
+    assert message.startswith(f"cannot load the Hub dataset {dataset}: HF_HUB_OFFLINE is set and the datasets "
+                              f"cache does not hold it; run once with the network to cache it"), message  # fmt: skip
+    assert "--data.dataset_name none with --data.train_file, --data.validation_file and --data.test_file" in message
+    twin = REPO / "configs" / "finetune" / "offline" / f"{name}.yaml"
+    assert (f"(as --config configs/finetune/offline/{name}.yaml does)" in message) == twin.is_file(), message
+    assert ("--data.glue_task" in message) == name.startswith("classify-"), message
+
+
+def test_hub_dataset_configs_and_glue_without_the_hub_end_in_one_line(kiln_checkpoints, tmp_path):
+    encoder, _ = kiln_checkpoints
+    # offline (HF_HUB_OFFLINE=1) with an empty cache; the configs: the test above
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    status, output = script_cli("finetune/glue.py", "--checkpoint", encoder, "--tasks", "stsb", "--output-dir",
+                                tmp_path / "glue", env_extra=env)  # fmt: skip
+    assert assert_one_line_error(status, output) == (
+        "error: cannot load the Hub dataset nyu-mll/glue (stsb): HF_HUB_OFFLINE is set and the datasets cache does "
+        "not hold it; run once with the network to cache it (HF_HUB_OFFLINE=1 then reads the cache), or read local "
+        "copies: --data.glue_dir DIR, the STS-B folder of the GLUE data (python finetune/glue.py: --glue-dir)"
+    ), output
+    # online, with a Hub that cannot be reached
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{_refused_port()}"}
+    status, output = script_cli("finetune/tag.py", "--config", "configs/finetune/tag-conll2003.yaml",
+                                "--model.checkpoint", encoder, "--training.output_dir", tmp_path / "ner",
+                                env_extra=env)  # fmt: skip
+    assert assert_one_line_error(status, output) == (
+        "error: cannot load the Hub dataset eriktks/conll2003: the Hub cannot be reached and the datasets cache does "
+        "not hold it; run once with the network to cache it (HF_HUB_OFFLINE=1 then reads the cache), or read local "
+        "copies: --data.dataset_name none with --data.train_file, --data.validation_file and --data.test_file (as "
+        "--config configs/finetune/offline/tag-conll2003.yaml does)"
+    ), output
