@@ -77,6 +77,8 @@ def check_push_rights(model_id: str, *, private: bool = False, timeout_s: float 
     `timeout_s` (the whole check), a connection error, offline mode or a server error is `unchecked`."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
+    from .errors import first_line
+
     done: dict[str, PushRights] = {}
     login = "run `hf auth login` (or set HF_TOKEN) with a token that has write access"
 
@@ -93,7 +95,7 @@ def check_push_rights(model_id: str, *, private: bool = False, timeout_s: float 
             done["rights"] = PushRights(unchecked="HF_HUB_OFFLINE is set")
         except HfHubHTTPError as err:
             status = err.response.status_code if err.response is not None else None
-            said = " ".join((getattr(err, "server_message", None) or "").split())[:200]
+            said = first_line(ValueError(err.server_message)) if getattr(err, "server_message", None) else ""
             said = f"HTTP {status}: {said}" if said else f"HTTP {status}"
             if status == 401 or (status == 403 and step == "whoami"):
                 done["rights"] = PushRights(refusal=f"the Hub does not accept the Hugging Face token ({said}); {login}")
@@ -110,8 +112,7 @@ def check_push_rights(model_id: str, *, private: bool = False, timeout_s: float 
             else:
                 done["rights"] = PushRights(unchecked=said)
         except Exception as err:  # no network, no DNS, a timeout: the Hub could not be asked
-            reason = " ".join(str(err).split())[:200] or type(err).__name__
-            done["rights"] = PushRights(unchecked=redact(f"{type(err).__name__}: {reason}"))
+            done["rights"] = PushRights(unchecked=redact(f"{type(err).__name__}: {first_line(err)}"))
 
     asking = threading.Thread(target=ask, name="hub-rights-check", daemon=True)
     asking.start()

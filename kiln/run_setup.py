@@ -14,7 +14,7 @@ from accelerate import Accelerator
 
 from .checkpoint_files import check_config_change, resolve_checkpoint
 from .config import LoggingConfig, TrainingConfig, save_config
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 from .nodes import resolve_disk_layout, writes_run_files
 from .run_folder import LOCK_FILE
 
@@ -157,7 +157,7 @@ def _ask_wandb(base_url: str, key: str) -> int | str:
             answer.append(err.code)
         except Exception as err:  # refused, unresolvable, timed out
             reason = getattr(err, "reason", None) or err
-            answer.append(" ".join(f"{type(reason).__name__}: {reason}".split())[:200])
+            answer.append(f"{type(reason).__name__}: {first_line(reason) if isinstance(reason, BaseException) else reason}")
 
     thread = threading.Thread(target=ask, name="wandb-check", daemon=True)
     thread.start()
