@@ -34,6 +34,7 @@ from kiln.config import TrainingConfig, resolve_path
 from kiln.errors import ConfigError
 from kiln.export import quiet_transformers
 from kiln.model_files import read_model_config
+from kiln.run_folder import record_files
 
 if TYPE_CHECKING:
     from kiln.job import RunParts
@@ -565,6 +566,8 @@ def _predict_split(training, eval_cfg, accelerator, job: FinetuneJob, model) -> 
         write_predictions(job.prediction_rows(predictions, job.test_split), path, eval_cfg.predictions_format)
         if metrics:
             (out / "test_results.json").write_text(json.dumps(metrics, indent=2))
+        # on the run folder's record (--predict writes into a folder of no run: none there)
+        record_files(out, path.name, *(["test_results.json"] if metrics else []))
         accelerator.print(f"predictions for {len(predictions)} test examples written to {path}")
         if metrics:
             accelerator.print("test: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
@@ -619,6 +622,7 @@ class FinalEvaluation(TrainerCallback):
             end.summary[name] = {k: round(v, 6) for k, v in metrics[name].items() if math.isfinite(v)}
         if acc.is_main_process:
             (Path(self.training.output_dir) / "eval_results.json").write_text(json.dumps(metrics, indent=2))
+            record_files(self.training.output_dir, "eval_results.json")
         self.metrics = metrics
 
 

@@ -120,6 +120,11 @@ class Trackers(TrainerCallback):
 
     def on_train_end(self, trainer: RunningTrainer, end: RunEnd) -> None:
         trainer.accelerator.end_training()
+        if self.logging.report_to != "none" and trainer.accelerator.is_main_process:
+            from .run_folder import record_files
+
+            record_files(trainer.output_dir, "logs", append=True)  # the trackers' files as they were closed
+            record_files(trainer.output_dir, "wandb")
 
 
 def tracker_config(run_config: Any) -> dict[str, Any]:
@@ -268,6 +273,9 @@ class HubSync(TrainerCallback):
         export = trainer.output_dir / "hub-export"
         save_model_files(trainer.accelerator, trainer.model, self.tokenizer, export)
         if trainer.accelerator.is_main_process:
+            from .run_folder import record_files
+
+            record_files(trainer.output_dir, export.name)
             self.pusher.push(export, commit_message=f"Training in progress, step {state.global_step}")
             if self.hub.strategy == "checkpoint":
                 self.pusher.push(
@@ -304,6 +312,9 @@ class HubSync(TrainerCallback):
             shutil.rmtree(local_dir, ignore_errors=True)
             try:
                 path = download_checkpoint(spec, local_dir, revision=self.hub.revision, timeout=self.hub.timeout_s)
+                from .run_folder import record_files
+
+                record_files(Path(local_dir).parent, Path(local_dir).name)  # on the run folder's record
             except Exception as err:  # unreachable Hub, missing repo, no access: one line, on every process
                 reason = " ".join(str(err).split()) or type(err).__name__
                 error = redact(f"cannot resume from {spec}: {reason[:300]}")

@@ -46,8 +46,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_checksums(folder: Path) -> None:
-    """checksums.json into the checkpoint `folder`, last: each file's size and sha256 (`checkpoint_problem`)."""
+def write_checksums(folder: Path) -> dict[str, dict[str, int | str]]:
+    """checksums.json into the checkpoint `folder`, last: each file's size and sha256 (`checkpoint_problem`).
+    Returns them (the run folder's record takes them as they are, `kiln.run_folder.record_files`)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE)
     manifest = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
     tmp = folder / f"{CHECKSUMS_FILE}.tmp"
@@ -55,6 +56,7 @@ def write_checksums(folder: Path) -> None:
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, folder / CHECKSUMS_FILE)
+    return manifest
 
 
 def checkpoint_problem(folder: Path) -> str | None:

@@ -133,11 +133,12 @@ def _json_value(value: Any, where: str) -> Any:
 
 
 def save_training_state(
-    accelerator: Accelerator, model, optimizer, scheduler, state: TrainState, folder: Path, writer: bool
+    accelerator: Accelerator, model, optimizer, scheduler, state: TrainState, folder: Path, writer: bool,
+    log_window: dict[str, Any] | None = None,
 ) -> None:
     """Write the model, optimizer, schedule, counters and this process's random states into `folder`. Every
     process calls it (sharded weights are gathered); `writer` writes all but the random states, which every
-    process writes for itself."""
+    process writes for itself. `log_window`: the logging window's sums so far (`check_log_window`)."""
     from safetensors.torch import save_file, save_model
 
     folder = Path(folder)
@@ -183,6 +184,7 @@ def save_training_state(
             "grad_scaler": _json_value(accelerator.scaler.state_dict(), "grad scaler")
             if accelerator.scaler
             else None,
+            "log_window": _json_value(log_window, "log window"),
         }
         (folder / LOOP_STATE_FILE).write_text(json.dumps(loop, indent=1))
     _save_random_states(folder / RNG_FILE.format(accelerator.process_index))
@@ -279,6 +281,49 @@ def _check_counters(saved: Any, global_step: int) -> dict[str, Any]:
     return saved
 
 
+LOG_WINDOW_DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+def check_log_window(saved: Any, global_step: int) -> dict[str, Any] | None:
+    """The loop state's `log_window`: the optimizer steps since the last logged line, their real tokens, the
+    seconds they took and each loss part's sums, one per process that wrote them (`Trainer._log_window_state`),
+    so a resumed run logs the same windowed loss as an uninterrupted one. Absent (an earlier Kiln): None."""
+    import math
+
+    if saved is None:
+        return None
+    where = f"{LOOP_STATE_FILE}: log_window"
+    if not isinstance(saved, dict) or set(saved) != {"steps", "tokens", "seconds", "sums", "dtypes"}:
+        raise DamagedCheckpoint(f"{where} does not hold the logging window's fields")
+    for name in ("steps", "tokens"):
+        value = saved[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise DamagedCheckpoint(f"{where}.{name} is not a count")
+    if saved["steps"] > global_step:
+        raise DamagedCheckpoint(f"{where} holds {saved['steps']} steps, more than the checkpoint's {global_step}")
+    seconds = saved["seconds"]
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+        raise DamagedCheckpoint(f"{where}.seconds is not a duration")
+    sums, dtypes = saved["sums"], saved["dtypes"]
+    if not isinstance(sums, dict) or not isinstance(dtypes, dict) or set(sums) != set(dtypes):
+        raise DamagedCheckpoint(f"{where}: its sums and their dtypes do not name the same loss parts")
+    if bool(sums) != bool(saved["steps"]):
+        raise DamagedCheckpoint(f"{where}: its sums do not agree with its {saved['steps']} steps")
+    widths = set()
+    for name, shares in sums.items():
+        if dtypes[name] not in LOG_WINDOW_DTYPES:
+            raise DamagedCheckpoint(f"{where}: loss part {name!r} has no known dtype")
+        # NaN and inf are sums too: a step skipped for a non-finite loss is logged as such in its window
+        if not isinstance(shares, list) or not shares or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in shares
+        ):
+            raise DamagedCheckpoint(f"{where}: loss part {name!r} does not hold one number per process")
+        widths.add(len(shares))
+    if len(widths) > 1:
+        raise DamagedCheckpoint(f"{where}: its loss parts hold sums of different numbers of processes")
+    return saved
+
+
 def load_training_state(
     accelerator: Accelerator,
     model,
@@ -288,11 +333,12 @@ def load_training_state(
     folder: Path,
     global_step: int,
     saved_processes: int | None,
-) -> None:
+) -> dict[str, Any] | None:
     """Load what `save_training_state` wrote into the run's objects. Everything is read and checked before
     anything is changed where that is possible (the loop state, the random states); a damaged or inconsistent
     file raises `DamagedCheckpoint` naming it. `saved_processes`: how many processes wrote the checkpoint (a
-    process beyond them, in a resume on more processes, keeps its own random states)."""
+    process beyond them, in a resume on more processes, keeps its own random states). Returns the logging
+    window's saved sums (`check_log_window`), or None."""
     folder = Path(folder)
     try:
         loop = json.loads((folder / LOOP_STATE_FILE).read_text(encoding="utf-8"))
@@ -303,6 +349,7 @@ def load_training_state(
     if not isinstance(loop, dict) or not {"counters", "scheduler", "accelerator_step"} <= set(loop):
         raise DamagedCheckpoint(f"{LOOP_STATE_FILE} does not hold the loop state")
     counters = _check_counters(loop["counters"], global_step)
+    log_window = check_log_window(loop.get("log_window"), global_step)
     _same_shape(loop["scheduler"], scheduler.state_dict(), f"{LOOP_STATE_FILE}: scheduler")
     step = loop["accelerator_step"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -331,6 +378,7 @@ def load_training_state(
     else:
         logger.info("%s: no random states of process %d (written on %s processes)", folder.name,
                     accelerator.process_index, saved_processes)  # fmt: skip
+    return log_window
 
 
 def _load_model(accelerator: Accelerator, model, folder: Path) -> None:
@@ -473,11 +521,13 @@ def load_pickled_state(accelerator: Accelerator, scheduler, state: TrainState, f
 
 
 __all__ = [
+    "LOG_WINDOW_DTYPES",
     "LOOP_STATE_FILE",
     "MODEL_FILE",
     "OPTIMIZER_FILE",
     "RNG_FILE",
     "DamagedCheckpoint",
+    "check_log_window",
     "load_pickled_state",
     "load_training_state",
     "pickle_files",

@@ -31,7 +31,7 @@ class TrainingConfig:
     output_dir: str = "runs/encoder-tiny"
     """Where checkpoints, logs and the final model go."""
     overwrite_output_dir: bool = False
-    """Allow writing into an output_dir that holds a different run."""
+    """Start over in an output_dir that holds a run: removes the files on its record of what Kiln wrote there (.kiln-run.json) that still match it, and nothing else; any other file under a run's names is a refusal naming it."""
     save_on_each_node: bool | None = None
     """Several nodes: every node's local main process writes its own copy of the config, tokenizer and
     checkpoints into output_dir (true: node-local disks) or rank 0 writes them once (false: a folder all nodes

@@ -207,8 +207,11 @@ def staged_folder(accelerator: Accelerator, save_dir: Path):
             shutil.rmtree(staging, ignore_errors=True)
         raise
     if accelerator.is_main_process:
+        from .run_folder import record_files
+
         shutil.rmtree(save_dir, ignore_errors=True)
         os.replace(staging, save_dir)
+        record_files(save_dir.parent, save_dir.name)  # on the run folder's record (final/, best/)
     accelerator.wait_for_everyone()
 
 

@@ -111,7 +111,7 @@ def run_job(job: TrainingJob) -> Trainer:
     if job.metadata and resume and not resume.startswith("hub:"):
         check_checkpoint_metadata(resolve_checkpoint(resume, training.output_dir, quiet=True), job.metadata)
     accelerator = start_run(training, config.logging)
-    check_output_folder(training, accelerator)  # a folder the run may not write into: refused before anything
+    check_output_folder(training, accelerator, config)  # a folder the run may not write into: refused before anything
     check_services(config, accelerator)  # W&B and the Hub take this run: said before anything is built
     # pretraining writes its tokenizer into the folder while building; the others prepare it after the build
     out = prepare_output(config, accelerator) if job.output_before_build else None

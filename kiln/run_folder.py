@@ -1,36 +1,45 @@
 """Whose files an output folder holds, and what a run may do with them.
 
-Kiln writes a run only into a folder that is new or empty, or that it made itself: when it starts a run in a
-folder it writes a marker, `.kiln-run.json`, before any run file. The marker records the folder it was written
-for (its path, and its inode, which a copy does not keep). A folder counts as Kiln's own only when its marker
-is a plain file that reads back and names this very folder (same inode): a copied or moved-across-disks run
-folder, or one with a marker planted by someone else, is not proof that Kiln wrote what is in it.
+Kiln keeps a record of every file it writes into a run folder: `.kiln-run.json`, started before any run file,
+holds one line per written file (its name inside the folder, its size and sha256, or a link's target), added by
+the process that wrote the file right after writing it (the one process that writes the folder: rank 0 on a
+shared folder, each node's local main process on node-local disks). Nothing about the folder itself (its path,
+its inode) is taken as evidence: a run folder moved or copied elsewhere keeps its record and stays a run folder.
 
 What a run may do:
 
-- new or empty: a run starts (and writes the marker), whatever the flags.
-- Kiln's own, holding a run (a checkpoint or `final/`): refused unless resuming (resumes) or overwriting (Kiln's
-  run files are removed, anything else in the folder is kept).
-- Kiln's own, left by a run that stopped before its first checkpoint: refused unless resuming or overwriting,
-  except when it holds nothing but `config.yaml` (reused).
-- anything else (files Kiln did not write, a copy): refused, naming what is there, also when overwriting; a
-  resume is let in when the folder holds checkpoints (it writes beside them and removes nothing).
+- new or empty: a run starts (and starts the record), whatever the flags.
+- holding a record and a run (a checkpoint or `final/`): refused unless resuming (resumes, the record goes on)
+  or overwriting. Overwriting removes the files on the record that still match it (size and sha256; a link, its
+  target) and nothing else: a file under one of a run's names (`RUN_FILES`: `final/`, `logs/`, ...) that is not
+  on the record, or no longer matches it, makes the overwrite a one-line refusal naming it, before anything is
+  removed (the new run would write over it); anything outside those names is kept. A link is never followed.
+- holding a record, left by a run that stopped before its first checkpoint: refused unless resuming or
+  overwriting, except when it holds nothing but `config.yaml` (reused).
+- no record (a user's folder, a prepared corpus, a model's `final/`, a run of a Kiln that kept none): refused,
+  naming what is there, also when overwriting; a resume is let in when the folder holds checkpoints (it writes
+  beside them; the folder gets no record, so Kiln never clears it).
+- a resume into a folder with a record is refused while a file that is not on the record lies in a folder the
+  resumed run replaces or prunes (`final/`, `best/`, `checkpoints/`, ...).
 
-Kiln's run files are a fixed set of names (`RUN_FILES`); overwriting removes those names and nothing else, and a
-symbolic link among them is removed as a link, never followed. Nothing is ever removed without the overwrite
-flag.
+An overwrite is also refused, before anything is removed, when one of the run's own inputs (its start model,
+tokenizer, prepared corpus, data files) lies inside the folder (`inputs_inside`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import glob
+import hashlib
 import json
 import os
-import shutil
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 MARKER = ".kiln-run.json"
-"""In a run folder Kiln made: which folder it was made for."""
+"""In a run folder Kiln made: the record of every file Kiln wrote there (JSON lines)."""
 LOCK_FILE = ".kiln.lock"
 """In output_dir: locked (flock) by the run writing there, with its PID and host inside."""
 NODE_MARKER_PREFIX = ".kiln-node-"
@@ -41,15 +50,23 @@ RUN_FILES = (
     "hub-export", "hub-checkpoint", "wandb", "eval_results.json", "test_results.json", "predictions_test.jsonl",
     "predictions_test.tsv",
 )  # fmt: skip
-"""What a run writes into its output_dir: the only names `--training.overwrite_output_dir` removes, and only
-from a folder that is Kiln's own."""
+"""What a run writes into its output_dir: the only names under which `--training.overwrite_output_dir` removes
+files (those on the folder's record, unchanged)."""
 
+RECORD_FORMAT = 2
+"""The record's format: 1 was a marker naming the folder's inode, which proved nothing."""
+_MAX_RECORD_BYTES = 256 << 20  # a record larger than this is not one Kiln wrote
 _BOOKKEEPING = (MARKER, MARKER + ".tmp", LOCK_FILE)
 _SHOWN = 6  # entries named in a refusal
+_lock = threading.Lock()
+_appended: dict[str, tuple[int, Any, tuple[int, int]]] = {}
+"""Files Kiln appends to (metrics.jsonl, tracker logs): their recorded size and running sha256, so a record after
+an append reads only the new bytes."""
+_journal_lines: dict[str, int] = {}
 
 
 def _entries(out: Path) -> list[str]:
-    """The folder's entries that are not Kiln's bookkeeping (marker, lock, node-detection markers), sorted."""
+    """The folder's entries that are not Kiln's bookkeeping (record, lock, node-detection markers), sorted."""
     return sorted(
         name for name in os.listdir(out) if name not in _BOOKKEEPING and not name.startswith(NODE_MARKER_PREFIX)
     )
@@ -61,31 +78,258 @@ def _describe(out: Path, names: list[str]) -> str:
     return ", ".join(shown[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
 
 
-def read_marker(out: Path) -> dict | None:
-    """The folder's marker when it is a small plain file holding Kiln's JSON, else None."""
-    path = out / MARKER
+# ----------------------------------------------------------------------------------------------------------
+# the record
+
+
+def _header() -> dict[str, Any]:
+    return {"format": RECORD_FORMAT, "written_by": "kiln", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def read_record(out: Path) -> dict[str, dict[str, Any]] | None:
+    """The files on the folder's record (name -> {"size", "sha256"} or {"link"}), or None when the folder has no
+    record Kiln could have written (missing, a link, too large, another format). A line that does not parse (a
+    write cut short by a kill) proves nothing and is skipped."""
+    path = Path(out) / MARKER
     try:
         info = os.lstat(path)
     except OSError:
         return None
-    if not os.path.isfile(path) or os.path.islink(path) or info.st_size > 4096:
+    if not os.path.isfile(path) or os.path.islink(path) or info.st_size > _MAX_RECORD_BYTES:
         return None
     try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        header = json.loads(lines[0]) if lines else None
+    except ValueError:
+        return None
+    if not isinstance(header, dict) or header.get("format") != RECORD_FORMAT or header.get("written_by") != "kiln":
+        return None
+    files: dict[str, dict[str, Any]] = {}
+    for line in lines[1:]:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        name = entry.get("forget")
+        if isinstance(name, str):
+            for key in [k for k in files if k == name or k.startswith(name + "/")]:
+                del files[key]
+            continue
+        name = entry.get("file")
+        if isinstance(name, str) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str):
+            files[name] = {"size": entry["size"], "sha256": entry["sha256"]}
+            continue
+        name = entry.get("link")
+        if isinstance(name, str) and isinstance(entry.get("target"), str):
+            files[name] = {"link": entry["target"]}
+    return files
+
+
+def older_marker(out: Path) -> bool:
+    """Whether the folder holds the marker of a Kiln that kept no record (format 1: the folder's inode only)."""
+    path = Path(out) / MARKER
+    try:
+        if os.path.islink(path) or not path.is_file() or path.stat().st_size > 4096:
+            return False
         marker = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(marker, dict) or marker.get("format") != 1 or not isinstance(marker.get("inode"), int):
-        return None
-    return marker
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("format") == 1 and marker.get("written_by") == "kiln"
 
 
-def is_own(out: Path) -> bool:
-    """Whether `out` is a run folder Kiln made here: its marker names this folder's inode."""
-    marker = read_marker(out)
+def start_record(out: Path, files: dict[str, dict[str, Any]] | None = None) -> None:
+    """A new record in `out` (holding `files`, when a record is compacted), replacing any earlier one."""
+    lines = [json.dumps(_header())]
+    for name, entry in sorted((files or {}).items()):
+        lines.append(json.dumps({"link": name, "target": entry["link"]} if "link" in entry else {"file": name, **entry}))
+    staging = Path(out) / (MARKER + ".tmp")
+    staging.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(staging, Path(out) / MARKER)
+    key = str(Path(out).resolve())
+    _journal_lines[key] = len(lines)
+    _last[key] = {}
+    for name in [k for k in _appended if k.startswith(key + os.sep)]:
+        del _appended[name]
+
+
+def _size_and_sha256(path: Path, append: bool) -> tuple[int, str]:
+    """The file's size and sha256; for a file Kiln appends to, only the bytes added since its last record are read."""
+    key = str(path.resolve())
+    info = os.lstat(path)
+    seen = _appended.get(key) if append else None
+    # the same file (not one replaced under its name), grown since: only the new bytes
+    if seen is not None and seen[0] <= info.st_size and seen[2] == (info.st_dev, info.st_ino):
+        digest, start = seen[1].copy(), seen[0]
+    else:
+        digest, start = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        read = start
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+            read += len(block)
+    if append or key in _appended:  # a file rewritten whole (metrics.jsonl on resume) appends from here on
+        _appended[key] = (read, digest.copy(), (info.st_dev, info.st_ino))
+    return read, digest.hexdigest()
+
+
+def _lines_for(out: Path, path: Path, append: bool, known: dict[str, dict[str, Any]] | None) -> list[dict]:
+    rel = path.relative_to(out).as_posix()
+    if path.is_symlink():
+        return [{"link": rel, "target": os.readlink(path)}]
+    if path.is_file():
+        if known is not None and rel in known:
+            return [{"file": rel, **known[rel]}]
+        size, digest = _size_and_sha256(path, append)
+        return [{"file": rel, "size": size, "sha256": digest}]
+    if path.is_dir():
+        lines = []
+        for child in sorted(path.iterdir()):
+            lines.extend(_lines_for(out, child, append, known))
+        return lines
+    return []
+
+
+def record_files(out: str | os.PathLike, *paths: str | os.PathLike, append: bool = False,
+           known: dict[str, dict[str, Any]] | None = None) -> None:  # fmt: skip
+    """Add what Kiln just wrote at `paths` (files or folders, inside `out`) to the folder's record; called by the
+    process that wrote them, right after. `append`: files Kiln appends to (only the new bytes are hashed);
+    `known`: sizes and sha256 already computed by the writer (a checkpoint's checksums), by name in `out`.
+    A folder without a record (a run started before records existed) gets none: its files stay unproven."""
+    out = Path(out)
+    if not (out / MARKER).is_file():
+        return
+    lines = []
+    for path in paths:
+        path = out / path
+        if path.exists() or path.is_symlink():
+            lines.extend(_lines_for(out, path, append, known))
+    _journal(out, lines)
+
+
+def forget_files(out: str | os.PathLike, *paths: str | os.PathLike) -> None:
+    """Take `paths` (and everything under them) off the record: Kiln removed them (a rotated checkpoint)."""
+    out = Path(out)
+    if (out / MARKER).is_file():
+        _journal(out, [{"forget": (out / path).relative_to(out).as_posix()} for path in paths])
+
+
+_last: dict[str, dict[str, str]] = {}
+"""Per run folder, the line last recorded for each name by this process: an unchanged file is not recorded again."""
+
+
+def _journal(out: Path, lines: list[dict]) -> None:
+    with _lock:
+        key = str(out.resolve())
+        last = _last.setdefault(key, {})
+        fresh = []
+        for line in lines:
+            name = next(iter(line.values()))
+            text = json.dumps(line)
+            if "forget" in line:
+                for known in [k for k in last if k == name or k.startswith(name + "/")]:
+                    del last[known]
+            elif last.get(name) == text:
+                continue
+            else:
+                last[name] = text
+            fresh.append(text)
+        if not fresh:
+            return
+        lines = fresh
+        with open(out / MARKER, "a", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in lines))
+        count = _journal_lines.get(key, 0) + len(lines)
+        _journal_lines[key] = count
+        if count > 10_000:  # a long run's appends: rewritten as what the record now holds
+            files = read_record(out)
+            if files is not None and count > 4 * len(files):
+                start_record(out, files)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# what an overwrite removes
+
+
+def _matches(path: Path, entry: dict[str, Any] | None) -> bool:
+    from .file_hash import sha256_file
+
+    if not isinstance(entry, dict):
+        return False
+    if path.is_symlink():
+        return entry.get("link") == os.readlink(path)
+    if "link" in entry or not path.is_file():
+        return False
     try:
-        return marker is not None and marker["inode"] == os.stat(out).st_ino
+        return os.lstat(path).st_size == entry.get("size") and sha256_file(path) == entry.get("sha256")
     except OSError:
         return False
+
+
+def _staging(rel: str) -> bool:
+    """Staging names Kiln's writers clear themselves before writing (a half-written checkpoint or export)."""
+    parts = rel.split("/")
+    return parts[0] in ("final.tmp", "best.tmp", "metrics.jsonl.tmp") or (
+        parts[0] == "checkpoints" and len(parts) > 1 and parts[1].endswith(".tmp")
+    )
+
+
+def overwrite_plan(out: Path) -> tuple[list[str], list[str]]:
+    """What `--training.overwrite_output_dir` does to the folder: (the files it removes: on the record and
+    matching it, under a run's names; the files under those names it may not remove: not on the record, changed
+    since, or links that are not Kiln's). Links are never followed; staging folders are left to their writers."""
+    files = read_record(out) or {}
+    remove, keep = [], []
+    for name in RUN_FILES:
+        top = out / name
+        if not (top.exists() or top.is_symlink()):
+            continue
+        found = [top] if top.is_symlink() or not top.is_dir() else []
+        if not found:
+            for folder, dirs, names in os.walk(top):  # never into a linked folder: a link is one entry
+                links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+                found.extend(Path(folder) / n for n in [*names, *links])
+        for path in found:
+            rel = path.relative_to(out).as_posix()
+            if _staging(rel):
+                continue
+            (remove if _matches(path, files.get(rel)) else keep).append(rel)
+    return sorted(remove), sorted(keep)
+
+
+_REPLACED = ("final", "best", "hub-export", "hub-checkpoint", "checkpoints")
+"""Folders a resumed run replaces whole (its exports, a downloaded checkpoint) or removes (rotated checkpoints)."""
+
+
+def unrecorded_in_replaced(out: Path) -> list[str]:
+    """The files (by name, not read) in the folders a resumed run replaces that are not on the record."""
+    files = read_record(out) or {}
+    found = []
+    for name in _REPLACED:
+        top = out / name
+        if top.is_symlink() or not top.is_dir():
+            continue
+        for folder, dirs, names in os.walk(top):
+            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+            for entry in [*names, *links]:
+                rel = (Path(folder) / entry).relative_to(out).as_posix()
+                if rel not in files and not _staging(rel):
+                    found.append(rel)
+    return sorted(found)
+
+
+def _listing(names: list[str]) -> str:
+    more = len(names) - _SHOWN
+    return ", ".join(names[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# what a run may do
 
 
 def _has_checkpoints(out: Path) -> bool:
@@ -98,6 +342,16 @@ def _holds_run(out: Path) -> bool:
     return _has_checkpoints(out) or (out / "final").is_dir()
 
 
+def _kind_of_folder(out: Path) -> str | None:
+    """What a folder Kiln must never write a run into is, by its files: a prepared corpus, a saved model."""
+    if (out / "manifest.json").is_file() or (out / "plan.json").is_file():
+        return "a prepared corpus"
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    if (out / "config.json").is_file() and any((out / name).is_file() for name in weights):
+        return "a saved model"
+    return None
+
+
 def refusal(out: Path, *, resume: bool, overwrite: bool) -> str | None:
     """Why a run may not start in `out` (one line naming what is there and what to do), or None; reads only."""
     if not out.is_dir():
@@ -106,14 +360,18 @@ def refusal(out: Path, *, resume: bool, overwrite: bool) -> str | None:
     if not names:
         return None
     flag = "--training.output_dir"
-    if not is_own(out):
+    if read_record(out) is None:
         if resume and _has_checkpoints(out):
             return None  # resuming writes beside the checkpoints and removes nothing
-        marker = read_marker(out)
+        kind = _kind_of_folder(out)
+        if kind is not None:
+            return (
+                f"output_dir {out} is {kind} ({_describe(out, names)}); pick another {flag} for the run: Kiln "
+                f"never writes a run into {kind}, and removes only files it wrote"
+            )
         why = "files Kiln did not write"
-        if marker is not None:
-            made_for = marker.get("folder", "another folder")
-            why = f"a copy of a Kiln run folder (its marker was written for {made_for})"
+        if older_marker(out):
+            why = "a run of an earlier Kiln version, which kept no record of the files it wrote"
         fixes = f"pick another {flag}, or empty this one yourself"
         if _has_checkpoints(out):
             fixes = f"continue that run with --training.resume_from_checkpoint latest, {fixes}"
@@ -121,8 +379,23 @@ def refusal(out: Path, *, resume: bool, overwrite: bool) -> str | None:
             f"output_dir {out} holds {why} ({_describe(out, names)}); {fixes}: Kiln writes a run only into a new "
             "or empty folder or one it made, and removes only files it wrote there"
         )
-    if resume or overwrite:
-        return None
+    if resume:
+        foreign = unrecorded_in_replaced(out)
+        if not foreign:
+            return None
+        return (
+            f"output_dir {out} holds files Kiln did not write in folders a resumed run replaces ({_listing(foreign)}); "
+            f"move them out of the folder, or resume into another {flag}"
+        )
+    if overwrite:
+        _, keep = overwrite_plan(out)
+        if not keep:
+            return None
+        return (
+            f"output_dir {out} holds files Kiln did not write there or that changed since ({_listing(keep)}); "
+            f"move them out of the folder, or pick another {flag}: --training.overwrite_output_dir removes only "
+            "the files on the run's record, unchanged, and the new run would write where these are"
+        )
     if _holds_run(out):
         return (
             f"output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint "
@@ -138,32 +411,108 @@ def refusal(out: Path, *, resume: bool, overwrite: bool) -> str | None:
 
 
 def claim(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Make `out` this run's folder once `refusal` allowed it, the folder locked: on overwrite remove Kiln's run
-    files from its own folder (nothing else), and write the marker into a folder Kiln starts a run in."""
+    """Make `out` this run's folder once `refusal` allowed it, the folder locked: on overwrite remove the files on
+    its record that still match it (nothing else) and start a new record; start a record in a new or empty
+    folder. A resume into a folder without a record (an earlier Kiln's run) starts none: its files stay unproven,
+    and Kiln never clears it."""
     out.mkdir(parents=True, exist_ok=True)
-    own = is_own(out)
-    if own and overwrite and not resume:
-        for name in RUN_FILES:
-            path = out / name
-            if path.is_symlink() or path.is_file():
-                path.unlink()
-            elif path.is_dir():
-                shutil.rmtree(path)
-    if (own and overwrite and not resume) or not (own or _entries(out)):
-        write_marker(out)  # a new run in this folder (a resume into a folder that is not Kiln's adds none)
+    files = read_record(out)
+    if files is not None and overwrite and not resume:
+        remove, keep = overwrite_plan(out)
+        if keep:  # `refusal` said so under the lock: never reached
+            raise RuntimeError(f"{out}: refusing to overwrite, {keep[0]} is not on the run's record")
+        for rel in remove:
+            os.unlink(out / rel)
+        _remove_empty_folders(out, remove)
+        start_record(out)
+    elif files is None and not _entries(out):
+        start_record(out)  # a new run
+    elif files is not None:  # a resume: the record goes on
+        key = str(out.resolve())
+        _journal_lines.setdefault(key, 0)
+        _last[key] = {}
 
 
-def write_marker(out: Path) -> None:
-    record = {
-        "format": 1,
-        "written_by": "kiln",
-        "folder": str(out.resolve()),
-        "inode": os.stat(out).st_ino,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    staging = out / (MARKER + ".tmp")
-    staging.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(staging, out / MARKER)
+def _remove_empty_folders(out: Path, removed: list[str]) -> None:
+    """The folders that held removed files, once empty (deepest first); a folder holding anything stays."""
+    folders = {out / Path(rel).parent for rel in removed}
+    for folder in list(folders):
+        while folder != out and out in folder.parents:
+            folders.add(folder)
+            folder = folder.parent
+    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        if folder != out and not folder.is_symlink() and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
-__all__ = ["LOCK_FILE", "MARKER", "RUN_FILES", "claim", "is_own", "read_marker", "refusal", "write_marker"]
+# ----------------------------------------------------------------------------------------------------------
+# a run's inputs inside the folder it overwrites
+
+_NOT_INPUTS = ("training.output_dir", "data.cache_dir", "logging.", "hub.")
+"""Settings that name where a run writes (its folder, caches, trackers, the Hub), not what it reads."""
+
+
+def _leaves(value: Any, key: str = ""):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        for name, item in value.items():
+            yield from _leaves(item, f"{key}.{name}" if key else str(name))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _leaves(item, key)
+    elif isinstance(value, str) and value:
+        yield key, value
+
+
+def inputs_inside(config: Any, out: Path) -> list[tuple[str, str]]:
+    """The run's inputs (every setting naming an existing local file or folder, a glob of data files included,
+    except where the run writes) that lie inside the folder `out`: (setting, value) pairs."""
+    try:
+        root = out.resolve()
+    except OSError:
+        return []
+    found = []
+    for key, value in _leaves(config):
+        if key.startswith(_NOT_INPUTS) or value.startswith("hub:") or "\n" in value or len(value) > 4096:
+            continue
+        try:
+            paths = [Path(p) for p in glob.glob(value)] if glob.has_magic(value) else [Path(value)]
+            hits = [p for p in paths if p.exists() and (p.resolve() == root or root in p.resolve().parents)]
+        except (OSError, ValueError):
+            continue
+        if hits:
+            found.append((key, value))
+    return found
+
+
+def inputs_refusal(config: Any, out: Path) -> str | None:
+    """One line when `--training.overwrite_output_dir` would clear a folder holding one of the run's inputs."""
+    found = inputs_inside(config, out)
+    if not found:
+        return None
+    named = ", ".join(f"--{key} {value}" for key, value in found[:3]) + (
+        f" and {len(found) - 3} more" if len(found) > 3 else ""
+    )
+    return (
+        f"output_dir {out} holds this run's own input ({named}), which --training.overwrite_output_dir would "
+        "remove before reading it; pick another --training.output_dir, or move the input out of the folder first"
+    )
+
+
+__all__ = [
+    "RECORD_FORMAT",
+    "LOCK_FILE",
+    "MARKER",
+    "RUN_FILES",
+    "claim",
+    "forget_files",
+    "inputs_inside",
+    "inputs_refusal",
+    "older_marker",
+    "overwrite_plan",
+    "read_record",
+    "record_files",
+    "refusal",
+    "start_record",
+]

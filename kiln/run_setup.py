@@ -341,9 +341,10 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
     """The run folder `config.training.output_dir` with the resolved config.yaml in it.
 
     Everything that can be checked is checked before the folder is touched. Kiln writes a run only into a new or
-    empty folder or one it made (`kiln.run_folder`): any other folder is refused, naming what is in it. A folder
-    of Kiln's that holds a run (a checkpoint or a final model) is refused unless resuming or asked to overwrite
-    (then Kiln's run files are removed from it, and nothing else). When resuming, the checkpoint's config is
+    empty folder or one holding its record of the files it wrote (`kiln.run_folder`): any other folder is
+    refused, naming what is in it. A run folder that holds a run (a checkpoint or a final model) is refused
+    unless resuming or asked to overwrite (then the files on its record that still match it are removed, and
+    nothing else; a run's own input inside it is a refusal). When resuming, the checkpoint's config is
     compared with this one (see `check_config_change`) and config.yaml is only rewritten once the resume has
     succeeded (Trainer.resume)."""
     from . import run_folder
@@ -364,7 +365,7 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
     def refusal() -> str | None:
         return run_folder.refusal(out, resume=resume, overwrite=training.overwrite_output_dir)
 
-    check_output_folder(training, accelerator)  # before anything is written there
+    check_output_folder(training, accelerator, config)  # before anything is written there
     resolve_disk_layout(accelerator, training)  # several nodes: one shared folder, or one per node
     writer = writes_run_files(accelerator, training)
     # the lock, then the same look again under it (another run may have started there meanwhile)
@@ -373,21 +374,26 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
         run_folder.claim(out, resume=resume, overwrite=training.overwrite_output_dir)
         if not resume or not (out / "config.yaml").is_file():
             save_config(config, out / "config.yaml")
+            run_folder.record_files(out, "config.yaml")
     accelerator.wait_for_everyone()
     return out
 
 
-def check_output_folder(training: TrainingConfig, accelerator: Accelerator) -> None:
+def check_output_folder(training: TrainingConfig, accelerator: Accelerator, config: Any = None) -> None:
     """Refuse, on every process alike, an output folder a run may not start in (`kiln.run_folder`: files Kiln
-    did not write, a run there and neither resume nor overwrite asked); reads only. Every node's local main
-    process looks at its own folder (one shared folder, or one per node)."""
+    did not write, a run there and neither resume nor overwrite asked, an overwrite that would remove files Kiln
+    did not write or one of the run's inputs, from `config`); reads only. Every node's local main process looks
+    at its own folder (one shared folder, or one per node)."""
     from . import run_folder
 
     message = None
     if accelerator.is_local_main_process:
         out = Path(training.output_dir)
         resume, overwrite = bool(training.resume_from_checkpoint), training.overwrite_output_dir
-        message = _busy(out) or run_folder.refusal(out, resume=resume, overwrite=overwrite)
+        message = _busy(out)
+        if message is None and overwrite and not resume and config is not None and out.is_dir():
+            message = run_folder.inputs_refusal(config, out)
+        message = message or run_folder.refusal(out, resume=resume, overwrite=overwrite)
     _agree(accelerator, message)
 
 

@@ -4,6 +4,7 @@ printed line, and the accelerator's peak FLOP/s that model FLOP utilisation (MFU
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -31,6 +32,39 @@ class LogWindow:
             self.sums[name] = self.sums[name] + value if name in self.sums else value
         self.steps += 1
         self.tokens += tokens
+
+    def state(self, accelerator) -> dict[str, Any]:
+        """The window so far, as plain data for a checkpoint (every process calls it: the sums are gathered): its
+        steps, real tokens and seconds, and each loss part's sum on each process with its dtype, so a resumed run
+        logs what an uninterrupted one logs at the window's end."""
+        names = sorted(self.sums)
+        sums: dict[str, list[float]] = {}
+        if names:
+            local = torch.stack([self.sums[n].detach().to(torch.float64).reshape(()) for n in names])
+            shares = accelerator.gather(local.to(accelerator.device).unsqueeze(0))
+            shares = shares.reshape(accelerator.num_processes, len(names)).cpu()
+            sums = {n: shares[:, i].tolist() for i, n in enumerate(names)}
+        return {"steps": self.steps, "tokens": self.tokens, "seconds": time.perf_counter() - self.start,
+                "sums": sums, "dtypes": {n: str(self.sums[n].dtype).removeprefix("torch.") for n in names}}  # fmt: skip
+
+    @classmethod
+    def restored(cls, saved: dict[str, Any] | None, accelerator) -> LogWindow:
+        """The window a checkpoint saved (`state`, checked by kiln.checkpoint_state.check_log_window); None: a new
+        one. Each process takes its own sums; saved on another number of processes, the first process takes their
+        total (the logged mean is the sum over processes)."""
+        window = cls()
+        if not saved:
+            return window
+        for name, shares in saved["sums"].items():
+            if len(shares) == accelerator.num_processes:
+                value = shares[accelerator.process_index]
+            else:
+                value = sum(shares) if accelerator.process_index == 0 else 0.0
+            dtype = getattr(torch, saved["dtypes"][name])
+            window.sums[name] = torch.tensor(value, dtype=torch.float64).to(dtype).to(accelerator.device)
+        window.steps, window.tokens = saved["steps"], saved["tokens"]
+        window.start -= saved["seconds"]
+        return window
 
 
 def format_metrics(step: int, metrics: dict[str, float]) -> str:

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
 
+from . import run_folder
 from .batch_order import EpochPrefix, RandomOrder, micro_batch_seed, with_example_index
 from .callbacks import RunEnd, TrainerCallback
 from .checkpoint_config import CONFIG_FILE
@@ -183,6 +184,8 @@ class Trainer:
         self._train_loader = None
         self._epoch_batches: int | None = None
         self._lengths_cache: tuple[Any, list[int]] | None = None
+        self._window: LogWindow | None = None
+        """The logging window: the optimizer steps since the last logged line (saved with every checkpoint)."""
         self.steps_per_epoch: int | None = None
 
         check_step_counts(training)
@@ -312,7 +315,8 @@ class Trainer:
         acc.wait_for_everyone()
         try:
             with disk_writes(tmp):
-                save_training_state(acc, self.model, self.optimizer, self.scheduler, self.state, tmp, writer)
+                window = self._window.state(acc) if self._window is not None else None
+                save_training_state(acc, self.model, self.optimizer, self.scheduler, self.state, tmp, writer, window)
                 acc.wait_for_everyone()
                 if writer:
                     follow_umask(tmp)  # safetensors writes model.safetensors owner-only
@@ -322,7 +326,7 @@ class Trainer:
                     if self.run_config is not None:
                         save_public_config(self.run_config, tmp / CONFIG_FILE)  # pushed by hub.strategy checkpoint
                         write_fingerprint(self._data_fingerprint(), tmp)
-                    write_checksums(tmp)
+                    checksums = write_checksums(tmp)
         except BaseException:
             # a full disk, a kill: the half-written folder goes (it holds space a resume will need); the
             # completed checkpoints were not touched. Every process removes it: another one may still have been
@@ -332,6 +336,11 @@ class Trainer:
         if writer:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
+            prefix = final.relative_to(self.output_dir).as_posix()
+            known = {f"{prefix}/{name}": entry for name, entry in checksums.items()}  # hashed once, just now
+            run_folder.record_files(self.output_dir, final, known=known)
+            if acc.is_main_process:
+                run_folder.record_files(self.output_dir, "logs", append=True)
             self._rotate_checkpoints(keep=final)
         acc.wait_for_everyone()
         for callback in self.callbacks:
@@ -354,16 +363,28 @@ class Trainer:
                 shutil.rmtree(partial, ignore_errors=True)
 
     def _forget_metrics_after(self, step: int) -> None:
-        """metrics.jsonl rows of steps after the resumed checkpoint are replayed by this run: drop them."""
+        """metrics.jsonl rows this run replays: those of steps after the resumed checkpoint, and those of its own
+        step logged after it was saved (the final evaluation of a run resumed at its last step): dropped. The
+        checkpoint's history holds the rows logged before it was saved."""
         path = self.output_dir / "metrics.jsonl"
         if not path.is_file():
             return
         lines = path.read_text().splitlines()
-        kept = [line for line in lines if not line.strip() or json.loads(line).get("step", 0) <= step]
+        room = sum(1 for row in self.state.history if row.get("step") == step)  # rows of `step` before the save
+        kept = []
+        for line in lines:
+            row_step = json.loads(line).get("step", 0) if line.strip() else None
+            if row_step == step:
+                room -= 1
+                if room < 0:
+                    continue
+            if row_step is None or row_step <= step:
+                kept.append(line)
         if len(kept) != len(lines):
             tmp = path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             os.replace(tmp, path)
+            run_folder.record_files(self.output_dir, path.name)
 
     def _rotate_checkpoints(self, keep: Path) -> None:
         """Remove the oldest checkpoints beyond save_total_limit (None or 0: keep all); never `keep`."""
@@ -373,6 +394,7 @@ class Trainer:
         for old in find_checkpoints(self.output_dir)[:-limit]:
             if old != keep:
                 shutil.rmtree(old, ignore_errors=True)
+                run_folder.forget_files(self.output_dir, old.relative_to(self.output_dir))
 
     def resume(self, spec: str) -> Path:
         path = resolve_checkpoint(spec, str(self.output_dir), self._download_checkpoint)
@@ -401,6 +423,7 @@ class Trainer:
         )
         if self.run_config is not None and self.accelerator.is_main_process:
             save_config(self.run_config, self.output_dir / "config.yaml")  # only now that the resume succeeded
+            run_folder.record_files(self.output_dir, "config.yaml")
         if self.accelerator.is_main_process:
             self._forget_metrics_after(self.state.global_step)
         logger.info("resumed from %s at step %d", path, self.state.global_step)
@@ -415,8 +438,9 @@ class Trainer:
             return
         step = int(json.loads((path / TRAINER_STATE_FILE).read_text())["global_step"])
         saved = saved_layout(path)
-        load_training_state(acc, self.model, self.optimizer, self.scheduler, self.state, path, step,
-                            saved.num_processes if saved else None)  # fmt: skip
+        window = load_training_state(acc, self.model, self.optimizer, self.scheduler, self.state, path, step,
+                                     saved.num_processes if saved else None)  # fmt: skip
+        self._window = LogWindow.restored(window, acc)
 
     def _check_same_checkpoint(self, path: Path) -> None:
         """Every process resumes the same step: on node-local disks each node resolves `latest` in its own folder,
@@ -513,6 +537,8 @@ class Trainer:
         if self.accelerator.is_main_process:
             with open(self.output_dir / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(entry) + "\n")
+            # the trackers' files (TensorBoard flushes at each log) and the rows, on the run folder's record
+            run_folder.record_files(self.output_dir, "metrics.jsonl", "logs", append=True)
 
     # --- stopping -----------------------------------------------------------------------------------------
 
@@ -602,7 +628,8 @@ class Trainer:
         """Epoch after epoch until max_steps, the epochs, early stopping, the clock or a signal stop the run."""
         training, state = self.training, self.state
         self.model.train()
-        self._window = LogWindow()
+        if self._window is None:  # else: the resumed checkpoint's
+            self._window = LogWindow()
         run_start = time.perf_counter() - state.train_time_s
         done = state.global_step >= self.total_steps
         while not done:

@@ -466,6 +466,8 @@ def blimp_evaluation(config: RunConfig, tokenizer, model, accelerator):
 
 def build_inputs(config: RunConfig, accelerator, out):
     """The tokenizer (trained or reused), the model and the examples of a run."""
+    from kiln.nodes import writes_run_files
+    from kiln.run_folder import record_files
     from pretrain.data import build_pretraining_data, padded_vocab_size, prepare_tokenizer
 
     corpus = None
@@ -477,9 +479,12 @@ def build_inputs(config: RunConfig, accelerator, out):
         corpus.verify(accelerator)
         tokenizer = corpus.load_tokenizer(config.data.max_seq_length)
     else:
+        trained = not config.tokenizer.name_or_path and not (out / "tokenizer" / "tokenizer.json").is_file()
         tokenizer = prepare_tokenizer(
             config.tokenizer, config.data, config.model.kind, str(out / "tokenizer"), accelerator=accelerator
         )
+        if trained and writes_run_files(accelerator, config.training):
+            record_files(out, "tokenizer")  # on the run folder's record (each node's, on node-local disks)
     vocab_size = padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of)
     model = build_model(config, tokenizer, vocab_size)
     build = build_pretraining_data if corpus is None else partial(build_prepared_data, corpus)

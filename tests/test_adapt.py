@@ -61,11 +61,11 @@ def test_adapt_on_the_task_text_resumes_exactly_and_feeds_the_task_script(kiln_c
     out = tmp_path / "adapted"
     common = ["finetune/adapt.py", "--task", "classify", "--task_config", task_config, "--model.init_from", encoder,
               "--training.output_dir", out, "--training.max_steps", 6, "--training.save_steps", 3,
-              "--training.per_device_train_batch_size", 4, "--training.eval_steps", 0, "--logging.logging_steps", 1,
+              "--training.per_device_train_batch_size", 4, "--training.eval_steps", 0, "--logging.logging_steps", 2,
               "--data.max_seq_length", 32]  # fmt: skip
     _launch(*common, processes=2)
     first = _rows(out)
-    assert sorted(first) == [1, 2, 3, 4, 5, 6] and all(v == v for v in first.values())
+    assert sorted(first) == [2, 4, 6] and all(v == v for v in first.values())
     card = (out / "final" / "README.md").read_text()
     assert "| initialised from | enc/final |" in card, card
     assert "| task-adaptive pretraining | classify training split of reviews.csv (48 examples, labels unused) |" in card
@@ -73,10 +73,11 @@ def test_adapt_on_the_task_text_resumes_exactly_and_feeds_the_task_script(kiln_c
     saved = (out / "config.yaml").read_text()
     assert "objective: mlm\n" in saved and "document_separator: line" in saved
 
-    # resumed from its step-3 checkpoint on 2 processes, it trains steps 4-6 again to the same losses
+    # resumed from its step-3 checkpoint on 2 processes, it trains steps 4-6 again and logs the same losses (step
+    # 4's line is the mean over steps 3 and 4: the logging window's sums are in the checkpoint)
     _launch(*common, "--training.resume_from_checkpoint", out / "checkpoints" / "step-00000003", processes=2)
     again = _rows(out)
-    for step in (4, 5, 6):
+    for step in (4, 6):
         assert again[step] == pytest.approx(first[step], abs=1e-6), (step, first, again)
 
     # the task script fine-tunes the adapted encoder, and its card names it

@@ -1,7 +1,8 @@
-"""Kiln removes only what it wrote: a run starts only in a new or empty folder or one Kiln made (its marker,
-`.kiln-run.json`, names that very folder); any other folder is refused in one line naming what is there, with
-or without --training.overwrite_output_dir, and left exactly as it was. Each case runs the real command
-(`pretrain/run.py`, `finetune/classify.py`) in a fresh process."""
+"""Kiln removes only what it wrote: a run starts only in a new or empty folder or one holding Kiln's record of the
+files it wrote there (`.kiln-run.json`); any other folder is refused in one line naming what is there, with or
+without --training.overwrite_output_dir, and left exactly as it was. Each case runs the real command
+(`pretrain/run.py`, `finetune/classify.py`) in a fresh process. Overwriting by record, copies and planted markers:
+tests/test_run_record.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from kiln_testing import DEBUG, REPO
+
+from kiln import run_folder
 
 OVERWRITE = "--training.overwrite_output_dir"
 QUICK = ["--training.max_steps", 2, "--training.save_steps", 2, "--training.eval_steps", 0]
@@ -104,17 +107,18 @@ def test_a_prepared_corpus_folder_as_output_dir_is_refused_and_keeps_its_tokeniz
     assert (prepared / "tokenizer").is_dir()
     before = _snapshot(prepared)
     line = _refused(pretrain("--data.prepared", prepared, "--training.output_dir", prepared, *QUICK, OVERWRITE))
-    assert line.startswith(f"error: output_dir {prepared} holds files Kiln did not write (")
-    assert "tokenizer/" in line and "manifest.json" in line
+    assert line.startswith(f"error: output_dir {prepared} is a prepared corpus (")
+    assert "tokenizer/" in line and "manifest.json" in line and "empty" not in line
+    assert line.endswith("); pick another --training.output_dir for the run: Kiln never writes a run into a "
+                         "prepared corpus, and removes only files it wrote")  # fmt: skip
     assert _snapshot(prepared) == before
 
 
-def test_overwriting_a_run_removes_only_kilns_files_and_never_follows_a_link(tmp_path):
+def test_overwriting_a_run_removes_only_its_recorded_files_and_never_follows_a_link(tmp_path):
     out = tmp_path / "run"
     done = pretrain("--training.output_dir", out, *QUICK)
     assert done.returncode == 0, done.stderr[-3000:]
-    marker = json.loads((out / ".kiln-run.json").read_text())
-    assert marker["folder"] == str(out.resolve()) and marker["inode"] == os.stat(out).st_ino
+    assert "final/model.safetensors" in run_folder.read_record(out)
     # a user's note beside the run, and a link where Kiln keeps a run file, to a folder outside
     (out / "notes.txt").write_text("keep me\n")
     precious = _user_folder(tmp_path / "precious")
@@ -124,11 +128,19 @@ def test_overwriting_a_run_removes_only_kilns_files_and_never_follows_a_link(tmp
     line = _refused(pretrain("--training.output_dir", out, *QUICK))
     assert line == (f"error: output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint "
                     "latest, start over with --training.overwrite_output_dir, or pick another --training.output_dir")  # fmt: skip
+    # the link is not Kiln's: overwrite removes nothing and says so; a model's final/ is no output folder either
+    line = _refused(pretrain("--training.output_dir", out, *QUICK, OVERWRITE))
+    assert line.startswith(f"error: output_dir {out} holds files Kiln did not write there or that changed since (best);")
+    line = _refused(pretrain("--training.output_dir", out / "final", *QUICK, OVERWRITE))
+    assert line.startswith(f"error: output_dir {out / 'final'} is a saved model (README.md, config.json, ")
+    assert "; pick another --training.output_dir for the run: Kiln never writes a run into a saved model" in line
+    assert _snapshot(precious) == outside and (out / "final" / "model.safetensors").is_file()
 
+    (out / "best").unlink()
     done = pretrain("--training.output_dir", out, *QUICK, "--training.max_steps", 1, OVERWRITE)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "notes.txt").read_text() == "keep me\n"
-    assert not (out / "best").exists() and _snapshot(precious) == outside  # the link went, not what it named
+    assert _snapshot(precious) == outside
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 1  # the old run's metrics did not mix in
 
@@ -139,32 +151,6 @@ def test_overwriting_a_run_removes_only_kilns_files_and_never_follows_a_link(tmp
     assert line == (f"error: output_dir {out} holds a Kiln run that stopped before its first checkpoint "
                     "(metrics.jsonl, tokenizer/); start over with --training.overwrite_output_dir, or pick another "
                     "--training.output_dir")  # fmt: skip
-
-
-def test_a_copied_run_folder_resumes_but_is_never_cleared(tmp_path):
-    original = tmp_path / "run"
-    done = pretrain("--training.output_dir", original, *QUICK)
-    assert done.returncode == 0, done.stderr[-3000:]
-    copy = tmp_path / "copy"
-    shutil.copytree(original, copy, symlinks=True)
-    before = _snapshot(copy)
-    line = _refused(pretrain("--training.output_dir", copy, *QUICK, OVERWRITE))
-    why = f"a copy of a Kiln run folder (its marker was written for {original.resolve()})"
-    assert line == _foreign(copy, "checkpoints/, config.yaml, final/, metrics.jsonl, tokenizer/",
-                            checkpoints=True, why=why)  # fmt: skip
-    assert _snapshot(copy) == before
-    # a marker planted in a user's folder (one that names the folder, but not its inode) proves nothing either
-    mine = _user_folder(tmp_path / "mine")
-    forged = {"format": 1, "written_by": "kiln", "folder": str(mine.resolve()), "inode": os.stat(mine).st_ino + 1}
-    (mine / ".kiln-run.json").write_text(json.dumps(forged))
-    before = _snapshot(mine)
-    line = _refused(pretrain("--training.output_dir", mine, *QUICK, OVERWRITE))
-    assert "holds a copy of a Kiln run folder" in line and "removes only files it wrote there" in line
-    assert _snapshot(mine) == before
-    # resuming the copy writes beside its checkpoints (nothing left to train: it only ends again)
-    done = pretrain("--training.output_dir", copy, *QUICK, "--training.resume_from_checkpoint", "latest")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (copy / "checkpoints" / "step-00000002").is_dir()
 
 
 @pytest.mark.parametrize("flags", [[], [OVERWRITE]], ids=["plain", "overwrite"])

@@ -1,0 +1,202 @@
+"""Overwrite deletes by record: a run folder's `.kiln-run.json` records each file Kiln wrote there (name, size,
+sha256), and `--training.overwrite_output_dir` removes only files on that record that still match it. A run folder
+copied to another disk keeps its record (it resumes, and overwrites only what Kiln wrote); a user's file added to
+it, a changed file or a planted marker is never removed; a run's own input inside the folder is refused before
+anything is touched; a resume of a finished run replaces its final evaluation's row. Each case runs the real
+command in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from kiln_testing import DEBUG, REPO
+from test_run_folder import OVERWRITE, QUICK, _command, _refused, _snapshot, pretrain
+
+from kiln import run_folder
+
+TENSORBOARD = ["--logging.report_to", "tensorboard"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished tiny run (checkpoint, final/, tokenizer/, TensorBoard logs), made once; tests use copies."""
+    out = tmp_path_factory.mktemp("record") / "run"
+    done = pretrain("--training.output_dir", out, *QUICK, *TENSORBOARD)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _copy(run: Path, where: Path) -> Path:
+    """The run folder copied as `cp -a` copies it onto another disk: new inodes, the same bytes and times."""
+    shutil.copytree(run, where, symlinks=True)
+    return where
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_record_lists_every_file_the_run_wrote(finished_run):
+    files = run_folder.read_record(finished_run)
+    written = sorted(
+        p.relative_to(finished_run).as_posix() for p in finished_run.rglob("*")
+        if p.is_file() and p.name not in (run_folder.MARKER, run_folder.LOCK_FILE)
+    )  # fmt: skip
+    assert any(name.startswith("logs/") for name in written) and "final/model.safetensors" in written
+    assert sorted(files) == written
+    removed, kept = run_folder.overwrite_plan(finished_run)
+    assert removed == written and kept == []
+
+
+def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns(finished_run, tmp_path):
+    copy = _copy(finished_run, tmp_path / "other-disk" / "run")
+    assert os.stat(copy).st_ino != os.stat(finished_run).st_ino
+    (copy / "final" / "my_notes.txt").write_text("my notes\n")
+    (copy / "logs" / "my.log").write_text("my log\n")
+    (copy / "notes.txt").write_text("beside the run\n")
+    before = _snapshot(copy)
+    line = _refused(pretrain("--training.output_dir", copy, *QUICK, *TENSORBOARD, OVERWRITE))
+    assert line == (
+        f"error: output_dir {copy} holds files Kiln did not write there or that changed since (final/my_notes.txt, "
+        "logs/my.log); move them out of the folder, or pick another --training.output_dir: "
+        "--training.overwrite_output_dir removes only the files on the run's record, unchanged, and the new run "
+        "would write where these are"
+    )
+    assert _snapshot(copy) == before
+
+    # a resume would export final/ again: refused while a user's file is in it; then the copy resumes (at its
+    # last step: only the final evaluation again, whose row replaces the old one)
+    resume = ["--training.resume_from_checkpoint", "latest"]
+    line = _refused(pretrain("--training.output_dir", copy, *QUICK, *TENSORBOARD, *resume))
+    assert line == (f"error: output_dir {copy} holds files Kiln did not write in folders a resumed run replaces "
+                    "(final/my_notes.txt); move them out of the folder, or resume into another --training.output_dir")  # fmt: skip
+    assert _snapshot(copy) == before
+    (copy / "final" / "my_notes.txt").unlink()
+    rows = _rows(copy)
+    assert [r["step"] for r in rows if any(k.startswith("eval/") for k in r)] == [2]
+    done = pretrain("--training.output_dir", copy, *QUICK, *TENSORBOARD, *resume)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _rows(copy) == rows
+    assert (copy / "logs" / "my.log").read_text() == "my log\n"
+
+    # a file Kiln wrote, changed since, is not Kiln's to remove either
+    (copy / "config.yaml").write_text((copy / "config.yaml").read_text() + "# my change\n")
+    (copy / "logs" / "my.log").unlink()
+    line = _refused(pretrain("--training.output_dir", copy, *QUICK, *TENSORBOARD, OVERWRITE))
+    assert "holds files Kiln did not write there or that changed since (config.yaml)" in line
+
+    # with those moved out, overwrite removes every file of the old run and nothing else
+    (copy / "config.yaml").unlink()
+    done = pretrain("--training.output_dir", copy, *QUICK, "--training.max_steps", 1, OVERWRITE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (copy / "notes.txt").read_text() == "beside the run\n"
+    assert not (copy / "logs").exists()  # this run writes no logs: the old run's went, with their folders
+    assert max(r["step"] for r in _rows(copy)) == 1
+    assert not any(name.startswith("checkpoints/step-00000002") for name in run_folder.read_record(copy))
+
+
+def test_a_planted_marker_never_makes_a_users_files_removable(tmp_path):
+    """The audit's case: a marker naming the folder's inode (as every fresh tmpfs numbers its first folder), and
+    a record with a header and no files: neither proves anything, the user's files stay."""
+    for kind in ("inode-marker", "empty-record"):
+        mine = tmp_path / kind
+        (mine / "final").mkdir(parents=True)
+        (mine / "final" / "thesis.tex").write_text("\\chapter{One}\n")
+        (mine / "logs").mkdir()
+        (mine / "logs" / "my.log").write_text("mine\n")
+        (mine / "best").mkdir()
+        (mine / "best" / "model.safetensors").write_bytes(b"my weights")
+        if kind == "inode-marker":
+            planted = {"format": 1, "written_by": "kiln", "folder": str(mine.resolve()), "inode": os.stat(mine).st_ino}
+            (mine / ".kiln-run.json").write_text(json.dumps(planted))
+        else:
+            (mine / ".kiln-run.json").write_text(json.dumps({"format": 2, "written_by": "kiln"}) + "\n")
+        before = _snapshot(mine)
+        line = _refused(pretrain("--training.output_dir", mine, *QUICK, OVERWRITE))
+        if kind == "inode-marker":
+            assert line.startswith(f"error: output_dir {mine} holds a run of an earlier Kiln version, which kept no "
+                                   "record of the files it wrote (best/, final/, logs/); pick another")  # fmt: skip
+        else:
+            assert "(best/model.safetensors, final/thesis.tex, logs/my.log); move them out" in line
+        assert _snapshot(mine) == before
+
+
+def test_a_record_naming_a_link_or_a_path_outside_removes_nothing_outside(tmp_path):
+    """A hostile record: entries for '../x', an absolute path and a file reached through a linked folder, with
+    their true sizes and hashes; overwrite looks only at the folder's own files under a run's names."""
+    import hashlib
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x").write_text("precious\n")
+    digest = hashlib.sha256(b"precious\n").hexdigest()
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "final").symlink_to(outside, target_is_directory=True)
+    lines = [{"format": 2, "written_by": "kiln"}] + [
+        {"file": name, "size": 9, "sha256": digest} for name in ("../outside/x", str(outside / "x"), "final/x")
+    ]
+    (out / ".kiln-run.json").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert run_folder.overwrite_plan(out) == ([], ["final"])  # the link is not on the record as a link
+    assert run_folder.refusal(out, resume=False, overwrite=True).startswith(
+        f"output_dir {out} holds files Kiln did not write there or that changed since (final);"
+    )
+    assert (outside / "x").read_text() == "precious\n"
+
+
+def test_an_input_of_the_run_inside_the_folder_to_overwrite_is_refused_first(finished_run, tmp_path, task_config):
+    """`adapt.py --model.init_from runs/x/final --training.output_dir runs/x --training.overwrite_output_dir`
+    deleted final/ before reading it; pretraining and fine-tuning alike now refuse before anything is touched."""
+    out = _copy(finished_run, tmp_path / "run")
+    corpus = out / "corpus.txt"
+    corpus.write_text(next((REPO / "data/pretrain").glob("*.txt")).read_text())
+    before = _snapshot(out)
+    fix = "which --training.overwrite_output_dir would remove before reading it; pick another --training.output_dir"
+    cases = {
+        "finetune/adapt.py": ["--task", "classify", "--task_config", task_config, "--model.init_from", out / "final"],
+        "finetune/classify.py": ["--model.checkpoint", out / "final"],
+        "pretrain/run.py": ["--config", DEBUG, "--data.data_files", str(out / "*.txt"), *QUICK],
+    }
+    for script, args in cases.items():
+        line = _refused(_command(script, *args, "--training.output_dir", out, OVERWRITE))
+        assert line.startswith(f"error: output_dir {out} holds this run's own input (--"), (script, line)
+        assert fix in line, line
+        assert _snapshot(out) == before, script
+    line = _refused(pretrain("--model.init_from", out / "final", "--training.output_dir", out, *QUICK, OVERWRITE))
+    assert f"own input (--model.init_from {out / 'final'}" in line
+    assert _snapshot(out) == before
+
+
+@pytest.fixture
+def task_config(tmp_path):
+    (tmp_path / "reviews.csv").write_text("sentence,label\n" + "".join(f'"a fine film {i}",pos\n' for i in range(16)))
+    config = tmp_path / "task.yaml"
+    config.write_text(f"data:\n  train_file: {tmp_path / 'reviews.csv'}\n  text_columns: [sentence]\n")
+    return config
+
+
+def test_classify_resumed_inside_a_logging_window_logs_the_same_loss(kiln_checkpoints, tmp_path):
+    """Logging every 2 steps, resumed from step 3: step 4's line is the mean over steps 3 and 4, as uninterrupted."""
+    from test_finetune_scripts import write_sentiment
+
+    encoder, _ = kiln_checkpoints
+    files = write_sentiment(tmp_path, sizes=(64, 8, 8))
+    common = ["--model.checkpoint", encoder, "--data.train_file", files["train"], "--data.validation_file",
+              files["validation"], "--data.test_file", files["test"], "--training.max_steps", 4, "--training.save_steps", 3,
+              "--training.per_device_train_batch_size", 8, "--logging.logging_steps", 2, "--training.save_total_limit", 5]  # fmt: skip
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    done = _command("finetune/classify.py", *common, "--training.output_dir", full)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = _command("finetune/classify.py", *common, "--training.output_dir", resumed,
+                    "--training.resume_from_checkpoint", full / "checkpoints" / "step-00000003")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [{r["step"]: r["train/loss"] for r in _rows(out) if "train/loss" in r} for out in (full, resumed)]
+    assert sorted(losses[0]) == [2, 4] and losses[1] == {4: losses[0][4]}
+    # every file fine-tuning wrote (best/, final/, results, predictions) is on the record, and nothing else is
+    for out in (full, resumed):
+        removed, kept = run_folder.overwrite_plan(out)
+        assert kept == [] and "predictions_test.jsonl" in removed and "eval_results.json" in removed, (removed, kept)
