@@ -390,10 +390,9 @@ def check_output_folder(training: TrainingConfig, accelerator: Accelerator, conf
     if accelerator.is_local_main_process:
         out = Path(training.output_dir)
         resume, overwrite = bool(training.resume_from_checkpoint), training.overwrite_output_dir
-        message = _busy(out)
+        message = _busy(out) or run_folder.refusal(out, resume=resume, overwrite=overwrite)
         if message is None and overwrite and not resume and config is not None and out.is_dir():
             message = run_folder.inputs_refusal(config, out)
-        message = message or run_folder.refusal(out, resume=resume, overwrite=overwrite)
     _agree(accelerator, message)
 
 

@@ -200,3 +200,20 @@ def test_classify_resumed_inside_a_logging_window_logs_the_same_loss(kiln_checkp
     for out in (full, resumed):
         removed, kept = run_folder.overwrite_plan(out)
         assert kept == [] and "predictions_test.jsonl" in removed and "eval_results.json" in removed, (removed, kept)
+
+
+def test_a_tampered_logging_window_in_a_checkpoint_is_one_line(finished_run, tmp_path):
+    """The logging window's fields are checked on load like the loop state's others: a bad one is refused."""
+    from kiln.checkpoint_files import write_checksums
+
+    out = _copy(finished_run, tmp_path / "run")
+    checkpoint = out / "checkpoints" / "step-00000002"
+    loop = json.loads((checkpoint / "loop_state.json").read_text())
+    assert loop["log_window"]["steps"] == 0 and loop["log_window"]["sums"] == {}  # logged every step here
+    loop["log_window"] = {"steps": 10**18, "tokens": 0, "seconds": 0.0, "sums": {"loss": [1.0]},
+                          "dtypes": {"loss": "float32"}}  # fmt: skip
+    (checkpoint / "loop_state.json").write_text(json.dumps(loop))
+    write_checksums(checkpoint)
+    line = _refused(pretrain("--training.output_dir", out, *QUICK, "--training.resume_from_checkpoint", checkpoint))
+    assert line.startswith(f"error: checkpoint {checkpoint} is damaged: loop_state.json: log_window holds "
+                           f"{10**18} steps, more than the checkpoint's 2")  # fmt: skip
