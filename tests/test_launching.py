@@ -179,11 +179,17 @@ def test_an_unknown_key_under_kiln_launch_from_another_checkout_is_one_line_with
 
 def test_an_error_under_accelerate_launch_is_said_by_the_training_process_then_accelerate_adds_its_own(tmp_path):
     """What remains under plain `accelerate launch` (docs/launching.md): the process's line, then accelerate's
-    CalledProcessError traceback and status 1."""
+    CalledProcessError traceback and status 1; with accelerate's own `-q` the line is the last, still status 1."""
+    line = "error: training.lr must be a non-negative number, got -1.0"
     proc = _launch((*ACCELERATE_LAUNCH, *ONE_PROCESS), ["--training.output_dir", tmp_path / "q", "--training.lr", -1])
     output, _ = proc.communicate(timeout=300)
-    line = "error: training.lr must be a non-negative number, got -1.0"
     assert proc.returncode == 1 and output.count(line) == 1 and "CalledProcessError" in output, output
+    assert output.strip().splitlines()[-1].startswith("subprocess.CalledProcessError: Command "), output
+    quiet = _launch((*ACCELERATE_LAUNCH, "-q", *ONE_PROCESS), ["--training.output_dir", tmp_path / "q",
+                                                                "--training.lr", -1])  # fmt: skip
+    output, _ = quiet.communicate(timeout=300)
+    assert quiet.returncode == 1 and output.strip().splitlines()[-1] == line, output
+    assert "Traceback" not in output and "CalledProcessError" not in output
 
 
 def test_multi_process_kiln_launch_ends_on_the_one_line_error_said_once(tmp_path):
