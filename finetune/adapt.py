@@ -111,7 +111,7 @@ def task_training_text(task_name: str, task_argv: list[str], checkpoint: str) ->
     data = config.data
     quiet_libraries()
     if not data.dataset_name and not data.train_file:
-        raise ConfigError("the task config names no training data (data.train_file or data.dataset_name)")
+        raise ConfigError("the task config names no training data (--data.train_file or --data.dataset_name)")
     from kiln.config import resolve_path
 
     files = {"train_file": None if data.dataset_name else resolve_path(data.train_file),

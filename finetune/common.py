@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from kiln.callbacks import TrainerCallback
 from kiln.cli import run_cli
 from kiln.config import TrainingConfig, resolve_path
-from kiln.errors import ConfigError
+from kiln.errors import ConfigError, first_line
 from kiln.export import quiet_transformers
 from kiln.model_files import read_model_config
 from kiln.run_folder import record_files
@@ -119,11 +119,11 @@ def validate_common(config) -> None:
         )
     if config.eval.predictions_format not in PREDICTIONS_FORMATS:
         raise ConfigError(
-            f"eval.predictions_format must be jsonl or tsv, got {config.eval.predictions_format!r}"
+            f"--eval.predictions_format must be jsonl or tsv, got {config.eval.predictions_format!r}"
         )
     if data.truncation not in TRUNCATION_POLICIES:
         raise ConfigError(
-            f"data.truncation must be one of {', '.join(TRUNCATION_POLICIES)}, got {data.truncation!r}"
+            f"--data.truncation must be one of {', '.join(TRUNCATION_POLICIES)}, got {data.truncation!r}"
         )
     for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
         value = getattr(data, name)
@@ -140,7 +140,7 @@ def check_best_metric(training: TrainingConfig, available: Sequence[str], defaul
     name = training.metric_for_best_model.removeprefix("eval/")
     if name not in available:
         raise ConfigError(
-            f"training.metric_for_best_model {name!r} is not computed by this task; choose one of: "
+            f"--training.metric_for_best_model {name!r} is not computed by this task; choose one of: "
             f"{', '.join(available)}"
         )
 
@@ -202,8 +202,7 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
         with quiet_transformers():
             config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=False)
     except (OSError, ValueError) as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"cannot load {option} {spec}: {first_line}") from None
+        raise ConfigError(f"cannot load {option} {spec}: {first_line(err)}") from None
     return path, config
 
 
@@ -218,8 +217,7 @@ def load_checkpoint_tokenizer(path: str, option: str, revision: str | None = Non
                 path, subfolder=subfolder, revision=revision, trust_remote_code=False
             )
     except (OSError, ValueError) as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"cannot load the tokenizer of {option} {path}: {first_line}") from None
+        raise ConfigError(f"cannot load the tokenizer of {option} {path}: {first_line(err)}") from None
     tokenizer.init_kwargs.pop("auto_map", None)  # saved again by this run: name no code it did not run
     return tokenizer
 

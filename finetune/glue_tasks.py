@@ -95,7 +95,7 @@ def glue_task(name: str) -> GlueTask:
 
     if name not in GLUE_TASKS:
         raise ConfigError(
-            f"data.glue_task {name!r} is not a GLUE task; choose one of: {', '.join(GLUE_TASKS)}"
+            f"--data.glue_task {name!r} is not a GLUE task; choose one of: {', '.join(GLUE_TASKS)}"
         )
     return GLUE_TASKS[name]
 
@@ -123,7 +123,7 @@ def apply_preset(data, training) -> dict:
     missing = [str(paths[split]) for split in ("train", "validation") if not paths[split].is_file()]
     if missing:
         raise ConfigError(
-            f"{', '.join(missing)} not found: data.glue_dir must be the {task.folder} folder of the GLUE data "
+            f"{', '.join(missing)} not found: --data.glue_dir must be the {task.folder} folder of the GLUE data "
             f"(with {', '.join(task.files.values())})"
         )
     data.dataset_name = data.dataset_config = None

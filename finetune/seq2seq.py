@@ -448,9 +448,9 @@ def start(config) -> None:
     """The task's checks, before the run starts."""
     data, generation = config.data, config.generation
     if data.task not in TASK_METRICS:
-        raise ConfigError(f"data.task must be summarization or translation, got {data.task!r}")
+        raise ConfigError(f"--data.task must be summarization or translation, got {data.task!r}")
     if generation.num_beams < 1 or generation.max_new_tokens < 1 or generation.no_repeat_ngram_size < 0:
-        raise ConfigError("generation.num_beams and max_new_tokens must be >= 1, no_repeat_ngram_size >= 0")
+        raise ConfigError("--generation.num_beams and --generation.max_new_tokens must be >= 1, --generation.no_repeat_ngram_size >= 0")
     choices, default_metric = TASK_METRICS[data.task]
     check_best_metric(config.training, choices, default=default_metric)
 

@@ -480,22 +480,22 @@ def validate_run_sections(config: Any) -> None:
     )
     if min(sizes) <= 0:
         raise ConfigError(
-            "training.per_device_train_batch_size, per_device_eval_batch_size and gradient_accumulation_steps "
+            "--training.per_device_train_batch_size, per_device_eval_batch_size and gradient_accumulation_steps "
             f"must be positive, got {', '.join(map(str, sizes))}"
         )
     check_training_values(training)
     if config.logging.logging_steps <= 0:
-        raise ConfigError(f"logging.logging_steps must be positive, got {config.logging.logging_steps}")
+        raise ConfigError(f"--logging.logging_steps must be positive, got {config.logging.logging_steps}")
     if config.hub.push_to_hub and not config.hub.model_id:
         raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
     for name in ("timeout_s", "final_push_timeout_s", "final_push_stall_s"):
         if not getattr(config.hub, name) > 0:
             raise ConfigError(f"hub.{name} must be a positive number of seconds, got {getattr(config.hub, name)}")
     if config.hub.strategy not in ("end", "every_save", "checkpoint"):
-        raise ConfigError(f"hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}")
+        raise ConfigError(f"--hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}")
     if config.logging.report_to not in ("none", "wandb", "tensorboard", "all"):
         raise ConfigError(
-            f"logging.report_to must be wandb, tensorboard, all or none, got {config.logging.report_to!r}"
+            f"--logging.report_to must be wandb, tensorboard, all or none, got {config.logging.report_to!r}"
         )
 
 
@@ -507,28 +507,28 @@ def check_training_values(training: Any) -> None:
     """Signs and ranges of the training section, each a one-line ConfigError naming the fix."""
     out = training.output_dir
     if not str(out).strip():
-        raise ConfigError("training.output_dir is empty; name a folder, e.g. --training.output_dir runs/my-run")
+        raise ConfigError("--training.output_dir is empty; name a folder, e.g. --training.output_dir runs/my-run")
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"training.output_dir {out} is a file, not a folder; remove it or pick another output_dir")
+        raise ConfigError(f"--training.output_dir {out} is a file, not a folder; remove it or pick another output_dir")
     if training.max_steps < -1:
         raise ConfigError(
-            f"training.max_steps must be positive, or -1 to train by num_train_epochs; got {training.max_steps}"
+            f"--training.max_steps must be positive, or -1 to train by num_train_epochs; got {training.max_steps}"
         )
     if training.max_steps == 0:
         raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
     if training.max_steps == -1 and not training.num_train_epochs > 0:
         raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
     if not (training.lr >= 0 and training.lr < float("inf")):
-        raise ConfigError(f"training.lr must be a non-negative number, got {training.lr}")
+        raise ConfigError(f"--training.lr must be a non-negative number, got {training.lr}")
     if training.lr == 0:  # every step would leave the weights as they are, and the untrained model be exported
-        raise ConfigError(f"training.lr must be a positive number (0 trains nothing), got {float(training.lr)}")
+        raise ConfigError(f"--training.lr must be a positive number (0 trains nothing), got {float(training.lr)}")
     if training.mixed_precision is not None and training.mixed_precision not in MIXED_PRECISIONS:
         raise ConfigError(
-            f"training.mixed_precision {training.mixed_precision!r} is unknown; use one of: {', '.join(MIXED_PRECISIONS)}"
+            f"--training.mixed_precision {training.mixed_precision!r} is unknown; use one of: {', '.join(MIXED_PRECISIONS)}"
         )
     if training.save_total_limit is not None and training.save_total_limit < 0:
         raise ConfigError(
-            f"training.save_total_limit must be a positive number of checkpoints to keep (0 or none: keep all), "
+            f"--training.save_total_limit must be a positive number of checkpoints to keep (0 or none: keep all), "
             f"got {training.save_total_limit}"
         )
     for name in ("eval_steps", "save_steps", "warmup_steps", "max_grad_norm", "weight_decay", "max_nonfinite_steps",
@@ -536,13 +536,13 @@ def check_training_values(training: Any) -> None:
         if getattr(training, name) < 0:
             raise ConfigError(f"training.{name} must not be negative, got {getattr(training, name)}")
     if not 0 <= training.warmup_ratio <= 1:
-        raise ConfigError(f"training.warmup_ratio must be in [0, 1], got {training.warmup_ratio}")
+        raise ConfigError(f"--training.warmup_ratio must be in [0, 1], got {training.warmup_ratio}")
     if not 0 <= training.decay_ratio <= 1:
-        raise ConfigError(f"training.decay_ratio must be in [0, 1], got {training.decay_ratio}")
+        raise ConfigError(f"--training.decay_ratio must be in [0, 1], got {training.decay_ratio}")
     if training.decay_type not in ("linear", "cosine", "1-sqrt"):
-        raise ConfigError(f"training.decay_type {training.decay_type!r} is unknown; use linear, cosine or 1-sqrt")
+        raise ConfigError(f"--training.decay_type {training.decay_type!r} is unknown; use linear, cosine or 1-sqrt")
     if training.max_train_time_s is not None and training.max_train_time_s < 0:
-        raise ConfigError(f"training.max_train_time_s must not be negative, got {training.max_train_time_s}")
+        raise ConfigError(f"--training.max_train_time_s must not be negative, got {training.max_train_time_s}")
 
 
 def config_from_dict(cls: type, values: dict[str, Any]):

@@ -47,7 +47,7 @@ def check_push_settings(model_id: str | None, token: str | None = None) -> None:
     from .errors import ConfigError
 
     if not isinstance(model_id, str) or not _REPO_ID.match(model_id):
-        raise ConfigError(f"hub.model_id must look like 'user/name' (letters, digits, '-', '_', '.'), got {model_id!r}")
+        raise ConfigError(f"--hub.model_id must look like 'user/name' (letters, digits, '-', '_', '.'), got {model_id!r}")
     if token is None and huggingface_hub.get_token() is None:
         raise ConfigError("no Hugging Face token to push with: set HF_TOKEN or run `hf auth login` first")
 
@@ -260,7 +260,7 @@ class HubPusher:
         if not enabled:
             return
         if not isinstance(model_id, str) or model_id.count("/") != 1 or not all(model_id.split("/")):
-            raise ValueError(f"hub.model_id must look like 'user/name', got {model_id!r}")
+            raise ValueError(f"--hub.model_id must look like 'user/name', got {model_id!r}")
         if token is None and huggingface_hub.get_token() is None:
             raise ValueError("No Hugging Face token to push with: set HF_TOKEN or run `hf auth login`")
         if token:

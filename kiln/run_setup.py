@@ -203,7 +203,7 @@ def align_engine(accelerator: Accelerator, training: TrainingConfig) -> None:
     if str(accelerator.mixed_precision) == "fp16" and accelerator.device.type == "cpu":
         # accelerate turns fp16 autocast off on a CPU: the run would be fp32 while its config and card say fp16
         raise ConfigError(
-            "training.mixed_precision fp16 is not applied on a CPU (accelerate runs it in fp32); use bf16, which "
+            "--training.mixed_precision fp16 is not applied on a CPU (accelerate runs it in fp32); use bf16, which "
             "is, or no (from --training.mixed_precision or the accelerate config / launch --mixed_precision)"
         )
     if accelerator.gradient_accumulation_steps != training.gradient_accumulation_steps:
@@ -227,7 +227,7 @@ def resolve_batch_size(training: TrainingConfig, num_processes: int) -> None:
     parts = num_processes * training.gradient_accumulation_steps
     if total <= 0 or total % parts:
         raise ConfigError(
-            f"training.total_train_batch_size {total} does not divide evenly over {num_processes} process(es) x "
+            f"--training.total_train_batch_size {total} does not divide evenly over {num_processes} process(es) x "
             f"{training.gradient_accumulation_steps} accumulation step(s); use a multiple of {parts}"
         )
     training.per_device_train_batch_size = total // parts
@@ -333,7 +333,7 @@ def check_scheduler(training: TrainingConfig) -> None:
     names = [t.value for t in SchedulerType]
     if training.lr_scheduler_type not in names:
         raise ConfigError(
-            f"training.lr_scheduler_type {training.lr_scheduler_type!r} is unknown; use one of {', '.join(names)}"
+            f"--training.lr_scheduler_type {training.lr_scheduler_type!r} is unknown; use one of {', '.join(names)}"
         )
 
 

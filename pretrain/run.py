@@ -40,7 +40,7 @@ def check_pieces(model) -> None:
     named = [name for name in ENCODER_PIECE_FIELDS if getattr(model, name) is not None]
     if model.kind == "decoder":
         if named:
-            raise ConfigError(f"model.{named[0]} is an encoder option; remove it for model.kind decoder")
+            raise ConfigError(f"--model.{named[0]} is an encoder option; remove it for --model.kind decoder")
         return
     try:
         KilnEncoderConfig(**encoder_pieces(model))
@@ -63,22 +63,22 @@ ENCODER_PIECE_FIELDS = (
 def validate(config: RunConfig) -> None:
     model = config.model
     if model.kind not in ("encoder", "decoder"):
-        raise ConfigError(f"model.kind must be 'encoder' or 'decoder', got {model.kind!r}")
+        raise ConfigError(f"--model.kind must be 'encoder' or 'decoder', got {model.kind!r}")
     if model.kind == "decoder":
         model.objective = "clm"
     elif model.objective not in ENCODER_OBJECTIVES:
-        raise ConfigError(f"model.objective for an encoder must be one of {ENCODER_OBJECTIVES}, got {model.objective!r}")
+        raise ConfigError(f"--model.objective for an encoder must be one of {ENCODER_OBJECTIVES}, got {model.objective!r}")
     check_pieces(model)
     if model.hidden_size % model.num_attention_heads:
         raise ConfigError(
-            f"model.hidden_size {model.hidden_size} is not divisible by model.num_attention_heads "
+            f"--model.hidden_size {model.hidden_size} is not divisible by --model.num_attention_heads "
             f"{model.num_attention_heads}; pick a head count that divides it (e.g. {_divisor_near(model)})"
         )
     if model.objective == "electra":
         validate_electra(model)
     if model.init_from and _looks_local(model.init_from) and not os.path.isdir(model.init_from):
         raise ConfigError(
-            f"model.init_from {model.init_from} is not a folder; point it at a checkpoint folder saved by Kiln "
+            f"--model.init_from {model.init_from} is not a folder; point it at a checkpoint folder saved by Kiln "
             "(e.g. runs/encoder-tiny/final) or a Hub id (user/name)"
         )
     if model.init_from:
@@ -92,8 +92,8 @@ def validate(config: RunConfig) -> None:
         )
     if not model.init_from and config.data.max_seq_length > model.max_position_embeddings:
         raise ConfigError(
-            f"data.max_seq_length={config.data.max_seq_length} exceeds model.max_position_embeddings="
-            f"{model.max_position_embeddings}: lower data.max_seq_length or raise model.max_position_embeddings"
+            f"--data.max_seq_length={config.data.max_seq_length} exceeds --model.max_position_embeddings="
+            f"{model.max_position_embeddings}: lower --data.max_seq_length or raise --model.max_position_embeddings"
         )
 
 
@@ -115,7 +115,7 @@ def check_prepared_sources(data, given: set[str]) -> None:
     where = f"data.prepared {public_name(data.prepared)}"
     if data.dataset_name and "data.dataset_name" in given:
         raise ConfigError(
-            f"data.dataset_name {data.dataset_name} and {where} name two corpora; drop one (a prepared folder "
+            f"--data.dataset_name {data.dataset_name} and {where} name two corpora; drop one (a prepared folder "
             "trains on the files it was prepared from)"
         )
     folder = Path(resolve_path(data.prepared))
@@ -165,23 +165,23 @@ def validate_electra(model) -> None:
 
     if not 0 < model.generator_size <= 1:
         raise ConfigError(
-            f"model.generator_size {model.generator_size} must be in (0, 1] (a fraction of the discriminator; "
+            f"--model.generator_size {model.generator_size} must be in (0, 1] (a fraction of the discriminator; "
             "the paper's 0.25)"
         )
     if model.discriminator_weight <= 0:
-        raise ConfigError(f"model.discriminator_weight {model.discriminator_weight} must be > 0 (the paper's 50)")
+        raise ConfigError(f"--model.discriminator_weight {model.discriminator_weight} must be > 0 (the paper's 50)")
     hidden, heads, _ = electra_generator_shape(
         model.hidden_size, model.num_attention_heads, model.intermediate_size, model.generator_size
     )
     if hidden % heads:
         raise ConfigError(
-            f"model.generator_size {model.generator_size} gives a generator of hidden size {hidden} with {heads} "
+            f"--model.generator_size {model.generator_size} gives a generator of hidden size {hidden} with {heads} "
             "attention heads, which do not divide it; pick a generator_size that keeps hidden_size * size "
             "divisible by num_attention_heads * size (e.g. 0.25 or 0.5)"
         )
     if model.init_from:
         raise ConfigError(
-            "model.init_from is not supported with model.objective electra yet; start ELECTRA from random "
+            "--model.init_from is not supported with --model.objective electra yet; start ELECTRA from random "
             "weights, or fine-tune its final/ folder (the discriminator) directly"
         )
 
@@ -353,7 +353,7 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
         if len(tokenizer) > model.config.vocab_size:
             raise ConfigError(
                 f"the tokenizer has {len(tokenizer)} tokens but {m.init_from} has vocab_size "
-                f"{model.config.vocab_size}; use the checkpoint's own tokenizer (tokenizer.name_or_path {m.init_from})"
+                f"{model.config.vocab_size}; use the checkpoint's own tokenizer (--tokenizer.name_or_path {m.init_from})"
             )
         return model
     kwargs = model_config_kwargs(config, vocab_size, tokenizer)

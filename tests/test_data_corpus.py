@@ -151,7 +151,7 @@ def test_hub_dataset_uses_its_validation_split_and_heading_mode_joins_wikitext_r
         "Crabs walk sideways .",
     ]
     with pytest.raises(
-        DataError, match=r"no split 'training' \(splits: train, validation, test\); set data.dataset_split"
+        DataError, match=r"no split 'training' \(splits: train, validation, test\); set --data.dataset_split"
     ):
         load_documents(DataConfig(dataset_name="wikitext", dataset_split="training"))
     with pytest.raises(

@@ -147,7 +147,7 @@ def test_inspection_command_prints_examples_and_statistics(tmp_path, capsys):
 
     assert main(common + ["--data.max_seq_length", "512"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: data.max_seq_length=512 exceeds") and "\n" not in err
+    assert err.startswith("error: --data.max_seq_length=512 exceeds") and "\n" not in err
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])

@@ -395,7 +395,7 @@ def test_bad_electra_settings_are_one_line_errors(tmp_path):
         run(tmp_path / "a", *ELECTRA, "--model.generator_size", 1.5)
     with pytest.raises(ConfigError, match="do not divide it"):
         run(tmp_path / "b", *ELECTRA, "--model.num_attention_heads", 4, "--model.generator_size", 0.4)
-    with pytest.raises(ConfigError, match="init_from is not supported with model.objective electra"):
+    with pytest.raises(ConfigError, match="init_from is not supported with --model.objective electra"):
         run(tmp_path / "c", *ELECTRA, "--model.init_from", tmp_path)
 
 

@@ -294,11 +294,11 @@ def test_user_mistakes_are_one_line_errors_with_exit_status_2(tmp_path, capsys):
     numbers = tmp_path / "numbers.jsonl"
     numbers.write_text('{"text": 123}\n{"text": 456}\n')
     cases = [
-        (["--training.output_dir", a_file], f"error: training.output_dir {a_file} is a file"),
-        (["--training.output_dir", ""], "error: training.output_dir is empty"),
+        (["--training.output_dir", a_file], f"error: --training.output_dir {a_file} is a file"),
+        (["--training.output_dir", ""], "error: --training.output_dir is empty"),
         (["--training.output_dir", tmp_path / "n", "--data.data_files", numbers], "error: column 'text' holds int"),
-        (["--training.output_dir", tmp_path / "s", "--training.lr_scheduler_type", "x"], "error: training.lr_sch"),
-        (["--training.output_dir", tmp_path / "h", "--model.num_attention_heads", 3], "error: model.hidden_size 32"),
+        (["--training.output_dir", tmp_path / "s", "--training.lr_scheduler_type", "x"], "error: --training.lr_sch"),
+        (["--training.output_dir", tmp_path / "h", "--model.num_attention_heads", 3], "error: --model.hidden_size 32"),
     ]
     for args, start in cases:
         code, lines = cli_in_process(capsys, *args)

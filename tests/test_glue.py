@@ -247,7 +247,7 @@ def test_a_wrong_glue_task_or_folder_is_a_one_line_error(tmp_path):
     with pytest.raises(ConfigError, match="'sst' is not a GLUE task; choose one of: cola, sst2"):
         preset("sst")
     write_task(tmp_path / "SST-2", "sst2")
-    with pytest.raises(ConfigError, match="dev_matched.tsv not found: data.glue_dir must be the MNLI folder"):
+    with pytest.raises(ConfigError, match="dev_matched.tsv not found: --data.glue_dir must be the MNLI folder"):
         preset("mnli", tmp_path / "SST-2")
 
 

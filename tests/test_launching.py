@@ -180,7 +180,7 @@ def test_an_unknown_key_under_kiln_launch_from_another_checkout_is_one_line_with
 def test_an_error_under_accelerate_launch_is_said_by_the_training_process_then_accelerate_adds_its_own(tmp_path):
     """What remains under plain `accelerate launch` (docs/launching.md): the process's line, then accelerate's
     CalledProcessError traceback and status 1; with accelerate's own `-q` the line is the last, still status 1."""
-    line = "error: training.lr must be a non-negative number, got -1.0"
+    line = "error: --training.lr must be a non-negative number, got -1.0"
     proc = _launch((*ACCELERATE_LAUNCH, *ONE_PROCESS), ["--training.output_dir", tmp_path / "q", "--training.lr", -1])
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1 and output.count(line) == 1 and "CalledProcessError" in output, output
@@ -197,7 +197,7 @@ def test_multi_process_kiln_launch_ends_on_the_one_line_error_said_once(tmp_path
                    env_extra=CPU_PROCESSES)  # fmt: skip
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, output
-    line = "error: training.lr must be a non-negative number, got -1.0"
+    line = "error: --training.lr must be a non-negative number, got -1.0"
     assert re.fullmatch(re.escape(line) + r" \(rank [01] of 2\)", output.strip().splitlines()[-1]), output
     assert output.count(line) == 1, output  # every process finds it; the first one says it
     assert "Traceback" not in output and "ChildFailedError" not in output and "exitcode" not in output

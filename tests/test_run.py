@@ -150,7 +150,7 @@ def test_bad_config_is_one_line_error(tmp_path):
     proc = _cli(["--training.output_dir", tmp_path / "x", "--model.kind", "lstm"])
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2
-    assert output.strip().splitlines()[-1].startswith("error: model.kind must be")
+    assert output.strip().splitlines()[-1].startswith("error: --model.kind must be")
     assert "Traceback" not in output
 
 

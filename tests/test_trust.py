@@ -210,11 +210,11 @@ def test_settings_that_would_train_otherwise_than_asked_are_one_line(tmp_path):
     (tmp_path / "b.yaml").write_text("_base_: a.yaml\nmodel:\n  hidden_size: 32\n")
     cases = {
         "lr 0": (["--config", DEBUG, "--training.lr", 0],
-                 "error: training.lr must be a positive number (0 trains nothing), got 0.0"),
+                 "error: --training.lr must be a positive number (0 trains nothing), got 0.0"),
         "fp8 typo": (["--config", DEBUG, "--training.mixed_precision", "fp8x"],
-                     "error: training.mixed_precision 'fp8x' is unknown; use one of: no, bf16, fp16, fp8"),
+                     "error: --training.mixed_precision 'fp8x' is unknown; use one of: no, bf16, fp16, fp8"),
         "fp16 on CPU": (["--config", DEBUG, "--training.mixed_precision", "fp16"],
-                        "error: training.mixed_precision fp16 is not applied on a CPU"),
+                        "error: --training.mixed_precision fp16 is not applied on a CPU"),
         "base loop": (["--config", tmp_path / "a.yaml"],
                       f"error: the _base_ chain of {tmp_path / 'a.yaml'} loops: a.yaml -> b.yaml -> a.yaml"),
     }  # fmt: skip

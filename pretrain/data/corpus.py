@@ -424,7 +424,7 @@ def _load_raw(cfg: DataConfig, streaming: bool):
         )
         if cfg.dataset_split not in loaded:
             raise DataError(
-                f"{cfg.dataset_name} has no split {cfg.dataset_split!r} (splits: {', '.join(loaded)}); set data.dataset_split"
+                f"{cfg.dataset_name} has no split {cfg.dataset_split!r} (splits: {', '.join(loaded)}); set --data.dataset_split"
             )
         splits = {"train": loaded[cfg.dataset_split], "validation": None}
         if not cfg.validation_files and cfg.dataset_split != "validation" and "validation" in loaded:
@@ -480,7 +480,7 @@ def _to_documents(ds, cfg: DataConfig, text_column: str, rows_are_files: bool, s
     if text_column not in columns:
         raise DataError(
             f"column {text_column!r} not found in {source}; columns are: {', '.join(columns) or '(none)'}. "
-            f"Set data.text_column to one of them"
+            f"Set --data.text_column to one of them"
         )
     join_rows = cfg.document_separator == "heading" and not rows_are_files
     kwargs = dict(

@@ -85,8 +85,8 @@ def validate_settings(
         )
     if data_cfg.max_seq_length > max_position_embeddings:
         raise DataError(
-            f"data.max_seq_length={data_cfg.max_seq_length} exceeds the model's max_position_embeddings="
-            f"{max_position_embeddings}: lower data.max_seq_length or raise model.max_position_embeddings"
+            f"--data.max_seq_length={data_cfg.max_seq_length} exceeds the model's max_position_embeddings="
+            f"{max_position_embeddings}: lower --data.max_seq_length or raise --model.max_position_embeddings"
         )
     shortest = 8 if model_kind == "encoder" else 2
     if data_cfg.max_seq_length < shortest:

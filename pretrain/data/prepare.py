@@ -231,7 +231,7 @@ def _iter_row_documents(path: str, text_column: str, separator: str) -> Iterator
     batch: list = []
     for row in stream:
         if text_column not in row:
-            raise DataError(f"column {text_column!r} not found in {path}; set data.text_column to one of {list(row)}")
+            raise DataError(f"column {text_column!r} not found in {path}; set --data.text_column to one of {list(row)}")
         batch.append(row[text_column])
         if len(batch) == 1000:
             yield _documents_batch({"text": batch}, "text", separator, separator == "heading")["text"]
