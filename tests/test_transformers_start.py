@@ -204,6 +204,17 @@ def test_a_bert_on_the_hub_starts_fine_tuning_and_pretraining(tmp_path, hub):
     trained = start_weights(tmp_path / "p")
     torch.testing.assert_close(trained["nsp_head.weight"], original.cls.seq_relationship.weight.detach())
 
+    # the converter's command takes the Hub id too
+    from pretrain.convert import main as convert
+    from pretrain.modeling import KilnEncoderForPreTraining
+
+    convert(["someone/bert-tiny", str(tmp_path / "kiln-bert")])
+    converted = KilnEncoderForPreTraining.from_pretrained(tmp_path / "kiln-bert").eval()
+    batch = torch.randint(5, 60, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(converted(batch).prediction_logits, original(batch).prediction_logits,
+                                   atol=1e-5, rtol=1e-5)  # fmt: skip
+
 
 # ----------------------------------------------------------------------------------------------------------
 # what cannot be converted: one line, naming the fix; never "change model.kind" where no kind would do
