@@ -216,6 +216,7 @@ def test_plain_and_gzipped_files_in_a_data_subfolder_read_alike(tmp_path):
     text = "".join(json.dumps(row) + "\n" for row in rows)
     (tmp_path / "plain" / "data").mkdir(parents=True)
     (tmp_path / "plain" / "data" / "p.jsonl").write_text(text)
+    (tmp_path / "plain" / "models_summary.jsonl").write_text('{"UID": "p", "lstm": 0.5}\n')  # as in BLiMP's repository
     (tmp_path / "zipped").mkdir()
     with gzip.open(tmp_path / "zipped" / "p.jsonl.gz", "wt") as f:
         f.write(text)

@@ -87,12 +87,12 @@ def read_blimp(data: str | os.PathLike | None, pairs: int | None = None,
 
 
 def blimp_files(data: str | os.PathLike) -> dict[str, Path]:
-    """Paradigm -> its file in the folder `data` (or its `data/` subfolder)."""
+    """Paradigm -> its file in the folder `data`'s `data/` subfolder when that holds any, else in `data`."""
     folder = Path(data)
     if not folder.is_dir():
         raise ZeroShotError(f"BLiMP folder {data} does not exist; point --data at a folder of BLiMP's "
                          "<paradigm>.jsonl files (gzipped or not)")  # fmt: skip
-    for place in (folder, folder / "data"):
+    for place in (folder / "data", folder):  # BLiMP's repository keeps them in data/, beside other JSONL files
         files: dict[str, Path] = {}
         for path in sorted(place.glob("*.jsonl*")):
             name = path.name.removesuffix(".gz").removesuffix(".jsonl")
