@@ -143,7 +143,8 @@ def plots(records: list[dict]) -> None:
         ax.plot([r["minutes"]], [100 * r["mean"]], "s", label=f"Kiln decoder, {r['minutes']:g} min")
     for key, style in (("ngram", ":"), ("lstm", "--"), ("gpt2", "-.")):
         ax.axhline(means[key], linestyle=style, color="grey", linewidth=1)
-        ax.text(61, means[key], f"{PAPER_MODELS[key].split(' (')[0]} {means[key]:.1f}", va="center", fontsize=8)
+        ax.text(74, means[key] + 0.4, f"{PAPER_MODELS[key].split(' (')[0]} {means[key]:.1f} (paper)", ha="right",
+                va="bottom", fontsize=8)  # fmt: skip
     ax.axhline(50, color="lightgrey", linewidth=1)
     ax.set_xticks(list(CURVE_MINUTES))
     ax.set_xticklabels(["random\ninit", "7.5", "15", "30", "60\n(not run)"])
@@ -173,7 +174,7 @@ def plots(records: list[dict]) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("accuracy (%)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.12), ncol=3, fontsize=8)
     fig.tight_layout()
     fig.savefig(PHENOMENA_PNG, dpi=110, metadata={"Software": None})
     plt.close(fig)

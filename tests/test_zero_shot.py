@@ -350,3 +350,24 @@ def test_in_loop_blimp_refuses_what_it_cannot_score_in_one_line(tmp_path, capsys
     assert status != 0 and len(err) == 1 and "eval.blimp" in err[0] and "does not exist" in err[0]
     status, err = cli_in_process(capsys, "--eval.blimp", -1, "--training.output_dir", tmp_path / "m")
     assert status != 0 and len(err) == 1 and "eval.blimp must be" in err[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the results
+
+
+def test_the_blimp_table_of_results_md_is_the_records():
+    """docs/results.md's BLiMP table is what experiments/blimp_results.py makes of docs/results/blimp.jsonl; each
+    record's mean is the mean of its paradigms, and names a pretraining record of docs/results/runs.jsonl."""
+    python("experiments/blimp_results.py", "update", "--check")
+    records = [json.loads(line) for line in (REPO / "docs/results/blimp.jsonl").read_text().splitlines() if line.strip()]
+    runs = {json.loads(line)["tag"] for line in (REPO / "docs/results/runs.jsonl").read_text().splitlines() if line.strip()}
+    assert records
+    for record in records:
+        assert len(record["paradigms"]) == 67 and len(record["phenomena"]) == 12, record["name"]
+        assert record["mean"] == pytest.approx(sum(record["paradigms"].values()) / 67), record["name"]
+        assert record["pretraining"] in runs and "pretrain.zero_shot blimp" in record["command"], record["name"]
+    text = (REPO / "docs/results.md").read_text()
+    for record in records:
+        assert f"| {100 * record['mean']:.1f} | {record['pairs']:,} |" in text, record["name"]
+    assert "| LSTM (paper) | | 69.8 |" in text and "| GPT-2 (124M, WebText) (paper) | | 83.0 |" in text
