@@ -103,7 +103,8 @@ def table(records: list[dict]) -> str:
     """The Markdown block between START and END."""
     rows = sorted(latest(records).values(), key=lambda r: (r["kind"], r["minutes"]))
     means, runs = paper_means(), pretraining_records()
-    lines = [START, "", "| model | pretraining | BLiMP | pairs | scored in |", "|---|---|---:|---:|---:|"]
+    lines = [START, "", "| model | pretraining | BLiMP | pairs | scored in (wall clock, one thread, busy CPU) |",
+             "|---|---|---:|---:|---:|"]  # fmt: skip
     for row in rows:
         what = f"Kiln {row['kind']}, random weights" if row["from_scratch"] else f"Kiln {row['kind']}"
         steps = runs[row["pretraining"]]["steps"]
@@ -121,6 +122,13 @@ def table(records: list[dict]) -> str:
         lines += ["", f"Goal, a 30-minute CPU model above the paper's LSTM ({means[GOAL]:.1f}): the best model here, "
                   f"the {best['minutes']:g}-minute {best['kind']}, scores {100 * best['mean']:.1f} (standard error "
                   f"{error:.1f} over its {best['pairs']:,} pairs), {verdict}."]  # fmt: skip
+    curve = sorted((r for r in rows if r["kind"] == "encoder"), key=lambda r: r["minutes"])
+    if len(curve) > 1:
+        labels = ["random weights" if r["from_scratch"] else f"{r['minutes']:g} min" for r in curve]
+        steps = " → ".join(f"{100 * r['mean']:.1f} ({label})" for r, label in zip(curve, labels))
+        dips = [f"{b['minutes']:g} below {a['minutes']:g} min" for a, b in zip(curve, curve[1:]) if b["mean"] <= a["mean"]]
+        seen = "each step above the one before" if not dips else "not every step above the one before (" + ", ".join(dips) + ")"
+        lines += ["", f"Along the encoders' compute curve: {steps}; {seen}."]
     lines += ["", END]
     return "\n".join(lines)
 
