@@ -250,7 +250,7 @@ def test_a_run_that_disagrees_with_the_manifest_is_one_line(prepared, tmp_path, 
         )
         assert code == 2 and len(lines) == 1 and message in lines[0], lines
     code, lines = cli_in_process(capsys, "--training.output_dir", tmp_path / "x", "--data.prepared", tmp_path)
-    assert code == 2 and lines == [f"error: data.prepared {tmp_path} is not a prepared folder (no manifest.json); "
+    assert code == 2 and lines == [f"error: --data.prepared {tmp_path} is not a prepared folder (no manifest.json); "
                                    "make one with `python -m pretrain.data prepare --config X --output DIR`"]
 
 

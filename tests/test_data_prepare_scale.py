@@ -294,5 +294,5 @@ def test_a_cache_folder_that_cannot_be_written_is_one_line(prepared_books, tmp_p
     cfg = build_config(RunConfig, ["--config", str(config), "--data.cache_dir", str(blocked)])
     corpus = PreparedCorpus.open(str(out))
     with pytest.raises(DataError, match=r"^cannot write the prepared corpus's offset arrays to .*a-file/kiln-prepared/"
-                       r"[0-9a-f]+ \(Not a directory\); set data.cache_dir to a writable folder with free space$"):  # fmt: skip
+                       r"[0-9a-f]+ \(Not a directory\); set --data.cache_dir to a writable folder with free space$"):  # fmt: skip
         build_prepared_data(corpus, cfg.data, corpus.load_tokenizer(64), "encoder", "mlm+nsp", 42, 64)

@@ -118,7 +118,7 @@ def test_vocabulary_and_tokenizer_errors_name_the_fix(wordpiece, bpe):
         check_tokenizer_fits(wordpiece, 512)
     with pytest.raises(DataError, match="no cls_token, sep_token, mask_token"):
         check_special_tokens(bpe, "encoder")
-    with pytest.raises(DataError, match="could not load tokenizer .*unset tokenizer.name_or_path"):
+    with pytest.raises(DataError, match="could not load tokenizer .*unset --tokenizer.name_or_path"):
         load_tokenizer("/no/such/tokenizer/folder")
     with pytest.raises(DataError, match="too small"):
         train_tokenizer(BOOK[:10], kind="bpe", vocab_size=200)

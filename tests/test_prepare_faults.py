@@ -377,6 +377,6 @@ def test_a_manifest_names_only_files_of_its_own_folder(setup, tmp_path):
         _, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 2, (name, stderr[-3000:])
         line = _one_error_line(stderr)
-        assert line.startswith(f"error: data.prepared {folder}"), (name, line)
+        assert line.startswith(f"error: --data.prepared {folder}"), (name, line)
         assert expected[name] in line, (name, line)
         assert not (tmp_path / f"run-{name}" / "final").exists()

@@ -114,15 +114,15 @@ class MLMCollator:
         seed: int | None = None,
     ):
         if not 0 < mlm_probability < 1:
-            raise DataError(f"data.mlm_probability={mlm_probability}: use a value in (0, 1)")
+            raise DataError(f"--data.mlm_probability={mlm_probability}: use a value in (0, 1)")
         if mask_replace_prob < 0 or random_replace_prob < 0 or mask_replace_prob + random_replace_prob > 1:
             raise DataError(
-                f"data.mask_replace_prob={mask_replace_prob} + data.random_replace_prob={random_replace_prob} "
+                f"--data.mask_replace_prob={mask_replace_prob} + --data.random_replace_prob={random_replace_prob} "
                 f"must be non-negative and sum to at most 1"
             )
         if max_predictions_per_seq is not None and max_predictions_per_seq < 1:
             raise DataError(
-                f"data.max_predictions_per_seq={max_predictions_per_seq}: use a positive number or None"
+                f"--data.max_predictions_per_seq={max_predictions_per_seq}: use a positive number or None"
             )
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
             raise DataError(
@@ -150,7 +150,7 @@ class MLMCollator:
         prefix = getattr(model, "continuing_subword_prefix", None)
         if type(model).__name__ != "WordPiece" or not prefix:
             raise DataError(
-                "data.whole_word_mask needs a WordPiece tokenizer (## pieces); turn it off for this tokenizer"
+                "--data.whole_word_mask needs a WordPiece tokenizer (## pieces); turn it off for this tokenizer"
             )
         tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         return torch.tensor([t is not None and t.startswith(prefix) for t in tokens], dtype=torch.bool)

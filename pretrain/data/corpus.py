@@ -162,7 +162,7 @@ def _documents_batch(batch, text_column: str, separator: str, join_rows: bool):
     if wrong is not None:
         raise DataError(
             f"column {text_column!r} holds {type(wrong).__name__} values (e.g. {str(wrong)[:40]!r}), not text; "
-            "point data.text_column at a column of strings"
+            "point --data.text_column at a column of strings"
         )
     if join_rows:
         texts = ["\n".join(texts)]
@@ -177,7 +177,7 @@ def resolve_data_files(patterns: list[str] | str, option: str = "data.data_files
     """Expand globs (relative paths from the repo root) into a sorted file list; returns (builder, files)."""
     patterns = [patterns] if isinstance(patterns, str) else list(patterns or [])
     if not patterns:
-        raise DataError(f"{option} is empty: give local files or globs, or set data.dataset_name")
+        raise DataError(f"{option} is empty: give local files or globs, or set --data.dataset_name")
     files: list[str] = []
     for pattern in patterns:
         if "://" in pattern:  # remote (hf://, s3://, https://): datasets resolves it
@@ -444,7 +444,7 @@ def _load_raw(cfg: DataConfig, streaming: bool):
         )
         if val_builder != builder:
             raise DataError(
-                f"data.validation_files are {val_builder} but data.data_files are {builder}; use one format"
+                f"--data.validation_files are {val_builder} but --data.data_files are {builder}; use one format"
             )
     loaded = _load_files(builder, data_files, cfg, streaming, cache_dir)
     text_column = "text" if builder == "text" else cfg.text_column
@@ -532,15 +532,15 @@ def load_documents(cfg: DataConfig, streaming: bool | None = None) -> CorpusSpli
     streaming = cfg.streaming if streaming is None else streaming
     if not cfg.document_separator:
         raise DataError(
-            f"data.document_separator is empty: use one of {', '.join(DOCUMENT_MODES)} or a literal string"
+            f"--data.document_separator is empty: use one of {', '.join(DOCUMENT_MODES)} or a literal string"
         )
     if cfg.sentence_split not in SENTENCE_MODES:
         raise DataError(
-            f"data.sentence_split={cfg.sentence_split!r}: choose one of {', '.join(SENTENCE_MODES)}"
+            f"--data.sentence_split={cfg.sentence_split!r}: choose one of {', '.join(SENTENCE_MODES)}"
         )
     if not 0 <= cfg.validation_split_percentage < 100:
         raise DataError(
-            f"data.validation_split_percentage={cfg.validation_split_percentage}: use a value in [0, 100)"
+            f"--data.validation_split_percentage={cfg.validation_split_percentage}: use a value in [0, 100)"
         )
     raw, text_column, rows_are_files, source = _load_raw(cfg, streaming)
     train = _to_documents(raw["train"], cfg, text_column, rows_are_files, source)
@@ -552,7 +552,7 @@ def load_documents(cfg: DataConfig, streaming: bool | None = None) -> CorpusSpli
     if _is_empty(train):
         raise DataError(
             f"the corpus is empty: no documents in {source} (only blank lines?); add text or check "
-            f"data.data_files / data.text_column / data.document_separator={cfg.document_separator!r}"
+            f"--data.data_files / --data.text_column / --data.document_separator={cfg.document_separator!r}"
         )
     if validation is None and cfg.validation_split_percentage > 0:
         train, validation = _hold_out(train, cfg.validation_split_percentage)

@@ -75,12 +75,12 @@ def build_pair_instances(
     if task == "nsp" and len(nonempty) < 2:
         raise DataError(
             f"NSP needs at least 2 documents to draw NotNext segments from, found {len(nonempty)}: add documents, "
-            f"split them differently (data.document_separator), or use model.objective=mlm+sop"
+            f"split them differently (--data.document_separator), or use --model.objective=mlm+sop"
         )
     max_num_tokens = max_seq_length - (3 if task != "none" else 2)
     if max_num_tokens < 2:
         raise DataError(
-            f"data.max_seq_length={max_seq_length} leaves no room for two segments; use at least 8"
+            f"--data.max_seq_length={max_seq_length} leaves no room for two segments; use at least 8"
         )
     builder = _PairBuilder(documents, nonempty, max_num_tokens, short_seq_prob, nsp_probability, rng, task)
     return [instance for doc_index in nonempty for instance in builder.from_document(doc_index)]

@@ -78,7 +78,7 @@ def validate_settings(
 ) -> None:
     """Cheap checks before any data is read; each failure is a one-line DataError naming the fix."""
     if model_kind not in OBJECTIVES:
-        raise DataError(f"model.kind={model_kind!r}: choose 'encoder' or 'decoder'")
+        raise DataError(f"--model.kind={model_kind!r}: choose 'encoder' or 'decoder'")
     if objective not in OBJECTIVES[model_kind]:
         raise DataError(
             f"objective {objective!r} does not fit a {model_kind}; use one of {', '.join(OBJECTIVES[model_kind])}"
@@ -91,7 +91,7 @@ def validate_settings(
     shortest = 8 if model_kind == "encoder" else 2
     if data_cfg.max_seq_length < shortest:
         raise DataError(
-            f"data.max_seq_length={data_cfg.max_seq_length} is too short; use at least {shortest}"
+            f"--data.max_seq_length={data_cfg.max_seq_length} is too short; use at least {shortest}"
         )
     for name in ("short_seq_prob", "nsp_probability"):
         if not 0 <= getattr(data_cfg, name) <= 1:
@@ -291,11 +291,11 @@ class _PairShaper:
         else:
             count = sum(1 for _ in tokens.take(2))
         if count == 0:
-            raise DataError("no training document has any tokens; check the corpus and data.text_column")
+            raise DataError("no training document has any tokens; check the corpus and --data.text_column")
         if self.task == "nsp" and count < 2:
             raise DataError(
                 "NSP needs at least 2 training documents but the corpus has 1: add documents, split them "
-                "differently (data.document_separator=line or heading), or use model.objective=mlm+sop"
+                "differently (--data.document_separator=line or heading), or use --model.objective=mlm+sop"
             )
 
     def _examples(self, tokens, epoch, pool: int, num_proc=None, desc=None):
@@ -356,7 +356,7 @@ class _PairShaper:
         if self.task == "nsp" and len(tokens) < 2:
             raise DataError(
                 f"the validation split has {len(tokens)} document(s) but NSP needs 2: raise "
-                f"data.validation_split_percentage, give data.validation_files, or use model.objective=mlm+sop"
+                f"--data.validation_split_percentage, give --data.validation_files, or use --model.objective=mlm+sop"
             )
         return self._examples(tokens, EVAL_EPOCH, max(len(tokens), 1), desc="Building validation examples")
 
@@ -397,7 +397,7 @@ class _BlockShaper:
     def check_train(self, tokens) -> None:
         empty = len(tokens) == 0 if isinstance(tokens, Dataset) else next(iter(tokens.take(1)), None) is None
         if empty:
-            raise DataError("no training document has any tokens; check the corpus and data.text_column")
+            raise DataError("no training document has any tokens; check the corpus and --data.text_column")
 
     def _blocks(self, tokens, desc=None):
         num_rows = len(tokens) if isinstance(tokens, Dataset) else None

@@ -618,20 +618,20 @@ def prepare(
     data = cfg.data
     kind = cfg.model.kind
     if kind not in KIND_FOR_MODEL:
-        raise DataError(f"model.kind={kind!r}: choose 'encoder' or 'decoder'")
+        raise DataError(f"--model.kind={kind!r}: choose 'encoder' or 'decoder'")
     if data.dataset_name:
-        raise DataError("prepare reads local files (data.data_files); export the Hub dataset to parquet first")
+        raise DataError("prepare reads local files (--data.data_files); export the Hub dataset to parquet first")
     if not data.document_separator:
-        raise DataError(f"data.document_separator is empty: use one of {', '.join(DOCUMENT_MODES)} or a literal string")
+        raise DataError(f"--data.document_separator is empty: use one of {', '.join(DOCUMENT_MODES)} or a literal string")
     if data.sentence_split not in SENTENCE_MODES:
-        raise DataError(f"data.sentence_split={data.sentence_split!r}: choose one of {', '.join(SENTENCE_MODES)}")
+        raise DataError(f"--data.sentence_split={data.sentence_split!r}: choose one of {', '.join(SENTENCE_MODES)}")
     index, count = shard
     if not (count >= 1 and 0 <= index < count):
         raise DataError(f"--shard {index}/{count}: use i/n with 0 <= i < n")
     if num_proc < 1:
         raise DataError(f"--num_proc {num_proc}: use 1 or more processes")
     if cfg.tokenizer.input_sentence_size < 0:
-        raise DataError(f"tokenizer.input_sentence_size={cfg.tokenizer.input_sentence_size}: use 0 (all) or more")
+        raise DataError(f"--tokenizer.input_sentence_size={cfg.tokenizer.input_sentence_size}: use 0 (all) or more")
     shard_bytes = max(int(shard_size_mb * (1 << 20)), 1)
     clock = _PhaseClock()
     # --num_proc is the number of cores used: also for the tokenizer training's Rust threads (read at their start)

@@ -77,23 +77,23 @@ class PreparedCorpus:
             try:
                 manifest = merged_manifest(path)
             except ValueError as err:  # a plan.json or a shard's .json cut short
-                raise DataError(f"data.prepared {folder}: {err}; run the same prepare command again") from None
+                raise DataError(f"--data.prepared {folder}: {err}; run the same prepare command again") from None
             if isinstance(manifest, list):
                 raise DataError(
-                    f"data.prepared {folder} is incomplete: {len(manifest)} shard(s) missing (e.g. {manifest[0]}); "
+                    f"--data.prepared {folder} is incomplete: {len(manifest)} shard(s) missing (e.g. {manifest[0]}); "
                     "finish it with `python -m pretrain.data prepare` (every --shard i/n) or copy the other "
                     "machines' shards into it"
                 )
         else:
             raise DataError(
-                f"data.prepared {folder} is not a prepared folder (no {MANIFEST}); make one with "
+                f"--data.prepared {folder} is not a prepared folder (no {MANIFEST}); make one with "
                 "`python -m pretrain.data prepare --config X --output DIR`"
             )
         if not isinstance(manifest, dict):
-            raise DataError(f"data.prepared {folder}: {MANIFEST} does not hold a manifest; prepare again")
+            raise DataError(f"--data.prepared {folder}: {MANIFEST} does not hold a manifest; prepare again")
         if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
             raise DataError(
-                f"data.prepared {folder} has format {manifest.get('format')} v{manifest.get('version')}, this Kiln "
+                f"--data.prepared {folder} has format {manifest.get('format')} v{manifest.get('version')}, this Kiln "
                 f"reads {FORMAT} v{VERSION}; prepare it again"
             )
         _check_records(path, folder, manifest)
@@ -103,7 +103,7 @@ class PreparedCorpus:
                 shard = path / record["file"]
                 if not shard.is_file() or shard.stat().st_size != record["bytes"]:
                     raise DataError(
-                        f"data.prepared {folder}: shard {record['file']} is missing or has another size than its "
+                        f"--data.prepared {folder}: shard {record['file']} is missing or has another size than its "
                         "manifest says; copy it again or prepare again"
                     )
         return cls(path, manifest)
@@ -208,7 +208,7 @@ def _read_json(path: Path, folder, fix: str) -> dict:
     try:
         return json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError):
-        raise DataError(f"data.prepared {folder}: {path.name} is not valid JSON (cut short?); {fix}") from None
+        raise DataError(f"--data.prepared {folder}: {path.name} is not valid JSON (cut short?); {fix}") from None
 
 
 def _plain_name_problem(folder: Path, name) -> str | None:
@@ -232,14 +232,14 @@ def _check_names(path: Path, folder, listing: dict, source: str, files) -> None:
     file name inside the folder: a name like `../../x.arrow` or `/etc/passwd` is refused before anything is read."""
     shards = listing.get("shards") if isinstance(listing, dict) else None
     if not isinstance(shards, dict) or not all(isinstance(v, list) for v in shards.values()):
-        raise DataError(f"data.prepared {folder}: {source} does not list its shards by split; prepare again")
+        raise DataError(f"--data.prepared {folder}: {source} does not list its shards by split; prepare again")
     for entries in shards.values():
         for entry in entries:
             for name in files(entry):
                 problem = _plain_name_problem(path, name)
                 if problem:
                     raise DataError(
-                        f"data.prepared {folder}: {source} names the shard {name!r}, which {problem}; a prepared "
+                        f"--data.prepared {folder}: {source} names the shard {name!r}, which {problem}; a prepared "
                         "folder's shards are files of its own: prepare again"
                     )
 
@@ -263,7 +263,7 @@ def _check_records(path: Path, folder, manifest: dict) -> None:
                 bad = bad or (key == "sha256" and (len(value) != 64 or value.strip("0123456789abcdef")))
                 if bad:
                     raise DataError(
-                        f"data.prepared {folder}: {MANIFEST}: shard {record['file']} has no valid {key} "
+                        f"--data.prepared {folder}: {MANIFEST}: shard {record['file']} has no valid {key} "
                         f"({value!r}); prepare again"
                     )
 
@@ -277,7 +277,7 @@ def _check_shard_list(path: Path, folder, manifest: dict) -> None:
         if planned != listed:
             missing = [n for split, names in planned.items() for n in names if n not in listed.get(split, [])]
             raise DataError(
-                f"data.prepared {folder}: {MANIFEST} does not list the shards plan.json planned "
+                f"--data.prepared {folder}: {MANIFEST} does not list the shards plan.json planned "
                 f"({', '.join(missing[:3]) or 'another list'}{' ...' if len(missing) > 3 else ''}); delete "
                 f"{MANIFEST} (training merges the shards' .json files) or prepare again"
             )
@@ -285,7 +285,7 @@ def _check_shard_list(path: Path, folder, manifest: dict) -> None:
     every = [r for records in manifest["shards"].values() for r in records]
     if totals and (totals.get("shards") != len(every) or totals.get("documents") != sum(r["rows"] for r in every)):
         raise DataError(
-            f"data.prepared {folder}: {MANIFEST} lists {len(every)} shards but its totals count "
+            f"--data.prepared {folder}: {MANIFEST} lists {len(every)} shards but its totals count "
             f"{totals.get('shards')}: it was edited; prepare again"
         )
 
@@ -331,7 +331,7 @@ def _cached_arrays(folder: Path, spec: dict, fill) -> tuple[dict[str, np.ndarray
         except OSError as err:
             raise DataError(
                 f"cannot write the prepared corpus's offset arrays to {folder.parent} ({err.strerror}); set "
-                "data.cache_dir to a writable folder with free space"
+                "--data.cache_dir to a writable folder with free space"
             ) from None
         sinks = {name: _ArraySink(tmp / f"{name}.bin") for name in spec}
         try:
@@ -345,7 +345,7 @@ def _cached_arrays(folder: Path, spec: dict, fill) -> tuple[dict[str, np.ndarray
             if not (folder / _COMPLETE).is_file():
                 raise DataError(
                     f"cannot write the prepared corpus's offset arrays to {folder.parent} ({err.strerror or err}); "
-                    "set data.cache_dir to a writable folder with free space"
+                    "set --data.cache_dir to a writable folder with free space"
                 ) from None
         finally:
             for sink in sinks.values():
@@ -387,7 +387,7 @@ class DocumentIndex:
                     raise pa.ArrowInvalid(f"columns {shown}, not those of a prepared shard")
             except (pa.ArrowException, OSError) as err:
                 raise DataError(
-                    f"data.prepared {Path(path).parent}: shard {Path(path).name} cannot be read ({type(err).__name__}: {str(err)[:120]}); copy "
+                    f"--data.prepared {Path(path).parent}: shard {Path(path).name} cannot be read ({type(err).__name__}: {str(err)[:120]}); copy "
                     "it again or prepare again"
                 ) from None
             self.tables.append((source, table))
@@ -510,7 +510,7 @@ def plan_pools(index: DocumentIndex, documents: np.ndarray, max_seq_length: int,
         raise DataError(f"sentence-pair task {task!r} is unknown; use one of {', '.join(TASKS)}")
     max_num_tokens = max_seq_length - (3 if task != "none" else 2)
     if max_num_tokens < 2:
-        raise DataError(f"data.max_seq_length={max_seq_length} leaves no room for two segments; use at least 8")
+        raise DataError(f"--data.max_seq_length={max_seq_length} leaves no room for two segments; use at least 8")
     for first in range(0, len(documents), pool):
         pool_docs = np.asarray(documents[first : first + pool])
         if task == "nsp" and len(pool_docs) < 2:  # a lone document at the end of the data
@@ -751,7 +751,7 @@ def build_prepared_data(
         check_tokenizer_fits(tokenizer, vocab_size)
     if corpus.model_kind != model_kind:
         raise DataError(
-            f"data.prepared was prepared for a {corpus.model_kind} but model.kind is {model_kind}; prepare again"
+            f"--data.prepared was prepared for a {corpus.model_kind} but --model.kind is {model_kind}; prepare again"
         )
     cache = corpus.cache_folder(data_cfg.cache_dir)
     with main_process_first(accelerator):  # a node's first process writes the offset arrays, the others map them
@@ -767,14 +767,14 @@ def build_prepared_data(
             validation_docs = validation_docs[: data_cfg.max_eval_documents]
         validation_docs = validation_docs[validation_index.sentence_counts()[validation_docs] > 0]
     if len(train_docs) == 0:
-        raise DataError("no training document has any tokens; check the corpus and data.text_column")
+        raise DataError("no training document has any tokens; check the corpus and --data.text_column")
 
     if model_kind == "encoder":
         task = PAIR_TASK[objective]
         if task == "nsp" and len(train_docs) < 2:
             raise DataError(
                 "NSP needs at least 2 training documents but the corpus has 1: add documents, split them "
-                "differently (data.document_separator=line or heading), or use model.objective=mlm+sop"
+                "differently (--data.document_separator=line or heading), or use --model.objective=mlm+sop"
             )
         collator = make_mlm_collator(data_cfg, tokenizer, seed, objective)
         eval_collator = make_mlm_collator(data_cfg, tokenizer, seed + 1, objective)
@@ -810,7 +810,7 @@ def build_prepared_data(
             if task == "nsp" and len(validation_docs) < 2:
                 raise DataError(
                     f"the validation split has {len(validation_docs)} document(s) but NSP needs 2: raise "
-                    "data.validation_split_percentage, give data.validation_files, or use model.objective=mlm+sop"
+                    "--data.validation_split_percentage, give --data.validation_files, or use --model.objective=mlm+sop"
                 )
             eval_dataset = examples(validation_index, "eval", validation_docs, EVAL_EPOCH, max(len(validation_docs), 1))
     else:

@@ -60,7 +60,7 @@ def train_tokenizer(
     if kind == "wordpiece":
         specials = list(WORDPIECE_SPECIAL_TOKENS.values())
         if vocab_size <= len(specials) + len(ASCII_ALPHABET):
-            raise DataError(f"tokenizer.vocab_size={vocab_size} is too small for WordPiece; use at least 256")
+            raise DataError(f"--tokenizer.vocab_size={vocab_size} is too small for WordPiece; use at least 256")
         backend = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
         backend.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
@@ -85,7 +85,7 @@ def train_tokenizer(
     elif kind == "bpe":
         if vocab_size <= 257:
             raise DataError(
-                f"tokenizer.vocab_size={vocab_size} is too small for byte-level BPE; use at least 512"
+                f"--tokenizer.vocab_size={vocab_size} is too small for byte-level BPE; use at least 512"
             )
         backend = Tokenizer(models.BPE())
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -208,7 +208,7 @@ def load_tokenizer(name_or_path: str, model_max_length: int | None = None) -> Pr
         reason = str(err).strip().split("\n")[0]
         raise DataError(
             f"could not load tokenizer {name_or_path!r}: {reason}. Give a folder with tokenizer.json or a Hub id, "
-            f"or unset tokenizer.name_or_path to train one"
+            f"or unset --tokenizer.name_or_path to train one"
         ) from None
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise DataError(
@@ -231,7 +231,7 @@ def check_special_tokens(tokenizer, model_kind: str) -> None:
         if missing:
             raise DataError(
                 f"the tokenizer has no {', '.join(missing)}, which the encoder needs; use a BERT-style tokenizer or "
-                f"unset tokenizer.name_or_path to train one"
+                f"unset --tokenizer.name_or_path to train one"
             )
     elif tokenizer.eos_token is None:
         raise DataError(
@@ -252,7 +252,7 @@ def prepare_tokenizer(
     data_cfg.max_seq_length.
     """
     if model_kind not in KIND_FOR_MODEL:
-        raise DataError(f"model.kind={model_kind!r}: choose 'encoder' or 'decoder'")
+        raise DataError(f"--model.kind={model_kind!r}: choose 'encoder' or 'decoder'")
     if tok_cfg.name_or_path:
         tokenizer = load_tokenizer(tok_cfg.name_or_path, data_cfg.max_seq_length)
         check_special_tokens(tokenizer, model_kind)
