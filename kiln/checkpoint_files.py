@@ -64,9 +64,12 @@ def checkpoint_problem(folder: Path) -> str | None:
     Checkpoints written before manifests existed are only checked for a readable trainer_state.json."""
     folder = Path(folder)
     try:
-        json.loads((folder / TRAINER_STATE_FILE).read_text())
+        state = json.loads((folder / TRAINER_STATE_FILE).read_text())
     except (OSError, ValueError) as err:
         return f"{TRAINER_STATE_FILE} is unreadable ({type(err).__name__})"
+    problem = trainer_state_problem(state)
+    if problem:
+        return problem
     manifest_path = folder / CHECKSUMS_FILE
     if not manifest_path.is_file():
         return _unverified_problem(folder)
@@ -83,6 +86,25 @@ def checkpoint_problem(folder: Path) -> str | None:
             return f"{name} has {size} bytes instead of {expected['size']} (truncated?)"
         if _sha256(path) != expected["sha256"]:
             return f"{name} does not match its checksum (changed on disk)"
+    return None
+
+
+def trainer_state_problem(state: Any) -> str | None:
+    """Why a checkpoint's trainer_state.json cannot be its own, or None: its step and epoch are counts, the
+    batch layout it names (where it names one) positive whole numbers, every other field plain JSON."""
+    from .elastic import LAYOUT_KEYS
+
+    def count(value):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(state, dict):
+        return f"{TRAINER_STATE_FILE} does not hold a trainer state"
+    for key in ("global_step", "epoch"):
+        if not count(state.get(key)):
+            return f"{TRAINER_STATE_FILE}: {key} is {json.dumps(state.get(key))[:40]}, not a count"
+    for key in LAYOUT_KEYS:
+        if key in state and not (count(state[key]) and state[key] > 0):
+            return f"{TRAINER_STATE_FILE}: {key} is {json.dumps(state[key])[:40]}, not a positive whole number"
     return None
 
 
@@ -111,12 +133,17 @@ def _unverified_problem(folder: Path) -> str | None:
 
 
 def resolve_checkpoint(
-    spec: str, output_dir: str, download: Callable[[str, str], str] | None = None, quiet: bool = False
+    spec: str,
+    output_dir: str,
+    download: Callable[[str, str], str] | None = None,
+    quiet: bool = False,
+    skip: dict[str, str] | None = None,
 ) -> Path:
     """`latest`, a folder, or `hub:user/name` (downloaded through `download(spec, local_dir)`).
 
     The checkpoint's files are verified against its manifest; `latest` skips damaged checkpoints (newest
-    first) and says which one it falls back to; a damaged explicit checkpoint is a one-line error."""
+    first), and those `skip` names (folder name: why, found damaged by a later check), and says which one it
+    falls back to; a damaged explicit checkpoint is a one-line error."""
     if spec == "latest":
         checkpoints = find_checkpoints(output_dir)
         if not checkpoints:
@@ -126,7 +153,7 @@ def resolve_checkpoint(
             )
         damaged = []
         for candidate in reversed(checkpoints):
-            problem = checkpoint_problem(candidate)
+            problem = (skip or {}).get(candidate.name) or checkpoint_problem(candidate)
             if problem is None:
                 if damaged and not quiet:
                     logger.warning(
@@ -252,5 +279,6 @@ __all__ = [
     "checkpoint_problem",
     "find_checkpoints",
     "resolve_checkpoint",
+    "trainer_state_problem",
     "write_checksums",
 ]

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -233,8 +235,44 @@ def _json_meta(meta: dict[str, str], key: str, path: Path) -> Any:
         raise DamagedCheckpoint(f"{path.name} lacks its {key} header") from None
 
 
+class ModelMismatch(DamagedCheckpoint):
+    """model.safetensors holds other weights (names, shapes, dtypes) than this run's model."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a run expects of the checkpoint it resumes, beyond each file's own shape.
+
+    `global_step`: the step of the checkpoint's trainer_state.json; `folder_step`: the N of its folder's name
+    `step-N` (None: another name, e.g. a Hub download's `last-checkpoint`); `total_steps`: this run's steps;
+    `steps_per_epoch`: this run's optimizer steps per epoch (None: a stream); `accumulation`: the micro-batches
+    per optimizer step of the run that wrote it; `same_schedule`: the run's settings are the checkpoint's (no
+    --training.allow_config_change), so its learning rate and optimizer settings are this run's to the bit."""
+
+    global_step: int
+    folder_step: int | None = None
+    total_steps: int | None = None
+    steps_per_epoch: int | None = None
+    accumulation: int = 1
+    same_schedule: bool = False
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _same_shape(saved: Any, live: Any, where: str) -> None:
-    """`saved` (from JSON) has the keys and the kinds of values of `live` (the object's own state dict)."""
+    """`saved` (from JSON) has the keys and the kinds of values of `live` (the object's own state dict), down to
+    every list element; every number is finite."""
     if isinstance(live, dict):
         if not isinstance(saved, dict) or set(saved) != {str(k) for k in live}:
             raise DamagedCheckpoint(f"{where} does not hold the expected fields")
@@ -243,15 +281,23 @@ def _same_shape(saved: Any, live: Any, where: str) -> None:
     elif isinstance(live, (list, tuple)):
         if not isinstance(saved, list) or len(saved) != len(live):
             raise DamagedCheckpoint(f"{where} does not hold {len(live)} values")
+        for index, (value, live_value) in enumerate(zip(saved, live)):
+            _same_shape(value, live_value, f"{where}[{index}]")
     elif isinstance(live, bool):
         if not isinstance(saved, bool):
-            raise DamagedCheckpoint(f"{where} is not true/false")
+            raise DamagedCheckpoint(f"{where} is {_shown(saved)}, not true/false")
     elif isinstance(live, int):
         if not isinstance(saved, int) or isinstance(saved, bool):
-            raise DamagedCheckpoint(f"{where} is not a whole number")
+            raise DamagedCheckpoint(f"{where} is {_shown(saved)}, not a whole number")
     elif isinstance(live, float):
-        if not isinstance(saved, (int, float)) or isinstance(saved, bool):
-            raise DamagedCheckpoint(f"{where} is not a number")
+        if not _is_number(saved):
+            raise DamagedCheckpoint(f"{where} is {_shown(saved)}, not a finite number")
+    elif isinstance(live, str):
+        if not isinstance(saved, str):
+            raise DamagedCheckpoint(f"{where} is {_shown(saved)}, not a text")
+    elif live is None:
+        if saved is not None:
+            raise DamagedCheckpoint(f"{where} is {_shown(saved)}, not null")
 
 
 def _as_live_types(saved: Any, live: Any) -> Any:
@@ -261,23 +307,132 @@ def _as_live_types(saved: Any, live: Any) -> Any:
     return saved
 
 
-def _check_counters(saved: Any, global_step: int) -> dict[str, Any]:
+# ----------------------------------------------------------------------------------------------------------
+# loop_state.json: every field of the counters, the schedule, the step count and the gradient scaler
+
+
+STOP_REASONS = (None, "max_steps", "epochs", "early_stopping", "time_budget", "signal")
+
+
+def _check_up_to_step(value: Any, counters: dict, expected: Expected) -> str | None:
+    if not _is_count(value):
+        return f"is {_shown(value)}, not a count"
+    if value > counters["global_step"]:
+        return f"is {value}, beyond the checkpoint's step {counters['global_step']}"
+    return None
+
+
+def _optional(check):
+    def optional(value: Any, counters: dict, expected: Expected) -> str | None:
+        return None if value is None else check(value, counters, expected)
+
+    return optional
+
+
+def _check_global_step(value: Any, counters: dict, expected: Expected) -> str | None:
+    if not _is_count(value):
+        return f"is {_shown(value)}, not a count"
+    if value != expected.global_step:
+        return f"is {value} but the checkpoint's trainer_state.json says step {expected.global_step}"
+    if expected.folder_step is not None and value != expected.folder_step:
+        return f"is {value} but the checkpoint's folder is named for step {expected.folder_step}"
+    if expected.total_steps is not None and value > expected.total_steps:
+        return f"is {value}, beyond this run's {expected.total_steps} steps"
+    return None
+
+
+def _check_count(value: Any, counters: dict, expected: Expected) -> str | None:
+    return None if _is_count(value) else f"is {_shown(value)}, not a count"
+
+
+def _check_position(value: Any, counters: dict, expected: Expected) -> str | None:
+    """batches_in_epoch: the micro-batches (per process) of the epoch already trained on, in optimizer steps of
+    the run that wrote it (`accumulation` each): no more than the steps its epochs leave; in the first epoch,
+    with the run's own settings (whose first epoch has `steps_per_epoch` steps), exactly the checkpoint's step."""
+    if not _is_count(value):
+        return f"is {_shown(value)}, not a count"
+    step, epoch = counters["global_step"], counters["epoch"]
+    steps_in_epoch = math.ceil(value / expected.accumulation)
+    if steps_in_epoch > step - epoch:  # every earlier epoch took a step at least
+        return f"is {value} in epoch {epoch}, more micro-batches than the checkpoint's {step} steps leave"
+    exact = epoch == 0 and expected.same_schedule and expected.steps_per_epoch is not None
+    if exact and steps_in_epoch != step:
+        return f"is {value} in epoch 0, which is not the checkpoint's step {step}"
+    return None
+
+
+def _check_epoch(value: Any, counters: dict, expected: Expected) -> str | None:
+    if not _is_count(value):
+        return f"is {_shown(value)}, not a count"
+    if value > counters["global_step"]:
+        return f"is {value}, more epochs than the checkpoint's {counters['global_step']} steps"
+    return None
+
+
+def _check_seconds(value: Any, counters: dict, expected: Expected) -> str | None:
+    return None if _is_number(value) and value >= 0 else f"is {_shown(value)}, not a finite number of seconds"
+
+
+def _check_finite(value: Any, counters: dict, expected: Expected) -> str | None:
+    return None if _is_number(value) else f"is {_shown(value)}, not a finite number"
+
+
+def _check_stop_reason(value: Any, counters: dict, expected: Expected) -> str | None:
+    return None if value in STOP_REASONS else f"is {_shown(value)}, not one of {STOP_REASONS[1:]}"
+
+
+def _check_history(value: Any, counters: dict, expected: Expected) -> str | None:
+    """The logged rows: each a step (from 1 to the checkpoint's, in order) and named numbers (a logged loss may
+    have been NaN: the row is a record of it)."""
+    if not isinstance(value, list):
+        return "is not a list of logged rows"
+    previous = 0
+    for index, row in enumerate(value):
+        if not isinstance(row, dict) or not _is_count(row.get("step")):
+            return f"row {index} has no step"
+        if not previous <= row["step"] <= counters["global_step"]:
+            return f"row {index} is at step {row['step']}, out of order or beyond the checkpoint's step"
+        previous = row["step"]
+        for name, number in row.items():
+            if not isinstance(number, (int, float)) or isinstance(number, bool):
+                return f"row {index}: {name} is {_shown(number)}, not a number"
+    return None
+
+
+_COUNTER_CHECKS = {
+    "global_step": _check_global_step,
+    "epoch": _check_epoch,
+    "batches_in_epoch": _check_position,
+    "tokens_seen": _check_count,
+    "train_time_s": _check_seconds,
+    "best_metric": _optional(_check_finite),
+    "best_step": _optional(_check_up_to_step),
+    "evals_without_improvement": _check_up_to_step,
+    "history": _check_history,
+    "stop_reason": _check_stop_reason,
+    "lowest_loss": _optional(_check_finite),
+    "lowest_loss_step": _optional(_check_up_to_step),
+}
+"""One check per field of `TrainState` (a field without one is refused by the test suite): its type, its range
+and its agreement with the checkpoint's step, name and epochs."""
+
+_PAIRED = (("best_metric", "best_step"), ("lowest_loss", "lowest_loss_step"))
+"""Fields set together: both null or neither."""
+
+
+def _check_counters(saved: Any, expected: Expected) -> dict[str, Any]:
     import dataclasses
 
-    fields = {f.name: f for f in dataclasses.fields(TrainState)}
-    if not isinstance(saved, dict) or set(saved) != set(fields):
+    fields = {f.name for f in dataclasses.fields(TrainState)}
+    if not isinstance(saved, dict) or set(saved) != fields:
         raise DamagedCheckpoint(f"{LOOP_STATE_FILE} does not hold the loop's counters")
-    whole = ("global_step", "epoch", "batches_in_epoch", "tokens_seen", "evals_without_improvement")
-    for name in whole:
-        if not isinstance(saved[name], int) or isinstance(saved[name], bool) or saved[name] < 0:
-            raise DamagedCheckpoint(f"{LOOP_STATE_FILE}: counters.{name} is not a count")
-    if not isinstance(saved["history"], list) or not all(isinstance(row, dict) for row in saved["history"]):
-        raise DamagedCheckpoint(f"{LOOP_STATE_FILE}: counters.history is not a list of records")
-    if saved["global_step"] != global_step:
-        raise DamagedCheckpoint(
-            f"{LOOP_STATE_FILE} is at step {saved['global_step']} but the checkpoint's trainer_state.json at "
-            f"step {global_step}"
-        )
+    for name, check in _COUNTER_CHECKS.items():  # global_step first: the other fields are measured against it
+        problem = check(saved[name], saved, expected)
+        if problem:
+            raise DamagedCheckpoint(f"{LOOP_STATE_FILE}: counters.{name} {problem}")
+    for value, step in _PAIRED:
+        if (saved[value] is None) != (saved[step] is None):
+            raise DamagedCheckpoint(f"{LOOP_STATE_FILE}: counters.{value} and counters.{step} disagree")
     return saved
 
 
@@ -324,6 +479,85 @@ def check_log_window(saved: Any, global_step: int) -> dict[str, Any] | None:
     return saved
 
 
+def _check_schedule(saved: Any, scheduler, expected: Expected) -> dict[str, Any]:
+    """The learning-rate schedule: the fields of this run's scheduler, every number finite and no rate negative;
+    its step no later than the checkpoint's (a step skipped for an overflow does not move it); with the run's
+    own settings, the rate the schedule gives at that step."""
+    where = f"{LOOP_STATE_FILE}: scheduler"
+    live = scheduler.state_dict()
+    _same_shape(saved, live, where)
+    if "last_epoch" in live:
+        if not _is_count(saved["last_epoch"]) or saved["last_epoch"] > expected.global_step:
+            raise DamagedCheckpoint(
+                f"{where}.last_epoch is {_shown(saved['last_epoch'])}, not a step from 0 to the checkpoint's "
+                f"{expected.global_step}"
+            )
+        if "_step_count" in live and saved["_step_count"] != saved["last_epoch"] + 1:
+            raise DamagedCheckpoint(f"{where}._step_count disagrees with its last_epoch")
+    for key in ("base_lrs", "_last_lr"):
+        for index, rate in enumerate(saved.get(key) or []):
+            if rate < 0:
+                raise DamagedCheckpoint(f"{where}.{key}[{index}] is {_shown(rate)}, a negative learning rate")
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if expected.same_schedule and lambdas and "_last_lr" in live and "last_epoch" in live:
+        for index, (base, live_base, rate, fn) in enumerate(
+            zip(saved["base_lrs"], live["base_lrs"], saved["_last_lr"], lambdas, strict=True)
+        ):
+            if base != live_base:
+                raise DamagedCheckpoint(f"{where}.base_lrs[{index}] is {_shown(base)}, this run's is {live_base}")
+            should = base * fn(saved["last_epoch"])
+            if not math.isclose(rate, should, rel_tol=1e-9, abs_tol=1e-15):
+                raise DamagedCheckpoint(
+                    f"{where}._last_lr[{index}] is {_shown(rate)}, but the schedule gives {should:.6g} at step "
+                    f"{saved['last_epoch']}"
+                )
+    return saved
+
+
+def _check_grad_scaler(saved: Any, scaler) -> dict[str, Any] | None:
+    """fp16's gradient scaler: its settings are this run's, its scale finite and positive, its count of steps
+    since the last overflow below the growth interval. A run without one ignores a saved one."""
+    where = f"{LOOP_STATE_FILE}: grad_scaler"
+    if scaler is None:
+        if saved is not None and not isinstance(saved, dict):
+            raise DamagedCheckpoint(f"{where} is {_shown(saved)}, not a scaler's state")
+        return None
+    live = scaler.state_dict()
+    _same_shape(saved, live, where)
+    if not live:
+        return saved
+    for key in ("growth_factor", "backoff_factor", "growth_interval"):
+        if saved[key] != live[key]:
+            raise DamagedCheckpoint(f"{where}.{key} is {_shown(saved[key])}, this run's is {live[key]}")
+    if saved["scale"] <= 0:
+        raise DamagedCheckpoint(f"{where}.scale is {_shown(saved['scale'])}, not positive")
+    if not 0 <= saved["_growth_tracker"] < live["growth_interval"]:
+        raise DamagedCheckpoint(f"{where}._growth_tracker is {_shown(saved['_growth_tracker'])}, out of range")
+    return saved
+
+
+def _check_loop_state(folder: Path, scheduler, scaler, expected: Expected) -> dict[str, Any]:
+    try:
+        loop = json.loads((folder / LOOP_STATE_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DamagedCheckpoint(f"{LOOP_STATE_FILE} is missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise DamagedCheckpoint(f"{LOOP_STATE_FILE} is unreadable ({type(err).__name__})") from None
+    required = {"counters", "scheduler", "accelerator_step", "grad_scaler"}
+    if not isinstance(loop, dict) or not required <= set(loop) <= required | {"log_window"}:
+        raise DamagedCheckpoint(f"{LOOP_STATE_FILE} does not hold the loop state")
+    _check_counters(loop["counters"], expected)
+    _check_schedule(loop["scheduler"], scheduler, expected)
+    step = loop["accelerator_step"]
+    if not _is_count(step) or step > expected.global_step * expected.accumulation:
+        raise DamagedCheckpoint(
+            f"{LOOP_STATE_FILE}: accelerator_step is {_shown(step)}, not a count of the checkpoint's micro-batches"
+        )
+    _check_grad_scaler(loop["grad_scaler"], scaler)
+    check_log_window(loop.get("log_window"), expected.global_step)  # absent in checkpoints of earlier versions
+    return loop
+
+
 def load_training_state(
     accelerator: Accelerator,
     model,
@@ -331,155 +565,413 @@ def load_training_state(
     scheduler,
     state: TrainState,
     folder: Path,
-    global_step: int,
+    global_step: int | Expected,
     saved_processes: int | None,
 ) -> dict[str, Any] | None:
-    """Load what `save_training_state` wrote into the run's objects. Everything is read and checked before
-    anything is changed where that is possible (the loop state, the random states); a damaged or inconsistent
-    file raises `DamagedCheckpoint` naming it. `saved_processes`: how many processes wrote the checkpoint (a
-    process beyond them, in a resume on more processes, keeps its own random states). Returns the logging
-    window's saved sums (`check_log_window`), or None."""
+    """Load what `save_training_state` wrote into the run's objects: `check_training_state`, then
+    `apply_training_state`. `global_step`: the checkpoint's step, or all the run expects of it (`Expected`).
+    Returns the logging window's saved sums (`check_log_window`), or None."""
+    checked = check_training_state(accelerator, model, optimizer, scheduler, folder, global_step, saved_processes)
+    return apply_training_state(checked, accelerator, model, optimizer, scheduler, state)
+
+
+@dataclass
+class CheckedState:
+    """A checkpoint's state, read and checked, not yet loaded into the run's objects."""
+
+    folder: Path
+    loop: dict[str, Any]
+    random_states: Any
+    weights: dict[str, torch.Tensor] | None
+    optimizer_state: dict[str, Any] | None
+
+
+def check_training_state(
+    accelerator: Accelerator,
+    model,
+    optimizer,
+    scheduler,
+    folder: Path,
+    expected: int | Expected,
+    saved_processes: int | None,
+) -> CheckedState:
+    """Read and check every file of the checkpoint against the run's objects, changing none of them: the loop
+    state (every field, `_COUNTER_CHECKS`), this process's random states, the weights (names, shapes, dtypes,
+    finite) and the optimizer state (each tensor against its parameter). A damaged or inconsistent file raises
+    `DamagedCheckpoint` naming it and the first field or parameter that does not fit (`ModelMismatch` for
+    weights of another model). `saved_processes`: how many processes wrote the checkpoint (a process beyond
+    them, in a resume on more processes, keeps its own random states)."""
     folder = Path(folder)
-    try:
-        loop = json.loads((folder / LOOP_STATE_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DamagedCheckpoint(f"{LOOP_STATE_FILE} is missing") from None
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise DamagedCheckpoint(f"{LOOP_STATE_FILE} is unreadable ({type(err).__name__})") from None
-    if not isinstance(loop, dict) or not {"counters", "scheduler", "accelerator_step"} <= set(loop):
-        raise DamagedCheckpoint(f"{LOOP_STATE_FILE} does not hold the loop state")
-    counters = _check_counters(loop["counters"], global_step)
-    log_window = check_log_window(loop.get("log_window"), global_step)
-    _same_shape(loop["scheduler"], scheduler.state_dict(), f"{LOOP_STATE_FILE}: scheduler")
-    step = loop["accelerator_step"]
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise DamagedCheckpoint(f"{LOOP_STATE_FILE}: accelerator_step is not a count")
-    if accelerator.scaler is not None:
-        _same_shape(
-            loop.get("grad_scaler"), accelerator.scaler.state_dict(), f"{LOOP_STATE_FILE}: grad_scaler"
-        )
+    if not isinstance(expected, Expected):
+        expected = Expected(global_step=expected)
+    loop = _check_loop_state(folder, scheduler, accelerator.scaler, expected)
     rng_path = folder / RNG_FILE.format(accelerator.process_index)
     random_states = None
     if rng_path.is_file() or saved_processes is None or accelerator.process_index < saved_processes:
         random_states = _read_random_states(rng_path)
+    weights = optimizer_state = None
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        weights = _check_model(accelerator, model, folder)
+        optimizer_state = _check_optimizer(accelerator, model, optimizer, folder, loop, expected)
+    return CheckedState(folder, loop, random_states, weights, optimizer_state)
 
+
+def expected_of(folder: Path, training, total_steps: int, steps_per_epoch: int | None, compared: bool) -> Expected:
+    """What a run of `training` settings (`total_steps` steps, `steps_per_epoch` a stream's None) expects of the
+    checkpoint `folder`'s state. `compared`: the run's config was compared with the checkpoint's (its own
+    settings unless --training.allow_config_change)."""
+    from .checkpoint_config import saved_run_config
+    from .checkpoint_files import CHECKPOINT_PREFIX, TRAINER_STATE_FILE
+    from .elastic import saved_layout
+
+    folder = Path(folder)
+    digits = folder.name[len(CHECKPOINT_PREFIX) :]
+    saved = saved_layout(folder)
+    accumulation = training.gradient_accumulation_steps
+    if saved is not None and saved.gradient_accumulation_steps >= 1:
+        accumulation = saved.gradient_accumulation_steps
+    return Expected(
+        global_step=json.loads((folder / TRAINER_STATE_FILE).read_text())["global_step"],
+        folder_step=int(digits) if folder.name.startswith(CHECKPOINT_PREFIX) and digits.isdigit() else None,
+        total_steps=total_steps,
+        steps_per_epoch=steps_per_epoch,
+        accumulation=accumulation,
+        same_schedule=compared and not training.allow_config_change and saved_run_config(folder) is not None,
+    )
+
+
+def check_on_every_process(accelerator: Accelerator, model, optimizer, scheduler, folder: Path, expected: Expected,
+                           ) -> tuple[CheckedState | None, tuple[str, str] | None]:  # fmt: skip
+    """`check_training_state` on every process, and one verdict for all (a collective: every process calls it):
+    (the checked state, None), or (None, (kind, why)) where any process found a fault: `damaged`, or `unfit`
+    for weights of another model after a deliberate config change (or a checkpoint of another engine)."""
+    from .elastic import saved_layout
+
+    checked, verdict = None, None
+    try:
+        saved = saved_layout(folder)
+        checked = check_training_state(accelerator, model, optimizer, scheduler, folder, expected,
+                                       saved.num_processes if saved else None)  # fmt: skip
+    except ModelMismatch as err:  # another model shape: a changed config's doing, or a damaged file
+        verdict = ("damaged" if expected.same_schedule else "unfit", str(err))
+    except DamagedCheckpoint as err:
+        verdict = ("damaged", str(err))
+    except (RuntimeError, ValueError, KeyError, TypeError) as err:  # e.g. written under another engine
+        verdict = ("unfit", (str(err).strip().splitlines() or [type(err).__name__])[0][:300])
+    if accelerator.num_processes > 1:  # every process goes on, falls back or stops alike
+        from accelerate.utils import gather_object
+
+        verdict = next((v for v in gather_object([verdict]) if v is not None), None)
+    return (checked, None) if verdict is None else (None, verdict)
+
+
+def apply_training_state(checked: CheckedState, accelerator: Accelerator, model, optimizer, scheduler,
+                         state: TrainState) -> dict[str, Any] | None:  # fmt: skip
+    """Load a checked state into the run's objects; returns the logging window's saved sums, or None."""
+    loop = checked.loop
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        accelerator.load_state(str(folder))  # DeepSpeed's own files: only reached with the opt-in
+        accelerator.load_state(str(checked.folder))  # DeepSpeed's own files: only reached with the opt-in
     else:
-        _load_model(accelerator, model, folder)
-        _load_optimizer(accelerator, model, optimizer, folder)
+        _load_model(accelerator, model, checked.weights)
+        _load_optimizer(accelerator, model, optimizer, checked.optimizer_state)
     scheduler.load_state_dict(loop["scheduler"])
-    state.load_state_dict(counters)
-    accelerator.step = step
+    state.load_state_dict(loop["counters"])
+    accelerator.step = loop["accelerator_step"]
     if accelerator.scaler is not None:
         accelerator.scaler.load_state_dict(loop["grad_scaler"])
-    if random_states is not None:
-        _set_random_states(random_states)
+    if checked.random_states is not None:
+        _set_random_states(checked.random_states)
     else:
-        logger.info("%s: no random states of process %d (written on %s processes)", folder.name,
-                    accelerator.process_index, saved_processes)  # fmt: skip
-    return log_window
+        logger.info("%s: no random states of process %d", checked.folder.name, accelerator.process_index)
+    return loop.get("log_window")
 
 
-def _load_model(accelerator: Accelerator, model, folder: Path) -> None:
-    weights, _ = _read_safetensors(folder / MODEL_FILE)
+# ----------------------------------------------------------------------------------------------------------
+# the weights and the optimizer state, against the model's parameters
+
+
+def _live_weights(accelerator: Accelerator, model) -> dict[str, torch.Tensor]:
+    """The model's state dict as the checkpoint names it (a sharded model's tensors with their whole shapes)."""
     if _is_fsdp(accelerator):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        # a file written without FSDP keeps one copy of tied weights: the others are the same tensor
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    return accelerator.unwrap_model(model).state_dict()
+
+
+def _check_model(accelerator: Accelerator, model, folder: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors holds every weight of the model (tied weights once), each of its shape and dtype, and
+    every floating-point weight finite. Returns them, tied names filled in."""
+    weights, _ = _read_safetensors(folder / MODEL_FILE)
+    live = _live_weights(accelerator, model)
+    if _is_fsdp(accelerator):
         names: dict[int, list[str]] = {}
         for name, param in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(param), []).append(name)
-        for tied in names.values():
-            present = [n for n in tied if n in weights]
-            for name in tied:
-                if present and name not in weights:
-                    weights[name] = weights[present[0]]
-        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
-        return
-    unwrapped = accelerator.unwrap_model(model)
-    live = unwrapped.state_dict()
-    # tied weights are saved once (safetensors keeps no two names for one tensor): every other name of the same
-    # tensor is filled from the saved one
-    by_storage: dict[tuple, list[str]] = {}
-    for name, tensor in live.items():
-        by_storage.setdefault((tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape)),
-                              []).append(name)  # fmt: skip
-    for tied in by_storage.values():
+        tied_groups = list(names.values())
+    else:
+        # tied weights are saved once (safetensors keeps no two names for one tensor): every other name of the
+        # same tensor is filled from the saved one
+        by_storage: dict[tuple, list[str]] = {}
+        for name, tensor in live.items():
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+            by_storage.setdefault(key, []).append(name)
+        tied_groups = list(by_storage.values())
+    for tied in tied_groups:
         present = [n for n in tied if n in weights]
         for name in tied:
             if present and name not in weights:
                 weights[name] = weights[present[0]]
     unexpected, missing = set(weights) - set(live), set(live) - set(weights)
     if unexpected or missing:
-        raise RuntimeError(
+        raise ModelMismatch(
             f"{MODEL_FILE} holds other weights than the model (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]})"
         )
-    unwrapped.load_state_dict(weights, strict=True)
+    for name, tensor in live.items():
+        saved = weights[name]
+        if tuple(saved.shape) != tuple(tensor.shape) or saved.dtype != tensor.dtype:
+            raise ModelMismatch(
+                f"{MODEL_FILE}: {name} is {saved.dtype} {list(saved.shape)}, the model's is {tensor.dtype} "
+                f"{list(tensor.shape)}"
+            )
+        if saved.is_floating_point() and not bool(torch.isfinite(saved).all()):
+            raise DamagedCheckpoint(f"{MODEL_FILE}: {name} holds NaN or infinite values")
+    return weights
 
 
-def _load_optimizer(accelerator: Accelerator, model, optimizer, folder: Path) -> None:
+def _live_parameters(accelerator: Accelerator, model, optimizer, keys: str) -> list[list[tuple[Any, str, Any]]]:
+    """Per param group of the optimizer, its parameters as (key in the saved state, name, parameter): key the
+    index in torch's numbering (`index`) or the parameter's name (`name`, FSDP's)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    names: dict[int, str] = {}
+    for name, param in accelerator.unwrap_model(model).named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), name)
+    groups, index = [], 0
+    for group in inner.param_groups:
+        rows = []
+        for param in group["params"]:
+            name = names.get(id(param), f"parameter {index}")
+            rows.append((index if keys == "index" else name, name, param))
+            index += 1
+        groups.append(rows)
+    return groups
+
+
+_ALGORITHM_FLAGS = ("amsgrad", "maximize", "decoupled_weight_decay", "differentiable")
+"""Settings of a param group that change what the optimizer computes: the checkpoint's must be this run's."""
+_DEVICE_FLAGS = ("foreach", "fused", "capturable")
+"""Settings of a param group that choose how it is computed on this machine: this run's are kept."""
+_RUN_SETTINGS = ("betas", "eps", "weight_decay", "initial_lr")
+"""Settings of a param group from the run's config: this run's, unless --training.allow_config_change."""
+
+
+def _check_group(saved: Any, live: dict, index: int, where: str, schedule: dict, expected: Expected) -> dict:
+    where = f"{where}: parameter group {index}"
+    if not isinstance(saved, dict) or set(saved) != set(live):
+        raise DamagedCheckpoint(f"{where} does not hold this run's settings")
+    for key, value in live.items():
+        if key == "params" or key in _DEVICE_FLAGS:
+            continue
+        _same_shape(saved[key], value, f"{where}.{key}")
+    for key in _ALGORITHM_FLAGS:
+        if key in live and saved[key] != live[key]:
+            raise DamagedCheckpoint(f"{where}.{key} is {_shown(saved[key])}, this run's is {_shown(live[key])}")
+    for key in ("lr", "initial_lr", "weight_decay"):
+        if key in live and saved[key] < 0:
+            raise DamagedCheckpoint(f"{where}.{key} is {_shown(saved[key])}, negative")
+    if "eps" in live and saved["eps"] <= 0:
+        raise DamagedCheckpoint(f"{where}.eps is {_shown(saved['eps'])}, not positive")
+    if "betas" in live and not all(0 <= beta < 1 for beta in saved["betas"]):
+        raise DamagedCheckpoint(f"{where}.betas is {_shown(saved['betas'])}, not two numbers in [0, 1)")
+    if expected.same_schedule:
+        for key in _RUN_SETTINGS:
+            if key in live and _as_live_types(saved[key], live[key]) != live[key]:
+                raise DamagedCheckpoint(
+                    f"{where}.{key} is {_shown(saved[key])}, this run's is {_shown(live[key])}"
+                )
+    rates = schedule.get("_last_lr")
+    if "lr" in live and rates is not None and index < len(rates) and saved["lr"] != rates[index]:
+        raise DamagedCheckpoint(
+            f"{where}.lr is {_shown(saved['lr'])} but the saved schedule's rate is {_shown(rates[index])}"
+        )
+    bases = schedule.get("base_lrs")
+    if "initial_lr" in live and bases is not None and index < len(bases) and saved["initial_lr"] != bases[index]:
+        raise DamagedCheckpoint(
+            f"{where}.initial_lr is {_shown(saved['initial_lr'])} but the saved schedule's is {_shown(bases[index])}"
+        )
+    group = {key: _as_live_types(saved[key], value) for key, value in live.items() if key != "params"}
+    for key in _DEVICE_FLAGS:
+        if key in live:
+            group[key] = live[key]
+    return group
+
+
+def _state_keys(optimizer, group: dict) -> set[str] | None:
+    """The per-parameter state torch's Adam and AdamW keep (None: another optimizer, whose keys are not known)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
+        return None
+    return {"step", "exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if group.get("amsgrad") else set())
+
+
+def _check_param_state(values: dict[str, Any], name: str, param, keys: set[str] | None, where: str,
+                       expected: Expected) -> None:  # fmt: skip
+    """One parameter's optimizer state: the keys its optimizer keeps; its step a whole number from 0 to the
+    checkpoint's step; every other tensor of the parameter's shape and dtype, finite (second moments not
+    negative)."""
+    where = f"{where}: the state of {name}"
+    if keys is not None and set(values) != keys:
+        raise DamagedCheckpoint(f"{where} holds {sorted(values)}, not {sorted(keys)}")
+    shape = tuple(param.shape)
+    for key, value in values.items():
+        if not torch.is_tensor(value):
+            if keys is not None:
+                raise DamagedCheckpoint(f"{where}: {key} is not a tensor")
+            continue
+        if key == "step":
+            if value.dim() != 0 or not value.is_floating_point() and value.dtype not in (torch.int64, torch.int32):
+                raise DamagedCheckpoint(f"{where}: step is a {value.dtype} {list(value.shape)}, not one number")
+            step = float(value)
+            if not math.isfinite(step) or step != int(step) or not 0 <= step <= expected.global_step:
+                raise DamagedCheckpoint(
+                    f"{where}: step is {step:g}, not a count from 0 to the checkpoint's {expected.global_step}"
+                )
+            continue
+        if tuple(value.shape) != shape or value.dtype != param.dtype:
+            raise DamagedCheckpoint(
+                f"{where}: {key} is {value.dtype} {list(value.shape)}, the parameter is {param.dtype} {list(shape)}"
+            )
+        if value.is_floating_point():
+            if not bool(torch.isfinite(value).all()):
+                raise DamagedCheckpoint(f"{where}: {key} holds NaN or infinite values")
+            if key.endswith("_sq") and bool((value < 0).any()):
+                raise DamagedCheckpoint(f"{where}: {key} holds negative values")
+
+
+def _check_optimizer(accelerator: Accelerator, model, optimizer, folder: Path, loop: dict,
+                     expected: Expected) -> dict[str, Any]:  # fmt: skip
+    """optimizer.safetensors against the run's optimizer and model: its parameter groups this run's (the same
+    parameters in each, settings of the same kinds and ranges, the learning rate the saved schedule's), and each
+    parameter's state (`_check_param_state`) of that parameter. Returns the state dict to load."""
     path = folder / OPTIMIZER_FILE
     tensors, meta = _read_safetensors(path)
     header = _json_meta(meta, "kiln_optimizer", path)
-    expected = "name" if _is_fsdp(accelerator) else "index"
-    if not isinstance(header, dict) or not {"keys", "param_groups", "state"} <= set(header):
+    expected_keys = "name" if _is_fsdp(accelerator) else "index"
+    if not isinstance(header, dict) or set(header) != {"keys", "param_groups", "state"}:
         raise DamagedCheckpoint(f"{path.name} lacks the optimizer's settings")
-    if header["keys"] != expected:
+    if header["keys"] != expected_keys:
+        if header["keys"] not in ("name", "index"):
+            raise DamagedCheckpoint(f"{path.name}: its parameters are keyed by {_shown(header['keys'])}")
         raise RuntimeError(
             f"{path.name} was written {'with' if header['keys'] == 'name' else 'without'} FSDP; resume it under "
             "the engine it was written with"
         )
     inner = getattr(optimizer, "optimizer", optimizer)
     live_groups = inner.state_dict()["param_groups"]
+    live_params = _live_parameters(accelerator, model, optimizer, expected_keys)
     groups = header["param_groups"]
     if not isinstance(groups, list) or len(groups) != len(live_groups):
         raise DamagedCheckpoint(f"{path.name}: the optimizer's parameter groups differ from this run's")
-    for saved, live in zip(groups, live_groups, strict=True):
+    # the layout first (which parameters each group lists), then each parameter's state, then the groups' settings:
+    # an optimizer state of another model is named by its first parameter that does not fit
+    owner = {}
+    for index, (saved, live, params) in enumerate(zip(groups, live_groups, live_params, strict=True)):
         if not isinstance(saved, dict) or set(saved) != set(live):
-            raise DamagedCheckpoint(f"{path.name}: an optimizer parameter group lacks its settings")
-        for key, value in live.items():
-            saved[key] = _as_live_types(saved[key], value)
+            raise DamagedCheckpoint(f"{path.name}: parameter group {index} does not hold this run's settings")
+        listed = saved["params"]
+        kind = int if expected_keys == "index" else str
+        if not isinstance(listed, list) or not all(type(key) is kind for key in listed):
+            raise DamagedCheckpoint(f"{path.name}: parameter group {index} does not list its parameters")
+        keys = [key for key, _, _ in params]
+        same = listed == keys if expected_keys == "index" else len(listed) == len(keys) and set(listed) == set(keys)
+        if not same:
+            first = next((i for i, (a, b) in enumerate(zip(listed, keys)) if a != b), min(len(listed), len(keys)))
+            shown = params[first][1] if first < len(params) else f"entry {first}"
+            raise DamagedCheckpoint(
+                f"{path.name}: parameter group {index} lists {len(listed)} parameters, this run's {len(keys)}; the "
+                f"first that differs is {shown}"
+            )
+        for key, name, param in params:
+            owner[str(key)] = (name, param, _state_keys(optimizer, live))
     settings = header["state"]
     if not isinstance(settings, dict) or not all(isinstance(v, dict) for v in settings.values()):
         raise DamagedCheckpoint(f"{path.name}: the optimizer's per-parameter settings are unreadable")
-    per_param: dict[str, dict[str, Any]] = {k: dict(v) for k, v in settings.items()}
+    per_param: dict[str, dict[str, Any]] = {key: {} for key in owner if key in settings}
+    for key, values in settings.items():
+        if key not in owner:
+            raise DamagedCheckpoint(f"{path.name}: it holds the state of parameter {_shown(key)}, which this run's "
+                                    "optimizer does not have")  # fmt: skip
+        per_param[key] = dict(values)
     for key, tensor in tensors.items():
         param, _, name = key.rpartition("/")
         if param not in per_param:
             raise DamagedCheckpoint(f"{path.name}: tensor {key} belongs to no parameter")
         per_param[param][name] = tensor
-    if expected == "index":
-        try:
-            opt_state = {"state": {int(k): v for k, v in per_param.items()}, "param_groups": groups}
-        except ValueError:
-            raise DamagedCheckpoint(f"{path.name}: parameters are not numbered") from None
+    for key, values in per_param.items():
+        name, param, keys = owner[key]
+        _check_param_state(values, name, param, keys, path.name, expected)
+    checked_groups = []
+    for index, (saved, live) in enumerate(zip(groups, live_groups, strict=True)):
+        group = _check_group(saved, live, index, path.name, loop["scheduler"], expected)
+        group["params"] = saved["params"]
+        checked_groups.append(group)
+    if expected_keys == "index":
+        return {"state": {int(k): v for k, v in per_param.items()}, "param_groups": checked_groups}
+    return {"state": per_param, "param_groups": checked_groups}
+
+
+def _load_model(accelerator: Accelerator, model, weights: dict[str, torch.Tensor]) -> None:
+    if _is_fsdp(accelerator):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
+        return
+    accelerator.unwrap_model(model).load_state_dict(weights, strict=True)
+
+
+def _load_optimizer(accelerator: Accelerator, model, optimizer, opt_state: dict[str, Any]) -> None:
+    if not _is_fsdp(accelerator):
         optimizer.load_state_dict(opt_state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, inner, {"state": per_param, "param_groups": groups},
-                             options=StateDictOptions(full_state_dict=True))  # fmt: skip
+    inner = getattr(optimizer, "optimizer", optimizer)
+    set_optimizer_state_dict(model, inner, opt_state, options=StateDictOptions(full_state_dict=True))
 
 
 def _read_random_states(path: Path) -> tuple[dict[str, torch.Tensor], list, list]:
+    """A process's random states: Python's (version 3, 624 32-bit words and a position from 0 to 624, a finite
+    Gaussian or null), NumPy's (MT19937: 624 words, position, a 0/1 flag, a finite cached Gaussian), torch's CPU
+    generator (bytes of this torch's length) and, where CUDA is used, each device's; nothing else."""
     tensors, meta = _read_safetensors(path)
     plain = _json_meta(meta, "kiln_random", path)
+
+    def words(values, count):
+        return isinstance(values, list) and len(values) == count and all(_is_count(v) and v < 2**32 for v in values)
+
     try:
         version, internal, gauss = plain["python"]
         name, keys, pos, has_gauss, cached = plain["numpy"]
         ok = (
-            isinstance(version, int) and isinstance(internal, list) and len(internal) == 625
-            and all(isinstance(v, int) for v in internal) and (gauss is None or isinstance(gauss, float))
-            and name == "MT19937" and isinstance(keys, list) and len(keys) == 624
-            and all(isinstance(k, int) and 0 <= k < 2**32 for k in keys)
-            and all(isinstance(v, int) for v in (pos, has_gauss)) and isinstance(cached, (int, float))
+            set(plain) == {"python", "numpy"} and version == 3 and isinstance(internal, list)
+            and len(internal) == 625 and words(internal[:624], 624) and _is_count(internal[624])
+            and internal[624] <= 624 and (gauss is None or _is_number(gauss) and isinstance(gauss, float))
+            and name == "MT19937" and words(keys, 624) and _is_count(pos) and pos <= 624
+            and has_gauss in (0, 1) and not isinstance(has_gauss, bool) and _is_number(cached)
         )  # fmt: skip
     except (KeyError, TypeError, ValueError):
         ok = False
     cpu = tensors.get("torch")
-    if not ok or cpu is None or cpu.dtype != torch.uint8 or cpu.dim() != 1:
+    cuda = {k: v for k, v in tensors.items() if k != "torch"}
+    ok = ok and cpu is not None and cpu.dtype == torch.uint8 and cpu.dim() == 1
+    ok = ok and cpu.numel() == torch.get_rng_state().numel()
+    ok = ok and all(k.startswith("cuda.") and k[5:].isdigit() and v.dtype == torch.uint8 and v.dim() == 1
+                    for k, v in cuda.items())  # fmt: skip
+    if ok and torch.cuda.is_available() and torch.cuda.is_initialized():
+        size = torch.cuda.get_rng_state(0).numel()
+        ok = all(v.numel() == size for v in cuda.values())
+    if not ok:
         raise DamagedCheckpoint(f"{path.name} does not hold the random states of a process")
     return tensors, plain["python"], plain["numpy"]
 
@@ -526,8 +1018,15 @@ __all__ = [
     "MODEL_FILE",
     "OPTIMIZER_FILE",
     "RNG_FILE",
+    "CheckedState",
     "DamagedCheckpoint",
+    "Expected",
+    "ModelMismatch",
+    "apply_training_state",
     "check_log_window",
+    "check_on_every_process",
+    "check_training_state",
+    "expected_of",
     "load_pickled_state",
     "load_training_state",
     "pickle_files",

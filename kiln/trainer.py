@@ -43,8 +43,10 @@ from .checkpoint_files import (
 )
 from .checkpoint_state import (
     DamagedCheckpoint,
+    apply_training_state,
+    check_on_every_process,
+    expected_of,
     load_pickled_state,
-    load_training_state,
     refuse_pickles,
     save_training_state,
 )
@@ -397,24 +399,24 @@ class Trainer:
                 run_folder.forget_files(self.output_dir, old.relative_to(self.output_dir))
 
     def resume(self, spec: str) -> Path:
-        path = resolve_checkpoint(spec, str(self.output_dir), self._download_checkpoint)
-        self._check_same_checkpoint(path)
-        check_checkpoint_metadata(path, self.metadata)
-        if self.run_config is not None:
-            check_config_change(path, self.run_config, self.accelerator)
-        pickled = refuse_pickles(path, spec, self.training.trust_checkpoint_pickles)
-        try:
-            self._load_state(path, pickled)
-        except DamagedCheckpoint as err:
-            raise ConfigError(
-                f"checkpoint {spec} is damaged: {err}; resume from an older checkpoint "
-                "(--training.resume_from_checkpoint latest picks the newest valid one)"
-            ) from None
-        except (RuntimeError, ValueError, KeyError) as err:  # e.g. a checkpoint of another model shape
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-            raise ConfigError(
-                f"checkpoint {path} does not fit this run ({first}); resume it with the config it was written with"
-            ) from None
+        """Continue from `spec` (`latest`, a folder, `hub:user/name`), every file checked first (`_load_state`):
+        a damaged one is one line naming the folder, or, for `latest`, the newest one that passes is resumed."""
+        skipped: dict[str, str] = {}
+        while True:
+            path = resolve_checkpoint(spec, str(self.output_dir), self._download_checkpoint, skip=skipped)
+            shown = path if spec == "latest" else spec  # a refusal names the folder `latest` resolved to
+            self._check_same_checkpoint(path)
+            check_checkpoint_metadata(path, self.metadata)
+            if self.run_config is not None:
+                check_config_change(path, self.run_config, self.accelerator)
+            pickled = refuse_pickles(path, str(shown), self.training.trust_checkpoint_pickles)
+            problem = self._load_state(path, pickled, shown)
+            if problem is None:
+                break
+            if spec != "latest":
+                raise ConfigError(f"checkpoint {shown} is damaged: {problem}; resume from an older checkpoint "
+                                  "(--training.resume_from_checkpoint latest picks the newest valid one)")  # fmt: skip
+            skipped[path.name] = problem  # and the next older one is tried
         # why the saved run stopped (a signal, the time budget) is no reason for this one to stop
         self.state.stop_reason = None
         # written on another number of processes: the same examples of the epoch, counted in this run's batches
@@ -429,18 +431,27 @@ class Trainer:
         logger.info("resumed from %s at step %d", path, self.state.global_step)
         return path
 
-    def _load_state(self, path: Path, pickled: bool) -> None:
-        """The checkpoint's state into the run's objects, as plain data (`kiln.checkpoint_state`); `pickled`: a
-        checkpoint in accelerate's pickled format, allowed by --training.trust_checkpoint_pickles."""
+    def _load_state(self, path: Path, pickled: bool, shown) -> str | None:
+        """The checkpoint's state into the run's objects once every process has checked it: None, or why it is
+        damaged (nothing loaded). `pickled`: accelerate's format, with --training.trust_checkpoint_pickles."""
         acc = self.accelerator
         if pickled:
-            load_pickled_state(acc, self.scheduler, self.state, path)
-            return
-        step = int(json.loads((path / TRAINER_STATE_FILE).read_text())["global_step"])
-        saved = saved_layout(path)
-        window = load_training_state(acc, self.model, self.optimizer, self.scheduler, self.state, path, step,
-                                     saved.num_processes if saved else None)  # fmt: skip
-        self._window = LogWindow.restored(window, acc)
+            try:
+                load_pickled_state(acc, self.scheduler, self.state, path)
+            except DamagedCheckpoint as err:
+                raise ConfigError(f"checkpoint {shown} is damaged: {err}; resume from an older checkpoint") from None
+            return None
+        expected = expected_of(path, self.training, self.total_steps, self.steps_per_epoch, self.run_config is not None)
+        checked, verdict = check_on_every_process(acc, self.model, self.optimizer, self.scheduler, path, expected)
+        if verdict is None:
+            window = apply_training_state(checked, acc, self.model, self.optimizer, self.scheduler, self.state)
+            self._window = LogWindow.restored(window, acc)
+            return None
+        kind, problem = verdict
+        if kind == "unfit":
+            raise ConfigError(f"checkpoint {path} does not fit this run ({problem}); resume it with the config it "
+                              "was written with")
+        return problem
 
     def _check_same_checkpoint(self, path: Path) -> None:
         """Every process resumes the same step: on node-local disks each node resolves `latest` in its own folder,

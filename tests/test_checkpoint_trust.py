@@ -11,6 +11,7 @@ a user runs it: `accelerate launch` in a fresh process.
 import json
 import pickle
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -318,7 +319,7 @@ def test_damaged_state_files_are_one_line_errors(tmp_path, reference):
     case("pickled", pickled_optimizer_with_an_object, TRUST)
     expected = {
         "random": "rng_state_0.safetensors is not a complete safetensors file",
-        "step0": "loop_state.json is at step 0 but the checkpoint's trainer_state.json at step 2",
+        "step0": "loop_state.json: counters.global_step is 0 but the checkpoint's trainer_state.json says step 2",
         "cut": "loop_state.json is unreadable (JSONDecodeError)",
         "optimizer": "optimizer.safetensors is not a complete safetensors file",
         "pickled": "one of its pickled files (custom_checkpoint_0.pkl, custom_checkpoint_1.pkl, optimizer.bin, "
@@ -379,3 +380,219 @@ def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_error
         # (accelerate launch adds its own traceback of the failed child after the line)
         assert "Traceback" not in output.split("error: ")[0], (command, output[-3000:])
     assert not marker.exists(), "a model file's pickle ran"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the optimizer state against the model, and every field of the loop state, before anything steps
+
+
+def plain_python(script: str, *args) -> subprocess.Popen:
+    """`python SCRIPT ARGS` from the repo root (no launcher), started (not waited for)."""
+    import os
+    import sys
+
+    from kiln_testing import REPO
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def wait_all(procs: dict) -> dict:
+    """{name: (exit status, output)} of processes started side by side."""
+    done = {}
+    for name, proc in procs.items():
+        try:
+            done[name] = (proc.wait(timeout=600), proc.stdout.read())
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    return done
+
+
+@pytest.fixture(scope="module")
+def foreign_optimizers(tmp_path_factory):
+    """optimizer.safetensors of the same 2-step run at hidden size 16 and 48 (the reference's is 32): {size: file}."""
+    root = tmp_path_factory.mktemp("sizes")
+    procs = {size: launch("pretrain/run.py", "--config", DEBUG, "--training.max_steps", 2, "--training.eval_steps", 0,
+                          "--training.save_steps", 2, "--model.hidden_size", size,
+                          "--training.output_dir", root / str(size))
+             for size in (16, 48)}  # fmt: skip
+    for size, (code, output) in wait_all(procs).items():
+        assert code == 0, (size, output[-3000:])
+    return {size: find_checkpoints(root / str(size))[0] / "optimizer.safetensors" for size in (16, 48)}
+
+
+def with_optimizer(folder: Path, optimizer: Path) -> Path:
+    shutil.copy(optimizer, folder / "optimizer.safetensors")
+    write_checksums(folder)
+    return folder
+
+
+def optimizer_line(size: int) -> str:
+    return (f"optimizer.safetensors: the state of model.embeddings.word_embeddings.weight: exp_avg is torch.float32 "
+            f"[512, {size}], the parameter is torch.float32 [512, 32]")  # fmt: skip
+
+
+def test_an_optimizer_state_of_another_model_is_refused_before_any_step(tmp_path, reference, foreign_optimizers, hub):
+    """An optimizer.safetensors from a run with a smaller hidden size (the fused AdamW step would read and write
+    past its tensors' ends) or a larger one (it would train on, wrong), with valid checksums: one line naming the
+    file and the first parameter that does not match, through `accelerate launch` and plain `python`, locally
+    and from the Hub; with `latest`, the newest checkpoint whose state fits is resumed instead, exactly."""
+    from huggingface_hub import HfApi
+
+    smaller = with_optimizer(step2_copy(reference, tmp_path / "smaller"), foreign_optimizers[16])
+    larger = with_optimizer(step2_copy(reference, tmp_path / "larger"), foreign_optimizers[48])
+    run_copy = tmp_path / "latest-run"
+    shutil.copytree(reference[0], run_copy)
+    with_optimizer(find_checkpoints(run_copy)[-1], foreign_optimizers[16])
+    hub.create_repo("stranger/optimizer")
+    HfApi().upload_folder(repo_id="stranger/optimizer", folder_path=larger, path_in_repo="last-checkpoint",
+                          commit_message="state")  # fmt: skip
+    resume_args = [*RUN, "--training.resume_from_checkpoint"]
+    procs = {
+        "smaller": launch("pretrain/run.py", *resume_args, smaller, "--training.output_dir", tmp_path / "r1"),
+        "larger": plain_python("pretrain/run.py", *resume_args, larger, "--training.output_dir", tmp_path / "r2"),
+        "hub": launch("pretrain/run.py", *resume_args, "hub:stranger/optimizer", "--training.output_dir",
+                      tmp_path / "r3", env_extra={"HF_HOME": str(tmp_path / "hf")}),
+        "latest": launch("pretrain/run.py", *resume_args, "latest", "--training.output_dir", run_copy),
+    }
+    done = wait_all(procs)
+    for name, folder, size in (("smaller", smaller, 16), ("larger", larger, 48), ("hub", "hub:stranger/optimizer", 48)):
+        code, output = done[name]
+        assert code != 0 and code > 0, (name, code, output[-3000:])  # an error, not a signal (SIGSEGV)
+        assert error_line(output) == (
+            f"error: checkpoint {folder} is damaged: {optimizer_line(size)}; resume from an older checkpoint "
+            "(--training.resume_from_checkpoint latest picks the newest valid one)"
+        ), name
+        assert "Traceback (most recent call last)" not in output.split("error: ")[0], (name, output[-3000:])
+    code, output = done["latest"]
+    assert code == 0, output[-3000:]
+    assert f"skipping damaged checkpoint(s) step-00000004: {optimizer_line(16)}; resuming from step-00000002" in output
+    again = losses(run_copy)
+    assert all(again[step] == reference[1][step] for step in (3, 4)), (again, reference[1])
+
+
+def halve_optimizer_state(folder: Path) -> None:
+    """Every moment of optimizer.safetensors cut to half its last dimension, as a run of half the hidden size
+    writes them; checksums regenerated."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(folder / "optimizer.safetensors"), "pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    for key, tensor in tensors.items():
+        if not key.endswith("/step"):
+            tensors[key] = tensor[..., : tensor.shape[-1] // 2].contiguous()
+    save_file(tensors, folder / "optimizer.safetensors", metadata=meta)
+    write_checksums(folder)
+
+
+def test_fine_tuning_refuses_an_optimizer_state_of_another_model(tmp_path, kiln_checkpoints):
+    """classify.py (accelerate launch) and adapt.py (plain python) resumed from their own checkpoint whose
+    optimizer state is that of a smaller model: one line naming the file and the parameter, before any step."""
+    import re
+
+    from test_finetune_scripts import write_sentiment
+
+    encoder, _ = kiln_checkpoints
+    task = tmp_path / "task.yaml"
+    files = write_sentiment(tmp_path, sizes=(16, 8, 8))
+    task.write_text(f"data:\n  train_file: {files['train']}\n  validation_file: {files['validation']}\n"
+                    f"  test_file: {files['test']}\n  text_columns: [sentence]\n")  # fmt: skip
+    steps = ["--training.max_steps", 2, "--training.save_steps", 1, "--training.eval_steps", 0]
+    commands = {
+        "classify": (launch, "finetune/classify.py", ["--model.checkpoint", encoder, "--training.output_dir",
+                                                      tmp_path / "classify", "--data.train_file", files["train"],
+                                                      "--data.validation_file", files["validation"],
+                                                      "--data.test_file", files["test"],
+                                                      "--training.per_device_train_batch_size", 8, *steps]),
+        "adapt": (plain_python, "finetune/adapt.py", ["--task", "classify", "--task_config", task,
+                                                      "--model.init_from", encoder, "--training.output_dir",
+                                                      tmp_path / "adapt", "--data.max_seq_length", 32,
+                                                      "--training.per_device_train_batch_size", 4, *steps]),
+    }  # fmt: skip
+    first = wait_all({name: start(script, *args) for name, (start, script, args) in commands.items()})
+    for name, (code, output) in first.items():
+        assert code == 0, (name, output[-3000:])
+    procs = {}
+    for name, (start, script, args) in commands.items():
+        checkpoint = find_checkpoints(tmp_path / name)[0]
+        halve_optimizer_state(checkpoint)
+        procs[name] = (checkpoint, start(script, *args, "--training.resume_from_checkpoint", checkpoint))
+    for name, (checkpoint, proc) in procs.items():
+        code, output = proc.wait(timeout=300), proc.stdout.read()
+        assert code > 0, (name, code, output[-3000:])
+        line = error_line(output)
+        assert re.fullmatch(
+            rf"error: checkpoint {re.escape(str(checkpoint))} is damaged: optimizer\.safetensors: the state of \S+: "
+            r"exp_avg is torch\.float32 \[\d+, 16\], the parameter is torch\.float32 \[\d+, 32\]; resume from an "
+            r"older checkpoint \(.*\)", line), (name, line)  # fmt: skip
+        assert "diverged" not in output and "train/loss" not in output, (name, output[-3000:])
+
+
+def edit_state(folder: Path, counters=None, scheduler=None, lr=None) -> Path:
+    """loop_state.json's counters and schedule changed (and trainer_state.json's step, and the optimizer's rates
+    where `lr`, so that the files agree with each other), checksums regenerated: what anyone can publish."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    loop = json.loads((folder / "loop_state.json").read_text())
+    loop["counters"].update(counters or {})
+    loop["scheduler"].update(scheduler or {})
+    (folder / "loop_state.json").write_text(json.dumps(loop))
+    if counters and "global_step" in counters:
+        trainer = json.loads((folder / "trainer_state.json").read_text())
+        trainer["global_step"] = counters["global_step"]
+        (folder / "trainer_state.json").write_text(json.dumps(trainer))
+    if lr is not None:
+        with safe_open(str(folder / "optimizer.safetensors"), "pt") as f:
+            meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+        header = json.loads(meta["kiln_optimizer"])
+        for group in header["param_groups"]:
+            group["lr"] = lr
+        meta["kiln_optimizer"] = json.dumps(header)
+        save_file(tensors, folder / "optimizer.safetensors", metadata=meta)
+    write_checksums(folder)
+    return folder
+
+
+def test_a_loop_state_out_of_range_is_refused_in_one_line(tmp_path, reference):
+    """loop_state.json with step 10**18 (trainer_state.json agreeing), a step past its folder's name, a NaN
+    learning rate (the optimizer agreeing) or the string "NaN": one line each, naming the file and the field,
+    through `accelerate launch` and plain `python`; a refusal of `latest` names the folder it resolved to."""
+    marker = tmp_path / "MARKER"
+    cases = {
+        "huge": (edit_state(step2_copy(reference, tmp_path / "huge"), counters={"global_step": 10**18}),
+                 "loop_state.json: counters.global_step is 1000000000000000000, beyond this run's 4 steps"),
+        "ahead": (edit_state(step2_copy(reference, tmp_path / "ahead" / "step-00000002"), counters={"global_step": 3}),
+                  "loop_state.json: counters.global_step is 3 but the checkpoint's folder is named for step 2"),
+        "nan": (edit_state(step2_copy(reference, tmp_path / "nan"), scheduler={"_last_lr": [float("nan")] * 2},
+                           lr=float("nan")),
+                "loop_state.json: scheduler._last_lr[0] is nan, not a finite number"),
+        "nan-string": (edit_state(step2_copy(reference, tmp_path / "nan-string"), scheduler={"_last_lr": ["NaN"] * 2}),
+                       'loop_state.json: scheduler._last_lr[0] is "NaN", not a finite number'),
+    }  # fmt: skip
+    procs = {}
+    for number, (name, (folder, _)) in enumerate(cases.items()):
+        start = launch if number % 2 == 0 else plain_python
+        procs[name] = start("pretrain/run.py", *RUN, "--training.output_dir", tmp_path / f"run-{name}",
+                            "--training.resume_from_checkpoint", folder)  # fmt: skip
+    run_copy = tmp_path / "pickled-latest"
+    shutil.copytree(reference[0], run_copy)
+    plant(find_checkpoints(run_copy)[-1], marker, ["custom_checkpoint_0.pkl"])
+    procs["latest"] = launch("pretrain/run.py", *RUN, "--training.output_dir", run_copy,
+                             "--training.resume_from_checkpoint", "latest")  # fmt: skip
+    done = wait_all(procs)
+    for name, (folder, message) in cases.items():
+        code, output = done[name]
+        assert code > 0, (name, code, output[-3000:])
+        assert error_line(output).startswith(f"error: checkpoint {folder} is damaged: {message}; resume from"), name
+        assert "Traceback (most recent call last)" not in output.split("error: ")[0], (name, output[-3000:])
+        assert "train/loss" not in output and not (tmp_path / f"run-{name}" / "final").exists(), name
+    code, output = done["latest"]
+    assert code > 0 and not marker.exists(), output[-3000:]
+    assert error_line(output).startswith(
+        f"error: checkpoint {run_copy / 'checkpoints' / 'step-00000004'} holds files loaded by unpickling"
+    )
