@@ -1,11 +1,11 @@
 """Run the default run as the README gives it and keep what it printed: bench/results/default-run.json.
 
-    python bench/default_run.py                       # runs it (2-4 minutes on 2 idle cores), writes the record
+    python bench/default_run.py                       # runs it (bench/results/default-run.json says how long it took), writes the record
     python bench/default_run.py --png docs/encoder-tiny-loss.png
     python bench/report.py --update README.md docs/getting-started.md
 
 The record holds the command, the metrics.jsonl rows of the steps the README's table shows, the wall clock end to
-end, the load average before and after, the machine, torch's version, the commit and the date. `bench/report.py`
+end and the CPU-seconds it used (launcher and training process), the load average before and after, the machine, torch's version, the commit and the date. `bench/report.py`
 makes the README's and getting-started.md's default-run table and timing sentence from it, and
 tests/test_docs_numbers.py fails when they differ.
 """
@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,14 @@ def rows_at(metrics: Path, steps: tuple[int, ...]) -> list[dict]:
     return [row for row in rows if row.get("step") in steps]
 
 
+def _children_cpu_s() -> float:
+    """User + system CPU-seconds of every finished child process and its descendants (the launcher waits for the
+    training process, so its time is counted): unlike the wall clock, it does not grow with the other jobs sharing
+    the cores."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_default(png: Path | None, threads: int | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="kiln-default-run-") as tmp:
         out = Path(tmp) / "encoder-tiny"  # the plot's title is the folder's name, as in the default runs/encoder-tiny
@@ -47,9 +56,11 @@ def run_default(png: Path | None, threads: int | None) -> dict:
         if threads:  # accelerate's flag, before the script: the same run, summed on fewer or more threads
             command[2:2] = ["--num_cpu_threads_per_process", str(threads)]
         load_before = os.getloadavg()
+        cpu_before = _children_cpu_s()
         start = time.perf_counter()
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         wall = time.perf_counter() - start
+        cpu = _children_cpu_s() - cpu_before
         load_after = os.getloadavg()
         if done.returncode != 0:
             sys.exit(f"error: the default run failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -67,6 +78,7 @@ def run_default(png: Path | None, threads: int | None) -> dict:
                         "python": platform.python_version()},  # fmt: skip
             "torch": torch.__version__,
             "wall_s": round(wall, 1),
+            "cpu_s": round(cpu, 1),
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in load_after],
             "steps": list(STEPS),

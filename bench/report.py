@@ -241,16 +241,16 @@ def shipped_commands_table() -> str:
     rows = {row["name"]: row for row in p["rows"]}
     threads = sorted({row["threads"] for row in p["rows"]})
     pre = p["pretrained"]
-    made = " and ".join(f"{_duration(pre[kind]['wall_s'])} ({pre[kind]['parameters'] / 1e6:.1f}M parameters)"
-                        for kind in ("encoder", "decoder") if kind in pre and "wall_s" in pre[kind])  # fmt: skip
+    made = " and ".join(f"{pre[kind]['parameters'] / 1e6:.1f}M" for kind in ("encoder", "decoder")
+                        if kind in pre and "parameters" in pre[kind])  # fmt: skip
     offline = sum(row["offline"] for row in p["rows"])
     intro = (f"What these commands gave ({p['machine']['cores']}-core CPU, {' or '.join(threads)} threads per "
              f"process, torch {torch}, {p['date_utc'][:10]}; load average {p['load_average_start'][0]:.1f} at the "
              f"start and {p['load_average_end'][0]:.1f} at the end, one command at a time, each in a fresh folder; "
              + ("from pretrained checkpoints given to the script" if any("given" in f for f in pre.values())
-                else f"from the default pretrained checkpoints above, which their commands made in {made}")
+                else f"from the default pretrained checkpoints above ({made} parameters), which their commands made first")
              + (f"; the last {'row reads a local copy' if offline == 1 else f'{_WORDS[offline]} rows read local copies'} of "
-                "the full sets in `../shared/data` through the offline configs" if offline else "")
+                "the full sets through the offline configs (`configs/finetune/offline/`)" if offline else "")
              + "):")  # fmt: skip
     lines = [intro, "", "| command | data | time | result (test split) |", "|---|---|---:|---|"]
     previous = None
@@ -298,7 +298,7 @@ def threads_table() -> str:
         raise ValueError("bench/results/threads.json is a --quick record (a check, not a measurement)")
     one, per_core = p["runs"]
     torch = ".".join(p["torch"].split("+")[0].split(".")[:2])
-    lines = [f"Measured on the {p['machine']['cores']}-core machine (torch {torch}, {p['date_utc'][:10]}; load average "
+    lines = [f"Measured on a {p['machine']['cores']}-core CPU (torch {torch}, {p['date_utc'][:10]}; load average "
              f"{p['load_average_before'][0]:.1f} before the first run and {p['load_average_after'][0]:.1f} after the "
              f"last), `{p['command']}` without a config, pinned to one thread (`OMP_NUM_THREADS=1`) against Kiln's "
              "default of a thread per core:", "",

@@ -110,7 +110,8 @@ def test_the_shipped_commands_table_formats_every_row_from_the_record(tmp_path, 
     table = report.shipped_commands_table()
     assert table.startswith("What these commands gave (2-core CPU, 2 threads per process, torch 2.13, 2030-01-02; "
                             "load average 1.0 at the start and 3.5 at the end")  # fmt: skip
-    assert "made in 2m10s (1.0M parameters) and 95 s (1.2M parameters)" in table
+    assert "from the default pretrained checkpoints above (1.0M and 1.2M parameters), which their commands made first" in table
+    assert "2m10s" not in table and "95 s" not in table  # their times are the default run's record's, not this one's
     assert "the last three rows read local copies" in table
     for expected in (
         "| `accelerate launch finetune/classify.py` | 2,000 train sentences, 4 authors | 60 s | accuracy 0.520, "
@@ -168,7 +169,7 @@ def test_the_threads_table_is_its_record(tmp_path, monkeypatch):
     (tmp_path / "threads.json").write_text(json.dumps(record))
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     table = report.threads_table()
-    assert table.startswith("Measured on the 2-core machine (torch 2.13, 2030-01-02; load average 0.2 before the first "
+    assert table.startswith("Measured on a 2-core CPU (torch 2.13, 2030-01-02; load average 0.2 before the first "
                             "run and 1.1 after the last)")  # fmt: skip
     assert "| 1 | 20,735 | 1:56 | 2:09 |\n| a thread per core (2) | 32,845 (**1.58×**) | 1:12 | 1:25 |\n" in table
     assert "eval MLM loss at step 600 agreed to 11 significant digits (6.029814706325 and 6.029814706355)" in table
