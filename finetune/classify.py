@@ -59,7 +59,7 @@ class ClassifyDataConfig:
     label_list: list[str] | None = None
     """The full label set in class-id order (e.g. `[not_equivalent, equivalent]`: binary F1 scores class 1), also when some labels are missing from the training split (default: the training labels, sorted)."""
     glue_task: str | None = None
-    """A GLUE task preset (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli; finetune/glue_tasks.py): sets the data source, text and label columns, label set and best-model metric, and scores MNLI's mismatched dev set too; the data comes from glue_dir, else the Hub dataset nyu-mll/glue."""
+    """A GLUE task preset (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli; finetune/glue_tasks.py): sets the data source, text and label columns, label set and best-model metric, and scores MNLI's mismatched dev set too; the data comes from glue_dir, else the Hub dataset nyu-mll/glue. The run writes to runs/glue/<task> unless training.output_dir is given."""
     glue_dir: str | None = None
     """With glue_task: the task's folder of the GLUE data (e.g. glue_data/MRPC with train.tsv, dev.tsv, test.tsv as in the GLUE zips); replaces dataset_name, the *_file options and text_columns, label_column, label_list."""
     validation_split_percentage: float = 10.0
@@ -341,7 +341,20 @@ def scoring(config, head, chosen):
     return (make_infer(chosen[0].regression), *make_scoring(chosen[0]))
 
 
-TASK = FinetuneTask(
+DEFAULT_OUTPUT_DIR = ClassifyConfig().training.output_dir
+
+
+class ClassifyTask(FinetuneTask):
+    def parse(self, argv: list[str] | None):
+        """The config, and with a GLUE preset the preset's own output folder, runs/glue/<task>, unless one was
+        chosen: `--data.glue_task mrpc` and `--data.glue_task stsb` then never write into one folder."""
+        config = super().parse(argv)
+        if config.data.glue_task and config.training.output_dir == DEFAULT_OUTPUT_DIR:
+            config.training.output_dir = f"runs/glue/{config.data.glue_task}"
+        return config
+
+
+TASK = ClassifyTask(
     script="finetune/classify.py",
     config=ClassifyConfig,
     description=DESCRIPTION,

@@ -148,7 +148,7 @@ def results_quotes() -> list[tuple[str, str]]:
         ("README.md", f"**{mt['delta']:+.2f} BLEU on Multi30k**"),
         ("docs/results.md", f"**{conll['delta']:+.2f} entity F1 on CoNLL-2003** (75.45 vs 62.50 on dev, "
                             f"{conll['test_delta']:+.2f} on test) and **{ud['delta']:+.2f} points on UD POS**"),
-        ("docs/results.md", f"**met**, {conll['delta']:+.2f} on dev"),
+        ("docs/results.md", f"*CoNLL-2003 against scratch*: {conll['delta']:+.2f} entity F1 on dev"),
         ("docs/results.md", f"and {conll['test_delta']:+.2f} on test"),
         ("docs/results.md", f"**{mt['delta']:+.2f} BLEU** on dev"),
         ("docs/results.md", f"**{mt['test_delta']:+.2f} on `test_2016_flickr`**"),

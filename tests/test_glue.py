@@ -419,3 +419,17 @@ def test_glue_runs_with_no_arguments_from_the_hub_and_the_default_checkpoint(kil
     assert summary["complete"] and set(summary["tasks"]) == set(GLUE_TASKS)
     assert summary["checkpoint"] == "runs/encoder-tiny/final"
     assert "GLUE score" in (tmp_path / "runs" / "glue" / "glue_results.md").read_text()
+
+
+def test_a_preset_writes_to_its_own_folder_unless_one_is_given():
+    """`--data.glue_task mrpc` and `--data.glue_task stsb` write to runs/glue/mrpc and runs/glue/stsb, not both into
+    the authorship default (where the second would refuse to mix two runs); a chosen folder is kept."""
+    from finetune.classify import TASK
+
+    assert TASK.parse([]).training.output_dir == "runs/classify-authorship"
+    for name in ("mrpc", "stsb"):
+        assert TASK.parse(["--data.glue_task", name]).training.output_dir == f"runs/glue/{name}"
+    chosen = TASK.parse(["--data.glue_task", "mrpc", "--training.output_dir", "runs/mine"])
+    assert chosen.training.output_dir == "runs/mine"
+    sst2 = TASK.parse(["--config", "configs/finetune/classify-sst2.yaml", "--data.glue_task", "sst2"])
+    assert sst2.training.output_dir == "runs/classify-sst2"  # the config's own folder
