@@ -37,7 +37,7 @@ def test_readme_is_a_short_front_door():
     # the CI command and the install lines stay in it
     text = "\n".join(lines)
     assert "python -m pytest -n 2 -q" in text
-    assert 'pip install torch==2.13.0 && pip install -e ".[dev]"' in text
+    assert 'pip install -e ".[dev]"' in text  # the one install command (tests/test_page_commands.py)
 
 
 def test_every_relative_link_in_the_readme_resolves():
@@ -251,3 +251,19 @@ def test_the_installation_page_states_what_pyproject_declares():
         named = {name.strip() for name in rows[f"`{extra}`" if extra != "(none)" else extra].split(",")}
         wanted = {re.split(r"[<>=!~\[ ]", requirement)[0] for requirement in requirements}
         assert named == wanted, (extra, sorted(named ^ wanted))
+
+
+def test_the_navigation_is_grouped_and_the_home_page_opens_with_code():
+    """Four sections instead of one flat list (results and benchmark reports in their own), every page in one of
+    them, and the home page showing the commands before the table of pages, as transformers' and accelerate's do."""
+    text = (REPO / "mkdocs.yml").read_text()
+    nav = text[text.index("\nnav:") :]
+    sections = re.findall(r"^  - ([^:]+):\s*$", nav, flags=re.M)
+    assert sections == ["Get started", "Guides", "Reference", "Results"], sections
+    assert not re.search(r"^  - [^:]+: \S+\.md$", nav, flags=re.M)  # no page outside a section
+    results = nav.split("  - Results:", 1)[1]
+    for page in ("results.md", "performance.md", "results/finetune.md"):
+        assert f": {page}\n" in results, page
+    assert ": recipes.md\n" in nav.split("  - Guides:", 1)[0]
+    home = (REPO / "docs/index.md").read_text()
+    assert home.index("```bash\n") < home.index("| page |") and "```python\n" in home
