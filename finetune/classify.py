@@ -344,17 +344,14 @@ def scoring(config, head, chosen):
 DEFAULT_OUTPUT_DIR = ClassifyConfig().training.output_dir
 
 
-class ClassifyTask(FinetuneTask):
-    def parse(self, argv: list[str] | None):
-        """The config, and with a GLUE preset the preset's own output folder, runs/glue/<task>, unless one was
-        chosen: `--data.glue_task mrpc` and `--data.glue_task stsb` then never write into one folder."""
-        config = super().parse(argv)
-        if config.data.glue_task and config.training.output_dir == DEFAULT_OUTPUT_DIR:
-            config.training.output_dir = f"runs/glue/{config.data.glue_task}"
-        return config
+def settle(config) -> None:
+    """With a GLUE preset, the preset's own output folder, runs/glue/<task>, unless one was chosen:
+    `--data.glue_task mrpc` and `--data.glue_task stsb` then never write into one folder."""
+    if config.data.glue_task and config.training.output_dir == DEFAULT_OUTPUT_DIR:
+        config.training.output_dir = f"runs/glue/{config.data.glue_task}"
 
 
-TASK = ClassifyTask(
+TASK = FinetuneTask(
     script="finetune/classify.py",
     config=ClassifyConfig,
     description=DESCRIPTION,
@@ -364,6 +361,7 @@ TASK = ClassifyTask(
     read=read,
     labels=labels,
     best_metric=best_metric,
+    settle=settle,
     head=head,
     tokenize=tokenize,
     collator=collator,

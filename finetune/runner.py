@@ -104,12 +104,18 @@ class FinetuneTask:
     """(config, labels) -> (metrics the task computes, default best-model metric); None: `start` checks it."""
     card_usage: str | None = None
     """Python code for the model card's Usage section, when the default one does not fit (see FinetuneJob)."""
+    settle: Callable[[Any], None] | None = None
+    """(config) -> None: fills the defaults that depend on other settings, right after parsing (classify: a GLUE
+    preset's own output folder)."""
 
     def parse(self, argv: list[str] | None):
         """The config from defaults, --config YAML and overrides; --help prints the options and exits."""
-        return build_config(
+        config = build_config(
             self.config, argv, prog=f"accelerate launch {self.script}", description=self.description
         )
+        if self.settle is not None:
+            self.settle(config)
+        return config
 
 
 def build_job(task: FinetuneTask, config, accelerator) -> FinetuneJob:
