@@ -1,13 +1,14 @@
 """Run the default run as the README gives it and keep what it printed: bench/results/default-run.json.
 
-    python bench/default_run.py                       # runs it (bench/results/default-run.json says how long it took), writes the record
-    python bench/default_run.py --png docs/encoder-tiny-loss.png
-    python bench/report.py --update README.md docs/getting-started.md
+    python bench/default_run.py                       # runs it, writes the record (its time: the record says)
+    python bench/default_run.py --threads 1 --png docs/encoder-tiny-loss.png   # as the committed record was made
+    python bench/report.py --update README.md docs/getting-started.md docs/launching.md docs/finetuning.md
 
 The record holds the command, the metrics.jsonl rows of the steps the README's table shows, the wall clock end to
-end and the CPU-seconds it used (launcher and training process), the load average before and after, the machine, torch's version, the commit and the date. `bench/report.py`
-makes the README's and getting-started.md's default-run table and timing sentence from it, and
-tests/test_docs_numbers.py fails when they differ.
+end and the CPU-seconds it used (launcher and training process), the load average before and after, the machine,
+torch's version, the commit and the date. `bench/report.py` makes the README's and getting-started.md's
+default-run table, and the one timing sentence of every page that times the run (README, getting-started,
+launching, fine-tuning), from it, and tests/test_docs_numbers.py fails when they differ.
 """
 
 from __future__ import annotations

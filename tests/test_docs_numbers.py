@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -41,11 +42,11 @@ def page(path: str) -> str:
 
 GENERATED = {
     "docs/performance.md": {"throughput", "mfu", "finetune-sst2", "finetune-conll2003", "padding", "inference"},
-    "README.md": {"data-scale", "num-proc", "default-run"},
-    "docs/getting-started.md": {"default-run"},
+    "README.md": {"data-scale", "num-proc", "default-run", "default-run-time"},
+    "docs/getting-started.md": {"default-run", "default-run-time"},
     "docs/data-and-scale.md": {"data-scale"},
-    "docs/finetuning.md": {"shipped-commands"},
-    "docs/launching.md": {"threads"},
+    "docs/finetuning.md": {"shipped-commands", "default-run-time"},
+    "docs/launching.md": {"threads", "default-run-time"},
 }
 AWAITING: dict[str, str] = {}
 """Tables whose record bench/results/NAME.json is still to be measured, and the command that measures it: until it
@@ -94,6 +95,23 @@ def test_the_default_run_record_is_the_documented_command_at_the_table_s_steps()
         assert any("train/loss" in row for row in logged), step
         assert any("eval/mlm_loss" in row for row in logged) == (step != record["steps"][0]), step
     assert record["wall_s"] > 0 and record["torch"] and record["date_utc"] and record["machine"]["cores"]
+    assert 0 < record["cpu_s"] and len(record["load_average_before"]) == len(record["load_average_after"]) == 3
+
+
+def test_the_default_run_has_one_time_on_every_page():
+    """The pages that say how long the default run takes say it with the one generated sentence (wall clock,
+    CPU-seconds, load), and no other duration for it: no "2-4 minutes", no time in the shipped-commands table."""
+    sentence = report.default_run_time()
+    record = bench("default-run")
+    assert f"**{record['cpu_s']:,.0f} CPU-seconds**" in sentence and f"{record['load_average_before'][0]:.1f}" in sentence
+    pages = [where for where, names in GENERATED.items() if "default-run-time" in names]
+    assert len(pages) == 4
+    for where in pages:
+        assert report.generated_blocks(REPO / where)["default-run-time"] == sentence, where
+        text = page(where)
+        assert not re.search(r"\b\d[–-]\d minutes\b", text), where  # a hand-written range
+    shipped = report.shipped_commands_table()
+    assert "made in" not in shipped and "made first" in shipped
 
 
 def speed_quotes() -> list[tuple[str, str]]:
