@@ -60,7 +60,7 @@ def paper_phenomena(key: str) -> dict[str, float]:
     return {name: 100 * sum(values) / len(values) for name, values in groups.items()}
 
 
-def record(args) -> None:
+def record_blimp_run(args) -> None:
     sys.path.insert(0, str(REPO))
     from bench.machine import cpu_name, load_average
 
@@ -188,7 +188,7 @@ def plots(records: list[dict]) -> None:
     plt.close(fig)
 
 
-def update(args) -> None:
+def update_blimp_docs(args) -> None:
     text = PAGE.read_text()
     if START not in text or END not in text:
         sys.exit(f"error: {PAGE.name} has no '{START}' ... '{END}' block to fill")
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     upd = sub.add_parser("update", help="rewrite docs/results.md's BLiMP table and the plots from the records")
     upd.add_argument("--check", action="store_true", help="exit 1 when the table is stale; write nothing")
     args = parser.parse_args(argv)
-    {"record": record, "update": update}[args.action](args)
+    {"record": record_blimp_run, "update": update_blimp_docs}[args.action](args)
 
 
 if __name__ == "__main__":
