@@ -100,6 +100,27 @@ def finetune_table(task: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s:,.0f}" if tokens_per_s >= 10 else f"{tokens_per_s:.2f}"
+
+
+def modernbert_table() -> str:
+    """`bench/throughput.py`'s modernbert presets: Kiln's encoder with the modernbert preset against transformers'
+    ModernBertForMaskedLM, one process, same weights, MLM at 30% masking; the load average during the timing."""
+    records = bench_record("modernbert")
+    lines = ["| shape (batch × tokens) | Kiln tokens/s | `ModernBertForMaskedLM` tokens/s | transformers' logits | "
+             "speed-up (min–max over rounds) | rounds | load average |", "|---|---:|---:|---|---:|---:|---:|"]  # fmt: skip
+    for p in records if isinstance(records, list) else [records]:
+        s, k, r = p["shape"], p["models"]["kiln"], p["models"]["reference"]
+        logits = "at masked tokens (`sparse_prediction`)" if p["settings"].get("reference_sparse_prediction") else "dense"
+        load = p["load_average"]
+        lines.append(f"| L{s['layers']}/H{s['hidden']}/A{s['heads']}, vocab {s['vocab']:,} ({s['batch_size']} × "
+                     f"{s['seq_len']}) | {_rate(k['tokens_per_s'])} | {_rate(r['tokens_per_s'])} | {logits} | "
+                     f"**{k['speedup']:.2f}×** ({k['speedup_min']:.2f}–{k['speedup_max']:.2f}) | {s['rounds']} | "
+                     f"{min(load):.0f}–{max(load):.0f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def padding_table() -> str:
     p = bench_record("padding-encoder-tiny")["timing"]
     variants = p["variants"]
@@ -344,6 +365,7 @@ TABLES = {
     "finetune-sst2": lambda: finetune_table("sst2"),
     "finetune-conll2003": lambda: finetune_table("conll2003"),
     "padding": padding_table,
+    "modernbert": modernbert_table,
     "inference": inference_table,
     "data-scale": data_scale_table,
     "num-proc": num_proc_table,
@@ -355,7 +377,8 @@ TABLES = {
 
 
 MEASURED_BY = {"default-run": "python bench/default_run.py", "default-run-time": "python bench/default_run.py", "shipped-commands": "python bench/shipped_commands.py",
-               "threads": "python bench/threads.py"}  # fmt: skip
+               "threads": "python bench/threads.py",
+               "modernbert": "python bench/throughput.py --preset modernbert-tiny --preset modernbert-base --json bench/results/modernbert.json"}  # fmt: skip
 """The command that writes a table's record, where it is one script."""
 
 

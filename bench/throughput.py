@@ -2,10 +2,14 @@
 
     python bench/throughput.py --preset encoder-l4 --json bench/results/encoder-l4.json
     python bench/throughput.py --preset decoder-l4 --ablate          # also time Kiln with each fast path off
+    python bench/throughput.py --preset modernbert-tiny --preset modernbert-base --no-memory --json bench/results/modernbert.json
     python bench/throughput.py --plot bench/results/*.json --png bench/results/throughput.png
 
-For each preset the reference (BertForPreTraining or GPT2LMHeadModel) is built from one seed and converted to
-Kiln with `pretrain.convert.from_transformers`, so both start from the same weights. Their losses and gradient
+For each preset the reference (BertForPreTraining, ModernBertForMaskedLM or GPT2LMHeadModel) is built from one
+seed and converted to
+Kiln with `pretrain.convert.from_transformers`, so both start from the same weights (the `modernbert` presets:
+Kiln's encoder with the modernbert preset against transformers' ModernBERT, MLM at 30% masking, as transformers
+ships it, dense logits; `--reference-sparse` turns on ModernBERT's own `sparse_prediction`). Their losses and gradient
 norms are compared with dropout off, then warmed-up training steps (forward + backward + AdamW step, dropout
 on) are timed alternately, Kiln then reference, reversing the order every round. The table gives median
 tokens/s, the speed-up (median over rounds of the paired step-time ratio, which cancels slow drifts of machine
@@ -55,12 +59,13 @@ from pretrain.modeling import count_flops_per_token  # noqa: E402
 from pretrain.run import PRETRAINING_FAST_PATHS  # noqa: E402
 
 MASK_PROBABILITY = 0.15  # share of positions with an MLM label in the synthetic encoder batches
+MODERNBERT_MASK_PROBABILITY = 0.3  # ModernBERT's recipe
 NUM_BATCHES = 4  # distinct batches cycled through, so the number of masked positions varies as in training
 
 
 @dataclass(frozen=True)
 class Preset:
-    kind: str  # "encoder" (MLM + NSP vs BertForPreTraining) or "decoder" (CLM vs GPT2LMHeadModel)
+    kind: str  # "encoder" (MLM + NSP vs BertForPreTraining), "modernbert" (MLM vs ModernBertForMaskedLM), "decoder"
     layers: int
     hidden: int
     heads: int
@@ -75,6 +80,9 @@ PRESETS = {
     "encoder-l4": Preset("encoder", 4, 256, 4, 30522, 32, 128, rounds=9),
     "encoder-l12": Preset("encoder", 12, 768, 12, 30522, 32, 128, rounds=3, warmup=1),
     "decoder-l4": Preset("decoder", 4, 256, 4, 50257, 32, 128, rounds=7),
+    # configs/pretrain/encoder-modern-tiny.yaml's shape; ModernBERT-base's (L22/H768/A12, its 50,368 vocabulary)
+    "modernbert-tiny": Preset("modernbert", 4, 128, 2, 4096, 32, 128, rounds=5),
+    "modernbert-base": Preset("modernbert", 22, 768, 12, 50368, 1, 256, rounds=2, warmup=1),
     "decoder-gpt2": Preset("decoder", 12, 768, 12, 50257, 8, 1024, rounds=2, warmup=1),
 }
 
@@ -127,6 +135,11 @@ ABLATIONS = {
         "kiln-plain-mlm-loss": _plain_mlm_loss,
         "kiln-torch-dropout": _torch_dropout,
     },
+    "modernbert": {
+        "kiln-full-last-layer": _full_last_layer,
+        "kiln-dense-mlm": _dense_mlm,
+        "kiln-plain-mlm-loss": _plain_mlm_loss,
+    },
     "decoder": {
         "kiln-plain-lm-loss": _plain_lm_loss,
         "kiln-python-gelu": _python_gelu,
@@ -140,9 +153,24 @@ def padded(size: int, multiple: int) -> int:
     return -(-size // multiple) * multiple if multiple > 1 else size
 
 
-def build_reference(preset: Preset, vocab_multiple: int, seed: int, device) -> torch.nn.Module:
+def build_reference(
+    preset: Preset, vocab_multiple: int, seed: int, device, sparse_reference: bool = False
+) -> torch.nn.Module:
     torch.manual_seed(seed)
     vocab = padded(preset.vocab, vocab_multiple)
+    if preset.kind == "modernbert":
+        config = transformers.ModernBertConfig(
+            vocab_size=vocab,
+            hidden_size=preset.hidden,
+            num_hidden_layers=preset.layers,
+            num_attention_heads=preset.heads,
+            intermediate_size=3 * preset.hidden // 2,  # ModernBERT-base's 1152 at 768
+            max_position_embeddings=max(1024, preset.seq_len),
+            pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+            sparse_prediction=sparse_reference,
+            attn_implementation="sdpa",
+        )  # fmt: skip
+        return transformers.ModernBertForMaskedLM(config).to(device).train()
     if preset.kind == "encoder":
         config = transformers.BertConfig(
             vocab_size=vocab,
@@ -167,7 +195,7 @@ def build_reference(preset: Preset, vocab_multiple: int, seed: int, device) -> t
 
 def build_kiln(reference: torch.nn.Module, variant: str, kind: str) -> torch.nn.Module:
     model = from_transformers(reference)  # same weights, device, train mode and attention kernel
-    if kind == "encoder":
+    if kind in ("encoder", "modernbert"):
         # what pretraining uses (pretrain.run.PRETRAINING_FAST_PATHS; off by default: see the config)
         for name, value in PRETRAINING_FAST_PATHS.items():
             setattr(model.config, name, value)
@@ -184,7 +212,11 @@ def make_batches(preset: Preset, vocab_size: int, seed: int, device) -> list[dic
     for _ in range(NUM_BATCHES):
         input_ids = torch.randint(5, vocab_size, (B, T), generator=generator)
         batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-        if preset.kind == "encoder":
+        if preset.kind == "modernbert":  # MLM only, no segments
+            selected = torch.rand(B, T, generator=generator) < MODERNBERT_MASK_PROBABILITY
+            selected[:, 0] = False
+            batch["labels"] = input_ids.masked_fill(~selected, -100)
+        elif preset.kind == "encoder":
             selected = torch.rand(B, T, generator=generator) < MASK_PROBABILITY
             selected[:, 0] = False  # [CLS]
             batch["labels"] = input_ids.masked_fill(~selected, -100)
@@ -337,7 +369,7 @@ def memory_probe(spec: dict) -> dict:
     preset = Preset(**spec["preset"])
     device = torch.device("cpu")
     baseline = _rss_kib("VmRSS")
-    reference = build_reference(preset, spec["vocab_multiple"], spec["seed"], device)
+    reference = build_reference(preset, spec["vocab_multiple"], spec["seed"], device, spec["reference_sparse"])
     if spec["model"] == "reference":
         model = reference
     else:
@@ -366,6 +398,7 @@ def cpu_peak_memory(name: str, preset: Preset, args) -> float | None:
         "optimizer": args.optimizer,
         "bf16": args.bf16,
         "compile": args.compile,
+        "reference_sparse": args.reference_sparse,
     }
     command = [sys.executable, os.path.abspath(__file__), "--memory-probe", json.dumps(spec)]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -515,7 +548,7 @@ def print_profile(name: str, profiles: dict) -> None:
 
 
 def run_preset(name: str, preset: Preset, args, device) -> dict:
-    reference = build_reference(preset, args.vocab_multiple, args.seed, device)
+    reference = build_reference(preset, args.vocab_multiple, args.seed, device, args.reference_sparse)
     vocab_size = reference.config.vocab_size
     variants = ["kiln"] + (list(ABLATIONS[preset.kind]) if args.ablate else [])
     batches = make_batches(preset, vocab_size, args.seed, device)
@@ -573,7 +606,7 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
         print_profile(name, profiles)
 
     tokens = preset.batch_size * preset.seq_len
-    lm_share = MASK_PROBABILITY if preset.kind == "encoder" else 1.0
+    lm_share = {"encoder": MASK_PROBABILITY, "modernbert": MODERNBERT_MASK_PROBABILITY}.get(preset.kind, 1.0)
     kiln_config = runners["kiln"].model.config
     flops_per_token = count_flops_per_token(kiln_config, preset.seq_len, lm_head_fraction=lm_share)
     peak = peak_flops(device, args.bf16, args.peak_tflops)
@@ -639,6 +672,7 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
             "compile_reference": args.compile_reference,
             "vocab_multiple": args.vocab_multiple,
             "seed": args.seed,
+            "reference_sparse_prediction": args.reference_sparse,
             "peak_memory": "cuda max_memory_allocated per step"
             if device.type == "cuda"
             else "peak RSS of one warm step in a fresh subprocess (VmHWM reset before the step)",
@@ -652,6 +686,7 @@ def run_preset(name: str, preset: Preset, args, device) -> dict:
         "profile": profiles,
         "load_average": load,
         "machine": machine_info(device),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "models": models,
     }
 
@@ -783,6 +818,11 @@ def main(argv: list[str] | None = None) -> None:
         help="AdamW implementation for both models (fused: the HF Trainer default)",
     )
     parser.add_argument("--vocab-multiple", type=int, default=1, help="pad the vocabulary to a multiple (64)")
+    parser.add_argument(
+        "--reference-sparse",
+        action="store_true",
+        help="modernbert presets: ModernBertForMaskedLM with its sparse_prediction on (logits at masked tokens only)",
+    )
     parser.add_argument(
         "--ablate", action="store_true", help="also time Kiln with each fast path switched off"
     )

@@ -37,6 +37,7 @@ def tiny_presets(throughput, monkeypatch):
     presets = {
         "encoder-test": throughput.Preset("encoder", 2, 32, 2, 500, 4, 32, rounds=2, warmup=1),
         "decoder-test": throughput.Preset("decoder", 2, 32, 2, 500, 4, 32, rounds=2, warmup=1),
+        "modernbert-test": throughput.Preset("modernbert", 4, 32, 2, 500, 4, 48, rounds=2, warmup=1),
     }
     for name, preset in presets.items():
         monkeypatch.setitem(throughput.PRESETS, name, preset)
@@ -68,7 +69,7 @@ def test_throughput_times_every_variant_of_the_same_function(throughput, tiny_pr
     assert "encoder-test" in table and "decoder-test" in table and "transformers" in table
 
 
-@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "modernbert"])
 def test_every_ablation_variant_computes_the_reference_loss_and_gradients(throughput, tiny_presets, kind):
     preset = tiny_presets[f"{kind}-test"]
     device = torch.device("cpu")
@@ -371,3 +372,29 @@ def test_gpu_bench_runs_every_stage_and_makes_its_tables_from_the_record(tiny_ss
     assert sum(stage["limit_s"] for stage in full.values()) <= 480
     assert any("deepspeed-zero2" in stage["argv"] for stage in full.values())
     assert any("fsdp" in stage["argv"] for stage in full.values())
+
+
+@pytest.mark.parametrize("sparse_reference", [False, True])
+def test_the_modernbert_presets_time_the_preset_against_modernbert(throughput, tiny_presets, sparse_reference, tmp_path):
+    """Kiln's modernbert preset against transformers' ModernBertForMaskedLM, from the same weights, with a local
+    window shorter than the batch (48 tokens, ModernBERT's 128-token window cut to 16 by the test)."""
+    out = tmp_path / "modernbert.json"
+    argv = ["--preset", "modernbert-test", "--no-memory", "--matmul-repeats", "0", "--json", str(out)]
+    original = throughput.build_reference
+
+    def narrow_window(*args, **kwargs):
+        model = original(*args, **kwargs)
+        model.config.local_attention = 16
+        return type(model)(model.config)
+
+    throughput.build_reference = narrow_window
+    try:
+        throughput.main(argv + (["--reference-sparse"] if sparse_reference else []))
+    finally:
+        throughput.build_reference = original
+    result = json.loads(out.read_text())
+    assert type(result["check"]) is dict and result["shape"]["kind"] == "modernbert"
+    assert math.isclose(result["check"]["kiln_loss"], result["check"]["reference_loss"], rel_tol=1e-4)
+    assert result["settings"]["reference_sparse_prediction"] is sparse_reference
+    assert set(result["models"]) == {"kiln", "reference"} and result["models"]["kiln"]["speedup"] > 0
+    assert result["date_utc"] and result["machine"]["cpu"]

@@ -41,7 +41,8 @@ def page(path: str) -> str:
 
 
 GENERATED = {
-    "docs/performance.md": {"throughput", "mfu", "finetune-sst2", "finetune-conll2003", "padding", "inference"},
+    "docs/performance.md": {"throughput", "mfu", "finetune-sst2", "finetune-conll2003", "padding", "inference",
+                            "modernbert"},
     "README.md": {"data-scale", "num-proc", "default-run", "default-run-time"},
     "docs/getting-started.md": {"default-run", "default-run-time"},
     "docs/data-and-scale.md": {"data-scale"},

@@ -310,6 +310,34 @@ class KilnEncoderCommonTest(_KilnCommon, unittest.TestCase):
         self.config_tester.run_common_tests()
 
 
+class KilnModernEncoderTester(KilnEncoderTester):
+    """The same inputs for the encoder with the modernbert preset; a local window shorter than the sequence, so the
+    mixin's tests run local and global blocks alike."""
+
+    def get_config(self):
+        config = super().get_config()
+        return KilnEncoderConfig(**{**config.to_dict(), "preset": "modernbert", **MODERN_PIECES})
+
+
+# the preset's pieces, given explicitly: a saved config carries them all (the fields BERT's block defaults differ)
+MODERN_PIECES = dict(
+    position_embedding_type="rotary", norm_position="pre", mlp_type="glu", attention_bias=False, mlp_bias=False,
+    norm_bias=False, classifier_bias=False, classifier_head="transform", global_attn_every_n_layers=2,
+    local_attention=4,
+)  # fmt: skip
+
+
+class KilnModernEncoderCommonTest(_KilnCommon, unittest.TestCase):
+    all_model_classes = KilnEncoderCommonTest.all_model_classes
+
+    def setUp(self):
+        self.model_tester = KilnModernEncoderTester(self)
+        self.config_tester = ConfigTester(self, config_class=KilnEncoderConfig, hidden_size=37, preset="modernbert")
+
+    def test_config(self):
+        self.config_tester.run_common_tests()
+
+
 class KilnDecoderCommonTest(_KilnCommon, GenerationTesterMixin, unittest.TestCase):
     all_model_classes = (
         KilnDecoderModel,

@@ -286,6 +286,10 @@ class KilnEncoderConfig(_KilnConfig):
         builders read it."""
         return self.local_attention // 2
 
+    @sliding_window.setter
+    def sliding_window(self, value: int) -> None:
+        self.local_attention = 2 * value
+
 
 class KilnDecoderConfig(_KilnConfig):
     r"""Configuration of [`KilnDecoderModel`] / [`KilnDecoderForCausalLM`] (a GPT-2-style pre-LN decoder).
