@@ -112,7 +112,7 @@ def check_prepared_sources(data, given: set[str]) -> None:
 
     if not data.prepared:
         return
-    where = f"data.prepared {public_name(data.prepared)}"
+    where = f"--data.prepared {public_name(data.prepared)}"
     if data.dataset_name and "data.dataset_name" in given:
         raise ConfigError(
             f"--data.dataset_name {data.dataset_name} and {where} name two corpora; drop one (a prepared folder "

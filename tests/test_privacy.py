@@ -170,7 +170,7 @@ def test_a_prepared_runs_card_names_the_prepared_sources_as_text_and_conflicting
     ):
         assert conflict_code != 0
         assert error_line(conflict_output) == (
-            f"error: --{option} names other files than data.prepared prepared was prepared from (other.txt "
+            f"error: --{option} names other files than --data.prepared prepared was prepared from (other.txt "
             f"(27 bytes) is not among its {split} sources); drop --{option} (the run trains on the prepared "
             "sources) or prepare the corpus again from these files"
         )
@@ -233,7 +233,7 @@ def test_only_data_flags_of_the_command_line_are_compared_with_a_prepared_folder
     data = SimpleNamespace(prepared=str(tmp_path / "prep"), dataset_name=None, validation_files=None,
                            data_files=[str(tmp_path / "b.txt")])  # fmt: skip
     check_prepared_sources(data, given={"data.prepared"})
-    with pytest.raises(ConfigError, match=r"^--data.data_files names other files than data.prepared prep was"):
+    with pytest.raises(ConfigError, match=r"^--data.data_files names other files than --data.prepared prep was"):
         check_prepared_sources(data, given={"data.prepared", "data.data_files"})
     data.data_files = [str(tmp_path / "a.txt")]
     check_prepared_sources(data, given={"data.prepared", "data.data_files"})

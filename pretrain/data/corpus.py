@@ -49,6 +49,7 @@ import numpy as np
 
 from kiln.config import resolve_path
 from kiln.disk import cache_error_message
+from kiln.errors import as_flag
 
 from .common import DataError, num_proc_for
 
@@ -174,6 +175,7 @@ def _documents_batch(batch, text_column: str, separator: str, join_rows: bool):
 
 
 def resolve_data_files(patterns: list[str] | str, option: str = "data.data_files") -> tuple[str, list[str]]:
+    option = as_flag(option)  # messages name the flag a user types
     """Expand globs (relative paths from the repo root) into a sorted file list; returns (builder, files)."""
     patterns = [patterns] if isinstance(patterns, str) else list(patterns or [])
     if not patterns:

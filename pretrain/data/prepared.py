@@ -38,6 +38,7 @@ import pyarrow as pa
 import torch
 
 from kiln.config import resolve_path
+from kiln.errors import first_line
 
 from .collator import CLMCollator
 from .common import DataError, main_process_first
@@ -387,7 +388,7 @@ class DocumentIndex:
                     raise pa.ArrowInvalid(f"columns {shown}, not those of a prepared shard")
             except (pa.ArrowException, OSError) as err:
                 raise DataError(
-                    f"--data.prepared {Path(path).parent}: shard {Path(path).name} cannot be read ({type(err).__name__}: {str(err)[:120]}); copy "
+                    f"--data.prepared {Path(path).parent}: shard {Path(path).name} cannot be read ({type(err).__name__}: {first_line(err, 120)}); copy "
                     "it again or prepare again"
                 ) from None
             self.tables.append((source, table))
