@@ -71,6 +71,14 @@ class ModelConfig:
     """Encoder with rotary positions: the local blocks' rotary base (ModernBERT's 10,000)."""
     attn_implementation: str = "sdpa"
     """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
+    preset: str | None = None
+    """Decoder only: `gpt2` (the default: learned positions, GELU MLP, LayerNorm, biases) or `llama` (rotary positions, SwiGLU, RMSNorm, no biases; converts to transformers' LlamaForCausalLM, docs/models.md). With `llama`, hidden_act, the dropouts and layer_norm_eps left at their defaults take Llama's (silu, 0, 1e-5); options given explicitly win."""
+    num_key_value_heads: int | None = None
+    """Decoder only: key/value heads of grouped-query attention (must divide num_attention_heads; None: one per attention head)."""
+    rope_theta: float = 10000.0
+    """Decoder only, rotary positions (`llama`): base of the rotary frequencies (Llama 3 uses 500000)."""
+    tie_word_embeddings: bool = True
+    """Decoder only: the LM head shares the token embedding matrix (False: a separate output matrix)."""
 
 
 @dataclass
@@ -143,6 +151,8 @@ class DataConfig:
     """datasets cache directory (default: the HF datasets cache)."""
     num_workers: int = 0
     """DataLoader worker processes."""
+    document_masking: bool = True
+    """Decoder: a packed block's documents do not see each other; position ids restart after every EOS and a token attends only within its own document (attention kernels `sdpa`, `eager`, `flex_attention`; with others a line at start says the blocks are packed as plain rows). False: one causal stream per block, positions counted across documents."""
     prepared: str | None = None
     """Train from a folder written by `python -m pretrain.data prepare` (tokenizer + tokenized shards, memory-mapped; the corpus is not read or tokenized again). The corpus and tokenizer settings must match its manifest."""
 

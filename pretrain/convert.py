@@ -1,5 +1,5 @@
-"""Convert transformers BERT / ELECTRA / ModernBERT / GPT-2 models to Kiln and back: the proof that Kiln computes
-the same function.
+"""Convert transformers BERT / ELECTRA / ModernBERT / GPT-2 / Llama models to Kiln and back: the proof that Kiln
+computes the same function.
 
     from_transformers(BertModel | BertForPreTraining | BertForMaskedLM | BertForNextSentencePrediction
                       | BertForSequenceClassification | BertForMultipleChoice | BertForTokenClassification
@@ -7,14 +7,18 @@ the same function.
                       | ElectraForMaskedLM (generator) | ModernBertModel | ModernBertForMaskedLM
                       | ModernBertForSequenceClassification | ModernBertForTokenClassification
                       | ModernBertForQuestionAnswering | ModernBertForMultipleChoice | GPT2Model | GPT2LMHeadModel
-                      | GPT2ForSequenceClassification | GPT2ForTokenClassification) -> matching Kiln model
+                      | GPT2ForSequenceClassification | GPT2ForTokenClassification | LlamaModel
+                      | LlamaForCausalLM | LlamaForSequenceClassification | LlamaForTokenClassification)
+                      -> matching Kiln model (Llama: the decoder's `llama` preset)
     to_transformers(Kiln model, family=None) -> matching transformers model (BERT; ELECTRA for the
                       discriminator and for encoders with an embedding projection; ModernBERT for encoders built
-                      with the `modernbert` preset's pieces; family="electra" / "modernbert" forces it)
+                      with the `modernbert` preset's pieces; family="electra" / "modernbert" forces it; a decoder:
+                      GPT-2, or Llama for the `llama` preset's pieces)
 
-Layouts differ in two places only: Kiln fuses the query/key/value projections into one `qkv` Linear (BERT's
-three Linears are concatenated along the output dimension), and GPT-2's Conv1D stores weights transposed.
-ModernBERT's layout is Kiln's own under other names (`MODERNBERT_NAMES`).
+Layouts differ in three places only: Kiln fuses the query/key/value projections into one `qkv` Linear (BERT's
+and Llama's three Linears are concatenated along the output dimension), Llama's gate and up projections into one
+`gate_up` Linear, and GPT-2's Conv1D stores weights transposed. ModernBERT's layout is Kiln's own under other names
+(`MODERNBERT_NAMES`).
 
 CLI:  python -m pretrain.convert SRC_DIR DST_DIR   (direction from SRC_DIR's config.json `model_type`)
 
@@ -100,8 +104,16 @@ MODERNBERT_CLASSES = {
     "ModernBertForMultipleChoice": KilnEncoderForMultipleChoice,
 }
 TO_MODERNBERT = {kiln_class: name for name, kiln_class in MODERNBERT_CLASSES.items()}
-TO_KILN = {**ENCODER_CLASSES, **ELECTRA_CLASSES, **MODERNBERT_CLASSES, **DECODER_CLASSES}
+# the `llama` preset of the decoder (KilnDecoderConfig(preset="llama"))
+LLAMA_CLASSES = {
+    "LlamaModel": KilnDecoderModel,
+    "LlamaForCausalLM": KilnDecoderForCausalLM,
+    "LlamaForSequenceClassification": KilnDecoderForSequenceClassification,
+    "LlamaForTokenClassification": KilnDecoderForTokenClassification,
+}
+TO_KILN = {**ENCODER_CLASSES, **ELECTRA_CLASSES, **MODERNBERT_CLASSES, **DECODER_CLASSES, **LLAMA_CLASSES}
 TO_TRANSFORMERS = {kiln_class: name for name, kiln_class in {**ENCODER_CLASSES, **DECODER_CLASSES}.items()}
+TO_LLAMA = {kiln_class: name for name, kiln_class in LLAMA_CLASSES.items()}
 TO_ELECTRA = {kiln_class: name for name, kiln_class in ELECTRA_CLASSES.items()}
 TO_TRANSFORMERS[KilnEncoderForReplacedTokenDetection] = "ElectraForPreTraining"
 
@@ -333,16 +345,108 @@ def gpt2_config_from_decoder(config: KilnDecoderConfig) -> GPT2Config:
     return GPT2Config(n_inner=inner, **fields, **_task_fields(config))
 
 
+# Kiln decoder field -> Llama field (besides rope_parameters and head_dim, set from them)
+LLAMA_FIELDS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_hidden_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads",
+    "num_key_value_heads": "num_key_value_heads",
+    "activation_function": "hidden_act",
+    "max_position_embeddings": "max_position_embeddings",
+    "initializer_range": "initializer_range",
+    "layer_norm_epsilon": "rms_norm_eps",
+    "attention_bias": "attention_bias",
+    "mlp_bias": "mlp_bias",
+    "attn_pdrop": "attention_dropout",
+    "bos_token_id": "bos_token_id",
+    "eos_token_id": "eos_token_id",
+    "pad_token_id": "pad_token_id",
+    "tie_word_embeddings": "tie_word_embeddings",
+    "use_cache": "use_cache",
+}
+# the pieces that make a Kiln decoder Llama's (attention/MLP biases and grouped-query attention map as they are)
+LLAMA_PIECES = {"position_embedding_type": "rope", "norm_type": "rmsnorm", "mlp_type": "gated", "qk_norm": False}
+GPT2_PIECES = {
+    "position_embedding_type": "learned",
+    "norm_type": "layernorm",
+    "mlp_type": "mlp",
+    "qk_norm": False,
+    "attention_bias": True,
+    "mlp_bias": True,
+}
+
+
+def decoder_config_from_llama(config: transformers.LlamaConfig) -> KilnDecoderConfig:
+    """The KilnDecoderConfig (preset `llama`) of a transformers LlamaConfig; what Kiln's decoder does not compute
+    (rope scaling other than the default, a head_dim other than hidden_size / heads) raises ValueError."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(
+            f"Llama rope_type={rope['rope_type']!r} is not supported by Kiln (only the default rotary "
+            "embedding); convert a model without rope scaling."
+        )
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim * config.num_attention_heads != config.hidden_size:
+        raise ValueError(
+            f"Llama head_dim={head_dim} x {config.num_attention_heads} heads != hidden_size={config.hidden_size}; "
+            "Kiln's decoder needs head_dim = hidden_size / num_attention_heads."
+        )
+    if not isinstance(config.hidden_act, str):
+        raise ValueError("Only string hidden_act (e.g. 'silu') can be converted.")
+    fields = {kiln: getattr(config, llama) for kiln, llama in LLAMA_FIELDS.items()}
+    return KilnDecoderConfig(
+        preset="llama",
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        **fields,
+        **_task_fields(config),
+    )
+
+
+def llama_config_from_decoder(config: KilnDecoderConfig) -> transformers.LlamaConfig:
+    """The transformers LlamaConfig of a Llama-shaped KilnDecoderConfig (the inverse of
+    `decoder_config_from_llama`)."""
+    fields = {llama: getattr(config, kiln) for kiln, llama in LLAMA_FIELDS.items()}
+    return transformers.LlamaConfig(
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        head_dim=config.hidden_size // config.num_attention_heads,
+        **fields,
+        **_task_fields(config),
+    )
+
+
+def decoder_family(config: KilnDecoderConfig) -> str:
+    """`gpt2` or `llama`: the transformers family a Kiln decoder's pieces convert to; ValueError naming what
+    differs when neither holds them."""
+    if all(getattr(config, name) == value for name, value in GPT2_PIECES.items()) and (
+        config.num_key_value_heads == config.num_attention_heads
+    ):
+        return "gpt2"
+    if all(getattr(config, name) == value for name, value in LLAMA_PIECES.items()):
+        if getattr(config, "add_cross_attention", False):
+            raise ValueError("Llama has no cross-attention; a llama-preset decoder with it does not convert.")
+        return "llama"
+    differs = {name: getattr(config, name) for name, value in LLAMA_PIECES.items() if getattr(config, name) != value}
+    raise ValueError(
+        f"This decoder mixes GPT-2's and Llama's pieces ({', '.join(f'{k}={v!r}' for k, v in differs.items())} "
+        "differ from Llama's); transformers has no class computing it. Build it with preset='llama' or 'gpt2' "
+        "as they are to convert."
+    )
+
+
 # ------------------------------------------------------------------------------------------------ state dicts
 def _prefixes(name: str) -> tuple[str, str]:
     """(transformers, Kiln) prefix of the base model's keys; bare models have none."""
-    if name in ("BertModel", "ElectraModel", "GPT2Model"):
+    if name in ("BertModel", "ElectraModel", "GPT2Model", "LlamaModel"):
         return "", ""
     family = next(prefix for family, prefix in FAMILY_PREFIXES.items() if name.startswith(family))
     return family, "model."
 
 
-FAMILY_PREFIXES = {"Bert": "bert.", "Electra": "electra.", "GPT2": "transformer."}
+FAMILY_PREFIXES = {"Bert": "bert.", "Electra": "electra.", "GPT2": "transformer.", "Llama": "model."}
 # ELECTRA head and projection names -> Kiln's (both directions; the encoder blocks are named as in BERT)
 ELECTRA_HEADS = {
     "discriminator_predictions.dense.": "discriminator_head.dense.",
@@ -570,6 +674,58 @@ def kiln_to_gpt2_state(kiln: dict, num_layers: int, name: str) -> dict:
     return out
 
 
+LLAMA_HEADS = {"lm_head.weight": "lm_head.weight", "score.weight": "score.weight"}  # Llama name -> Kiln name
+LLAMA_TOKEN_HEAD = {"score.weight": "classifier.weight", "score.bias": "classifier.bias"}  # token classification
+
+
+def llama_to_kiln_state(llama: dict, num_layers: int, name: str) -> dict:
+    """Llama's separate q/k/v and gate/up projections become Kiln's fused `qkv` and `gate_up` (concatenated
+    along the output dimension, in that order)."""
+    m, k = _prefixes(name)
+    out = {f"{k}word_embeddings.weight": llama[f"{m}embed_tokens.weight"], f"{k}final_norm.weight": llama[f"{m}norm.weight"]}
+    for i in range(num_layers):
+        src, dst = f"{m}layers.{i}.", f"{k}layers.{i}."
+        for p in ("weight", "bias"):
+            if f"{src}self_attn.q_proj.{p}" in llama:
+                out[f"{dst}attention.qkv.{p}"] = torch.cat(
+                    [llama[f"{src}self_attn.{proj}_proj.{p}"] for proj in ("q", "k", "v")]
+                )
+            if f"{src}self_attn.o_proj.{p}" in llama:
+                out[f"{dst}attention.out.{p}"] = llama[f"{src}self_attn.o_proj.{p}"]
+            if f"{src}mlp.gate_proj.{p}" in llama:
+                out[f"{dst}mlp.gate_up.{p}"] = torch.cat([llama[f"{src}mlp.{proj}_proj.{p}"] for proj in ("gate", "up")])
+                out[f"{dst}mlp.fc_out.{p}"] = llama[f"{src}mlp.down_proj.{p}"]
+        out[f"{dst}attention_norm.weight"] = llama[f"{src}input_layernorm.weight"]
+        out[f"{dst}mlp_norm.weight"] = llama[f"{src}post_attention_layernorm.weight"]
+    heads = LLAMA_TOKEN_HEAD if name == "LlamaForTokenClassification" else LLAMA_HEADS
+    out.update({ours: llama[theirs] for theirs, ours in heads.items() if theirs in llama})
+    return out
+
+
+def kiln_to_llama_state(kiln: dict, config: KilnDecoderConfig, name: str) -> dict:
+    """The inverse of `llama_to_kiln_state`: the fused projections split back into Llama's."""
+    m, k = _prefixes(name)
+    out = {f"{m}embed_tokens.weight": kiln[f"{k}word_embeddings.weight"], f"{m}norm.weight": kiln[f"{k}final_norm.weight"]}
+    head_size = config.hidden_size // config.num_attention_heads
+    qkv_sizes = [config.num_attention_heads * head_size] + [config.num_key_value_heads * head_size] * 2
+    for i in range(config.num_hidden_layers):
+        src, dst = f"{k}layers.{i}.", f"{m}layers.{i}."
+        for p in ("weight", "bias"):
+            if f"{src}attention.qkv.{p}" in kiln:
+                for proj, part in zip(("q", "k", "v"), kiln[f"{src}attention.qkv.{p}"].split(qkv_sizes)):
+                    out[f"{dst}self_attn.{proj}_proj.{p}"] = part
+                out[f"{dst}self_attn.o_proj.{p}"] = kiln[f"{src}attention.out.{p}"]
+            if f"{src}mlp.gate_up.{p}" in kiln:
+                gate, up = kiln[f"{src}mlp.gate_up.{p}"].chunk(2)
+                out[f"{dst}mlp.gate_proj.{p}"], out[f"{dst}mlp.up_proj.{p}"] = gate, up
+                out[f"{dst}mlp.down_proj.{p}"] = kiln[f"{src}mlp.fc_out.{p}"]
+        out[f"{dst}input_layernorm.weight"] = kiln[f"{src}attention_norm.weight"]
+        out[f"{dst}post_attention_layernorm.weight"] = kiln[f"{src}mlp_norm.weight"]
+    heads = LLAMA_TOKEN_HEAD if name == "LlamaForTokenClassification" else LLAMA_HEADS
+    out.update({theirs: kiln[ours] for theirs, ours in heads.items() if ours in kiln})
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------- models
 def _build(model_class, config, state: dict, like: torch.nn.Module, **init_kwargs):
     """Instantiate, load `state` strictly, match `like`'s attention kernel, device, dtype, train/eval mode."""
@@ -608,6 +764,9 @@ def from_transformers(model: torch.nn.Module) -> torch.nn.Module:
         kiln_state = electra_to_kiln_state(state, config.num_hidden_layers, name)
         if name == "ElectraModel":
             return _build(KilnEncoderModel, config, kiln_state, model, add_pooling_layer=False)
+    elif name in LLAMA_CLASSES:
+        config = decoder_config_from_llama(model.config)
+        kiln_state = llama_to_kiln_state(state, config.num_hidden_layers, name)
     else:
         config = decoder_config_from_gpt2(model.config)
         kiln_state = gpt2_to_kiln_state(state, config.num_hidden_layers, name)
@@ -623,9 +782,10 @@ def electra_shaped(model: torch.nn.Module) -> bool:
 
 
 def to_transformers(model: torch.nn.Module, family: str | None = None) -> torch.nn.Module:
-    """A Kiln model -> the matching transformers BERT / ELECTRA / ModernBERT / GPT-2 model, same weights (config
-    converted too). `family`: "bert", "electra" or "modernbert" for an encoder (None: ModernBERT for the
-    `modernbert` preset's pieces, ELECTRA where only ELECTRA fits, else BERT)."""
+    """A Kiln model -> the matching transformers BERT / ELECTRA / ModernBERT / GPT-2 / Llama model, same weights
+    (config converted too). `family`: "bert", "electra" or "modernbert" for an encoder (None: ModernBERT for the
+    `modernbert` preset's pieces, ELECTRA where only ELECTRA fits, else BERT); a decoder converts to Llama when it
+    has the `llama` preset's pieces, else to GPT-2."""
     if family not in (None, "bert", "electra", "modernbert"):
         raise ValueError(f"family={family!r}: use 'bert', 'electra' or 'modernbert'.")
     if family == "modernbert" or (family is None and modernbert_shaped(model.config)):
@@ -639,6 +799,12 @@ def to_transformers(model: torch.nn.Module, family: str | None = None) -> torch.
         )
     if electra_shaped(model):
         raise ValueError(f"{type(model).__name__} with these shapes has no BERT equivalent; convert it to ELECTRA.")
+    if isinstance(model.config, KilnDecoderConfig) and type(model) in TO_LLAMA:
+        if decoder_family(model.config) == "llama":
+            name = TO_LLAMA[type(model)]
+            state = {key: value.detach() for key, value in model.state_dict().items()}
+            llama_state = kiln_to_llama_state(state, model.config, name)
+            return _build(getattr(transformers, name), llama_config_from_decoder(model.config), llama_state, model)
     if type(model) not in TO_TRANSFORMERS:
         supported = ", ".join(kiln_class.__name__ for kiln_class in TO_TRANSFORMERS)
         raise ValueError(f"Cannot convert {type(model).__name__}; supported: {supported}.")
@@ -712,12 +878,13 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     config = json.loads(config_file.read_text())
     model_type = config.get("model_type")
     architecture = (config.get("architectures") or [None])[0]
-    if model_type in ("bert", "electra", "modernbert", "gpt2"):
+    if model_type in ("bert", "electra", "modernbert", "gpt2", "llama"):
         default = {
             "bert": "BertForPreTraining",
             "electra": "ElectraForPreTraining",
             "modernbert": "ModernBertForMaskedLM",
             "gpt2": "GPT2LMHeadModel",
+            "llama": "LlamaForCausalLM",
         }
         name = architecture if architecture in TO_KILN else default[model_type]
         with weight_file_errors(str(src)):
@@ -732,8 +899,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
         converted = to_transformers(loaded)
     else:
         raise ValueError(
-            f"{src} holds a `{model_type}` model; only bert, electra, modernbert, gpt2, kiln_encoder, kiln_decoder "
-            "convert."
+            f"{src} holds a `{model_type}` model; only bert, electra, modernbert, gpt2, llama, kiln_encoder, "
+            "kiln_decoder convert."
         )
     converted.save_pretrained(dst)
     for file_name in TOKENIZER_FILES:
@@ -961,11 +1128,12 @@ def convert_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="python -m pretrain.convert",
-        description="Convert a transformers BERT/ELECTRA/ModernBERT/GPT-2 checkpoint to Kiln, or a Kiln checkpoint "
-        "to BERT/ELECTRA/ModernBERT/GPT-2. The direction follows SRC_DIR's config.json model_type; a Kiln ELECTRA "
-        "discriminator (final/ of an electra run) becomes ElectraForPreTraining, its generator (final/generator/) "
-        "ElectraForMaskedLM, an encoder with the modernbert preset its ModernBertFor* class. Guide: docs/models.md; "
-        "every option: docs/configuration.md.",
+        description="Convert a transformers BERT/ELECTRA/ModernBERT/GPT-2/Llama checkpoint to Kiln, or a Kiln "
+        "checkpoint to BERT/ELECTRA/ModernBERT/GPT-2/Llama. The direction follows SRC_DIR's config.json model_type; a "
+        "Kiln ELECTRA discriminator (final/ of an electra run) becomes ElectraForPreTraining, its generator "
+        "(final/generator/) ElectraForMaskedLM, an encoder with the modernbert preset its ModernBertFor* class, a "
+        "decoder with the llama preset its LlamaFor* class. Guide: docs/models.md; every option: "
+        "docs/configuration.md.",
     )
     parser.add_argument("src_dir", metavar="SRC_DIR", help="folder written by save_pretrained")
     parser.add_argument("dst_dir", metavar="DST_DIR", help="output folder (created)")

@@ -12,6 +12,7 @@ import sys
 if __package__ in (None, ""):  # run as a script (accelerate launch pretrain/run.py): import the package, not siblings
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+import dataclasses  # noqa: E402
 import logging  # noqa: E402
 from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -19,7 +20,7 @@ from pathlib import Path  # noqa: E402
 from kiln.cli import run_cli  # noqa: E402
 from kiln.config import build_config  # noqa: E402
 from kiln.errors import ConfigError  # noqa: E402
-from pretrain.config import RunConfig  # noqa: E402
+from pretrain.config import ModelConfig, RunConfig  # noqa: E402
 
 logger = logging.getLogger("kiln")
 
@@ -308,7 +309,7 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
             **encoder_pieces(m),
             **PRETRAINING_FAST_PATHS,
         )
-    return dict(
+    decoder = dict(
         common,
         activation_function=m.hidden_act,
         resid_pdrop=m.hidden_dropout_prob,
@@ -317,7 +318,27 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
         layer_norm_epsilon=m.layer_norm_eps,
         bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        preset=m.preset,
+        num_key_value_heads=m.num_key_value_heads,
+        rope_theta=m.rope_theta,
+        tie_word_embeddings=m.tie_word_embeddings,
     )
+    if m.preset not in (None, "gpt2"):  # options left at the run's defaults take the preset's values
+        defaults = ModelConfig()
+        for option, names in PRESET_OPTIONS.items():
+            if getattr(m, option) == getattr(defaults, option):
+                for name in names:
+                    del decoder[name]
+    return decoder
+
+
+# run options (model.*) -> the decoder config fields they set; left at their defaults, a preset's values apply
+PRESET_OPTIONS = {
+    "hidden_act": ("activation_function",),
+    "hidden_dropout_prob": ("resid_pdrop", "embd_pdrop"),
+    "attention_probs_dropout_prob": ("attn_pdrop",),
+    "layer_norm_eps": ("layer_norm_epsilon",),
+}
 
 
 def build_model(config: RunConfig, tokenizer, vocab_size: int):
@@ -487,9 +508,19 @@ def build_inputs(config: RunConfig, accelerator, out):
             record_files(out, "tokenizer")  # on the run folder's record (each node's, on node-local disks)
     vocab_size = padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of)
     model = build_model(config, tokenizer, vocab_size)
+    data_cfg = config.data
+    if config.model.kind == "decoder" and data_cfg.document_masking and not masks_documents(model):
+        if accelerator.is_main_process:
+            logger.info(
+                "data.document_masking: %s with attn_implementation %r cannot mask packed documents apart; its "
+                "blocks attend across documents (use sdpa, eager or flex_attention)",
+                type(model).__name__,
+                model.config._attn_implementation,
+            )
+        data_cfg = dataclasses.replace(data_cfg, document_masking=False)
     build = build_pretraining_data if corpus is None else partial(build_prepared_data, corpus)
     data = build(
-        config.data,
+        data_cfg,
         tokenizer,
         config.model.kind,
         config.model.objective,
@@ -502,6 +533,19 @@ def build_inputs(config: RunConfig, accelerator, out):
         n_params = sum(p.numel() for p in model.parameters())
         logger.info("%s with %.2fM parameters, vocab %d", type(model).__name__, n_params / 1e6, vocab_size)
     return tokenizer, model, data
+
+
+def masks_documents(model) -> bool:
+    """Whether `model` attends within each packed document when given restarting position ids: Kiln's decoder
+    with the kernels whose masks it builds or has transformers build (not code loaded with trust_remote_code,
+    whose handling of position ids Kiln cannot know)."""
+    from pretrain.modeling import KilnDecoderPreTrainedModel
+
+    return isinstance(model, KilnDecoderPreTrainedModel) and model.config._attn_implementation in (
+        "sdpa",
+        "eager",
+        "flex_attention",
+    )
 
 
 def electra_flops_per_token(model, data_cfg) -> float:

@@ -265,7 +265,7 @@ def test_cli_converts_a_bert_checkpoint_to_kiln_and_back(tmp_path):
 def test_cli_refuses_an_unknown_model_type(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(SystemExit, match="`t5` model; only bert, electra, modernbert, gpt2, kiln_encoder, kiln_decoder"):
+    with pytest.raises(SystemExit, match="`t5` model; only bert, electra, modernbert, gpt2, llama, kiln_encoder"):
         main([str(tmp_path / "src"), str(tmp_path / "dst")])
 
 

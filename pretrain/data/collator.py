@@ -296,17 +296,25 @@ class ElectraCollator(MLMCollator):
 
 
 class CLMCollator:
-    """Pads blocks for causal LM: input_ids, attention_mask, labels (= input_ids, -100 on padding).
+    """Pads blocks for causal LM: input_ids, attention_mask, labels (= input_ids, -100 on padding), and with
+    `document_masking` the position_ids of packed documents.
 
-    The model shifts labels itself. Stateless; `set_epoch` exists so the runner can treat both collators alike.
+    A block packs documents each ended by EOS (pretrain/data/clm.py). With `document_masking`, position ids
+    restart at 0 after every EOS, so each document is positioned as if it were alone, and the model (which reads
+    restarting position ids as packed documents) lets a token attend only within its own document. The model
+    shifts labels itself. Stateless; `set_epoch` exists so the runner can treat both collators alike.
     """
 
-    def __init__(self, tokenizer, pad_to_multiple_of: int | None = 8):
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None = 8, document_masking: bool = False):
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad_id is None:
             raise DataError("the decoder tokenizer needs a pad or eos token")
+        if document_masking and tokenizer.eos_token_id is None:
+            raise DataError("document masking needs the tokenizer's eos token, which ends every packed document")
         self.pad_id = pad_id
+        self.eos_id = tokenizer.eos_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.document_masking = document_masking
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         pass
@@ -319,7 +327,20 @@ class CLMCollator:
     def __call__(self, features: Sequence[Mapping]) -> dict[str, torch.Tensor]:
         batch = pad_batch(features, self.pad_id, self.pad_to_multiple_of)
         batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        if self.document_masking:
+            batch["position_ids"] = document_positions(batch["input_ids"], self.eos_id)
         return batch
 
 
-__all__ = ["CLMCollator", "ElectraCollator", "MLMCollator", "pad_batch"]
+def document_positions(input_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """(B, T) positions that restart at 0 at the start of each row and after every EOS (each packed document
+    counts its own positions; the EOS ends its document)."""
+    batch_size, length = input_ids.shape
+    starts = torch.ones_like(input_ids, dtype=torch.bool)
+    starts[:, 1:] = input_ids[:, :-1] == eos_id
+    index = torch.arange(length).expand(batch_size, length)
+    start_of_document = torch.where(starts, index, 0).cummax(-1).values
+    return index - start_of_document
+
+
+__all__ = ["CLMCollator", "ElectraCollator", "MLMCollator", "document_positions", "pad_batch"]

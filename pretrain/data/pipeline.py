@@ -122,7 +122,7 @@ def build_pretraining_data(
             make_mlm_collator(data_cfg, tokenizer, seed + 1, objective),
         )
     else:
-        collator = eval_collator = CLMCollator(tokenizer, data_cfg.pad_to_multiple_of)
+        collator = eval_collator = CLMCollator(tokenizer, data_cfg.pad_to_multiple_of, data_cfg.document_masking)
 
     with main_process_first(accelerator):
         splits = load_documents(data_cfg)

@@ -815,7 +815,7 @@ def build_prepared_data(
                 )
             eval_dataset = examples(validation_index, "eval", validation_docs, EVAL_EPOCH, max(len(validation_docs), 1))
     else:
-        collator = eval_collator = CLMCollator(tokenizer, data_cfg.pad_to_multiple_of)
+        collator = eval_collator = CLMCollator(tokenizer, data_cfg.pad_to_multiple_of, data_cfg.document_masking)
         blocks = BlockExamples(train_index, train_docs, data_cfg.max_seq_length, tokenizer.eos_token_id)
 
         def build_train(epoch: int):

@@ -291,6 +291,56 @@ class KilnEncoderConfig(_KilnConfig):
         self.local_attention = 2 * value
 
 
+# What each decoder preset sets (the fields a KilnDecoderConfig leaves at None take these values)
+DECODER_PRESETS = {
+    "gpt2": {
+        "position_embedding_type": "learned",
+        "norm_type": "layernorm",
+        "mlp_type": "mlp",
+        "activation_function": "gelu_new",
+        "attention_bias": True,
+        "mlp_bias": True,
+        "resid_pdrop": 0.1,
+        "embd_pdrop": 0.1,
+        "attn_pdrop": 0.1,
+    },
+    "llama": {
+        "position_embedding_type": "rope",
+        "norm_type": "rmsnorm",
+        "mlp_type": "gated",
+        "activation_function": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+    },
+}
+DECODER_CHOICES = {
+    "position_embedding_type": ("learned", "rope"),
+    "norm_type": ("layernorm", "rmsnorm"),
+    "mlp_type": ("mlp", "gated"),
+}
+
+
+def default_intermediate_size(hidden_size: int, mlp_type: str) -> int:
+    """4 x hidden_size for a plain MLP; for a gated one (three matrices instead of two) 8/3 x hidden_size rounded
+    up to a multiple of 64, the same parameter count, as Llama sizes it."""
+    if mlp_type != "gated":
+        return 4 * hidden_size
+    return -(-8 * hidden_size // 3 // 64) * 64
+
+
+def check_key_value_heads(num_attention_heads: int, num_key_value_heads: int) -> None:
+    """Raised when a model is built: grouped-query attention needs the query heads to split evenly."""
+    if num_key_value_heads <= 0 or num_attention_heads % num_key_value_heads != 0:
+        divisors = [d for d in range(1, num_attention_heads + 1) if num_attention_heads % d == 0]
+        raise ValueError(
+            f"num_key_value_heads={num_key_value_heads} does not divide num_attention_heads={num_attention_heads};"
+            f" use one of {divisors}."
+        )
+
+
 class KilnDecoderConfig(_KilnConfig):
     r"""Configuration of [`KilnDecoderModel`] / [`KilnDecoderForCausalLM`] (a GPT-2-style pre-LN decoder).
 
@@ -319,6 +369,23 @@ class KilnDecoderConfig(_KilnConfig):
             LM head + cross-entropy that never holds the (B, T, V) logits; `logits` is then None. Same loss and
             gradients, less memory and time at large vocabularies. Evaluation, generation and calls without
             labels always get the logits; set False to get them while training too.
+        preset: `gpt2` (the default: learned positions, GELU MLP, LayerNorm, biases, dropout 0.1) or `llama`
+            (rotary positions, SwiGLU MLP, RMSNorm, no biases, no dropout; transformers' `LlamaForCausalLM`
+            computes the same function, and `pretrain.convert` converts both ways). The preset fills every
+            field below (and `activation_function` and the dropouts) that is left at None; a field given
+            explicitly wins, so each piece can also be chosen on its own.
+        position_embedding_type: `learned` (a trained table added to the token embeddings, GPT-2) or `rope`
+            (rotary embeddings applied to queries and keys in every layer, Llama).
+        rope_theta: base of the rotary frequencies (Llama 2: 10000, Llama 3: 500000).
+        norm_type: `layernorm` (with bias, GPT-2) or `rmsnorm` (Llama).
+        mlp_type: `mlp` (fc_out(act(fc_in(x))), GPT-2) or `gated` (fc_out(act(gate(x)) * up(x)): SwiGLU with
+            `silu`, Llama).
+        num_key_value_heads: key/value heads of the self-attention (grouped-query attention: each serves
+            num_attention_heads / num_key_value_heads query heads); None: num_attention_heads (multi-head).
+        attention_bias: biases on the attention projections (GPT-2 yes, Llama no).
+        mlp_bias: biases on the feed-forward projections (GPT-2 yes, Llama no).
+        qk_norm: RMSNorm each query and key head (over its head_dim) before the rotary embedding, as Qwen3 and
+            OLMo 2 do; transformers' Llama has no such norm, so a model with it does not convert to Llama.
     """
 
     model_type = "kiln_decoder"
@@ -342,10 +409,10 @@ class KilnDecoderConfig(_KilnConfig):
         num_hidden_layers: int = 12,
         num_attention_heads: int = 12,
         intermediate_size: int | None = None,
-        activation_function: str = "gelu_new",
-        resid_pdrop: float = 0.1,
-        embd_pdrop: float = 0.1,
-        attn_pdrop: float = 0.1,
+        activation_function: str | None = None,
+        resid_pdrop: float | None = None,
+        embd_pdrop: float | None = None,
+        attn_pdrop: float | None = None,
         layer_norm_epsilon: float = 1e-5,
         initializer_range: float = 0.02,
         bos_token_id: int | None = 50256,
@@ -356,6 +423,15 @@ class KilnDecoderConfig(_KilnConfig):
         tie_word_embeddings: bool = True,
         use_cache: bool = True,
         chunked_lm_loss: bool = True,
+        preset: str | None = None,
+        position_embedding_type: str | None = None,
+        rope_theta: float = 10000.0,
+        norm_type: str | None = None,
+        mlp_type: str | None = None,
+        num_key_value_heads: int | None = None,
+        attention_bias: bool | None = None,
+        mlp_bias: bool | None = None,
+        qk_norm: bool = False,
         **kwargs,
     ):
         aliases = {alias: kwargs.pop(alias) for alias in self.attribute_map if alias in kwargs}
@@ -375,10 +451,29 @@ class KilnDecoderConfig(_KilnConfig):
         self.initializer_range = initializer_range
         self.use_cache = use_cache
         self.chunked_lm_loss = chunked_lm_loss
+        self.preset = preset if preset is not None else "gpt2"
+        if self.preset not in DECODER_PRESETS:
+            raise ValueError(f"Unknown decoder preset={preset!r}; use one of {tuple(DECODER_PRESETS)}.")
+        self.position_embedding_type = position_embedding_type
+        self.rope_theta = rope_theta
+        self.norm_type = norm_type
+        self.mlp_type = mlp_type
+        self.num_key_value_heads = num_key_value_heads
+        self.attention_bias = attention_bias
+        self.mlp_bias = mlp_bias
+        self.qk_norm = qk_norm
         for alias, value in aliases.items():
             setattr(self, alias, value)  # attribute_map routes it to the canonical field
+        for name, value in DECODER_PRESETS[self.preset].items():  # the preset fills what was left at None
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        for name, choices in DECODER_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"Unknown {name}={getattr(self, name)!r}; use one of {choices}.")
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
         if self.intermediate_size is None:
-            self.intermediate_size = 4 * self.hidden_size
+            self.intermediate_size = default_intermediate_size(self.hidden_size, self.mlp_type)
         super().__init__(
             bos_token_id=bos_token_id,
             eos_token_id=eos_token_id,

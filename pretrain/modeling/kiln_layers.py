@@ -25,7 +25,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttenti
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .configuration_kiln import check_heads
+from .configuration_kiln import check_heads, check_key_value_heads
 
 try:  # model-agnostic keyword arguments transformers' own models take through `**kwargs`
     from transformers.utils.generic import TransformersKwargs
@@ -119,7 +119,11 @@ def eager_attention_forward(
     is_causal: bool = False,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain softmax attention; returns the output as (B, T, nh, hs) and the probabilities (B, nh, T, S)."""
+    """Plain softmax attention; returns the output as (B, T, nh, hs) and the probabilities (B, nh, T, S). Keys and
+    values with fewer heads (grouped-query attention) serve nh / their heads query heads each."""
+    if key.shape[1] != query.shape[1]:  # (B, nkv, S, hs) -> (B, nh, S, hs), as transformers' repeat_kv
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     query_length, key_length = query.shape[2], key.shape[2]
     scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # (B, nh, T, S); scale the smaller operand
     if attention_mask is None and is_causal and query_length > 1:  # SDPA's is_causal: aligned top-left
@@ -169,23 +173,56 @@ def attend(module, query, key, value, attention_mask, is_causal, output_attentio
     return output.reshape(batch_size, query_length, -1), weights  # (B, T, C)
 
 
+def _unnormalized(query, key):
+    return query, key
+
+
 class KilnSelfAttention(nn.Module):
     """Multi-head self-attention with one fused QKV projection; optional KV cache (decoder); rotary positions
-    when the model passes `position_embeddings` (see `KilnRotaryEmbedding`)."""
+    when the model passes `position_embeddings` (see `KilnRotaryEmbedding`).
 
-    def __init__(self, config, hidden_size, num_heads, dropout, is_causal, layer_idx, bias=True):
+    Options, each chosen once here: `num_key_value_heads` fewer than `num_heads` (grouped-query attention: the
+    fused projection holds nh query heads, then nkv key and nkv value heads), `bias`, `qk_norm_eps` (an RMSNorm
+    over each query and key head before the rotation, as Qwen3's)."""
+
+    def __init__(
+        self,
+        config,
+        hidden_size,
+        num_heads,
+        dropout,
+        is_causal,
+        layer_idx,
+        bias=True,
+        num_key_value_heads=None,
+        qk_norm_eps=None,
+    ):
         super().__init__()
         check_heads(hidden_size, num_heads)
+        num_key_value_heads = num_key_value_heads or num_heads
+        check_key_value_heads(num_heads, num_key_value_heads)
         self.config = config
         self.num_heads = num_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.num_key_value_groups = num_heads // num_key_value_heads  # read by transformers' sdpa for GQA
         self.head_size = hidden_size // num_heads
         self.scaling = self.head_size**-0.5
         self.dropout_p = dropout
         self.fast_cpu_mask = True  # see `apply_dropout`
         self.is_causal = is_causal
         self.layer_idx = layer_idx
-        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
+        self.split_sizes = [num_heads, num_key_value_heads, num_key_value_heads]
+        self.qkv = nn.Linear(hidden_size, (num_heads + 2 * num_key_value_heads) * self.head_size, bias=bias)
         self.out = nn.Linear(hidden_size, hidden_size, bias=bias)
+        if qk_norm_eps is not None:
+            self.q_norm = KilnRMSNorm(self.head_size, eps=qk_norm_eps)
+            self.k_norm = KilnRMSNorm(self.head_size, eps=qk_norm_eps)
+            self.normalize = self._normalized
+        else:
+            self.normalize = _unnormalized
+
+    def _normalized(self, query, key):
+        return self.q_norm(query), self.k_norm(key)
 
     def forward(
         self,
@@ -208,26 +245,32 @@ class KilnSelfAttention(nn.Module):
         or None (positions are added to the embeddings instead); with `query_states`, a third and fourth entry
         give the queries' own (cos, sin), (B, P, hs)."""
         if unpadded is not None:
-            qkv = unpadded.pad(self.qkv(hidden_states))  # (B, T, 3C)
-            B, T, C3 = qkv.shape
-            query, key, value = qkv.view(B, T, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4).unbind(0)
+            qkv = unpadded.pad(self.qkv(hidden_states))  # (B, T, (nh + 2 nkv) hs)
+            B, T = qkv.shape[:2]
+            qkv = qkv.view(B, T, -1, self.head_size).transpose(1, 2)  # (B, nh + 2 nkv, T, hs)
+            query, key, value = qkv.split(self.split_sizes, dim=1)
+            query, key = self.normalize(query, key)
             if position_embeddings is not None:
                 query, key = apply_rotary_pos_emb(query, key, *position_embeddings[:2])
             output, weights = attend(self, query, key, value, attention_mask, self.is_causal, output_attentions)
             return self.out(unpadded.unpad(output)), weights
         B, T, C = hidden_states.shape
         if query_states is None:
-            qkv = self.qkv(hidden_states).view(B, T, 3, self.num_heads, self.head_size)
-            query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs), one buffer
+            qkv = self.qkv(hidden_states).view(B, T, -1, self.head_size).transpose(1, 2)
+            query, key, value = qkv.split(self.split_sizes, dim=1)  # (B, nh|nkv, T, hs), one buffer
+            query, key = self.normalize(query, key)
             if position_embeddings is not None:
                 query, key = apply_rotary_pos_emb(query, key, *position_embeddings[:2])
         else:
-            q_weight, kv_weight = self.qkv.weight.split([C, 2 * C])
-            q_bias, kv_bias = self.qkv.bias.split([C, 2 * C]) if self.qkv.bias is not None else (None, None)
+            query_width = self.num_heads * self.head_size
+            q_weight, kv_weight = self.qkv.weight.split([query_width, self.qkv.out_features - query_width])
+            bias = self.qkv.bias
+            q_bias, kv_bias = (None, None) if bias is None else bias.split([query_width, bias.shape[0] - query_width])
             P = query_states.shape[1]
             query = F.linear(query_states, q_weight, q_bias).view(B, P, self.num_heads, -1).transpose(1, 2)
-            kv = F.linear(hidden_states, kv_weight, kv_bias).view(B, T, 2, self.num_heads, self.head_size)
-            key, value = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, nh, T, hs)
+            kv = F.linear(hidden_states, kv_weight, kv_bias).view(B, T, -1, self.head_size).transpose(1, 2)
+            key, value = kv.chunk(2, dim=1)  # 2 x (B, nkv, T, hs)
+            query, key = self.normalize(query, key)
             if position_embeddings is not None:
                 cos, sin, query_cos, query_sin = position_embeddings
                 query, key = _rotate(query, query_cos, query_sin), _rotate(key, cos, sin)
@@ -235,7 +278,7 @@ class KilnSelfAttention(nn.Module):
             cache = past_key_values
             if isinstance(cache, EncoderDecoderCache):
                 cache = cache.self_attention_cache
-            key, value = cache.update(key, value, self.layer_idx)  # (B, nh, S, hs), S = past + T
+            key, value = cache.update(key, value, self.layer_idx)  # (B, nkv, S, hs), S = past + T
         output, weights = attend(self, query, key, value, attention_mask, self.is_causal, output_attentions)
         return self.out(output), weights
 
@@ -243,7 +286,7 @@ class KilnSelfAttention(nn.Module):
 class KilnCrossAttention(nn.Module):
     """Multi-head attention from the decoder onto encoder states; keys/values are cached once per prompt."""
 
-    def __init__(self, config, hidden_size, num_heads, dropout, layer_idx):
+    def __init__(self, config, hidden_size, num_heads, dropout, layer_idx, bias=True):
         super().__init__()
         check_heads(hidden_size, num_heads)
         self.config = config
@@ -254,9 +297,9 @@ class KilnCrossAttention(nn.Module):
         self.fast_cpu_mask = True  # see `apply_dropout`
         self.is_causal = False
         self.layer_idx = layer_idx
-        self.q = nn.Linear(hidden_size, hidden_size)
-        self.kv = nn.Linear(hidden_size, 2 * hidden_size)
-        self.out = nn.Linear(hidden_size, hidden_size)
+        self.q = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.kv = nn.Linear(hidden_size, 2 * hidden_size, bias=bias)
+        self.out = nn.Linear(hidden_size, hidden_size, bias=bias)
 
     def forward(
         self,
@@ -477,14 +520,49 @@ def uses_transformers_masks(config, cache=None) -> bool:
     )
 
 
+def packed_documents(position_ids: torch.Tensor | None, batch_size: int) -> torch.Tensor | None:
+    """(B, T) document ids of rows that pack several documents, told by their position ids: a document starts
+    wherever a position is not its predecessor + 1 ([0 1 2 0 1] holds two), as transformers'
+    `find_packed_sequence_indices` reads them. None when no row restarts (outside graph capture, where the check
+    cannot read values and the ids are always returned)."""
+    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[1] < 2:
+        return None
+    position_ids = position_ids.expand(batch_size, -1)
+    starts = position_ids[:, 1:] != position_ids[:, :-1] + 1  # (B, T-1)
+    if not capturing(position_ids) and not bool(starts.any()):
+        return None
+    return F.pad(starts, (1, 0), value=False).cumsum(-1)  # (B, T): 0 for the first document of each row
+
+
+def document_mask(mask: torch.Tensor | None, documents: torch.Tensor, query_length: int) -> torch.Tensor:
+    """A causal (+ padding) mask (B|1, 1, T, T), or None for plain causal, restricted to pairs of tokens of the
+    same document: block-diagonal within each row. (B, 1, T, T) bool."""
+    if mask is None:
+        mask = torch.ones(query_length, query_length, dtype=torch.bool, device=documents.device).tril()[None, None]
+    same_document = documents[:, None, :, None] == documents[:, None, None, :]  # (B, 1, T, T)
+    mask = mask & same_document
+    return mask | ~mask.any(-1, keepdim=True)  # a row that sees nothing (padding) sees all, not NaN
+
+
 def decoder_self_mask(config, inputs_embeds, attention_mask, cache, position_ids, past_length):
     """The decoder's self-attention mask: a prepared 4-D mask (as `generate` builds for a static cache) as given;
     Kiln's `causal_mask` for a 2-D mask with no cache or a growing one; else transformers' `create_causal_mask`
-    (static and sliding caches, flex attention)."""
+    (static and sliding caches, flex attention).
+
+    Packed rows (position ids that restart at each document, as Kiln's CLM collator writes them; nothing cached
+    yet) attend within their own document only: Kiln's mask gets the block-diagonal restriction, and for the
+    other kernels transformers' builder reads the documents from the position ids (it does so without a cache
+    and without a padding mask; the padding of packed rows is at their end, which no real token sees under a
+    causal mask)."""
     if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() == 4):
         return attention_mask
+    no_past = isinstance(past_length, int) and past_length == 0
+    documents = packed_documents(position_ids, inputs_embeds.shape[0]) if no_past else None
     if not uses_transformers_masks(config, cache):
-        return causal_mask(attention_mask, inputs_embeds.shape[1], past_length, inputs_embeds.device)
+        mask = causal_mask(attention_mask, inputs_embeds.shape[1], past_length, inputs_embeds.device)
+        return mask if documents is None else document_mask(mask, documents, inputs_embeds.shape[1])
+    if documents is not None and cache is None:
+        attention_mask = None  # transformers reads packed documents from the position ids only without one
     if position_ids is None:
         position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
     return _transformers_mask(
@@ -714,8 +792,10 @@ __all__ = [
     "check_kwargs",
     "check_sequence_length",
     "decoder_self_mask",
+    "document_mask",
     "eager_attention_forward",
     "linear_cross_entropy",
+    "packed_documents",
     "padding_mask",
     "rope_inverse_frequencies",
     "rotate_half",

@@ -32,7 +32,10 @@ from .kiln_layers import (
     CACHE_FIELD,
     KilnCrossAttention,
     KilnDropout,
+    KilnGatedMLP,
     KilnMLP,
+    KilnRMSNorm,
+    KilnRotaryEmbedding,
     KilnSelfAttention,
     auto_map_for,
     bidirectional_mask,
@@ -42,30 +45,55 @@ from .kiln_layers import (
     check_sequence_length,
     decoder_self_mask,
     linear_cross_entropy,
+    rope_inverse_frequencies,
     sequence_classification_loss,
     takes_cache,
 )
 
 
+def make_norm(config: KilnDecoderConfig) -> nn.Module:
+    """The block's norm, chosen by `config.norm_type`: LayerNorm with bias (GPT-2) or RMSNorm (Llama)."""
+    if config.norm_type == "rmsnorm":
+        return KilnRMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+
+
+def make_mlp(config: KilnDecoderConfig) -> nn.Module:
+    """The block's feed-forward, chosen by `config.mlp_type`: GPT-2's MLP or a gated one (Llama's SwiGLU)."""
+    mlp_class = KilnGatedMLP if config.mlp_type == "gated" else KilnMLP
+    return mlp_class(config.hidden_size, config.intermediate_size, config.activation_function, bias=config.mlp_bias)
+
+
 class KilnDecoderLayer(GradientCheckpointingLayer):
-    """Pre-LN block: x = x + attn(LN(x)); [x = x + cross_attn(LN(x), encoder)]; x = x + mlp(LN(x))."""
+    """Pre-norm block: x = x + attn(norm(x)); [x = x + cross_attn(norm(x), encoder)]; x = x + mlp(norm(x)).
+    The norm, the MLP and the attention's options (rotary, grouped-query, biases, QK-norm) come from the config,
+    chosen here once."""
 
     def __init__(self, config: KilnDecoderConfig, layer_idx: int):
         super().__init__()
-        h, eps = config.hidden_size, config.layer_norm_epsilon
-        self.attention_norm = nn.LayerNorm(h, eps=eps)
+        h = config.hidden_size
+        self.attention_norm = make_norm(config)
         self.attention = KilnSelfAttention(
-            config, h, config.num_attention_heads, config.attn_pdrop, is_causal=True, layer_idx=layer_idx
+            config,
+            h,
+            config.num_attention_heads,
+            config.attn_pdrop,
+            is_causal=True,
+            layer_idx=layer_idx,
+            num_key_value_heads=config.num_key_value_heads,
+            bias=config.attention_bias,
+            qk_norm_eps=config.layer_norm_epsilon if config.qk_norm else None,
         )
         if config.add_cross_attention:
-            self.cross_attention_norm = nn.LayerNorm(h, eps=eps)
+            self.cross_attention_norm = make_norm(config)
             self.cross_attention = KilnCrossAttention(
-                config, h, config.num_attention_heads, config.attn_pdrop, layer_idx=layer_idx
+                config, h, config.num_attention_heads, config.attn_pdrop, layer_idx=layer_idx,
+                bias=config.attention_bias,
             )
         else:
             self.cross_attention = None
-        self.mlp_norm = nn.LayerNorm(h, eps=eps)
-        self.mlp = KilnMLP(h, config.intermediate_size, config.activation_function)
+        self.mlp_norm = make_norm(config)
+        self.mlp = make_mlp(config)
         self.dropout = KilnDropout(config.resid_pdrop)
         for projection in (self.attention.out, self.mlp.fc_out, getattr(self.cross_attention, "out", None)):
             if projection is not None:  # writes into the residual stream: GPT-2's scaled init (_init_weights)
@@ -79,9 +107,14 @@ class KilnDecoderLayer(GradientCheckpointingLayer):
         encoder_attention_mask=None,
         past_key_values=None,
         output_attentions=False,
+        position_embeddings=None,
     ):
         attention_output, attention_weights = self.attention(
-            self.attention_norm(hidden_states), attention_mask, past_key_values, output_attentions
+            self.attention_norm(hidden_states),
+            attention_mask,
+            past_key_values,
+            output_attentions,
+            position_embeddings=position_embeddings,
         )
         hidden_states = hidden_states + self.dropout(attention_output)
         cross_attention_weights = None
@@ -133,6 +166,10 @@ class KilnDecoderPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        elif isinstance(module, KilnRMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, KilnRotaryEmbedding):  # a buffer, not saved: rebuilt when a model is loaded
+            init.copy_(module.inv_freq, rope_inverse_frequencies(module.head_dim, module.theta))
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         # Registered for trust_remote_code: list every head in auto_map, not only the saved one
@@ -142,17 +179,46 @@ class KilnDecoderPreTrainedModel(PreTrainedModel):
 
 
 class KilnDecoderModel(KilnDecoderPreTrainedModel):
-    """The bare decoder: final-LayerNorm hidden states (B, T, C) and the KV cache."""
+    """The bare decoder: final-norm hidden states (B, T, C) and the KV cache. Positions are learned (a table added
+    to the token embeddings) or rotary (cos/sin computed once per forward and passed to every layer), chosen
+    here once (`config.position_embedding_type`)."""
 
     def __init__(self, config: KilnDecoderConfig):
         super().__init__(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        if config.position_embedding_type == "rope":
+            self.rotary_emb = KilnRotaryEmbedding(config.hidden_size // config.num_attention_heads, config.rope_theta)
+            self.embed_positions = self._rotary_positions
+        else:
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            self.embed_positions = self._learned_positions
         self.dropout = KilnDropout(config.embd_pdrop)
         self.layers = nn.ModuleList(KilnDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.final_norm = make_norm(config)
         self.gradient_checkpointing = False  # set by gradient_checkpointing_enable(); then no KV cache
         self.post_init()
+
+    def _learned_positions(self, inputs_embeds, position_ids, past_length):
+        """GPT-2: the position table's rows added to the embeddings; no rotary angles."""
+        T = inputs_embeds.shape[1]
+        if position_ids is None:
+            check_sequence_length(past_length + T, self.config.max_position_embeddings)
+            position_embeds = self.position_embeddings.weight[past_length : past_length + T]  # (T, C)
+        else:
+            if position_ids.device.type == "cpu" and position_ids.numel() and not capturing(position_ids):
+                check_sequence_length(int(position_ids.max()) + 1, self.config.max_position_embeddings)
+            position_embeds = self.position_embeddings(position_ids)  # (B|1, T, C)
+        return inputs_embeds + position_embeds, None
+
+    def _rotary_positions(self, inputs_embeds, position_ids, past_length):
+        """Llama: the embeddings as they are, and the (cos, sin) of each position for the attention layers."""
+        T = inputs_embeds.shape[1]
+        if position_ids is None:
+            check_sequence_length(past_length + T, self.config.max_position_embeddings)
+            position_ids = (torch.arange(T, device=inputs_embeds.device) + past_length)[None]  # (1, T)
+        elif position_ids.device.type == "cpu" and position_ids.numel() and not capturing(position_ids):
+            check_sequence_length(int(position_ids.max()) + 1, self.config.max_position_embeddings)
+        return inputs_embeds, self.rotary_emb(inputs_embeds, position_ids)
 
     def get_input_embeddings(self):
         return self.word_embeddings
@@ -211,14 +277,7 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None and isinstance(past_length, torch.Tensor):  # a static cache counts on the device
             position_ids = (torch.arange(T, device=inputs_embeds.device) + past_length)[None]  # (1, T)
-        if position_ids is None:
-            check_sequence_length(past_length + T, config.max_position_embeddings)
-            position_embeds = self.position_embeddings.weight[past_length : past_length + T]  # (T, C)
-        else:
-            if position_ids.device.type == "cpu" and position_ids.numel() and not capturing(position_ids):
-                check_sequence_length(int(position_ids.max()) + 1, config.max_position_embeddings)
-            position_embeds = self.position_embeddings(position_ids)  # (B|1, T, C)
-        hidden_states = inputs_embeds + position_embeds
+        hidden_states, position_embeddings = self.embed_positions(inputs_embeds, position_ids, past_length)
         if token_type_ids is not None:
             hidden_states = hidden_states + self.word_embeddings(token_type_ids)
         hidden_states = self.dropout(hidden_states)
@@ -243,6 +302,7 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
                 cross_mask,
                 past_key_values=past_key_values,
                 output_attentions=output_attentions,
+                position_embeddings=position_embeddings,
             )
             if output_attentions:
                 all_attentions += (attention_weights,)
