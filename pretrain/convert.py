@@ -410,6 +410,7 @@ def llama_config_from_decoder(config: KilnDecoderConfig) -> transformers.LlamaCo
     """The transformers LlamaConfig of a Llama-shaped KilnDecoderConfig (the inverse of
     `decoder_config_from_llama`)."""
     fields = {llama: getattr(config, kiln) for kiln, llama in LLAMA_FIELDS.items()}
+    fields["num_key_value_heads"] = config.num_key_value_heads or config.num_attention_heads
     return transformers.LlamaConfig(
         rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
         head_dim=config.hidden_size // config.num_attention_heads,
@@ -422,7 +423,7 @@ def decoder_family(config: KilnDecoderConfig) -> str:
     """`gpt2` or `llama`: the transformers family a Kiln decoder's pieces convert to; ValueError naming what
     differs when neither holds them."""
     if all(getattr(config, name) == value for name, value in GPT2_PIECES.items()) and (
-        config.num_key_value_heads == config.num_attention_heads
+        config.num_key_value_heads in (None, config.num_attention_heads)
     ):
         return "gpt2"
     if all(getattr(config, name) == value for name, value in LLAMA_PIECES.items()):
@@ -707,7 +708,8 @@ def kiln_to_llama_state(kiln: dict, config: KilnDecoderConfig, name: str) -> dic
     m, k = _prefixes(name)
     out = {f"{m}embed_tokens.weight": kiln[f"{k}word_embeddings.weight"], f"{m}norm.weight": kiln[f"{k}final_norm.weight"]}
     head_size = config.hidden_size // config.num_attention_heads
-    qkv_sizes = [config.num_attention_heads * head_size] + [config.num_key_value_heads * head_size] * 2
+    key_value_heads = config.num_key_value_heads or config.num_attention_heads
+    qkv_sizes = [config.num_attention_heads * head_size] + [key_value_heads * head_size] * 2
     for i in range(config.num_hidden_layers):
         src, dst = f"{k}layers.{i}.", f"{m}layers.{i}."
         for p in ("weight", "bias"):

@@ -3,6 +3,7 @@
 import random
 from itertools import chain
 
+import torch
 from datasets import Dataset
 
 from pretrain.config import DataConfig
@@ -65,6 +66,10 @@ def test_decoder_pipeline_packs_the_whole_training_split(tmp_path):
     assert sorted(training_texts + eval_texts) == sorted(stories)  # every story exactly once, nothing lost
     batch = data.collator([train[i] for i in range(4)])
     assert (
-        set(batch) == {"input_ids", "attention_mask", "labels"}
+        set(batch) == {"input_ids", "attention_mask", "labels", "position_ids"}
         and (batch["labels"] == batch["input_ids"]).all()
     )
+    # document masking, on by default: positions restart after every EOS (each document counted on its own)
+    after_eos = torch.nn.functional.pad(batch["input_ids"][:, :-1] == eos, (1, 0), value=True)
+    assert (batch["position_ids"][after_eos] == 0).all() and (batch["position_ids"][~after_eos] > 0).all()
+    assert int(after_eos[:, 1:].sum()) > 0  # the blocks hold several documents

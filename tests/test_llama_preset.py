@@ -280,3 +280,60 @@ def test_cli_converts_a_llama_checkpoint_to_kiln_and_back(tmp_path, capsys):
     expected = llama(input_ids, attention_mask=attention_mask).logits[real]
     torch.testing.assert_close(back(input_ids, attention_mask=attention_mask).logits[real], expected, atol=ATOL, rtol=0)
     torch.testing.assert_close(kiln(input_ids, attention_mask=attention_mask).logits[real], expected, atol=ATOL, rtol=0)
+
+
+def test_seq2seq_model_with_a_llama_decoder_trains_and_caches():
+    """The llama preset as the decoder of the seq2seq model: cross-attention without biases, RMSNorm before it."""
+    from pretrain.modeling import KilnEncoderConfig, KilnEncoderDecoderModel, KilnEncoderModel
+
+    encoder = KilnEncoderModel(
+        KilnEncoderConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0),
+        add_pooling_layer=False,
+    )
+    decoder = KilnDecoderForCausalLM(
+        KilnDecoderConfig(preset="llama", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=32, initializer_range=0.1,
+                          add_cross_attention=True, is_decoder=True, pad_token_id=PAD, bos_token_id=BOS,
+                          eos_token_id=EOS)
+    )
+    layer = decoder.model.layers[0]
+    assert layer.cross_attention.q.bias is None and type(layer.cross_attention_norm).__name__ == "KilnRMSNorm"
+    model = KilnEncoderDecoderModel(encoder=encoder, decoder=decoder)
+    model.config.decoder_start_token_id, model.config.pad_token_id = BOS, PAD
+    source, source_mask = batch(2, 9, "right", seed=8)
+    labels = batch(2, 6, seed=9)[0]
+    loss = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
+    loss.backward()
+    assert torch.isfinite(loss) and decoder.model.layers[1].cross_attention.kv.weight.grad is not None
+    model.eval()
+    kwargs = dict(attention_mask=source_mask, max_new_tokens=6, do_sample=False)
+    cached = model.generate(source, use_cache=True, **kwargs)
+    assert torch.equal(cached, model.generate(source, use_cache=False, **kwargs))
+
+
+def test_pretraining_with_the_preset_writes_a_checkpoint_llama_loads(tmp_path):
+    """`--model.preset llama` through the pretraining runner (packed blocks masked by document): the options left
+    at their defaults take Llama's values, and the final checkpoint converts to a LlamaForCausalLM that
+    generates what the Kiln model generates."""
+    from kiln_testing import DEBUG, REPO, run_main
+
+    from pretrain.run import main as pretrain
+
+    run_main(
+        pretrain, "--config", DEBUG, "--model.kind", "decoder", "--model.preset", "llama",
+        "--model.num_key_value_heads", "1", "--data.data_files", str(REPO / "data/tinystories/*.txt"),
+        "--training.max_steps", "3", "--training.save_steps", "0", "--training.eval_steps", "0",
+        "--training.output_dir", tmp_path / "run",
+    )  # fmt: skip
+    final = tmp_path / "run" / "final"
+    saved = json.loads((final / "config.json").read_text())
+    assert saved["preset"] == "llama" and saved["activation_function"] == "silu" and saved["resid_pdrop"] == 0.0
+    assert saved["num_key_value_heads"] == 1 and saved["layer_norm_epsilon"] == 1e-5
+    main([str(final), str(tmp_path / "llama")])
+    llama = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "llama").eval()
+    kiln = KilnDecoderForCausalLM.from_pretrained(final).eval()
+    prompt = torch.tensor([[5, 17, 42, 8]])
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=kiln.config.eos_token_id)
+    assert torch.equal(kiln.generate(prompt, **kwargs), llama.generate(prompt, **kwargs))

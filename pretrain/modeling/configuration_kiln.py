@@ -470,8 +470,6 @@ class KilnDecoderConfig(_KilnConfig):
         for name, choices in DECODER_CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(f"Unknown {name}={getattr(self, name)!r}; use one of {choices}.")
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
         if self.intermediate_size is None:
             self.intermediate_size = default_intermediate_size(self.hidden_size, self.mlp_type)
         super().__init__(
