@@ -52,6 +52,23 @@ def throughput_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def llama_table() -> str:
+    """`bench/throughput.py --preset llama-l4 --preset llama-125m`: the decoder's `llama` preset against
+    transformers' LlamaForCausalLM from the same weights, with the machine's load while the rounds ran."""
+    lines = ["| shape | Kiln tokens/s | `LlamaForCausalLM` tokens/s | speed-up (min–max over rounds) | rounds | "
+             "load average while timed | peak MB Kiln / transformers |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for p in bench_record("llama"):
+        s, k, r = p["shape"], p["models"]["kiln"], p["models"]["reference"]
+        shape = (f"`llama` L{s['layers']}/H{s['hidden']}/A{s['heads']}, {s['kv_heads']} key/value heads, vocab "
+                 f"{s['vocab']}, batch {s['batch_size']} × {s['seq_len']}")  # fmt: skip
+        load = p["load_average"]
+        peak = f"{k['peak_mb']:,.0f} / {r['peak_mb']:,.0f}" if k.get("peak_mb") and r.get("peak_mb") else "–"
+        lines.append(f"| {shape} | {k['tokens_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | **{k['speedup']:.2f}×** "
+                     f"({k['speedup_min']:.2f}–{k['speedup_max']:.2f}) | {s['rounds']} | {min(load):.1f}–{max(load):.1f} "
+                     f"| {peak} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def mfu_table() -> str:
     lines = ["| model, batch × 128 | MFU (wall, per-round peak) | MFU (CPU time) | achieved | tokens/s | speed-up (min–max, 3 rounds) |",
              "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
@@ -362,6 +379,7 @@ def threads_table() -> str:
 TABLES = {
     "throughput": throughput_table,
     "mfu": mfu_table,
+    "llama": llama_table,
     "finetune-sst2": lambda: finetune_table("sst2"),
     "finetune-conll2003": lambda: finetune_table("conll2003"),
     "padding": padding_table,
@@ -378,7 +396,8 @@ TABLES = {
 
 MEASURED_BY = {"default-run": "python bench/default_run.py", "default-run-time": "python bench/default_run.py", "shipped-commands": "python bench/shipped_commands.py",
                "threads": "python bench/threads.py",
-               "modernbert": "python bench/throughput.py --preset modernbert-tiny --preset modernbert-base --json bench/results/modernbert.json"}  # fmt: skip
+               "modernbert": "python bench/throughput.py --preset modernbert-tiny --preset modernbert-base --json bench/results/modernbert.json",
+               "llama": "python bench/throughput.py --preset llama-l4 --preset llama-125m --json bench/results/llama.json"}  # fmt: skip
 """The command that writes a table's record, where it is one script."""
 
 

@@ -3,10 +3,11 @@
     python bench/throughput.py --preset encoder-l4 --json bench/results/encoder-l4.json
     python bench/throughput.py --preset decoder-l4 --ablate          # also time Kiln with each fast path off
     python bench/throughput.py --preset modernbert-tiny --preset modernbert-base --no-memory --json bench/results/modernbert.json
+    python bench/throughput.py --preset llama-l4 --preset llama-125m --json bench/results/llama.json
     python bench/throughput.py --plot bench/results/*.json --png bench/results/throughput.png
 
-For each preset the reference (BertForPreTraining, ModernBertForMaskedLM or GPT2LMHeadModel) is built from one
-seed and converted to
+For each preset the reference (BertForPreTraining, ModernBertForMaskedLM, GPT2LMHeadModel, or LlamaForCausalLM for
+the decoder's `llama` preset) is built from one seed and converted to
 Kiln with `pretrain.convert.from_transformers`, so both start from the same weights (the `modernbert` presets:
 Kiln's encoder with the modernbert preset against transformers' ModernBERT, MLM at 30% masking, as transformers
 ships it, dense logits; `--reference-sparse` turns on ModernBERT's own `sparse_prediction`). Their losses and gradient
@@ -56,6 +57,7 @@ if REPO_ROOT not in sys.path:  # python bench/throughput.py: import the reposito
 from bench.machine import cpu_name  # noqa: E402
 from pretrain.convert import from_transformers  # noqa: E402
 from pretrain.modeling import count_flops_per_token  # noqa: E402
+from pretrain.modeling.configuration_kiln import default_intermediate_size  # noqa: E402
 from pretrain.run import PRETRAINING_FAST_PATHS  # noqa: E402
 
 MASK_PROBABILITY = 0.15  # share of positions with an MLM label in the synthetic encoder batches
@@ -65,7 +67,9 @@ NUM_BATCHES = 4  # distinct batches cycled through, so the number of masked posi
 
 @dataclass(frozen=True)
 class Preset:
-    kind: str  # "encoder" (MLM + NSP vs BertForPreTraining), "modernbert" (MLM vs ModernBertForMaskedLM), "decoder"
+    # "encoder" (MLM + NSP vs BertForPreTraining), "modernbert" (MLM vs ModernBertForMaskedLM), "decoder" (CLM vs
+    # GPT2LMHeadModel), "llama" (CLM vs LlamaForCausalLM, the decoder's llama preset)
+    kind: str
     layers: int
     hidden: int
     heads: int
@@ -74,6 +78,7 @@ class Preset:
     seq_len: int
     rounds: int  # timed rounds (one step of each model per round)
     warmup: int = 2
+    kv_heads: int | None = None  # llama: key/value heads (grouped-query attention)
 
 
 PRESETS = {
@@ -84,6 +89,8 @@ PRESETS = {
     "modernbert-tiny": Preset("modernbert", 4, 128, 2, 4096, 32, 128, rounds=5),
     "modernbert-base": Preset("modernbert", 22, 768, 12, 50368, 1, 256, rounds=2, warmup=1),
     "decoder-gpt2": Preset("decoder", 12, 768, 12, 50257, 8, 1024, rounds=2, warmup=1),
+    "llama-l4": Preset("llama", 4, 256, 4, 32000, 32, 128, rounds=7, warmup=1, kv_heads=2),
+    "llama-125m": Preset("llama", 12, 768, 12, 32000, 1, 512, rounds=3, warmup=1, kv_heads=4),
 }
 
 # NVIDIA dense peak FLOP/s as (bf16 tensor core, fp32), most specific name first
@@ -145,6 +152,7 @@ ABLATIONS = {
         "kiln-python-gelu": _python_gelu,
         "kiln-torch-dropout": _torch_dropout,
     },
+    "llama": {"kiln-plain-lm-loss": _plain_lm_loss},
 }
 
 
@@ -181,6 +189,19 @@ def build_reference(
             max_position_embeddings=max(512, preset.seq_len),
         )
         model = transformers.BertForPreTraining(config)
+    elif preset.kind == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=preset.hidden,
+            intermediate_size=default_intermediate_size(preset.hidden, "glu"),
+            num_hidden_layers=preset.layers,
+            num_attention_heads=preset.heads,
+            num_key_value_heads=preset.kv_heads or preset.heads,
+            max_position_embeddings=max(1024, preset.seq_len),
+            tie_word_embeddings=True,  # as GPT-2 and Kiln's default: the ~125M shape counts one matrix
+            use_cache=False,  # a training step: LlamaModel would otherwise fill a key/value cache nobody reads
+        )
+        model = transformers.LlamaForCausalLM(config)
     else:
         config = transformers.GPT2Config(
             vocab_size=vocab,

@@ -367,7 +367,7 @@ LLAMA_FIELDS = {
     "use_cache": "use_cache",
 }
 # the pieces that make a Kiln decoder Llama's (attention/MLP biases and grouped-query attention map as they are)
-LLAMA_PIECES = {"position_embedding_type": "rope", "norm_type": "rmsnorm", "mlp_type": "gated", "qk_norm": False}
+LLAMA_PIECES = {"position_embedding_type": "rotary", "norm_type": "rmsnorm", "mlp_type": "glu", "qk_norm": False}
 GPT2_PIECES = {
     "position_embedding_type": "learned",
     "norm_type": "layernorm",

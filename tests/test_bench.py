@@ -38,6 +38,7 @@ def tiny_presets(throughput, monkeypatch):
         "encoder-test": throughput.Preset("encoder", 2, 32, 2, 500, 4, 32, rounds=2, warmup=1),
         "decoder-test": throughput.Preset("decoder", 2, 32, 2, 500, 4, 32, rounds=2, warmup=1),
         "modernbert-test": throughput.Preset("modernbert", 4, 32, 2, 500, 4, 48, rounds=2, warmup=1),
+        "llama-test": throughput.Preset("llama", 2, 32, 2, 500, 4, 32, rounds=2, warmup=1, kv_heads=1),
     }
     for name, preset in presets.items():
         monkeypatch.setitem(throughput.PRESETS, name, preset)
@@ -47,10 +48,11 @@ def tiny_presets(throughput, monkeypatch):
 def test_throughput_times_every_variant_of_the_same_function(throughput, tiny_presets, tmp_path, capsys):
     out = tmp_path / "result.json"
     throughput.main(
-        ["--preset", "encoder-test", "--preset", "decoder-test", "--ablate", "--no-memory", "--json", str(out)]
+        ["--preset", "encoder-test", "--preset", "decoder-test", "--preset", "llama-test", "--ablate", "--no-memory",
+         "--json", str(out)]  # fmt: skip
     )
     results = json.loads(out.read_text())
-    assert [r["preset"] for r in results] == ["encoder-test", "decoder-test"]
+    assert [r["preset"] for r in results] == ["encoder-test", "decoder-test", "llama-test"]
     for result in results:
         kind = result["shape"]["kind"]
         check = result["check"]
@@ -66,10 +68,10 @@ def test_throughput_times_every_variant_of_the_same_function(throughput, tiny_pr
                 assert model["speedup"] == pytest.approx(statistics.median(paired))
         assert result["flops_per_token"] > 0 and result["machine"]["device"] == "cpu"
     table = capsys.readouterr().out
-    assert "encoder-test" in table and "decoder-test" in table and "transformers" in table
+    assert "encoder-test" in table and "decoder-test" in table and "llama-test" in table and "transformers" in table
 
 
-@pytest.mark.parametrize("kind", ["encoder", "decoder", "modernbert"])
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "modernbert", "llama"])
 def test_every_ablation_variant_computes_the_reference_loss_and_gradients(throughput, tiny_presets, kind):
     preset = tiny_presets[f"{kind}-test"]
     device = torch.device("cpu")

@@ -44,8 +44,8 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """An encoder folder (pretraining heads, as pretrain/run.py writes `final/`) and a decoder folder, each with
-    its tokenizer and its model code (auto_map)."""
+    """An encoder folder (pretraining heads, as pretrain/run.py writes `final/`) and a decoder folder of each preset
+    (`decoder`: GPT-2 blocks, `decoder-llama`), each with its tokenizer and its model code (auto_map)."""
     from pretrain.modeling import KilnDecoderForCausalLM, KilnEncoderForPreTraining
 
     torch.manual_seed(0)
@@ -55,6 +55,9 @@ def folders(tmp_path_factory):
     models = {
         "encoder": KilnEncoderForPreTraining(tiny_encoder_config(**settings)),
         "decoder": KilnDecoderForCausalLM(tiny_decoder_config(**settings, bos_token_id=2, eos_token_id=3)),
+        "decoder-llama": KilnDecoderForCausalLM(  # the llama preset, grouped-query attention
+            tiny_decoder_config(**settings, bos_token_id=2, eos_token_id=3, preset="llama", num_key_value_heads=2)
+        ),
     }
     for name, model in models.items():
         model.save_pretrained(root / name)
@@ -247,8 +250,12 @@ save()
 """
 
 
-def test_the_example_scripts_calls_train_and_evaluate_without_kiln(folders, tmp_path):
-    results = run_child(SCRIPTS, tmp_path, folders / "encoder", folders / "decoder", tmp_path / "work")
+DECODERS = pytest.mark.parametrize("decoder", ["decoder", "decoder-llama"])
+
+
+@DECODERS
+def test_the_example_scripts_calls_train_and_evaluate_without_kiln(folders, tmp_path, decoder):
+    results = run_child(SCRIPTS, tmp_path, folders / "encoder", folders / decoder, tmp_path / "work")
     assert set(results) == {"mlm", "clm", "glue", "ner"}
     for script, metrics in results.items():
         assert metrics.pop("label_names") == ["labels"], script  # as transformers' BERT/GPT-2 heads
@@ -350,8 +357,9 @@ save()
 """
 
 
-def test_peft_lora_defaults_train_save_and_reload_equal_without_kiln(folders, tmp_path):
-    results = run_child(PEFT, tmp_path, folders / "decoder", folders / "encoder", tmp_path / "adapter")
+@DECODERS
+def test_peft_lora_defaults_train_save_and_reload_equal_without_kiln(folders, tmp_path, decoder):
+    results = run_child(PEFT, tmp_path, folders / decoder, folders / "encoder", tmp_path / "adapter")
     assert results["targets"] == ["qkv"] and results["classifier_targets"] == ["qkv"]
     assert results["only_adapters_train"]
     assert results["losses"][-1] < results["losses"][0]
@@ -439,8 +447,9 @@ save()
 """
 
 
-def test_torch_export_and_static_cache_generate_without_kiln(folders, tmp_path):
-    results = run_child(EXPORT, tmp_path, folders / "encoder", folders / "decoder")
+@DECODERS
+def test_torch_export_and_static_cache_generate_without_kiln(folders, tmp_path, decoder):
+    results = run_child(EXPORT, tmp_path, folders / "encoder", folders / decoder)
     assert results["classifier_export_diff"] < 1e-5
     assert results["decoder_export_diff"] < 1e-5
     assert results["static_equal_tokens"] and results["new_tokens"] == 6

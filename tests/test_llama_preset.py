@@ -204,13 +204,13 @@ def test_training_step_gradients_equal_llama():
 def test_preset_sets_the_pieces_and_each_piece_is_its_own_choice():
     gpt2, llama = KilnDecoderConfig(), KilnDecoderConfig(preset="llama", hidden_size=768)
     assert (gpt2.position_embedding_type, gpt2.norm_type, gpt2.mlp_type) == ("learned", "layernorm", "mlp")
-    assert (llama.position_embedding_type, llama.norm_type, llama.mlp_type) == ("rope", "rmsnorm", "gated")
+    assert (llama.position_embedding_type, llama.norm_type, llama.mlp_type) == ("rotary", "rmsnorm", "glu")
     assert llama.activation_function == "silu" and llama.resid_pdrop == 0.0 and not llama.attention_bias
     assert llama.intermediate_size == 2048 and gpt2.intermediate_size == 3072
     mixed = KilnDecoderConfig(preset="llama", norm_type="layernorm", activation_function="gelu", resid_pdrop=0.1)
     assert (mixed.norm_type, mixed.activation_function, mixed.resid_pdrop) == ("layernorm", "gelu", 0.1)
     reloaded = KilnDecoderConfig.from_dict(mixed.to_dict())
-    assert (reloaded.norm_type, reloaded.mlp_type, reloaded.preset) == ("layernorm", "gated", "llama")
+    assert (reloaded.norm_type, reloaded.mlp_type, reloaded.preset) == ("layernorm", "glu", "llama")
     with pytest.raises(ValueError, match="Unknown decoder preset='mistral'"):
         KilnDecoderConfig(preset="mistral")
     with pytest.raises(ValueError, match="Unknown norm_type='batchnorm'"):
@@ -222,7 +222,7 @@ def test_preset_sets_the_pieces_and_each_piece_is_its_own_choice():
 @pytest.mark.parametrize(
     "pieces",
     [
-        dict(preset="gpt2", position_embedding_type="rope", num_key_value_heads=2),  # GPT-2 blocks + RoPE + GQA
+        dict(preset="gpt2", position_embedding_type="rotary", num_key_value_heads=2),  # GPT-2 blocks + RoPE + GQA
         dict(preset="llama", qk_norm=True),
         dict(preset="llama", norm_type="layernorm", mlp_type="mlp", mlp_bias=True),
     ],

@@ -236,6 +236,28 @@ class KilnDecoderTester(KilnEncoderTester):
         return config, inputs
 
 
+class KilnLlamaDecoderTester(KilnDecoderTester):
+    """The decoder's `llama` preset (rotary positions, SwiGLU, RMSNorm, no biases, 2 key/value heads), with the
+    GPT-2 tester's inputs (left padding, token type ids)."""
+
+    def get_config(self):
+        config = KilnDecoderConfig(
+            preset="llama",
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=2,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=512,
+            bos_token_id=self.vocab_size - 1,
+            eos_token_id=self.vocab_size - 1,
+            pad_token_id=self.vocab_size - 1,
+        )
+        assert config.num_attention_heads % 2 == 0 and config.num_attention_heads > 2  # grouped, not multi-query
+        return config
+
+
 def _labels_for(model_class, inputs, tester):
     """The labels each Kiln head takes (BertModelTest/GPT2ModelTest's `_prepare_for_class`, return_labels=True)."""
     batch_size, device = tester.batch_size, torch_device()
@@ -353,6 +375,14 @@ class KilnDecoderCommonTest(_KilnCommon, GenerationTesterMixin, unittest.TestCas
 
     def test_config(self):
         self.config_tester.run_common_tests()
+
+
+class KilnLlamaDecoderCommonTest(KilnDecoderCommonTest):
+    """The same mixin tests on the decoder's `llama` preset."""
+
+    def setUp(self):
+        self.model_tester = KilnLlamaDecoderTester(self)
+        self.config_tester = ConfigTester(self, config_class=KilnDecoderConfig, hidden_size=37, preset="llama")
 
 
 del floats_tensor

@@ -116,7 +116,8 @@ def test_the_walkthrough_runs_end_to_end(tmp_path, hub):
 
 
 def make_checkpoint(kind: str, folder: Path) -> None:
-    """A small random BERT (or GPT-2) with a tokenizer trained on one shipped book, saved as the Hub holds one."""
+    """A small random BERT (or GPT-2, or Llama) with a tokenizer trained on one shipped book, saved as the Hub holds
+    one."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import (
         BertConfig,
@@ -125,6 +126,8 @@ def make_checkpoint(kind: str, folder: Path) -> None:
         GPT2Config,
         GPT2LMHeadModel,
         GPT2TokenizerFast,
+        LlamaConfig,
+        LlamaForCausalLM,
     )
 
     lines = BOOK.read_text().splitlines()
@@ -145,21 +148,33 @@ def make_checkpoint(kind: str, folder: Path) -> None:
                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
         end = "<|endoftext|>"
         tokenizer = GPT2TokenizerFast(tokenizer_object=tok, bos_token=end, eos_token=end, unk_token=end)
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=256,
-                                           bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id))  # fmt: skip
+        ids = dict(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+        if kind == "gpt2":
+            model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2,
+                                               n_positions=256, **ids))  # fmt: skip
+        else:  # a Llama-family model: grouped-query heads, a rope base of its own, untied embeddings
+            model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                 max_position_embeddings=256, tie_word_embeddings=False,
+                                                 rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+                                                 **ids))  # fmt: skip
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 
-@pytest.mark.parametrize("kind", ["bert", "gpt2"])
-def test_continued_pretraining_from_bert_and_gpt2(tmp_path, kind):
+KINDS = ["bert", "gpt2", "llama"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_continued_pretraining_from_bert_gpt2_and_llama(tmp_path, kind):
     page = REPO / "docs/continue-pretraining.md"
     commands = documented_commands(page)
     download = [c for c in commands if c.startswith("hf download")]
-    assert len(download) == 2 and "bert" in download[0] and "gpt2" in download[1], commands
+    assert len(download) == 3 and "bert" in download[0] and "gpt2" in download[1], commands
+    assert "SmolLM2" in download[2], commands
     # the page's steps for this model: download, continue from the downloaded folder (converted on the way in),
     # convert back
-    first = commands.index(download[0 if kind == "bert" else 1])
+    first = commands.index(download[KINDS.index(kind)])
     folder = shlex.split(commands[first])[-1]
     steps = [commands[first + 1]]
     assert f"--model.init_from {folder} " in steps[0], steps
@@ -172,15 +187,18 @@ def test_continued_pretraining_from_bert_and_gpt2(tmp_path, kind):
     for command in [*steps, *back]:
         argv, env = as_run_here(command)
         outputs.append(run(argv, work, env))
-    family = "BERT" if kind == "bert" else "GPT-2"
+    family = {"bert": "BERT", "gpt2": "GPT-2", "llama": "Llama"}[kind]
     assert f"--model.init_from {folder} is a transformers {family} checkpoint" in outputs[0], outputs[0][-3000:]
     continued, plain = shlex.split(steps[0])[-1], shlex.split(back[0])[-1]
     saved = json.loads((work / continued / "final/config.json").read_text())
     assert saved["model_type"] == ("kiln_encoder" if kind == "bert" else "kiln_decoder")
+    if kind == "llama":  # the checkpoint's own pieces, not the run config's
+        assert saved["preset"] == "llama" and saved["num_key_value_heads"] == 2 and saved["rope_theta"] == 100000.0
+        assert not saved["tie_word_embeddings"]
     assert saved["hidden_size"] == 32  # the shape of the checkpoint it started from, not the config's
     rows = [json.loads(line) for line in (work / continued / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r][-1] == 3
     # converted back: a plain transformers model that loads without Kiln's code
     from transformers import AutoConfig
 
-    assert AutoConfig.from_pretrained(work / plain).model_type == ("bert" if kind == "bert" else "gpt2")
+    assert AutoConfig.from_pretrained(work / plain).model_type == kind

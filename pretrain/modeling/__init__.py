@@ -69,15 +69,18 @@ def count_flops_per_token(config, seq_len: int, lm_head_fraction: float = 0.0) -
         flops_per_token = 6 * N + 12 * L * h * T + 6 * h * V * lm_head_fraction
 
     N: non-embedding parameters of the blocks, L * (4h^2 + 2*h*I) (3*h*I with a gated MLP; + 4h^2 per layer with
-    cross-attention); local attention is counted as global (an upper bound);
+    cross-attention; grouped-query attention 2h^2 + 2*h*h_kv with h_kv = h * kv heads / heads); local attention
+    is counted as global (an upper bound);
     the second term is attention's QK^T and AV matmuls (2 * 2 * h * T forward per layer, x3 with backward)
     with h = hidden size, T = `seq_len`, I = intermediate size; biases, LayerNorms and the pooler are ignored.
     The last term is the vocabulary projection (V = vocab size), run on `lm_head_fraction` of the tokens:
     0 to leave it out (Kaplan et al.), 1 for a causal LM, the masking rate for a sparse MLM head.
     """
     h, L, V = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    heads = config.num_attention_heads
+    key_value_width = h * (getattr(config, "num_key_value_heads", None) or heads) // heads
     mlp_matrices = 3 if getattr(config, "mlp_type", "mlp") == "glu" else 2  # a gated MLP has two input halves
-    per_layer = 4 * h * h + mlp_matrices * h * config.intermediate_size
+    per_layer = 2 * h * h + 2 * h * key_value_width + mlp_matrices * h * config.intermediate_size
     if getattr(config, "add_cross_attention", False):
         per_layer += 4 * h * h
     return 6 * L * per_layer + 12 * L * h * seq_len + 6 * h * V * lm_head_fraction

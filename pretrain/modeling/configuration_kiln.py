@@ -305,9 +305,9 @@ DECODER_PRESETS = {
         "attn_pdrop": 0.1,
     },
     "llama": {
-        "position_embedding_type": "rope",
+        "position_embedding_type": "rotary",
         "norm_type": "rmsnorm",
-        "mlp_type": "gated",
+        "mlp_type": "glu",
         "activation_function": "silu",
         "attention_bias": False,
         "mlp_bias": False,
@@ -317,16 +317,16 @@ DECODER_PRESETS = {
     },
 }
 DECODER_CHOICES = {
-    "position_embedding_type": ("learned", "rope"),
+    "position_embedding_type": ("learned", "rotary"),
     "norm_type": ("layernorm", "rmsnorm"),
-    "mlp_type": ("mlp", "gated"),
+    "mlp_type": ("mlp", "glu"),
 }
 
 
 def default_intermediate_size(hidden_size: int, mlp_type: str) -> int:
     """4 x hidden_size for a plain MLP; for a gated one (three matrices instead of two) 8/3 x hidden_size rounded
     up to a multiple of 64, the same parameter count, as Llama sizes it."""
-    if mlp_type != "gated":
+    if mlp_type != "glu":
         return 4 * hidden_size
     return -(-8 * hidden_size // 3 // 64) * 64
 
@@ -374,11 +374,11 @@ class KilnDecoderConfig(_KilnConfig):
             computes the same function, and `pretrain.convert` converts both ways). The preset fills every
             field below (and `activation_function` and the dropouts) that is left at None; a field given
             explicitly wins, so each piece can also be chosen on its own.
-        position_embedding_type: `learned` (a trained table added to the token embeddings, GPT-2) or `rope`
+        position_embedding_type: `learned` (a trained table added to the token embeddings, GPT-2) or `rotary`
             (rotary embeddings applied to queries and keys in every layer, Llama).
         rope_theta: base of the rotary frequencies (Llama 2: 10000, Llama 3: 500000).
         norm_type: `layernorm` (with bias, GPT-2) or `rmsnorm` (Llama).
-        mlp_type: `mlp` (fc_out(act(fc_in(x))), GPT-2) or `gated` (fc_out(act(gate(x)) * up(x)): SwiGLU with
+        mlp_type: `mlp` (fc_out(act(fc_in(x))), GPT-2) or `glu` (gated: fc_out(act(gate(x)) * up(x)): SwiGLU with
             `silu`, Llama).
         num_key_value_heads: key/value heads of the self-attention (grouped-query attention: each serves
             num_attention_heads / num_key_value_heads query heads); None: num_attention_heads (multi-head).

@@ -1,8 +1,12 @@
-"""Kiln decoder: a GPT-2-style causal transformer, its language-model head, and GPT-2's classification heads.
+"""Kiln decoder: a pre-norm causal transformer, its language-model head, and GPT-2's classification heads.
 
-token + learned position embeddings -> dropout -> N pre-LN blocks
-(x = x + attn(LN(x)); [x = x + cross_attn(LN(x), encoder)]; x = x + mlp(LN(x)))
--> final LayerNorm -> LM head tied to the token embeddings.
+token (+ learned position) embeddings -> dropout -> N pre-norm blocks
+(x = x + attn(norm(x)); [x = x + cross_attn(norm(x), encoder)]; x = x + mlp(norm(x)))
+-> final norm -> LM head (tied to the token embeddings unless `tie_word_embeddings` is False).
+Two presets of the same classes (`KilnDecoderConfig.preset`): `gpt2` (learned positions, GELU MLP, LayerNorm,
+biases) and `llama` (rotary positions, SwiGLU, RMSNorm, grouped-query attention, no biases; transformers'
+`LlamaForCausalLM` computes the same function). Each piece is chosen once when the model is built.
+Packed rows (position ids that restart at each document) attend within their own document only.
 KV cache through transformers' Cache classes, so `generate` (greedy, sampling, beam search) works; the
 optional cross-attention lets the model be the decoder of transformers' `EncoderDecoderModel`.
 
@@ -60,7 +64,7 @@ def make_norm(config: KilnDecoderConfig) -> nn.Module:
 
 def make_mlp(config: KilnDecoderConfig) -> nn.Module:
     """The block's feed-forward, chosen by `config.mlp_type`: GPT-2's MLP or a gated one (Llama's SwiGLU)."""
-    mlp_class = KilnGatedMLP if config.mlp_type == "gated" else KilnMLP
+    mlp_class = KilnGatedMLP if config.mlp_type == "glu" else KilnMLP
     return mlp_class(config.hidden_size, config.intermediate_size, config.activation_function, bias=config.mlp_bias)
 
 
@@ -186,7 +190,7 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
     def __init__(self, config: KilnDecoderConfig):
         super().__init__(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        if config.position_embedding_type == "rope":
+        if config.position_embedding_type == "rotary":
             self.rotary_emb = KilnRotaryEmbedding(config.hidden_size // config.num_attention_heads, config.rope_theta)
             self.embed_positions = self._rotary_positions
         else:
