@@ -151,7 +151,8 @@ def check_best_metric(training: TrainingConfig, available: Sequence[str], defaul
 
 def resolve_start_model(spec: str, option: str, expected: Sequence[str], revision: str | None = None):
     """A Kiln checkpoint as a local folder or Hub id -> (path or id, its transformers config); a transformers BERT /
-    ELECTRA / GPT-2 checkpoint of the expected kind is converted on the way in (the path is then the Kiln folder).
+    ELECTRA / GPT-2 / Llama checkpoint of the expected kind is converted on the way in (the path is then the Kiln
+    folder).
 
     `option` names the setting in errors (e.g. "--model.checkpoint"); `expected` lists the accepted
     model_type values (kiln_encoder, kiln_decoder, encoder-decoder)."""

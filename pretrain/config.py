@@ -24,7 +24,7 @@ class ModelConfig:
     discriminator_weight: float = 50.0
     """ELECTRA only: lambda, the weight of the discriminator's replaced-token loss beside the generator's MLM loss (the paper's 50)."""
     init_from: str | None = None
-    """Start from this Kiln checkpoint (local folder or Hub id) instead of random weights. Its config.json is read as data and its weights loaded with Kiln's own classes: Python files the checkpoint names (`auto_map`) are not run."""
+    """Start from this Kiln checkpoint (local folder or Hub id) instead of random weights; a transformers BERT, ELECTRA, GPT-2 or Llama checkpoint is converted to Kiln on the way in (docs/continue-pretraining.md). Its config.json is read as data and its weights loaded with Kiln's own classes: Python files the checkpoint names (`auto_map`) are not run."""
     trust_remote_code: bool = False
     """Run the Python files that model.init_from names in its config.json (`auto_map`), as transformers' `trust_remote_code=True` does. Only for a checkpoint whose code you have read and trust: it runs inside the training process."""
     hidden_size: int = 128

@@ -22,7 +22,7 @@ and Llama's three Linears are concatenated along the output dimension), Llama's 
 
 CLI:  python -m pretrain.convert SRC_DIR DST_DIR   (direction from SRC_DIR's config.json `model_type`)
 
-A run started from a transformers BERT / ELECTRA / GPT-2 folder or Hub id (`--model.init_from`,
+A run started from a transformers BERT / ELECTRA / GPT-2 / Llama folder or Hub id (`--model.init_from`,
 `--model.checkpoint`) converts it on the way in: `converted_start` reads its config.json as data, checks it and the
 weight file's shapes, converts with the classes above and keeps the Kiln folder in the Hugging Face cache, named by
 the source's content, so the next run reuses it.
@@ -917,6 +917,7 @@ CONVERTIBLE = {
     "bert": ("BERT", "encoder", "kiln_encoder"),
     "electra": ("ELECTRA", "encoder", "kiln_encoder"),
     "gpt2": ("GPT-2", "decoder", "kiln_decoder"),
+    "llama": ("Llama", "decoder", "kiln_decoder"),
 }
 # the whole-number fields of each family's config.json whose values size the model: checked before anything is built
 SHAPE_FIELDS = {
@@ -925,12 +926,15 @@ SHAPE_FIELDS = {
     "electra": ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "intermediate_size", "max_position_embeddings", "type_vocab_size"),
     "gpt2": ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"),
+    "llama": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "max_position_embeddings"),
 }  # fmt: skip
 # the word-embedding table in each family's weights (base model, with or without its prefix), (rows, columns)
 EMBEDDING_TABLES = {
     "bert": ("embeddings.word_embeddings.weight", "vocab_size", "hidden_size"),
     "electra": ("embeddings.word_embeddings.weight", "vocab_size", "embedding_size"),
     "gpt2": ("wte.weight", "vocab_size", "n_embd"),
+    "llama": ("embed_tokens.weight", "vocab_size", "hidden_size"),
 }
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|[A-Za-z0-9][\w.-]*")
@@ -954,16 +958,16 @@ def convert_first_advice(config: dict, spec: str, option: str) -> str | None:
 
 
 def convertible(config: dict) -> tuple[str, str, str] | None:
-    """(family name, Kiln kind, Kiln model_type) of a transformers BERT / ELECTRA / GPT-2 config.json read as a
-    dict, which a run converts on the way in; None for any other checkpoint, and for one that names Python files
-    of its own (auto_map: not plain BERT / ELECTRA / GPT-2 weights)."""
+    """(family name, Kiln kind, Kiln model_type) of a transformers BERT / ELECTRA / GPT-2 / Llama config.json read
+    as a dict, which a run converts on the way in; None for any other checkpoint, and for one that names Python
+    files of its own (auto_map: not plain BERT / ELECTRA / GPT-2 / Llama weights)."""
     if carries_code(config):
         return None
     return CONVERTIBLE.get(config.get("model_type"))
 
 
 def converted_start(spec: str, option: str, revision: str | None = None) -> str:
-    """The local folder of the Kiln model converted from the transformers BERT / ELECTRA / GPT-2 checkpoint `spec`
+    """The local folder of the Kiln model converted from the transformers BERT / ELECTRA / GPT-2 / Llama checkpoint `spec`
     (a folder or Hub id; `option` names the setting in errors), with its tokenizer files. Its config.json is read as
     data and checked, and the weight file's shapes against it, before any model is built; nothing it names is run.
     Converted once per content: the folder sits in the Hugging Face cache under the hash of the source files."""
@@ -1112,8 +1116,13 @@ def _check_start_config(spec: str, option: str, config: dict, weights: list[Path
 def _start_class(model_type: str, config: dict, keys: set[str]) -> str:
     """The transformers class the weights were saved from: the config's architecture where Kiln converts it, with
     BERT's pretraining heads decided by the weights (bert-base-uncased says BertForMaskedLM but holds both)."""
-    default = {"bert": "BertForPreTraining", "electra": "ElectraForPreTraining", "gpt2": "GPT2LMHeadModel"}
-    prefix = {"bert": "Bert", "electra": "Electra", "gpt2": "GPT2"}[model_type]
+    default = {
+        "bert": "BertForPreTraining",
+        "electra": "ElectraForPreTraining",
+        "gpt2": "GPT2LMHeadModel",
+        "llama": "LlamaForCausalLM",
+    }
+    prefix = {"bert": "Bert", "electra": "Electra", "gpt2": "GPT2", "llama": "Llama"}[model_type]
     architecture = (config.get("architectures") or [None])[0]
     name = architecture if architecture in TO_KILN and architecture.startswith(prefix) else default[model_type]
     if model_type == "bert" and name in ("BertForPreTraining", "BertForMaskedLM"):

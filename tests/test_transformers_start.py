@@ -54,6 +54,12 @@ def transformers_folder(folder: Path, name: str, **config) -> torch.nn.Module:
         vocab = bpe_tokenizer(folder)
         model_config = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                                bos_token_id=0, eos_token_id=0, **config)  # fmt: skip
+    elif name.startswith("Llama"):  # grouped-query heads, its own rope base, untied embeddings
+        vocab = bpe_tokenizer(folder)
+        model_config = transformers.LlamaConfig(vocab_size=vocab, **SHAPE, num_key_value_heads=2, bos_token_id=0,
+                                                eos_token_id=0, tie_word_embeddings=False, initializer_range=0.1,
+                                                rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+                                                **config)  # fmt: skip
     else:
         vocab = wordpiece_tokenizer(folder)
         config_class = transformers.ElectraConfig if name.startswith("Electra") else transformers.BertConfig
@@ -77,7 +83,8 @@ def logits(output) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "name",
-    ["BertForPreTraining", "BertForMaskedLM", "BertModel", "ElectraForPreTraining", "GPT2LMHeadModel"],
+    ["BertForPreTraining", "BertForMaskedLM", "BertModel", "ElectraForPreTraining", "GPT2LMHeadModel",
+     "LlamaForCausalLM"],
 )
 def test_a_transformers_folder_converts_to_the_same_function(tmp_path, name, caplog):
     import pretrain.modeling
@@ -90,7 +97,7 @@ def test_a_transformers_folder_converts_to_the_same_function(tmp_path, name, cap
     assert kiln_class.startswith("Kiln")
     assert [r.getMessage() for r in caplog.records if "converted" in r.getMessage()] == [
         f"--model.init_from {tmp_path / 'original'} is a transformers "
-        f"{ {'Bert': 'BERT', 'Elec': 'ELECTRA', 'GPT2': 'GPT-2'}[name[:4]] } checkpoint ({name}): converted to "
+        f"{ {'Bert': 'BERT', 'Elec': 'ELECTRA', 'GPT2': 'GPT-2', 'Llam': 'Llama'}[name[:4]] } checkpoint ({name}): converted to "
         f"Kiln's {kiln_class}, same weights (kept for the next run)"
     ]
     assert (Path(folder) / "tokenizer.json").is_file()  # the tokenizer travels with it
