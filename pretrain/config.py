@@ -52,7 +52,7 @@ class ModelConfig:
     initializer_range: float = 0.02
     """Std of the normal initialisation."""
     preset: str | None = None
-    """Encoder only: the block's pieces set together, `bert` (BERT's post-LN block, the default) or `modernbert` (ModernBERT's: rotary positions, GeGLU, pre-LN without biases, local attention in two blocks of three; docs/models.md). Each piece below left at None takes the preset's value."""
+    """The block's pieces set together. Encoder: `bert` (BERT's post-LN block, the default) or `modernbert` (ModernBERT's: rotary positions, GeGLU, pre-LN without biases, local attention in two blocks of three); each encoder piece below left at None takes the preset's value. Decoder: `gpt2` (the default: learned positions, GELU MLP, LayerNorm, biases) or `llama` (rotary positions, SwiGLU, RMSNorm, no biases; converts to transformers' LlamaForCausalLM); with `llama`, hidden_act, the dropouts and layer_norm_eps left at their defaults take Llama's (silu, 0, 1e-5), options given explicitly win. docs/models.md."""
     norm_position: str | None = None
     """Encoder only: `post` (LayerNorm after each residual sum, BERT) or `pre` (before each sublayer, with a final LayerNorm); None: the preset's."""
     mlp_type: str | None = None
@@ -65,18 +65,14 @@ class ModelConfig:
     """Encoder only: window of the local-attention blocks in tokens (a token sees `local_attention // 2` positions each side; 0: none); None: the preset's (`modernbert` 128)."""
     global_attn_every_n_layers: int | None = None
     """Encoder only: blocks 0, n, 2n, ... attend globally, the others locally (1: all global); None: the preset's (`modernbert` 3)."""
-    rope_theta: float = 160_000.0
-    """Encoder with rotary positions: the global blocks' rotary base (ModernBERT's 160,000)."""
+    rope_theta: float | None = None
+    """Rotary positions: the base of the rotary frequencies; None: the model's (encoder: the global blocks', ModernBERT's 160,000; decoder: 10,000, Llama 2's; Llama 3 uses 500,000)."""
     local_rope_theta: float = 10_000.0
     """Encoder with rotary positions: the local blocks' rotary base (ModernBERT's 10,000)."""
     attn_implementation: str = "sdpa"
     """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
-    preset: str | None = None
-    """Decoder only: `gpt2` (the default: learned positions, GELU MLP, LayerNorm, biases) or `llama` (rotary positions, SwiGLU, RMSNorm, no biases; converts to transformers' LlamaForCausalLM, docs/models.md). With `llama`, hidden_act, the dropouts and layer_norm_eps left at their defaults take Llama's (silu, 0, 1e-5); options given explicitly win."""
     num_key_value_heads: int | None = None
     """Decoder only: key/value heads of grouped-query attention (must divide num_attention_heads; None: one per attention head)."""
-    rope_theta: float = 10000.0
-    """Decoder only, rotary positions (`llama`): base of the rotary frequencies (Llama 3 uses 500000)."""
     tie_word_embeddings: bool = True
     """Decoder only: the LM head shares the token embedding matrix (False: a separate output matrix)."""
 

@@ -37,20 +37,26 @@ def check_pieces(model) -> None:
     """The block preset and pieces: encoder options with known values (KilnEncoderConfig's own check, as a
     config error)."""
     from pretrain.modeling import KilnEncoderConfig
+    from pretrain.modeling.configuration_kiln import DECODER_PRESETS
 
     named = [name for name in ENCODER_PIECE_FIELDS if getattr(model, name) is not None]
     if model.kind == "decoder":
         if named:
             raise ConfigError(f"--model.{named[0]} is an encoder option; remove it for --model.kind decoder")
+        if model.preset not in (None, *DECODER_PRESETS):
+            raise ConfigError(
+                f"--model.preset {model.preset!r} is not a decoder preset; use one of {', '.join(DECODER_PRESETS)}"
+            )
         return
+    if model.num_key_value_heads is not None:
+        raise ConfigError("--model.num_key_value_heads is a decoder option; remove it for --model.kind encoder")
     try:
         KilnEncoderConfig(**encoder_pieces(model))
     except ValueError as error:
         raise ConfigError(f"model: {error}") from None
 
 
-ENCODER_PIECE_FIELDS = (
-    "preset",
+ENCODER_PIECE_FIELDS = (  # the preset is both kinds' (each its own presets)
     "position_embedding_type",
     "norm_position",
     "mlp_type",
@@ -280,7 +286,7 @@ def encoder_pieces(m) -> dict:
         pieces.update(attention_bias=m.bias, mlp_bias=m.bias, norm_bias=m.bias, classifier_bias=m.bias)
     return dict(
         preset=m.preset or "bert",
-        rope_theta=m.rope_theta,
+        **({"rope_theta": m.rope_theta} if m.rope_theta is not None else {}),
         local_rope_theta=m.local_rope_theta,
         **{name: value for name, value in pieces.items() if value is not None},
     )
@@ -320,7 +326,7 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
         eos_token_id=tokenizer.eos_token_id,
         preset=m.preset,
         num_key_value_heads=m.num_key_value_heads,
-        rope_theta=m.rope_theta,
+        **({"rope_theta": m.rope_theta} if m.rope_theta is not None else {}),
         tie_word_embeddings=m.tie_word_embeddings,
     )
     if m.preset not in (None, "gpt2"):  # options left at the run's defaults take the preset's values

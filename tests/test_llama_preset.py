@@ -314,9 +314,9 @@ def test_seq2seq_model_with_a_llama_decoder_trains_and_caches():
 
 
 def test_pretraining_with_the_preset_writes_a_checkpoint_llama_loads(tmp_path):
-    """`--model.preset llama` through the pretraining runner (packed blocks masked by document): the options left
-    at their defaults take Llama's values, and the final checkpoint converts to a LlamaForCausalLM that
-    generates what the Kiln model generates."""
+    """`--model.preset llama` through the pretraining runner (packed blocks masked by document, transformers'
+    warmup-stable-decay schedule): the options left at their defaults take Llama's values, and the final checkpoint
+    converts to a LlamaForCausalLM that generates what the Kiln model generates."""
     from kiln_testing import DEBUG, REPO, run_main
 
     from pretrain.run import main as pretrain
@@ -325,7 +325,7 @@ def test_pretraining_with_the_preset_writes_a_checkpoint_llama_loads(tmp_path):
         pretrain, "--config", DEBUG, "--model.kind", "decoder", "--model.preset", "llama",
         "--model.num_key_value_heads", "1", "--data.data_files", str(REPO / "data/tinystories/*.txt"),
         "--training.max_steps", "3", "--training.save_steps", "0", "--training.eval_steps", "0",
-        "--training.output_dir", tmp_path / "run",
+        "--training.lr_scheduler_type", "warmup_stable_decay", "--training.output_dir", tmp_path / "run",
     )  # fmt: skip
     final = tmp_path / "run" / "final"
     saved = json.loads((final / "config.json").read_text())
