@@ -49,10 +49,7 @@ GENERATED = {
     "docs/finetuning.md": {"shipped-commands", "default-run-time"},
     "docs/launching.md": {"threads", "default-run-time"},
 }
-AWAITING: dict[str, str] = {
-    "llama": "python bench/throughput.py --preset llama-l4 --preset llama-125m --rounds 3 --no-memory --json "
-    "bench/results/llama.json",
-}
+AWAITING: dict[str, str] = {}
 """Tables whose record bench/results/NAME.json is still to be measured, and the command that measures it: until it
 exists, the page's block holds the last hand-written table; from then on it must be the generated one."""
 
