@@ -368,6 +368,7 @@ def test_the_blimp_table_of_results_md_is_the_records():
         assert record["mean"] == pytest.approx(sum(record["paradigms"].values()) / 67), record["name"]
         assert record["pretraining"] in runs and "pretrain.zero_shot blimp" in record["command"], record["name"]
     text = (REPO / "docs/results.md").read_text()
-    for record in records:
+    latest = {record["name"]: record for record in records}  # a rerun of a name replaces its earlier record
+    for record in latest.values():
         assert f"| {100 * record['mean']:.1f} | {record['pairs']:,} |" in text, record["name"]
     assert "| LSTM (paper) | | 69.8 |" in text and "| GPT-2 (124M, WebText) (paper) | | 83.0 |" in text
