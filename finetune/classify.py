@@ -341,16 +341,6 @@ def scoring(config, head, chosen):
     return (make_infer(chosen[0].regression), *make_scoring(chosen[0]))
 
 
-DEFAULT_OUTPUT_DIR = ClassifyConfig().training.output_dir
-
-
-def settle(config) -> None:
-    """With a GLUE preset, the preset's own output folder, runs/glue/<task>, unless one was chosen:
-    `--data.glue_task mrpc` and `--data.glue_task stsb` then never write into one folder."""
-    if config.data.glue_task and config.training.output_dir == DEFAULT_OUTPUT_DIR:
-        config.training.output_dir = f"runs/glue/{config.data.glue_task}"
-
-
 TASK = FinetuneTask(
     script="finetune/classify.py",
     config=ClassifyConfig,
@@ -361,7 +351,7 @@ TASK = FinetuneTask(
     read=read,
     labels=labels,
     best_metric=best_metric,
-    settle=settle,
+    preset_output_dir=("glue_task", "runs/glue/{}", ClassifyConfig().training.output_dir),
     head=head,
     tokenize=tokenize,
     collator=collator,

@@ -104,17 +104,21 @@ class FinetuneTask:
     """(config, labels) -> (metrics the task computes, default best-model metric); None: `start` checks it."""
     card_usage: str | None = None
     """Python code for the model card's Usage section, when the default one does not fit (see FinetuneJob)."""
-    settle: Callable[[Any], None] | None = None
-    """(config) -> None: fills the defaults that depend on other settings, right after parsing (classify: a GLUE
-    preset's own output folder)."""
+    preset_output_dir: tuple[str, str, str] | None = None
+    """(a data setting, a folder pattern, the script's default output folder): when that setting is given and
+    --training.output_dir is left at that default, the run writes to the pattern filled with the setting (classify: a GLUE preset's own runs/glue/<task>,
+    so two presets never share a folder). Data, not a hook: the config enters the engine before any app code."""
 
     def parse(self, argv: list[str] | None):
         """The config from defaults, --config YAML and overrides; --help prints the options and exits."""
         config = build_config(
             self.config, argv, prog=f"accelerate launch {self.script}", description=self.description
         )
-        if self.settle is not None:
-            self.settle(config)
+        if self.preset_output_dir is not None:
+            setting, pattern, default = self.preset_output_dir
+            value = getattr(config.data, setting)
+            if value and config.training.output_dir == default:
+                config.training.output_dir = pattern.format(value)
         return config
 
 

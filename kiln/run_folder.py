@@ -302,8 +302,10 @@ def overwrite_plan(out: Path) -> tuple[list[str], list[str]]:
     return sorted(remove), sorted(keep)
 
 
-_REPLACED = ("final", "best", "hub-export", "hub-checkpoint", "checkpoints")
-"""Folders a resumed run replaces whole (its exports, a downloaded checkpoint) or removes (rotated checkpoints)."""
+_REPLACED = ("final", "best", "hub-export", "hub-checkpoint")
+"""Folders a resumed run replaces whole (its exports, a downloaded checkpoint). Not checkpoints/: a resumed run
+reads the newest of them, and one a stopped run wrote before its record line (a stop on several processes) must
+stay resumable; rotation removes only whole step-N folders."""
 
 
 def unrecorded_in_replaced(out: Path) -> list[str]:

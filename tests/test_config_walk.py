@@ -48,5 +48,8 @@ def test_a_runs_config_enters_the_engine_once_and_a_fine_tuning_walk_returns_at_
     # the config is handed to the engine's entrance before the app builds anything, and once the engine has prepared
     # the output folder the app never gets the whole config again
     assert walk.rooms[0] == "kiln/job.py", walk.describe()
-    after_output = walk.stays[walk.stays.index("kiln/run_setup.py"):]
+    # (run_setup is visited first for read-only start checks: the folder, the inputs in it, the Hub and trackers;
+    # its last visit prepares the folder)
+    prepared = len(walk.stays) - 1 - walk.stays[::-1].index("kiln/run_setup.py")
+    after_output = walk.stays[prepared:]
     assert not any(room.startswith("finetune/") for room in after_output), walk.describe()

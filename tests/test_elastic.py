@@ -113,7 +113,7 @@ def _checkpoint(folder: Path, processes: int, batch: int, accumulation: int) -> 
     folder.mkdir(parents=True)
     layout = {"num_processes": processes, "per_device_train_batch_size": batch,
               "gradient_accumulation_steps": accumulation}  # fmt: skip
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 3, **layout}))
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 3, "epoch": 0, **layout}))
     return folder
 
 

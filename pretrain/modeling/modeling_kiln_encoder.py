@@ -313,8 +313,10 @@ class KilnEncoderPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     # one block per unit: also FSDP's wrap units (configs/accelerate/fsdp.yaml names none). Not the embeddings:
-    # their word table is tied to the MLM decoder, and a separate FSDP unit for it breaks the tie
-    _no_split_modules = ["KilnEncoderLayer", "KilnPreNormEncoderLayer"]
+    # their word table is tied to the MLM decoder, and a separate FSDP unit for it breaks the tie. Set by
+    # KilnEncoderModel to the one block class it builds (accelerate refuses a named class the model lacks); the
+    # heads gather it from that child in post_init
+    _no_split_modules = None
     _supports_sdpa = True
     _supports_flex_attn = True  # masks from transformers.masking_utils (a BlockMask) for that kernel
 
@@ -357,6 +359,7 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         self.embeddings_project = nn.Linear(width, config.hidden_size) if width != config.hidden_size else None
         layer_class = LAYER_CLASSES[config.norm_position]
         self.layers = nn.ModuleList(layer_class(config, i) for i in range(config.num_hidden_layers))
+        self._no_split_modules = [layer_class.__name__]
         # pre-LN blocks leave the residual stream unnormed: one LayerNorm after the last
         self.final_norm = layer_norm(config) if config.norm_position == "pre" else None
         self.rotary = None  # rotary positions: (cos, sin) per attention type, computed once per forward
