@@ -304,8 +304,8 @@ def overwrite_plan(out: Path) -> tuple[list[str], list[str]]:
 
 _REPLACED = ("final", "best", "hub-export", "hub-checkpoint")
 """Folders a resumed run replaces whole (its exports, a downloaded checkpoint). Not checkpoints/: a resumed run
-reads the newest of them, and one a stopped run wrote before its record line (a stop on several processes) must
-stay resumable; rotation removes only whole step-N folders."""
+reads the newest of them, and a checkpoint missing from the record (the walkthrough's 2-process resume met one)
+must stay resumable; rotation removes only whole step-N folders. An overwrite still refuses unrecorded files."""
 
 
 def unrecorded_in_replaced(out: Path) -> list[str]:
