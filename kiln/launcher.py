@@ -206,7 +206,7 @@ def failed_first() -> str | None:
         return None
 
 
-def end_after_peer(who: str, status: int = 1) -> None:
+def end_after_peer(who: str, status: int = 1) -> None:  # 1: PEER_STOP_STATUS
     """End this process quietly, with `status`, because `who` failed first; on another node than `who`'s, its
     first process says where the error is (each node's console shows only its own processes)."""
     if _ending is not None and not _ending.acquire(blocking=True, timeout=30):
@@ -328,8 +328,23 @@ def main(argv: list[str] | None = None) -> None:
         failure = getattr(err, "get_first_failure", None)  # torchrun's ChildFailedError
         if failure is None:
             raise
-        rank, first = failure()
+        rank, first = _failure_that_spoke(err.failures) if getattr(err, "failures", None) else failure()
         raise SystemExit(_exit_status(int(first.exitcode), rank)) from None
+
+
+PEER_STOP_STATUS = 1
+"""The status of a process that ends because another one failed first (`end_after_peer`)."""
+
+
+def _failure_that_spoke(failures: dict) -> tuple:
+    """(rank, failure) of the process whose status ends the command: the earliest failure with a status other
+    than a stopped peer's, else the earliest. A peer stopped by the failure watcher can exit (status 1) before
+    the process that failed first has said its one line and exited with its own status (2 for a user error), so
+    torchrun's earliest failure is not always the one that spoke."""
+    own = {rank: failure for rank, failure in failures.items() if int(failure.exitcode) != PEER_STOP_STATUS}
+    pool = own or failures
+    rank = min(pool, key=lambda r: pool[r].timestamp)
+    return rank, pool[rank]
 
 
 RENDEZVOUS_NOTICE_S = 10.0

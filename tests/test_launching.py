@@ -203,6 +203,26 @@ def test_multi_process_kiln_launch_ends_on_the_one_line_error_said_once(tmp_path
     assert "Traceback" not in output and "ChildFailedError" not in output and "exitcode" not in output
 
 
+def test_kiln_launch_ends_with_the_status_of_the_process_that_spoke_not_of_a_peer_stopped_before_it():
+    """A peer stopped by the failure watcher (status 1) can exit before the process that failed first has said
+    its line and exited with its own status (2: a user error); torchrun's earliest failure is then the peer's."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from kiln.launcher import _failure_that_spoke
+
+    def failure(rank, status, timestamp):
+        found = ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=status, error_file="")
+        found.timestamp = timestamp
+        return found
+
+    peer_first = {0: failure(0, 1, 10), 1: failure(1, 2, 11)}
+    assert _failure_that_spoke(peer_first)[0] == 1 and _failure_that_spoke(peer_first)[1].exitcode == 2
+    killed = {0: failure(0, 1, 12), 1: failure(1, -9, 11)}  # killed by a signal: it said nothing, its peers end 1
+    assert _failure_that_spoke(killed)[1].exitcode == -9
+    run_errors = {0: failure(0, 1, 12), 1: failure(1, 1, 11)}  # all 1: the earliest, as torchrun reports it
+    assert _failure_that_spoke(run_errors)[0] == 1
+
+
 @pytest.mark.parametrize("launcher", ["python -m accelerate.commands.launch", "kiln-launch"])
 def test_an_error_on_one_node_is_said_once_by_that_process_and_every_node_stops(tmp_path, launcher):
     """Two nodes of one process each on loopback (gloo); node 1 cannot read the data (as on a node-local disk
