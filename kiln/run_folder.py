@@ -212,6 +212,14 @@ def record_files(out: str | os.PathLike, *paths: str | os.PathLike, append: bool
     _journal(out, lines)
 
 
+def record_entries(out: str | os.PathLike, entries: dict[str, dict[str, Any]]) -> None:
+    """Add files by name in `out` with the size and sha256 their writer computed (a checkpoint's checksums),
+    before they are moved into place under those names."""
+    out = Path(out)
+    if (out / MARKER).is_file():
+        _journal(out, [{"file": name, **entry} for name, entry in sorted(entries.items())])
+
+
 def forget_files(out: str | os.PathLike, *paths: str | os.PathLike) -> None:
     """Take `paths` (and everything under them) off the record: Kiln removed them (a rotated checkpoint)."""
     out = Path(out)
@@ -302,10 +310,10 @@ def overwrite_plan(out: Path) -> tuple[list[str], list[str]]:
     return sorted(remove), sorted(keep)
 
 
-_REPLACED = ("final", "best", "hub-export", "hub-checkpoint")
-"""Folders a resumed run replaces whole (its exports, a downloaded checkpoint). Not checkpoints/: a resumed run
-reads the newest of them, and a checkpoint missing from the record (the walkthrough's 2-process resume met one)
-must stay resumable; rotation removes only whole step-N folders. An overwrite still refuses unrecorded files."""
+_REPLACED = ("final", "best", "hub-export", "hub-checkpoint", "checkpoints")
+"""Folders a resumed run replaces (its exports, a downloaded checkpoint) or prunes (checkpoints it saves again
+or rotates out, `remove_recorded`): a file there that is not on the record is a user's, named before the run
+starts rather than left in the way of a checkpoint's save."""
 
 
 def unrecorded_in_replaced(out: Path) -> list[str]:
@@ -447,6 +455,64 @@ def _remove_empty_folders(out: Path, removed: list[str]) -> None:
             folder.rmdir()
 
 
+def _checkpoint_manifest(folder: Path, rel: str) -> dict[str, dict[str, Any]]:
+    """A checkpoint's own checksums.json as record entries (by name in the run folder), and the manifest itself:
+    the evidence for a checkpoint of a run that kept no record (an earlier Kiln)."""
+    from .checkpoint_files import CHECKSUMS_FILE
+    from .file_hash import sha256_file
+
+    manifest_path = folder / CHECKSUMS_FILE
+    try:
+        if manifest_path.is_symlink() or not manifest_path.is_file():
+            return {}
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))["files"]
+        entries = {f"{rel}/{CHECKSUMS_FILE}": {"size": manifest_path.stat().st_size, "sha256": sha256_file(manifest_path)}}
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return {}
+    if not isinstance(manifest, dict):
+        return {}
+    for name, entry in manifest.items():
+        parts = name.split("/") if isinstance(name, str) else [".."]
+        if isinstance(entry, dict) and all(part not in ("", ".", "..") for part in parts):  # inside the folder only
+            entries[f"{rel}/{name}"] = {"size": entry.get("size"), "sha256": entry.get("sha256")}
+    return entries
+
+
+def remove_recorded(out: str | os.PathLike, folder: str) -> list[str]:
+    """Remove the files under `folder` (a name inside `out`: a rotated or replaced checkpoint) that Kiln provably
+    wrote: on the run's record and unchanged since (size and sha256; a link, its target) or, in a folder whose run
+    kept no record (an earlier Kiln), listed unchanged in the checkpoint's own checksums.json. They go off the
+    record and the folders left empty are removed. Returns the files kept (by name in `out`): a user's file put
+    there, or one changed since, stays where it is, and with it its folder. Links are never followed."""
+    out = Path(out)
+    top = out / folder
+    if top.is_symlink() or not top.is_dir():
+        return []
+    rel_top = top.relative_to(out).as_posix()
+    files = read_record(out)
+    if files is None:
+        files = _checkpoint_manifest(top, rel_top)
+    removed, kept = [], []
+    for where, dirs, names in os.walk(top):
+        links = [d for d in dirs if os.path.islink(os.path.join(where, d))]
+        for name in [*names, *links]:
+            path = Path(where) / name
+            rel = path.relative_to(out).as_posix()
+            if _matches(path, files.get(rel)):
+                os.unlink(path)
+                removed.append(rel)
+            else:
+                kept.append(rel)
+    if (out / MARKER).is_file():
+        forget = [rel_top] if not kept else removed
+        if forget:
+            forget_files(out, *forget)
+    _remove_empty_folders(out, removed)
+    if top.is_dir() and not any(top.iterdir()):  # nothing was in it but empty folders
+        top.rmdir()
+    return sorted(kept)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # a run's inputs inside the folder it overwrites
 
@@ -514,7 +580,9 @@ __all__ = [
     "older_marker",
     "overwrite_plan",
     "read_record",
+    "record_entries",
     "record_files",
     "refusal",
+    "remove_recorded",
     "start_record",
 ]

@@ -34,6 +34,7 @@ from .callbacks import RunEnd, TrainerCallback
 from .checkpoint_config import CONFIG_FILE
 from .checkpoint_files import (
     CHECKPOINT_PREFIX,
+    CHECKSUMS_FILE,
     TRAINER_STATE_FILE,
     check_checkpoint_metadata,
     check_config_change,
@@ -53,8 +54,9 @@ from .checkpoint_state import (
 from .config import LoggingConfig, TrainingConfig, save_config
 from .disk import disk_writes
 from .elastic import convert_position, layout_of, saved_layout
-from .errors import ConfigError
+from .errors import ConfigError, RunError
 from .export import follow_umask
+from .file_hash import sha256_file
 from .fingerprint import write_fingerprint
 from .nodes import writes_run_files
 from .public import save_public_config, write_public_json
@@ -336,11 +338,19 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         if writer:
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
             prefix = final.relative_to(self.output_dir).as_posix()
-            known = {f"{prefix}/{name}": entry for name, entry in checksums.items()}  # hashed once, just now
-            run_folder.record_files(self.output_dir, final, known=known)
+            kept = run_folder.remove_recorded(self.output_dir, prefix)  # a step saved again after a resume
+            if kept:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise RunError(f"checkpoint {final} holds files Kiln did not write ({', '.join(kept[:3])}); move "
+                               "them out of the folder and resume with --training.resume_from_checkpoint latest")  # fmt: skip
+            # on the record before it is in place (hashed once, just now): a kill in between leaves names on the
+            # record that are not there (harmless), never a checkpoint the record lacks
+            entries = {f"{prefix}/{name}": entry for name, entry in checksums.items()}
+            manifest = tmp / CHECKSUMS_FILE  # itself not in it
+            entries[f"{prefix}/{CHECKSUMS_FILE}"] = {"size": manifest.stat().st_size, "sha256": sha256_file(manifest)}
+            run_folder.record_entries(self.output_dir, entries)
+            os.replace(tmp, final)
             if acc.is_main_process:
                 run_folder.record_files(self.output_dir, "logs", append=True)
             self._rotate_checkpoints(keep=final)
@@ -395,8 +405,9 @@ class Trainer:
             return
         for old in find_checkpoints(self.output_dir)[:-limit]:
             if old != keep:
-                shutil.rmtree(old, ignore_errors=True)
-                run_folder.forget_files(self.output_dir, old.relative_to(self.output_dir))
+                kept = run_folder.remove_recorded(self.output_dir, old.relative_to(self.output_dir).as_posix())
+                if kept:  # a user's file in it: kept, and the checkpoint's own files gone
+                    logger.warning("rotating out %s: kept %s, which Kiln did not write", old, ", ".join(kept[:3]))
 
     def resume(self, spec: str) -> Path:
         """Continue from `spec` (`latest`, a folder, `hub:user/name`), every file checked first (`_load_state`):

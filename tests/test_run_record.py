@@ -25,7 +25,8 @@ TENSORBOARD = ["--logging.report_to", "tensorboard"]
 def finished_run(tmp_path_factory) -> Path:
     """A finished tiny run (checkpoint, final/, tokenizer/, TensorBoard logs), made once; tests use copies."""
     out = tmp_path_factory.mktemp("record") / "run"
-    done = pretrain("--training.output_dir", out, *QUICK, *TENSORBOARD)
+    # a relative folder, as users name it (the checkpoints went unrecorded when the folder was named relative)
+    done = pretrain("--training.output_dir", os.path.relpath(out, REPO), *QUICK, *TENSORBOARD)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -97,6 +98,67 @@ def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns
     assert not (copy / "logs").exists()  # this run writes no logs: the old run's went, with their folders
     assert max(r["step"] for r in _rows(copy)) == 1
     assert not any(name.startswith("checkpoints/step-00000002") for name in run_folder.read_record(copy))
+
+
+def test_a_resume_names_a_users_file_among_the_checkpoints_it_prunes(finished_run, tmp_path):
+    copy = _copy(finished_run, tmp_path / "run")
+    step = run_folder.read_record(copy)
+    assert any(name.startswith("checkpoints/step-00000002/") for name in step)  # every checkpoint file recorded
+    (copy / "checkpoints" / "step-00000002" / "my_eval.txt").write_text("mine\n")
+    assert run_folder.refusal(copy, resume=True, overwrite=False) == (
+        f"output_dir {copy} holds files Kiln did not write in folders a resumed run replaces "
+        "(checkpoints/step-00000002/my_eval.txt); move them out of the folder, or resume into another "
+        "--training.output_dir"
+    )
+
+
+def _checkpoint_like(out: Path, step: int) -> Path:
+    folder = out / "checkpoints" / f"step-{step:08d}"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"w" * (step + 3))
+    (folder / "sub" / "state.json").write_text("{}")
+    return folder
+
+
+def test_a_rotated_or_replaced_checkpoint_loses_only_the_files_kiln_wrote(tmp_path):
+    """`remove_recorded`, what rotation and a checkpoint saved again use: files on the record and unchanged go
+    (and off the record), a user's file and a changed one stay with their folder; a link is never followed."""
+    out = tmp_path / "run"
+    out.mkdir()
+    run_folder.start_record(out)
+    whole, mixed = _checkpoint_like(out, 1), _checkpoint_like(out, 2)
+    run_folder.record_files(out, "checkpoints/step-00000001", "checkpoints/step-00000002")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not in the run\n")
+    (mixed / "notes.txt").write_text("mine\n")
+    (mixed / "model.safetensors").write_bytes(b"changed")
+    (mixed / "linked").symlink_to(outside)
+    assert run_folder.remove_recorded(out, "checkpoints/step-00000001") == []
+    assert not whole.exists() and (out / "checkpoints").is_dir()
+    kept = run_folder.remove_recorded(out, "checkpoints/step-00000002")
+    assert kept == ["checkpoints/step-00000002/linked", "checkpoints/step-00000002/model.safetensors",
+                    "checkpoints/step-00000002/notes.txt"]  # fmt: skip
+    assert not (mixed / "sub").exists() and (mixed / "notes.txt").is_file() and outside.is_file()
+    record = run_folder.read_record(out)
+    assert not any(name.startswith(("checkpoints/step-00000001", "checkpoints/step-00000002/sub")) for name in record)
+    assert "checkpoints/step-00000002/model.safetensors" in record  # still Kiln's name, but changed: not removed
+
+
+def test_a_checkpoint_of_a_run_without_a_record_is_rotated_by_its_own_checksums(tmp_path):
+    from kiln.checkpoint_files import write_checksums
+
+    out = tmp_path / "older-run"
+    folder = _checkpoint_like(out, 1)
+    write_checksums(folder)
+    (folder / "sub" / "mine.txt").write_text("mine\n")
+    assert run_folder.remove_recorded(out, "checkpoints/step-00000001") == ["checkpoints/step-00000001/sub/mine.txt"]
+    assert sorted(p.name for p in folder.rglob("*")) == ["mine.txt", "sub"]
+    planted = _checkpoint_like(out, 2)  # a manifest naming a file by another hash proves nothing about it
+    write_checksums(planted)
+    (planted / "model.safetensors").write_bytes(b"my own weights")
+    assert run_folder.remove_recorded(out, "checkpoints/step-00000002") == [
+        "checkpoints/step-00000002/model.safetensors"
+    ]
 
 
 def test_a_planted_marker_never_makes_a_users_files_removable(tmp_path):
