@@ -20,7 +20,8 @@ What a run may do:
   naming what is there, also when overwriting; a resume is let in when the folder holds checkpoints (it writes
   beside them; the folder gets no record, so Kiln never clears it).
 - a resume into a folder with a record is refused while a file that is not on the record lies in a folder the
-  resumed run replaces or prunes (`final/`, `best/`, `checkpoints/`, ...).
+  resumed run replaces (`final/`, `best/`, ...). A checkpoint rotated out or saved again loses only its files on
+  the record, unchanged; a folder left holding others is renamed `step-N.kept` and kept.
 
 An overwrite is also refused, before anything is removed, when one of the run's own inputs (its start model,
 tokenizer, prepared corpus, data files) lies inside the folder (`inputs_inside`).
@@ -310,10 +311,27 @@ def overwrite_plan(out: Path) -> tuple[list[str], list[str]]:
     return sorted(remove), sorted(keep)
 
 
-_REPLACED = ("final", "best", "hub-export", "hub-checkpoint", "checkpoints")
-"""Folders a resumed run replaces (its exports, a downloaded checkpoint) or prunes (checkpoints it saves again
-or rotates out, `remove_recorded`): a file there that is not on the record is a user's, named before the run
-starts rather than left in the way of a checkpoint's save."""
+_REPLACED = ("final", "best", "hub-export", "hub-checkpoint")
+"""Folders a resumed run replaces whole (its exports, a downloaded checkpoint). Not checkpoints/: a checkpoint
+rotated out or saved again loses only its files on the record, unchanged (`set_aside_checkpoint`)."""
+
+
+def set_aside_checkpoint(out: str | os.PathLike, folder: str) -> tuple[str, list[str]] | None:
+    """Clear the checkpoint `folder` (a name in `out`) for rotation or a save of the same step: its files Kiln
+    provably wrote are removed (`remove_recorded`); what remains (a user's file, a file changed since) is kept,
+    its folder renamed `step-N.kept` (`.kept-2`, ...), which no resume takes for a checkpoint. Returns (the new
+    folder name, the files kept) when something was kept."""
+    out = Path(out)
+    kept = remove_recorded(out, folder)
+    if not kept:
+        return None
+    aside, number = out / f"{folder}.kept", 1
+    while aside.exists() or aside.is_symlink():
+        number += 1
+        aside = out / f"{folder}.kept-{number}"
+    os.replace(out / folder, aside)
+    forget_files(out, folder)  # the kept files' old names; under the new one they are on no record
+    return aside.relative_to(out).as_posix(), kept
 
 
 def unrecorded_in_replaced(out: Path) -> list[str]:
@@ -584,5 +602,6 @@ __all__ = [
     "record_files",
     "refusal",
     "remove_recorded",
+    "set_aside_checkpoint",
     "start_record",
 ]

@@ -54,7 +54,7 @@ from .checkpoint_state import (
 from .config import LoggingConfig, TrainingConfig, save_config
 from .disk import disk_writes
 from .elastic import convert_position, layout_of, saved_layout
-from .errors import ConfigError, RunError
+from .errors import ConfigError
 from .export import follow_umask
 from .file_hash import sha256_file
 from .fingerprint import write_fingerprint
@@ -339,11 +339,7 @@ class Trainer:
             raise
         if writer:
             prefix = final.relative_to(self.output_dir).as_posix()
-            kept = run_folder.remove_recorded(self.output_dir, prefix)  # a step saved again after a resume
-            if kept:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise RunError(f"checkpoint {final} holds files Kiln did not write ({', '.join(kept[:3])}); move "
-                               "them out of the folder and resume with --training.resume_from_checkpoint latest")  # fmt: skip
+            self._clear_checkpoint(final)  # a step saved again (after a resume from an older one)
             # on the record before it is in place (hashed once, just now): a kill in between leaves names on the
             # record that are not there (harmless), never a checkpoint the record lacks
             entries = {f"{prefix}/{name}": entry for name, entry in checksums.items()}
@@ -405,9 +401,19 @@ class Trainer:
             return
         for old in find_checkpoints(self.output_dir)[:-limit]:
             if old != keep:
-                kept = run_folder.remove_recorded(self.output_dir, old.relative_to(self.output_dir).as_posix())
-                if kept:  # a user's file in it: kept, and the checkpoint's own files gone
-                    logger.warning("rotating out %s: kept %s, which Kiln did not write", old, ", ".join(kept[:3]))
+                self._clear_checkpoint(old)
+
+    def _clear_checkpoint(self, folder: Path) -> None:
+        """Remove the checkpoint `folder`'s files Kiln provably wrote; anything else stays, set aside."""
+        if not (folder.exists() or folder.is_symlink()):
+            return
+        aside = run_folder.set_aside_checkpoint(self.output_dir, folder.relative_to(self.output_dir).as_posix())
+        if aside is not None:
+            name, kept = aside
+            more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
+            logger.warning("%s held files Kiln did not write or that changed since (%s%s): kept, in %s/%s; delete "
+                           "that folder once you no longer need them", folder.name, ", ".join(kept[:3]), more,
+                           self.output_dir, name)  # fmt: skip
 
     def resume(self, spec: str) -> Path:
         """Continue from `spec` (`latest`, a folder, `hub:user/name`), every file checked first (`_load_state`):

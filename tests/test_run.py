@@ -74,6 +74,12 @@ def test_checkpoints_rotate_atomically(tmp_path):
     assert names == ["step-00000004", "step-00000006"]
     assert not list((out / "checkpoints").glob("*.tmp"))
     assert json.loads((out / "checkpoints/step-00000006/trainer_state.json").read_text())["model_kind"] == "encoder"
+    # rotation removes only the files Kiln wrote: a user's file in a checkpoint stays, its folder set aside
+    (out / "checkpoints/step-00000004/my_notes.txt").write_text("mine\n")
+    run(out, "--training.max_steps", 8, "--training.save_steps", 2, "--training.save_total_limit", 2,
+        "--training.resume_from_checkpoint", "latest", "--training.allow_config_change", True)  # fmt: skip
+    assert [p.name for p in find_checkpoints(out)] == ["step-00000006", "step-00000008"]
+    assert [p.name for p in (out / "checkpoints/step-00000004.kept").iterdir()] == ["my_notes.txt"]
 
 
 def test_resume_latest_and_refusals(tmp_path):

@@ -100,16 +100,17 @@ def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns
     assert not any(name.startswith("checkpoints/step-00000002") for name in run_folder.read_record(copy))
 
 
-def test_a_resume_names_a_users_file_among_the_checkpoints_it_prunes(finished_run, tmp_path):
+def test_every_checkpoint_file_is_on_the_record_and_a_users_file_among_them_does_not_stop_a_resume(
+    finished_run, tmp_path
+):
     copy = _copy(finished_run, tmp_path / "run")
-    step = run_folder.read_record(copy)
-    assert any(name.startswith("checkpoints/step-00000002/") for name in step)  # every checkpoint file recorded
-    (copy / "checkpoints" / "step-00000002" / "my_eval.txt").write_text("mine\n")
-    assert run_folder.refusal(copy, resume=True, overwrite=False) == (
-        f"output_dir {copy} holds files Kiln did not write in folders a resumed run replaces "
-        "(checkpoints/step-00000002/my_eval.txt); move them out of the folder, or resume into another "
-        "--training.output_dir"
+    recorded = run_folder.read_record(copy)
+    checkpoint = copy / "checkpoints" / "step-00000002"
+    assert sorted(f"checkpoints/step-00000002/{p.name}" for p in checkpoint.iterdir()) == sorted(
+        name for name in recorded if name.startswith("checkpoints/")
     )
+    (checkpoint / "my_eval.txt").write_text("mine\n")  # kept when the checkpoint is rotated out (below)
+    assert run_folder.refusal(copy, resume=True, overwrite=False) is None
 
 
 def _checkpoint_like(out: Path, step: int) -> Path:
@@ -142,6 +143,12 @@ def test_a_rotated_or_replaced_checkpoint_loses_only_the_files_kiln_wrote(tmp_pa
     record = run_folder.read_record(out)
     assert not any(name.startswith(("checkpoints/step-00000001", "checkpoints/step-00000002/sub")) for name in record)
     assert "checkpoints/step-00000002/model.safetensors" in record  # still Kiln's name, but changed: not removed
+    assert run_folder.set_aside_checkpoint(out, "checkpoints/step-00000002") == ("checkpoints/step-00000002.kept", kept)
+    assert not mixed.exists() and (out / "checkpoints/step-00000002.kept/notes.txt").read_text() == "mine\n"
+    assert not any(name.startswith("checkpoints/step-00000002") for name in run_folder.read_record(out))
+    _checkpoint_like(out, 2)
+    (mixed / "mine.txt").write_text("mine too\n")  # on no record: set aside beside the first
+    assert run_folder.set_aside_checkpoint(out, "checkpoints/step-00000002")[0] == "checkpoints/step-00000002.kept-2"
 
 
 def test_a_checkpoint_of_a_run_without_a_record_is_rotated_by_its_own_checksums(tmp_path):
