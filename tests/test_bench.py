@@ -341,7 +341,8 @@ def test_data_scale_bench_prepares_its_corpus_and_writes_the_measurements(tmp_pa
 # ------------------------------------------------------------------------------------------------- bench/gpu.py
 def test_gpu_bench_runs_every_stage_and_makes_its_tables_from_the_record(tiny_sst2, tmp_path, capsys):
     """bench/gpu.py --smoke: every stage (pretraining step, engines with resume and final/, fine-tuning, inference)
-    runs the real benchmark script in a fresh process and keeps its record; the Markdown is made from the JSON
+    runs the real benchmark script in a fresh process and keeps its record (the engines stage is
+    `python bench/engines.py --engine none --kind encoder --steps 3 --small --eval-batches 1`, checked whole here); the Markdown is made from the JSON
     alone, so --tables remakes it byte for byte; on a GPU the stages' limits fit in 8 minutes."""
     gpu = load_bench("gpu")
     record, tables = tmp_path / "gpu.json", tmp_path / "gpu.md"
@@ -356,6 +357,13 @@ def test_gpu_bench_runs_every_stage_and_makes_its_tables_from_the_record(tiny_ss
         "kind"] == "decoder"  # fmt: skip
     (engine_row,) = stages["engines"]["record"]
     assert engine_row["resume_max_abs_diff"] == 0.0 and "error" not in engine_row["final"]
+    # docs/multi-node.md's `python bench/engines.py` in its CPU smoke form (`--engine none --small`), the stage's
+    # command: it trains, resumes from its step-2 checkpoint and loads final/
+    assert engine_row["run1_exit"] == 0 and engine_row["run2_exit"] == 0 and engine_row["resumed_from"] == 2
+    assert engine_row["resume_max_abs_diff"] == 0  # step 3 re-trained from the step-2 checkpoint: the same loss
+    final = engine_row["final"]
+    assert math.isfinite(final["heldout_mlm_loss"]) and len(final["fill_mask"]) == 5
+    assert final["auto_map"]["AutoModelForPreTraining"].endswith("KilnEncoderForPreTraining")
     text = tables.read_text()
     for heading in ("## Pretraining step", "## FSDP2 and DeepSpeed ZeRO-2", "## Fine-tuning", "## Inference"):
         assert heading in text

@@ -10,12 +10,10 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import math
 import os
 import subprocess
 import sys
 
-import pytest
 import yaml
 from kiln_testing import REPO, free_port
 
@@ -33,44 +31,10 @@ def metrics(output_dir) -> list[dict]:
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_the_main_job_runs_end_to_end_and_leaves_a_loadable_folder(tmp_path):
-    """README "The main job": `accelerate launch pretrain/run.py` with its default (encoder-tiny) config,
-    shortened to 3 steps and a 2-batch evaluation."""
-    out = tmp_path / "encoder-tiny"
-    done = command(*ACCELERATE_LAUNCH, "--num_processes", "1", "pretrain/run.py", "--training.output_dir", out,
-                   "--training.max_steps", 3, "--training.eval_steps", 3, "--training.max_eval_batches", 2,
-                   "--logging.logging_steps", 1)  # fmt: skip
-    default = yaml.safe_load((REPO / "configs/pretrain/encoder-tiny.yaml").read_text())
-    saved = json.loads((out / "final" / "config.json").read_text())
-    assert saved["model_type"] == "kiln_encoder" and "AutoModelForPreTraining" in saved["auto_map"]
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads"):  # the default run's shape
-        wanted = default.get("model", {}).get(key)
-        assert wanted is None or saved[key] == wanted, (key, saved[key], wanted)
-    assert saved["vocab_size"] == 4096  # the WordPiece of the default config, trained on data/pretrain
-    for name in ("model.safetensors", "tokenizer.json", "README.md", "loss_curve.png", "modeling_kiln_encoder.py"):
-        assert (out / "final" / name).is_file(), name
-    rows = metrics(out)
-    train = [row for row in rows if "train/loss" in row]
-    assert [row["step"] for row in train] == [1, 2, 3]
-    # an untrained model guesses: MLM loss near ln(vocab), NSP loss near ln 2
-    assert train[0]["train/mlm_loss"] == pytest.approx(math.log(4096), abs=0.4)
-    assert train[0]["train/nsp_loss"] == pytest.approx(math.log(2), abs=0.1)
-    evaluation = [row for row in rows if "eval/mlm_loss" in row]
-    assert [row["step"] for row in evaluation] == [3]
-    assert {"eval/mlm_accuracy", "eval/nsp_accuracy", "eval/loss"} <= set(evaluation[0])
-
-    # docs/results.md's loss-against-wall-clock plot (experiments/plot_pretraining.py) reads this run and its log
-    log, png = tmp_path / "run.log", tmp_path / "loss.png"
-    log.write_text(done.stdout + done.stderr)
-    command(sys.executable, "experiments/plot_pretraining.py", "--png", png, f"{out}:{log}")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    sys.path.insert(0, str(REPO / "experiments"))
-    try:
-        from plot_pretraining import series
-    finally:
-        sys.path.remove(str(REPO / "experiments"))
-    points = series(out, log, "train/mlm_loss")  # (minutes, loss) at the steps the progress bar timed
-    assert len(points) >= 2 and {loss for _, loss in points} <= {row["train/mlm_loss"] for row in train}
+# The README's "main job" (`kiln-launch pretrain/run.py`, the default config) runs and is checked (its saved
+# shape, files, metrics and the results page's plot of its log) in tests/test_page_commands.py's README run, which
+# trains it anyway; `accelerate launch pretrain/run.py` runs in a fresh process below (two processes) and in
+# tests/test_walkthrough.py (one process).
 
 
 def test_the_two_process_cpu_config_trains_on_two_processes(tmp_path):
@@ -88,16 +52,9 @@ def test_the_two_process_cpu_config_trains_on_two_processes(tmp_path):
     assert (out / "final" / "model.safetensors").is_file()
 
 
-def test_engines_bench_runs_trains_resumes_and_loads(tmp_path):
-    """docs/multi-node.md's `python bench/engines.py`, as its own CPU smoke form: `--engine none --small`."""
-    out, result = tmp_path / "engines", tmp_path / "engines.json"
-    command(sys.executable, "bench/engines.py", "--engine", "none", "--kind", "encoder", "--steps", 3, "--small",
-            "--eval-batches", 1, "--out", out, "--json", result)  # fmt: skip
-    (summary,) = json.loads(result.read_text())
-    assert summary["run1_exit"] == 0 and summary["run2_exit"] == 0 and summary["resumed_from"] == 2
-    assert summary["resume_max_abs_diff"] == 0  # step 3 re-trained from the step-2 checkpoint: the same loss
-    assert math.isfinite(summary["final"]["heldout_mlm_loss"]) and len(summary["final"]["fill_mask"]) == 5
-    assert summary["final"]["auto_map"]["AutoModelForPreTraining"].endswith("KilnEncoderForPreTraining")
+# docs/multi-node.md's `python bench/engines.py`, as its own CPU smoke form (`--engine none --kind encoder --steps 3
+# --small --eval-batches 1`), runs in a fresh process as bench/gpu.py --smoke's engines stage: its summary is
+# checked in tests/test_bench.py's test_gpu_bench_runs_every_stage_and_makes_its_tables_from_the_record.
 
 
 def test_data_bench_measures_every_stage(tmp_path):

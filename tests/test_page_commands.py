@@ -13,12 +13,15 @@ runs in the installed environment), the test suite itself, and the docs build (t
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import TEST_USER
 from kiln_testing import REPO, free_port
 from test_bert_base_plan import MUST_SHRINK
@@ -104,7 +107,15 @@ def test_every_page_gives_the_one_install_command_and_states_the_torch_build_onc
     assert (REPO / "docs/installation.md").read_text().count("https://download.pytorch.org/whl/cpu") == 1
 
 
-def test_the_readme_runs_in_page_order(tmp_path, hub):
+def test_the_readme_runs_in_page_order_getting_started_with_it_and_the_main_job_leaves_a_loadable_folder(
+    tmp_path, hub
+):
+    """The README's commands in page order in a fresh folder. docs/getting-started.md's commands that run are the
+    README's first ones, in the same order and run the same way (its install and test suite are not run), so this
+    one run is getting-started's too. The README's "main job" (`kiln-launch pretrain/run.py`, the default
+    encoder-tiny config, shortened as PRETRAIN_SHORT says) leaves a folder that loads and a log the results
+    page's plot reads (`accelerate launch pretrain/run.py` in a fresh process: tests/test_walkthrough.py's
+    continued pretraining and tests/test_documented_commands.py's two-process run)."""
     corpus = {"corpus/book.txt": BOOK.read_text()}  # the at-scale section's "your text in corpus/"
     work = fresh_folder(tmp_path, corpus)
     done = run_page("README.md", work)
@@ -120,14 +131,49 @@ def test_the_readme_runs_in_page_order(tmp_path, hub):
     launched = done[-1][1]
     assert "processes = 2" in launched and (work / "runs/corpus-small/final/model.safetensors").is_file()
 
-
-def test_getting_started_runs_in_page_order(tmp_path):
-    work = fresh_folder(tmp_path)
-    done = run_page("docs/getting-started.md", work)
-    assert [c for c, out in done if out is None] == [INSTALL, "python -m pytest -n 2 -q"]
-    assert [c for c, out in done if out is not None] == ["accelerate config default", "kiln-launch pretrain/run.py"]
+    # docs/getting-started.md in page order: the README's first commands that run, nothing else run
+    started = documented_commands(REPO / "docs/getting-started.md")
+    assert [c for c in started if c in NOT_RUN] == [INSTALL, "python -m pytest -n 2 -q"]
+    ran = [c for c in started if c not in NOT_RUN]
+    assert ran == ["accelerate config default", "kiln-launch pretrain/run.py"]
+    assert [c for c, out in done if out is not None][: len(ran)] == ran
     final = work / "runs/encoder-tiny/final"
     assert json.loads((final / "config.json").read_text())["model_type"] == "kiln_encoder"
+
+    # the main job: the default (encoder-tiny) config's model, its files, its metrics
+    (main_job,) = [out for c, out in done if c == "kiln-launch pretrain/run.py"]
+    out = work / "runs/encoder-tiny"
+    default = yaml.safe_load((REPO / "configs/pretrain/encoder-tiny.yaml").read_text())
+    saved = json.loads((final / "config.json").read_text())
+    assert saved["model_type"] == "kiln_encoder" and "AutoModelForPreTraining" in saved["auto_map"]
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads"):  # the default run's shape
+        wanted = default.get("model", {}).get(key)
+        assert wanted is None or saved[key] == wanted, (key, saved[key], wanted)
+    assert saved["vocab_size"] == 4096  # the WordPiece of the default config, trained on data/pretrain
+    for name in ("model.safetensors", "tokenizer.json", "README.md", "loss_curve.png", "modeling_kiln_encoder.py"):
+        assert (final / name).is_file(), name
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [row for row in rows if "train/loss" in row]
+    assert [row["step"] for row in train] == [1, 2, 3]
+    # an untrained model guesses: MLM loss near ln(vocab), NSP loss near ln 2
+    assert train[0]["train/mlm_loss"] == pytest.approx(math.log(4096), abs=0.4)
+    assert train[0]["train/nsp_loss"] == pytest.approx(math.log(2), abs=0.1)
+    evaluation = [row for row in rows if "eval/mlm_loss" in row]
+    assert [row["step"] for row in evaluation] == [3]
+    assert {"eval/mlm_accuracy", "eval/nsp_accuracy", "eval/loss"} <= set(evaluation[0])
+
+    # docs/results.md's loss-against-wall-clock plot (experiments/plot_pretraining.py) reads this run and its log
+    log, png = tmp_path / "run.log", tmp_path / "loss.png"
+    log.write_text(main_job)
+    run([REPO_PYTHON, str(REPO / "experiments/plot_pretraining.py"), "--png", str(png), f"{out}:{log}"], REPO)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        from plot_pretraining import series
+    finally:
+        sys.path.remove(str(REPO / "experiments"))
+    points = series(out, log, "train/mlm_loss")  # (minutes, loss) at the steps the progress bar timed
+    assert len(points) >= 2 and {loss for _, loss in points} <= {row["train/mlm_loss"] for row in train}
 
 
 WORDS = ("river stone garden window letter morning village doctor winter market bridge candle forest harbor "
