@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import yaml
-from kiln_testing import REPO, free_port
+from kiln_testing import REPO
 
 ACCELERATE_LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # = `accelerate launch`
 
@@ -33,23 +33,14 @@ def metrics(output_dir) -> list[dict]:
 
 # The README's "main job" (`kiln-launch pretrain/run.py`, the default config) runs and is checked (its saved
 # shape, files, metrics and the results page's plot of its log) in tests/test_page_commands.py's README run, which
-# trains it anyway; `accelerate launch pretrain/run.py` runs in a fresh process below (two processes) and in
-# tests/test_walkthrough.py (one process).
+# trains it anyway; `accelerate launch pretrain/run.py` runs in a fresh process in tests/test_walkthrough.py (one
+# process) and kiln_testing.launch_two_processes's tests (two).
 
 
-def test_the_two_process_cpu_config_trains_on_two_processes(tmp_path):
-    """docs/multi-node.md: `ACCELERATE_USE_CPU=1 accelerate launch --config_file configs/accelerate/cpu-2proc.yaml
-    pretrain/run.py`, on the debug shapes."""
-    out = tmp_path / "two"
-    done = command(*ACCELERATE_LAUNCH, "--config_file", "configs/accelerate/cpu-2proc.yaml",
-                   "--main_process_port", free_port(), "pretrain/run.py", "--config", "configs/pretrain/debug.yaml",
-                   "--training.output_dir", out, "--training.max_steps", 2, "--training.per_device_train_batch_size", 4,
-                   env_extra={"ACCELERATE_USE_CPU": "1"})  # fmt: skip
-    log = done.stdout + done.stderr
-    assert "processes = 2" in log, log[-2000:]
-    assert "global batch = 8 sequences" in log  # 2 processes x 4 per device
-    assert [row["step"] for row in metrics(out) if "train/loss" in row] == [1, 2]
-    assert (out / "final" / "model.safetensors").is_file()
+# docs/multi-node.md's two-process CPU config (configs/accelerate/cpu-2proc.yaml) trains on two processes (2 x 4 =
+# 8 sequences a step, each step logged once, a final model) in tests/test_page_commands.py's README run (its
+# at-scale command, launched with that config) and in tests/test_walkthrough.py; plain `accelerate launch` on two
+# processes runs in a fresh process in kiln_testing.launch_two_processes's tests.
 
 
 # docs/multi-node.md's `python bench/engines.py`, as its own CPU smoke form (`--engine none --kind encoder --steps 3

@@ -128,8 +128,14 @@ def test_the_readme_runs_in_page_order_getting_started_with_it_and_the_main_job_
     assert (work / "runs/kiln-authorship/final/model.safetensors").is_file()
     assert "model.safetensors" in hub.files(f"{TEST_USER}/kiln-authorship")
     assert (work / "prepared/corpus/manifest.json").is_file()
+    # the at-scale command, on configs/accelerate/cpu-2proc.yaml: docs/multi-node.md's two-process CPU config
+    # (`accelerate launch --config_file configs/accelerate/cpu-2proc.yaml`; kiln-launch runs accelerate's own launch
+    # code on the same arguments) trains on two processes, each step logged once
     launched = done[-1][1]
     assert "processes = 2" in launched and (work / "runs/corpus-small/final/model.safetensors").is_file()
+    assert "global batch = 8 sequences" in launched  # 2 processes x 4 per device
+    steps = [json.loads(line) for line in (work / "runs/corpus-small/metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in steps if "train/loss" in row] == [1, 2, 3]
 
     # docs/getting-started.md in page order: the README's first commands that run, nothing else run
     started = documented_commands(REPO / "docs/getting-started.md")
