@@ -3,7 +3,8 @@ sha256), and `--training.overwrite_output_dir` removes only files on that record
 copied to another disk keeps its record (it resumes, and overwrites only what Kiln wrote); a user's file added to
 it, a changed file or a planted marker is never removed; a run's own input inside the folder is refused before
 anything is touched; a resume of a finished run replaces its final evaluation's row. Each case runs the real
-command in a fresh process."""
+command: the runs and one refusal of each kind in a fresh process, the others through the same command line in this
+process (tests/test_run_folder.py's `refused_in_process`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,17 @@ from pathlib import Path
 
 import pytest
 from kiln_testing import DEBUG, REPO
-from test_run_folder import OVERWRITE, QUICK, _command, _refused, _snapshot, pretrain
+from test_run_folder import (
+    OVERWRITE,
+    QUICK,
+    _command,
+    _refused,
+    _snapshot,
+    finetune_cli,
+    pretrain,
+    pretrain_refused_in_process,
+    refused_in_process,
+)
 
 from kiln import run_folder
 
@@ -53,7 +64,7 @@ def test_the_record_lists_every_file_the_run_wrote(finished_run):
     assert removed == written and kept == []
 
 
-def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns(finished_run, tmp_path):
+def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns(finished_run, tmp_path, capsys):
     copy = _copy(finished_run, tmp_path / "other-disk" / "run")
     assert os.stat(copy).st_ino != os.stat(finished_run).st_ino
     (copy / "final" / "my_notes.txt").write_text("my notes\n")
@@ -72,7 +83,7 @@ def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns
     # a resume would export final/ again: refused while a user's file is in it; then the copy resumes (at its
     # last step: only the final evaluation again, whose row replaces the old one)
     resume = ["--training.resume_from_checkpoint", "latest"]
-    line = _refused(pretrain("--training.output_dir", copy, *QUICK, *TENSORBOARD, *resume))
+    line = pretrain_refused_in_process(capsys, "--training.output_dir", copy, *QUICK, *TENSORBOARD, *resume)
     assert line == (f"error: output_dir {copy} holds files Kiln did not write in folders a resumed run replaces "
                     "(final/my_notes.txt); move them out of the folder, or resume into another --training.output_dir")  # fmt: skip
     assert _snapshot(copy) == before
@@ -87,7 +98,7 @@ def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns
     # a file Kiln wrote, changed since, is not Kiln's to remove either
     (copy / "config.yaml").write_text((copy / "config.yaml").read_text() + "# my change\n")
     (copy / "logs" / "my.log").unlink()
-    line = _refused(pretrain("--training.output_dir", copy, *QUICK, *TENSORBOARD, OVERWRITE))
+    line = pretrain_refused_in_process(capsys, "--training.output_dir", copy, *QUICK, *TENSORBOARD, OVERWRITE)
     assert "holds files Kiln did not write there or that changed since (config.yaml)" in line
 
     # with those moved out, overwrite removes every file of the old run and nothing else
@@ -168,7 +179,7 @@ def test_a_checkpoint_of_a_run_without_a_record_is_rotated_by_its_own_checksums(
     ]
 
 
-def test_a_planted_marker_never_makes_a_users_files_removable(tmp_path):
+def test_a_planted_marker_never_makes_a_users_files_removable(tmp_path, capsys):
     """The audit's case: a marker naming the folder's inode (as every fresh tmpfs numbers its first folder), and
     a record with a header and no files: neither proves anything, the user's files stay."""
     for kind in ("inode-marker", "empty-record"):
@@ -185,7 +196,11 @@ def test_a_planted_marker_never_makes_a_users_files_removable(tmp_path):
         else:
             (mine / ".kiln-run.json").write_text(json.dumps({"format": 2, "written_by": "kiln"}) + "\n")
         before = _snapshot(mine)
-        line = _refused(pretrain("--training.output_dir", mine, *QUICK, OVERWRITE))
+        args = ["--training.output_dir", mine, *QUICK, OVERWRITE]
+        if kind == "inode-marker":  # a fresh process, as users run it; the other case through the same line here
+            line = _refused(pretrain(*args))
+        else:
+            line = pretrain_refused_in_process(capsys, *args)
         if kind == "inode-marker":
             assert line.startswith(f"error: output_dir {mine} holds a run of an earlier Kiln version, which kept no "
                                    "record of the files it wrote (best/, final/, logs/); pick another")  # fmt: skip
@@ -217,9 +232,13 @@ def test_a_record_naming_a_link_or_a_path_outside_removes_nothing_outside(tmp_pa
     assert (outside / "x").read_text() == "precious\n"
 
 
-def test_an_input_of_the_run_inside_the_folder_to_overwrite_is_refused_first(finished_run, tmp_path, task_config):
+def test_an_input_of_the_run_inside_the_folder_to_overwrite_is_refused_first(
+    finished_run, tmp_path, task_config, capsys
+):
     """`adapt.py --model.init_from runs/x/final --training.output_dir runs/x --training.overwrite_output_dir`
-    deleted final/ before reading it; pretraining and fine-tuning alike now refuse before anything is touched."""
+    deleted final/ before reading it; pretraining and fine-tuning alike now refuse before anything is touched
+    (adapt.py, the reported case, in a fresh process; the others through the same command lines here)."""
+    from pretrain.run import cli
     out = _copy(finished_run, tmp_path / "run")
     corpus = out / "corpus.txt"
     corpus.write_text(next((REPO / "data/pretrain").glob("*.txt")).read_text())
@@ -230,12 +249,18 @@ def test_an_input_of_the_run_inside_the_folder_to_overwrite_is_refused_first(fin
         "finetune/classify.py": ["--model.checkpoint", out / "final"],
         "pretrain/run.py": ["--config", DEBUG, "--data.data_files", str(out / "*.txt"), *QUICK],
     }
+    in_process = {"finetune/classify.py": finetune_cli("classify"), "pretrain/run.py": cli}
     for script, args in cases.items():
-        line = _refused(_command(script, *args, "--training.output_dir", out, OVERWRITE))
+        args = [*args, "--training.output_dir", out, OVERWRITE]
+        if script in in_process:
+            line = refused_in_process(capsys, in_process[script], *args)
+        else:
+            line = _refused(_command(script, *args))
         assert line.startswith(f"error: output_dir {out} holds this run's own input (--"), (script, line)
         assert fix in line, line
         assert _snapshot(out) == before, script
-    line = _refused(pretrain("--model.init_from", out / "final", "--training.output_dir", out, *QUICK, OVERWRITE))
+    line = pretrain_refused_in_process(capsys, "--model.init_from", out / "final", "--training.output_dir", out, *QUICK,
+                                       OVERWRITE)  # fmt: skip
     assert f"own input (--model.init_from {out / 'final'}" in line
     assert _snapshot(out) == before
 
@@ -249,8 +274,12 @@ def task_config(tmp_path):
 
 
 def test_classify_resumed_inside_a_logging_window_logs_the_same_loss(kiln_checkpoints, tmp_path):
-    """Logging every 2 steps, resumed from step 3: step 4's line is the mean over steps 3 and 4, as uninterrupted."""
+    """Logging every 2 steps, resumed from step 3: step 4's line is the mean over steps 3 and 4, as uninterrupted.
+    Both runs in this process (fine-tuning runs in fresh processes in tests/test_trust.py and test_checkpoint_trust.py)."""
+    from kiln_testing import one_torch_thread, run_main
     from test_finetune_scripts import write_sentiment
+
+    from finetune.classify import main as classify
 
     encoder, _ = kiln_checkpoints
     files = write_sentiment(tmp_path, sizes=(64, 8, 8))
@@ -258,11 +287,10 @@ def test_classify_resumed_inside_a_logging_window_logs_the_same_loss(kiln_checkp
               files["validation"], "--data.test_file", files["test"], "--training.max_steps", 4, "--training.save_steps", 3,
               "--training.per_device_train_batch_size", 8, "--logging.logging_steps", 2, "--training.save_total_limit", 5]  # fmt: skip
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    done = _command("finetune/classify.py", *common, "--training.output_dir", full)
-    assert done.returncode == 0, done.stderr[-3000:]
-    done = _command("finetune/classify.py", *common, "--training.output_dir", resumed,
-                    "--training.resume_from_checkpoint", full / "checkpoints" / "step-00000003")  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    with one_torch_thread():
+        run_main(classify, *common, "--training.output_dir", full)
+        run_main(classify, *common, "--training.output_dir", resumed,
+                 "--training.resume_from_checkpoint", full / "checkpoints" / "step-00000003")  # fmt: skip
     losses = [{r["step"]: r["train/loss"] for r in _rows(out) if "train/loss" in r} for out in (full, resumed)]
     assert sorted(losses[0]) == [2, 4] and losses[1] == {4: losses[0][4]}
     # every file fine-tuning wrote (best/, final/, results, predictions) is on the record, and nothing else is
@@ -271,7 +299,7 @@ def test_classify_resumed_inside_a_logging_window_logs_the_same_loss(kiln_checkp
         assert kept == [] and "predictions_test.jsonl" in removed and "eval_results.json" in removed, (removed, kept)
 
 
-def test_a_tampered_logging_window_in_a_checkpoint_is_one_line(finished_run, tmp_path):
+def test_a_tampered_logging_window_in_a_checkpoint_is_one_line(finished_run, tmp_path, capsys):
     """The logging window's fields are checked on load like the loop state's others: a bad one is refused."""
     from kiln.checkpoint_files import write_checksums
 
@@ -283,6 +311,7 @@ def test_a_tampered_logging_window_in_a_checkpoint_is_one_line(finished_run, tmp
                           "dtypes": {"loss": "float32"}}  # fmt: skip
     (checkpoint / "loop_state.json").write_text(json.dumps(loop))
     write_checksums(checkpoint)
-    line = _refused(pretrain("--training.output_dir", out, *QUICK, "--training.resume_from_checkpoint", checkpoint))
+    line = pretrain_refused_in_process(capsys, "--training.output_dir", out, *QUICK,
+                                       "--training.resume_from_checkpoint", checkpoint)  # fmt: skip
     assert line.startswith(f"error: checkpoint {checkpoint} is damaged: loop_state.json: log_window holds "
                            f"{10**18} steps, more than the checkpoint's 2")  # fmt: skip
