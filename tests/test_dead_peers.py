@@ -55,11 +55,12 @@ def test_the_final_push_gives_up_on_a_silent_hub_after_its_no_progress_limit(tmp
            "HF_ENDPOINT": f"http://127.0.0.1:{server.port}"}  # fmt: skip
     started = time.monotonic()
     try:
-        # hub.timeout_s and hub.final_push_timeout_s keep their defaults (60 s a request, 1800 s in all)
+        # hub.timeout_s and hub.final_push_timeout_s keep their defaults (60 s a request, 1800 s in all): the
+        # no-progress limit (5 s, well under a request's 60 s) is what ends the wait
         done = subprocess.run(
             [*KILN_LAUNCH, str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(out),
              *map(str, QUICK), "--hub.push_to_hub", "--hub.model_id", "kiln-test/silent",
-             "--hub.final_push_stall_s", "20"],
+             "--hub.final_push_stall_s", "5"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
     finally:
@@ -72,9 +73,9 @@ def test_the_final_push_gives_up_on_a_silent_hub_after_its_no_progress_limit(tmp
     final = out / "final"
     assert output.strip().splitlines()[-1] == (
         f"error: the final model is saved locally in {final}, but the push to kiln-test/silent did not complete "
-        f"(no progress for 20 s); push it later with `hf upload kiln-test/silent {final}`"
+        f"(no progress for 5 s); push it later with `hf upload kiln-test/silent {final}`"
     )
-    assert "waiting (at most 1800 s, or 20 s without progress) for the pushes to kiln-test/silent" in output
+    assert "waiting (at most 1800 s, or 5 s without progress) for the pushes to kiln-test/silent" in output
     assert (final / "model.safetensors").is_file()
     assert took < 300, f"the run took {took:.0f} s to end"
 

@@ -629,7 +629,9 @@ def _remount(mount_point, options: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{options}", mount_point], check=True, capture_output=True)
 
 
-def test_a_full_then_read_only_disk_is_one_line_and_keeps_every_completed_checkpoint(small_disk):
+def test_a_full_then_read_only_disk_is_one_line_and_keeps_every_completed_checkpoint(small_disk, capsys):
+    """The full disk through the command in a fresh process; the read-only disk (the same one-line path for a disk
+    fault) and the resume with room again through the same command line in this process."""
     out = small_disk / "run"
     args = ["--training.output_dir", out, "--training.max_steps", 40, "--training.save_steps", 2,
             "--training.save_total_limit", 0, *QUICK]  # fmt: skip
@@ -644,16 +646,13 @@ def test_a_full_then_read_only_disk_is_one_line_and_keeps_every_completed_checkp
     kept = {c.name: _checkpoint_files(c) for c in completed}
 
     _remount(small_disk, "ro")  # e.g. the kernel's answer to I/O errors on a failing disk
-    proc = _cli([*args, "--training.resume_from_checkpoint", "latest"], launcher=(sys.executable,))
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 2, output
-    last = output.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "read-only file system" in last and "Traceback" not in output, output
+    code, lines = cli_in_process(capsys, *args, "--training.resume_from_checkpoint", "latest")  # no Traceback
+    assert code == 2, lines
+    assert lines[-1].startswith("error: ") and "read-only file system" in lines[-1], lines
 
     _remount(small_disk, "rw,size=64m")  # room again: the run continues from its last complete checkpoint
-    proc = _cli([*args, "--training.resume_from_checkpoint", "latest"], launcher=(sys.executable,))
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, output
+    state = run(*args[1:], "--training.resume_from_checkpoint", "latest")
+    assert state.global_step == 40 and state.stop_reason == "max_steps"
     assert (out / "final" / "model.safetensors").is_file()
     assert {c.name: _checkpoint_files(c) for c in find_checkpoints(out) if c.name in kept} == kept
 

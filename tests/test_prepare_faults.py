@@ -262,27 +262,62 @@ CASES = {
 }
 
 
-def test_damaged_prepared_folders_are_refused_in_one_line_before_training(setup, tmp_path):
+def _train(config_path, folder, out) -> subprocess.Popen:
+    """`pretrain/run.py --data.prepared FOLDER` in a fresh process, as users run it."""
+    return subprocess.Popen(
+        [sys.executable, "pretrain/run.py", "--config", str(config_path), "--data.prepared", str(folder),
+         "--training.output_dir", str(out), "--training.max_steps", "2"],
+        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _train_in_process(capsys, config_path, folder, out) -> tuple[int, str]:
+    """The same command line in this process (`pretrain.run.cli`, its one-line errors): (exit status, stderr)."""
+    from kiln_testing import reset_accelerate
+
+    from pretrain.run import cli
+
+    capsys.readouterr()
+    reset_accelerate()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            cli(["--config", str(config_path), "--data.prepared", str(folder), "--training.output_dir", str(out),
+                 "--training.max_steps", "2"])  # fmt: skip
+    finally:
+        reset_accelerate()
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def test_damaged_prepared_folders_are_refused_in_one_line_before_training(setup, tmp_path, capsys):
+    """The first case through the command in a fresh process (run alongside), the others in this process through
+    the same command line (`pretrain.run.cli`); the undamaged folder trains."""
+    from kiln_testing import run_main
+
+    from pretrain.run import main
+
     config_path, reference = setup
     assert len(json.loads((reference / "manifest.json").read_text())["shards"]["train"]) >= 3
+    fresh = None
     for name, (damage, message) in CASES.items():
         folder = _damage_copy(reference, tmp_path / name, damage)
-        done = subprocess.run(
-            [sys.executable, "pretrain/run.py", "--config", str(config_path), "--data.prepared", str(folder),
-             "--training.output_dir", str(tmp_path / f"run-{name}"), "--training.max_steps", "2"],
-            cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert done.returncode == 2, (name, done.stdout + done.stderr)
-        line = _one_error_line(done.stderr)
+        if fresh is None:
+            fresh = (name, message, _train(config_path, folder, tmp_path / f"run-{name}"))
+            continue
+        status, stderr = _train_in_process(capsys, config_path, folder, tmp_path / f"run-{name}")
+        assert status == 2, (name, stderr[-3000:])
+        line = _one_error_line(stderr)
         assert message in line, (name, line)
         assert not (tmp_path / f"run-{name}" / "final").exists()
+    name, message, proc = fresh
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 2, (name, stderr[-3000:])
+    line = _one_error_line(stderr)
+    assert message in line, (name, line)
+    assert not (tmp_path / f"run-{name}" / "final").exists()
     # the undamaged folder trains
-    done = subprocess.run(
-        [sys.executable, "pretrain/run.py", "--config", str(config_path), "--data.prepared", str(reference),
-         "--training.output_dir", str(tmp_path / "run-ok"), "--training.max_steps", "2"],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    state = run_main(main, "--config", config_path, "--data.prepared", reference, "--training.output_dir",
+                     tmp_path / "run-ok", "--training.max_steps", 2)  # fmt: skip
+    assert state.global_step == 2 and (tmp_path / "run-ok" / "final").is_dir()
 
 
 # ------------------------------------------------------------------------------- a manifest names its own files
@@ -346,22 +381,17 @@ def _another_dtype(folder: Path) -> None:
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
-def test_a_manifest_names_only_files_of_its_own_folder(setup, tmp_path):
+def test_a_manifest_names_only_files_of_its_own_folder(setup, tmp_path, capsys):
     """Shard names are plain file names inside the prepared folder: a name leading out of it (`../x`, an absolute
     path, a symbolic link, or such a name in plan.json) is refused in one line before the file is read, even when
     the file outside is a valid shard with the recorded sha256; a shard with the right column names but other
-    types is one line too. Through the training command, each in a fresh process."""
+    types is one line too. Through the training command: `../x` in a fresh process (run alongside), the others
+    through the same command line in this process (`pretrain.run.cli`)."""
     config_path, reference = setup
     cases = {how: (lambda f, how=how: _outside(f, how)) for how in ("dotdot", "absolute", "symlink", "plan")}
     cases["dtype"] = _another_dtype
-    procs = {}
-    for name, damage in cases.items():
-        folder = _damage_copy(reference, tmp_path / name, damage)
-        procs[name] = (folder, subprocess.Popen(
-            [sys.executable, "pretrain/run.py", "--config", str(config_path), "--data.prepared", str(folder),
-             "--training.output_dir", str(tmp_path / f"run-{name}"), "--training.max_steps", "2"],
-            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))  # fmt: skip
+    folders = {name: _damage_copy(reference, tmp_path / name, damage) for name, damage in cases.items()}
+    fresh = _train(config_path, folders["dotdot"], tmp_path / "run-dotdot")
     expected = {
         "dotdot": f"manifest.json names the shard '../{'dotdot'}-outside/train-00001.arrow', which is not a plain "
         "file name in the folder",
@@ -373,9 +403,13 @@ def test_a_manifest_names_only_files_of_its_own_folder(setup, tmp_path):
         "dtype": "shard train-00001.arrow cannot be read (ArrowInvalid: columns sentence_ids: "
         "list<item: list<item: int64>>, document_hash: string, not those of a prepared shard)",
     }
-    for name, (folder, proc) in procs.items():
-        _, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 2, (name, stderr[-3000:])
+    for name, folder in sorted(folders.items(), key=lambda item: item[0] == "dotdot"):  # the fresh process last
+        if name == "dotdot":
+            _, stderr = fresh.communicate(timeout=300)
+            status = fresh.returncode
+        else:
+            status, stderr = _train_in_process(capsys, config_path, folder, tmp_path / f"run-{name}")
+        assert status == 2, (name, stderr[-3000:])
         line = _one_error_line(stderr)
         assert line.startswith(f"error: --data.prepared {folder}"), (name, line)
         assert expected[name] in line, (name, line)
