@@ -153,9 +153,13 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_they_load(kiln_c
 # item 20: a UTF-16 or UTF-32 corpus file
 
 
-def test_a_utf16_corpus_names_the_iconv_command_that_re_encodes_it_and_the_command_works(tmp_path):
+def test_a_utf16_corpus_names_the_iconv_command_that_re_encodes_it_and_the_command_works(tmp_path, capsys):
+    """The training command line in this process (an encoding error's one line through pretrain/run.py in a fresh
+    process: test_start_checks' lone surrogate), the prepare command in a fresh process."""
     import codecs
     import shutil
+
+    from kiln_testing import cli_in_process
 
     text = (REPO / "data/pretrain").glob("*.txt").__next__().read_text(encoding="utf-8")[:20000]
     corpus = tmp_path / "corpus"
@@ -163,8 +167,9 @@ def test_a_utf16_corpus_names_the_iconv_command_that_re_encodes_it_and_the_comma
     utf16 = corpus / "notes.txt"
     utf16.write_bytes(codecs.BOM_UTF16_LE + text.encode("utf-16-le"))  # what Windows' Notepad writes as "Unicode"
     out = tmp_path / "run"
-    status, output = script_cli("pretrain/run.py", "--config", DEBUG, "--data.data_files", corpus / "*.txt",
-                                "--training.output_dir", out, "--training.max_steps", 1)  # fmt: skip
+    status, lines = cli_in_process(capsys, "--data.data_files", corpus / "*.txt", "--training.output_dir", out,
+                                   "--training.max_steps", 1)  # fmt: skip
+    output = "\n".join(lines)
     message = assert_one_line_error(status, output)
     command = f"iconv -f UTF-16 -t UTF-8 {utf16} > {utf16}.utf8 && mv {utf16}.utf8 {utf16}"
     assert message == (f"error: {utf16} is UTF-16 text (it starts with a UTF-16 byte-order mark); Kiln reads "

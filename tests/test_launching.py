@@ -181,13 +181,20 @@ def test_an_error_under_accelerate_launch_is_said_by_the_training_process_then_a
     """What remains under plain `accelerate launch` (docs/launching.md): the process's line, then accelerate's
     CalledProcessError traceback and status 1; with accelerate's own `-q` the line is the last, still status 1."""
     line = "error: --training.lr must be a non-negative number, got -1.0"
+    # the two launches side by side: each is 2 interpreters importing torch (the launcher; the training process,
+    # whose config check needs the model classes) and nothing else, so most of their time is start-up
     proc = _launch((*ACCELERATE_LAUNCH, *ONE_PROCESS), ["--training.output_dir", tmp_path / "q", "--training.lr", -1])
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 1 and output.count(line) == 1 and "CalledProcessError" in output, output
-    assert output.strip().splitlines()[-1].startswith("subprocess.CalledProcessError: Command "), output
     quiet = _launch((*ACCELERATE_LAUNCH, "-q", *ONE_PROCESS), ["--training.output_dir", tmp_path / "q",
                                                                 "--training.lr", -1])  # fmt: skip
-    output, _ = quiet.communicate(timeout=300)
+    try:
+        output, _ = proc.communicate(timeout=300)
+        quiet_output, _ = quiet.communicate(timeout=300)
+    finally:
+        proc.kill()
+        quiet.kill()
+    assert proc.returncode == 1 and output.count(line) == 1 and "CalledProcessError" in output, output
+    assert output.strip().splitlines()[-1].startswith("subprocess.CalledProcessError: Command "), output
+    output = quiet_output
     assert quiet.returncode == 1 and output.strip().splitlines()[-1] == line, output
     assert "Traceback" not in output and "CalledProcessError" not in output
 
@@ -296,16 +303,24 @@ def test_accelerate_launch_trains_on_every_core_of_a_cpu_machine_unless_told_oth
     flag = ["accelerate", "launch", "--num_cpu_threads_per_process=1", "run.py"]
     assert default_cpu_threads(launched, launcher_environ=[], launcher_argv=flag) is None
 
-    def summary_device(launcher, env_extra):
-        out = tmp_path / f"threads-{len(os.listdir(tmp_path))}"
-        proc = _launch(launcher, ["--training.output_dir", out, "--training.max_steps", 1, *QUICK],
+    def launched_run(name, launcher, env_extra):
+        out = tmp_path / f"threads-{name}"
+        return _launch(launcher, ["--training.output_dir", out, "--training.max_steps", 1, *QUICK],
                        env_extra=env_extra, env_drop=("OMP_NUM_THREADS",))  # fmt: skip
+
+    def summary_device(proc):
         output, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, output
         return next(line.strip() for line in output.splitlines() if line.strip().startswith("device = "))
 
-    assert summary_device((*ACCELERATE_LAUNCH, *ONE_PROCESS), {}) == f"device = cpu, {cores} threads per process"
-    assert summary_device((*PYTHON_M_ACCELERATE, *ONE_PROCESS), {"OMP_NUM_THREADS": "1"}) == (
-        "device = cpu, 1 thread per process")  # fmt: skip
     flagged = (*ACCELERATE_LAUNCH, "--num_cpu_threads_per_process", "1", *ONE_PROCESS)
-    assert summary_device(flagged, {}) == "device = cpu, 1 thread per process"
+    runs = [launched_run("default", (*ACCELERATE_LAUNCH, *ONE_PROCESS), {}),  # side by side: mostly start-up
+            launched_run("environment", (*PYTHON_M_ACCELERATE, *ONE_PROCESS), {"OMP_NUM_THREADS": "1"}),
+            launched_run("flag", flagged, {})]  # fmt: skip
+    try:
+        assert summary_device(runs[0]) == f"device = cpu, {cores} threads per process"
+        assert summary_device(runs[1]) == "device = cpu, 1 thread per process"
+        assert summary_device(runs[2]) == "device = cpu, 1 thread per process"
+    finally:
+        for proc in runs:
+            proc.kill()
