@@ -16,27 +16,44 @@ from transformers.utils import ModelOutput
 WINDOW_SCRIPT = REPO / "tests" / "window_gradients.py"
 
 
-def _window(kind, accumulation, batch, out, processes=1):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
-    if processes == 1:
-        command = [sys.executable, str(WINDOW_SCRIPT)]
-    else:
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-                   str(processes), "--main_process_port", "0", str(WINDOW_SCRIPT)]  # 0: a free port
-    result = subprocess.run([*command, kind, str(accumulation), str(batch), str(out)], cwd=out.parent, env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+KINDS = ["encoder", "electra", "decoder"]
+
+
+def _window(kind, accumulation, batch, out):
+    """One optimizer step of the window script on one process, in this process (`python tests/window_gradients.py`
+    is the same `main`; the 2-process step is the launched one below)."""
+    import window_gradients
+
+    reset_accelerate()
+    try:
+        window_gradients.main(kind, accumulation, batch, str(out))
+    finally:
+        reset_accelerate()
     return torch.load(out)
 
 
-@pytest.mark.parametrize("kind", ["encoder", "electra", "decoder"])
-def test_accumulation_and_processes_take_the_same_step(tmp_path, kind):
+@pytest.fixture(scope="module")
+def two_process_windows(tmp_path_factory):
+    """`accelerate launch --multi_gpu --num_processes 2 tests/window_gradients.py` with batch 4 per process, once
+    for the three kinds (one Trainer after another in the launched processes): {kind: saved step}."""
+    folder = tmp_path_factory.mktemp("windows") / "p2b4"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--main_process_port", "0", str(WINDOW_SCRIPT)]  # 0: a free port
+    result = subprocess.run([*command, ",".join(KINDS), "1", "4", str(folder)], cwd=folder.parent, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return {kind: torch.load(folder / f"{kind}.pt") for kind in KINDS}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_accumulation_and_processes_take_the_same_step(tmp_path, kind, two_process_windows):
     """accumulation 4 x batch 2 == accumulation 1 x batch 8 == 2 processes x batch 4: the same gradient, although
     the 8 sequences hold 1..9 masked tokens (encoder; ELECTRA: with 5..12 real tokens, over which its
     discriminator loss averages) or 1..10 predicted tokens (decoder, padded)."""
     one_batch = _window(kind, 1, 8, tmp_path / "a1b8.pt")
     accumulated = _window(kind, 4, 2, tmp_path / "a4b2.pt")
-    two_procs = _window(kind, 1, 4, tmp_path / "p2b4.pt", processes=2)
+    two_procs = two_process_windows[kind]
     for other in (accumulated, two_procs):
         assert other["loss"] == pytest.approx(one_batch["loss"], abs=1e-5)
         assert other["grads"].keys() == one_batch["grads"].keys()

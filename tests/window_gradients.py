@@ -5,6 +5,9 @@ sequences are split (accumulation 4 x batch 2, accumulation 1 x batch 8, 2 proce
 use the same gradient, although the sequences hold different numbers of masked / predicted tokens.
 
     python tests/window_gradients.py encoder|electra|decoder ACCUMULATION PER_DEVICE_BATCH OUT.pt
+
+KIND may also be a comma-separated list (one launch for several kinds, one Trainer after another on the same
+process group); OUT then names a folder, and each kind's gradients go to OUT/KIND.pt.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def stack(features):
     return {key: torch.stack([f[key] for f in features]) for key in features[0]}
 
 
-def main(kind: str, accumulation: int, batch: int, out: str) -> None:
+def main(kind: str, accumulation: int, batch: int, out: str, end: bool = True) -> None:
     from kiln.config import LoggingConfig, TrainingConfig
     from kiln.run_setup import start_run
     from kiln.trainer import Trainer
@@ -119,8 +122,26 @@ def main(kind: str, accumulation: int, batch: int, out: str) -> None:
         loss = next(row["train/loss"] for row in state.history if "train/loss" in row)
         torch.save({"grads": captured, "loss": loss, "direct": direct}, out)
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    if end:
+        accelerator.end_training()
+
+
+def main_for_kinds(kinds: list[str], accumulation: int, batch: int, folder: str) -> None:
+    """`main` for each kind in turn, in this process: accelerate's singletons are reset between kinds (each
+    Trainer starts from a fresh state), the process group is kept and destroyed after the last."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    os.makedirs(folder, exist_ok=True)
+    for index, kind in enumerate(kinds):
+        if index:
+            AcceleratorState._reset_state(reset_partial_state=True)
+            GradientState._reset_state()
+            PartialState._reset_state()
+        main(kind, accumulation, batch, os.path.join(folder, f"{kind}.pt"), end=index == len(kinds) - 1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    if "," in sys.argv[1]:
+        main_for_kinds(sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    else:
+        main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
