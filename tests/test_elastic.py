@@ -5,6 +5,7 @@ uninterrupted run; and an evaluation truncated by max_eval_batches reads the sam
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -12,7 +13,16 @@ from pathlib import Path
 
 import pytest
 from conftest import TEST_USER
-from kiln_testing import DEBUG, REPO, cli_in_process, free_port, launch_two_processes, losses, run
+from kiln_testing import (
+    DEBUG,
+    REPO,
+    cli_in_process,
+    free_port,
+    launch_two_processes,
+    losses,
+    one_torch_thread,
+    run,
+)
 
 from kiln.config import TrainingConfig
 from kiln.elastic import BatchLayout, adapt_to_world_size, convert_position, saved_layout
@@ -32,14 +42,20 @@ ACCUMULATION = {1: 6, 2: 3, 3: 2}
 RESUME_AT = 3  # inside the first epoch: the resumed run crosses the ends of the first and second epochs
 
 
-def launch(output_dir, processes: int, *overrides) -> str:
+def launch(output_dir, processes: int, *overrides, caplog=None) -> str:
     """`accelerate launch --multi_gpu --num_processes P pretrain/run.py ...` on CPU (gloo), P > 1; or, for 1,
-    the same command on one process. Returns what it printed."""
+    the same run in this process (`run`: pretrain/run.py's main, one torch thread as the launches have), what it
+    logged read from `caplog`. Returns what it printed."""
+    if processes == 1:
+        with one_torch_thread(), caplog.at_level(logging.INFO, logger="kiln"):
+            caplog.clear()
+            run(output_dir, *overrides)
+            return caplog.text
     if processes == 2:
         result = launch_two_processes(output_dir, *overrides)
         return result.stdout + result.stderr
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    devices = ["--multi_gpu", "--num_processes", str(processes)] if processes > 1 else ["--num_processes", "1"]
+    devices = ["--multi_gpu", "--num_processes", str(processes)]
     result = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", *devices, "--main_process_port", "0",
          str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(output_dir),
@@ -68,10 +84,11 @@ def prepared_corpus(folder: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("data", ["map-style", "prepared"])
-def test_a_resume_on_another_number_of_processes_continues_the_same_run(tmp_path, data):
+def test_a_resume_on_another_number_of_processes_continues_the_same_run(tmp_path, data, caplog):
     """2 -> 1, 1 -> 2 and 2 -> 3 processes, each resumed inside the first epoch of a 3-epoch run: every later step
     logs the uninterrupted run's loss within 1e-5, across two epoch ends, with dropout on. And the uninterrupted
-    runs on 1 and 2 processes are the same run."""
+    runs on 1 and 2 processes are the same run. (The 2- and 3-process runs are launched; the 1-process ones run
+    in this process.)"""
     documents, examples = EXAMPLES[data]
     common = [*COMMON, "--data.max_train_documents", documents,
               *(prepared_corpus(tmp_path / "prepared") if data == "prepared" else [])]  # fmt: skip
@@ -79,7 +96,7 @@ def test_a_resume_on_another_number_of_processes_continues_the_same_run(tmp_path
     for processes in (2, 1):
         full[processes] = tmp_path / f"full-{processes}"
         printed = launch(full[processes], processes, *common, "--training.gradient_accumulation_steps",
-                         ACCUMULATION[processes])  # fmt: skip
+                         ACCUMULATION[processes], caplog=caplog)  # fmt: skip
         steps = examples // 18
         assert f"examples = {examples}\n" in printed and f"({steps} optimizer steps each)" in printed, printed[-3000:]
         assert saved_layout(full[processes] / "checkpoints" / f"step-{RESUME_AT:08d}") == BatchLayout(
@@ -92,7 +109,8 @@ def test_a_resume_on_another_number_of_processes_continues_the_same_run(tmp_path
         checkpoint = full[before] / "checkpoints" / f"step-{RESUME_AT:08d}"
         # the same command on another number of processes: the accumulation that keeps the global batch is set
         printed = launch(out, after, *common, "--training.gradient_accumulation_steps", ACCUMULATION[before],
-                         "--training.save_steps", 0, "--training.resume_from_checkpoint", checkpoint)  # fmt: skip
+                         "--training.save_steps", 0, "--training.resume_from_checkpoint", checkpoint,
+                         caplog=caplog)  # fmt: skip
         expected = f"gradient accumulation {ACCUMULATION[before]} -> {ACCUMULATION[after]} keeps the global batch of 18"
         assert expected in printed, printed[-3000:]
         assert f"gradient_accumulation_steps: {ACCUMULATION[after]}" in (out / "config.yaml").read_text()
@@ -143,35 +161,32 @@ def _eval_rows(output_dir) -> list[dict]:
     return [row for row in rows if "eval/loss" in row]
 
 
-def test_a_truncated_evaluation_reads_the_same_examples_on_any_number_of_processes(tmp_path):
-    """max_eval_batches counts batches of the whole evaluation, not of each process: the checkpoint of a
-    2-process run, evaluated again on 1 process (resumed at its last step, so its weights are those of the
-    checkpoint), gives the same numbers."""
-    args = ["--data.max_train_documents", 2, "--training.eval_steps", 0, "--training.max_steps", 2, "--training.save_steps", 2,
-            "--training.per_device_train_batch_size", 4, "--training.per_device_eval_batch_size", 4,
-            "--training.max_eval_batches", 2]  # fmt: skip
-    two = tmp_path / "two"
-    launch_two_processes(two, *args)
-    one = tmp_path / "one"
-    run(one, *args, "--training.resume_from_checkpoint", two / "checkpoints" / "step-00000002")
-    (evaluated_on_two,), (evaluated_on_one,) = _eval_rows(two), _eval_rows(one)
-    assert evaluated_on_two["step"] == evaluated_on_one["step"] == 2
-    for key in ("eval/loss", "eval/mlm_loss", "eval/mlm_accuracy", "eval/nsp_accuracy"):
-        assert abs(evaluated_on_two[key] - evaluated_on_one[key]) < 1e-6, (key, evaluated_on_two, evaluated_on_one)
-
-
-def test_a_hub_resume_follows_the_elastic_rules_and_reaches_every_node(hub, tmp_path):
+def test_a_hub_resume_reaches_every_node_and_a_truncated_evaluation_reads_the_same_examples_anywhere(hub, tmp_path):
     """A checkpoint of 2 processes, pushed to the (loopback) Hub mid-run and resumed with `hub:`: on 1 process the
     accumulation keeps its global batch, and on two nodes with node-local disks every node downloads it (node 1
-    does not see node 0's disk); both continue the uninterrupted run, dropout on."""
+    does not see node 0's disk); both continue the uninterrupted run, dropout on.
+
+    And max_eval_batches counts batches of the whole evaluation, not of each process: the last checkpoint of the
+    same 2-process run, evaluated again on 1 process (resumed at its last step, so its weights are those of the
+    checkpoint), gives the same numbers."""
     from test_multi_node import _can_unshare, two_nodes
 
     from kiln.hub import CHECKPOINT_FOLDER, HubPusher
 
     args = ["--data.max_train_documents", 2, "--training.max_steps", 4, "--training.eval_steps", 0,
-            "--training.max_eval_batches", 1, "--training.per_device_train_batch_size", 4]  # fmt: skip
+            "--training.per_device_train_batch_size", 4, "--training.per_device_eval_batch_size", 4,
+            "--training.max_eval_batches", 2]  # fmt: skip
     full = tmp_path / "full"
     launch_two_processes(full, *args, "--training.save_steps", 2)
+
+    # the truncated evaluation of the last checkpoint (step 4) again on 1 process
+    evaluated = tmp_path / "evaluated-on-one"
+    run(evaluated, *args, "--training.resume_from_checkpoint", full / "checkpoints" / "step-00000004")
+    (evaluated_on_two,), (evaluated_on_one,) = _eval_rows(full), _eval_rows(evaluated)
+    assert evaluated_on_two["step"] == evaluated_on_one["step"] == 4
+    for key in ("eval/loss", "eval/mlm_loss", "eval/mlm_accuracy", "eval/nsp_accuracy"):
+        assert abs(evaluated_on_two[key] - evaluated_on_one[key]) < 1e-6, (key, evaluated_on_two, evaluated_on_one)
+
     pusher = HubPusher(f"{TEST_USER}/elastic")
     pusher.push(full / "checkpoints/step-00000002", path_in_repo=CHECKPOINT_FOLDER, commit_message="state")
     assert pusher.wait()
