@@ -106,12 +106,20 @@ class _WandbServer:
         self.httpd.server_close()
 
 
-def cli(script: str, *args, env: dict[str, str]) -> tuple[int, str]:
-    """`python SCRIPT ARGS...` in a fresh process with exactly `env` (plus the repository on PYTHONPATH)."""
+def start(script: str, *args, env: dict[str, str]) -> subprocess.Popen:
+    """`python SCRIPT ARGS...` started in a fresh process with exactly `env` (plus the repository on PYTHONPATH):
+    several commands of one test run side by side (each is mostly start-up); `ended` waits for one."""
     env = {**env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
-    return done.returncode, done.stdout
+    return subprocess.Popen([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def ended(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    return proc.returncode, output
 
 
 def _wandb_env(tmp_path, **settings) -> dict[str, str]:
@@ -126,16 +134,19 @@ def test_wandb_online_without_a_key_or_a_network_is_one_line_within_seconds(tmp_
     offline = "or set WANDB_MODE=offline to log to disk (`wandb sync` uploads later)"
     # online, no API key anywhere: no request at all, one line naming `wandb login`
     env = _wandb_env(tmp_path, WANDB_MODE="online", WANDB_BASE_URL=f"http://127.0.0.1:{_refused_port()}")
-    status, output = cli("pretrain/run.py", *quick, "--training.output_dir", tmp_path / "a", env=env)
+    no_key = start("pretrain/run.py", *quick, "--training.output_dir", tmp_path / "a", env=env)
+    # a key, but the server cannot be reached (started alongside)
+    url = f"http://127.0.0.1:{_refused_port()}"
+    env = _wandb_env(tmp_path, WANDB_API_KEY="k" * 40, WANDB_BASE_URL=url)
+    unreachable = start("pretrain/run.py", *quick, "--training.output_dir", tmp_path / "b", env=env)
+    status, output = ended(no_key)
     assert assert_one_line_error(status, output) == (
         "error: --logging.report_to wandb with WANDB_MODE=online, but no W&B API key is set (WANDB_API_KEY, or "
         f"`wandb login`); run `wandb login`, {offline}"
     ), output
     assert not (tmp_path / "a").exists() and "Tokenizing" not in output  # said before anything was built
     # a key, but the server cannot be reached: one line in seconds (wandb.init took about two minutes)
-    url = f"http://127.0.0.1:{_refused_port()}"
-    env = _wandb_env(tmp_path, WANDB_API_KEY="k" * 40, WANDB_BASE_URL=url)
-    status, output = cli("pretrain/run.py", *quick, "--training.output_dir", tmp_path / "b", env=env)
+    status, output = ended(unreachable)
     message = assert_one_line_error(status, output)
     assert message.startswith(f"error: the W&B server {url} does not answer (ConnectionRefusedError: "), output
     assert message.endswith(f"; check the network, {offline}"), output
@@ -286,19 +297,21 @@ def test_every_shipped_hub_dataset_config_offline_names_the_dataset_and_the_loca
 def test_hub_dataset_configs_and_glue_without_the_hub_end_in_one_line(kiln_checkpoints, tmp_path):
     encoder, _ = kiln_checkpoints
     # offline (HF_HUB_OFFLINE=1) with an empty cache; the configs: the test above
-    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    status, output = script_cli("finetune/glue.py", "--checkpoint", encoder, "--tasks", "stsb", "--output-dir",
-                                tmp_path / "glue", env_extra=env)  # fmt: skip
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    glue = start("finetune/glue.py", "--checkpoint", encoder, "--tasks", "stsb", "--output-dir", tmp_path / "glue",
+                 env=env)  # fmt: skip
+    # online, with a Hub that cannot be reached (started alongside, with a cache of its own)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-online"), "HF_ENDPOINT": f"http://127.0.0.1:{_refused_port()}"}
+    tag = start("finetune/tag.py", "--config", "configs/finetune/tag-conll2003.yaml", "--model.checkpoint", encoder,
+                "--training.output_dir", tmp_path / "ner", env=env)  # fmt: skip
+    status, output = ended(glue)
     assert assert_one_line_error(status, output) == (
         "error: cannot load the Hub dataset nyu-mll/glue (stsb): HF_HUB_OFFLINE is set and the datasets cache does "
         "not hold it; run once with the network to cache it (HF_HUB_OFFLINE=1 then reads the cache), or read local "
         "copies: --data.glue_dir DIR, the STS-B folder of the GLUE data (python finetune/glue.py: --glue-dir)"
     ), output
     # online, with a Hub that cannot be reached
-    env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{_refused_port()}"}
-    status, output = script_cli("finetune/tag.py", "--config", "configs/finetune/tag-conll2003.yaml",
-                                "--model.checkpoint", encoder, "--training.output_dir", tmp_path / "ner",
-                                env_extra=env)  # fmt: skip
+    status, output = ended(tag)
     assert assert_one_line_error(status, output) == (
         "error: cannot load the Hub dataset eriktks/conll2003: the Hub cannot be reached and the datasets cache does "
         "not hold it; run once with the network to cache it (HF_HUB_OFFLINE=1 then reads the cache), or read local "
