@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from kiln_testing import cli_in_process, losses, run
+from kiln_testing import cli_in_process, losses, run, run_main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -254,31 +254,35 @@ def test_a_run_that_disagrees_with_the_manifest_is_one_line(prepared, tmp_path, 
                                    "make one with `python -m pretrain.data prepare --config X --output DIR`"]
 
 
-def test_training_from_a_prepared_folder_through_accelerate_launch_on_1_and_2_processes(prepared, tmp_path):
-    """The in-memory run with the prepared tokenizer, `accelerate launch` on the prepared folder with 1 process,
-    and with 2 processes (half the per-device batch) log the same losses."""
+def test_training_from_a_prepared_folder_on_1_process_and_through_accelerate_launch_on_2(prepared, tmp_path):
+    """The in-memory run with the prepared tokenizer, the run on the prepared folder with 1 process (in this
+    process, as the in-memory one), and `accelerate launch` on the prepared folder with 2 processes (half the
+    per-device batch) log the same losses."""
     config_path, corpus, out = prepared
     common = ["--training.max_steps", 4, "--training.save_steps", 0, "--training.eval_steps", 0,
               "--model.hidden_dropout_prob", 0, "--model.attention_probs_dropout_prob", 0]  # fmt: skip
     memory = tmp_path / "memory"
     run(memory, *common, "--data.data_files", str(corpus / "*.txt"), "--data.max_train_documents", 100000,
         "--tokenizer.name_or_path", out / "tokenizer")  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    from pretrain.run import main as run_script
+
     results = {}
-    for processes, batch in ((1, 8), (2, 4)):
-        folder = tmp_path / f"launch-{processes}"
-        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
-                    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
-        if processes > 1:
-            launcher += ["--multi_gpu", "--main_process_port", "0"]  # 0: accelerate picks a free port
-        result = subprocess.run(
-            [*launcher, str(REPO / "pretrain/run.py"), "--config", str(config_path), "--training.output_dir",
-             str(folder), "--data.prepared", str(out), *map(str, common),
-             "--training.per_device_train_batch_size", str(batch)],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        results[processes] = losses(folder)
+    one = tmp_path / "prepared-1"
+    run_main(run_script, "--config", config_path, "--training.output_dir", one, "--data.prepared", out, *common,
+             "--training.per_device_train_batch_size", 8)  # fmt: skip
+    results[1] = losses(one)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    folder = tmp_path / "launch-2"
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", "--main_process_port", "0"]  # fmt: skip
+    # 0: accelerate picks a free port
+    result = subprocess.run(
+        [*launcher, str(REPO / "pretrain/run.py"), "--config", str(config_path), "--training.output_dir",
+         str(folder), "--data.prepared", str(out), *map(str, common), "--training.per_device_train_batch_size", "4"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results[2] = losses(folder)
     reference = losses(memory)
     assert sorted(reference) == [1, 2, 3, 4]
     assert results[1] == reference  # one process: the same batches, the same arithmetic

@@ -90,7 +90,8 @@ def test_two_processes_resume_across_an_epoch_end_bit_identically(tmp_path, name
     step = 3  # just after epoch 1's partial window (encoder: 5 + 5 + 2 micro-batches; decoder: 3 + 3 + 2)
     out = tmp_path / f"from-{step}"
     proc = _launch([*common, "--training.output_dir", out, "--training.save_steps", 0,
-                    "--training.resume_from_checkpoint", full / "checkpoints" / f"step-{step:08d}"])  # fmt: skip
+                    "--training.resume_from_checkpoint", full / "checkpoints" / f"step-{step:08d}",
+                    "--tokenizer.name_or_path", full / "tokenizer"])  # fmt: skip
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
     again, again_evals, _ = _rows(out)
