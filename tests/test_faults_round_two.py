@@ -121,11 +121,18 @@ def test_empty_text_cells_in_a_classification_file_are_named_by_file_column_and_
 # item 17: a tokenizer larger than the model's vocabulary
 
 
-def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_they_load(kiln_checkpoints, tmp_path):
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_they_load(kiln_checkpoints, tmp_path, capsys):
+    """finetune/classify.py's command line in this process (run_finetune_cli: its one-line errors); the script's
+    one line in a fresh process is the empty-text-cells test's."""
     import shutil
 
+    import pytest
+    from kiln_testing import reset_accelerate
     from test_finetune_scripts import write_sentiment
     from transformers import AutoTokenizer
+
+    from finetune.classify import main as classify_main
+    from finetune.common import run_finetune_cli
 
     encoder, _ = kiln_checkpoints
     folder = tmp_path / "encoder"
@@ -140,10 +147,18 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_they_load(kiln_c
         with open(files[split], "a", encoding="utf-8") as f:
             f.write("the newword7 was good,positive\n")
     out = tmp_path / "cls"
-    status, output = script_cli("finetune/classify.py", "--model.checkpoint", folder, "--training.output_dir", out,
-                                "--data.train_file", files["train"], "--data.validation_file", files["validation"],
-                                "--data.test_file", files["test"], "--training.max_steps", 1)  # fmt: skip
-    message = assert_one_line_error(status, output)
+    capsys.readouterr()
+    reset_accelerate()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            run_finetune_cli(classify_main, [
+                "--model.checkpoint", str(folder), "--training.output_dir", str(out), "--data.train_file",
+                str(files["train"]), "--data.validation_file", str(files["validation"]), "--data.test_file",
+                str(files["test"]), "--training.max_steps", "1"])  # fmt: skip
+    finally:
+        reset_accelerate()
+    output = capsys.readouterr().err
+    message = assert_one_line_error(exit_info.value.code, output)
     assert message.startswith(f"error: {folder}: its tokenizer has {len(tokenizer)} tokens but the model only "
                               f"{vocab_size} embeddings; put the tokenizer the model was trained with"), output  # fmt: skip
     assert not out.exists()
