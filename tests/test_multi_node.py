@@ -15,7 +15,7 @@ from kiln_testing import DEBUG, REPO, free_port, losses
 
 from kiln.checkpoint_files import find_checkpoints
 
-ARGS = ["--data.max_train_documents", 40, "--training.max_steps", 4, "--training.save_steps", 2,
+ARGS = ["--data.max_train_documents", 8, "--training.max_steps", 4, "--training.save_steps", 2,
         "--training.eval_steps", 0, "--training.max_eval_batches", 1, "--training.per_device_train_batch_size", 4,
         "--model.hidden_dropout_prob", 0, "--model.attention_probs_dropout_prob", 0]  # fmt: skip
 
