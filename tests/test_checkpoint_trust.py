@@ -4,8 +4,10 @@ A checkpoint is safetensors and JSON. Files that load by unpickling (`.pkl`, `.b
 checkpoint with valid checksums, each carrying a payload that writes a marker when unpickled, are refused in one
 line, locally and on the test Hub, and the payload never runs; with the opt-in for one's own files the run resumes
 from the plain-data files and still never unpickles them. A checkpoint in the pickled format (accelerate's
-`custom_checkpoint_N.pkl`, `random_states_R.pkl`, `optimizer.bin`) resumes only with the opt-in. Every case runs as
-a user runs it: `accelerate launch` in a fresh process.
+`custom_checkpoint_N.pkl`, `random_states_R.pkl`, `optimizer.bin`) resumes only with the opt-in. The cases run as
+a user runs them, `accelerate launch` (or plain `python`) in a fresh process: every run that trains, and at least
+one refusal of each kind per script; the other refusals go through the same command line in this process
+(tests/test_trust.py's `run_in_process`: the same one line and exit status, without two interpreter starts).
 """
 
 import json
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from kiln_testing import DEBUG, losses
-from test_trust import error_line, finish, launch
+from test_trust import error_line, finish, launch, run_in_process
 
 from kiln.checkpoint_files import find_checkpoints, write_checksums
 
@@ -71,6 +73,13 @@ def step2_copy(reference, folder: Path) -> Path:
     return folder
 
 
+def resume_in_process(capsys, out: Path, spec, *extra) -> tuple[int, str]:
+    """`resume` through the same command line in this process (a refusal whose fresh-process way another case
+    proves)."""
+    return run_in_process(capsys, "pretrain/run.py", *RUN, "--training.output_dir", out,
+                          "--training.resume_from_checkpoint", spec, *extra)  # fmt: skip
+
+
 def resume(out: Path, spec, *extra, env_extra=None) -> tuple[int, str]:
     ((code, output),) = finish(
         launch("pretrain/run.py", *RUN, "--training.output_dir", out, "--training.resume_from_checkpoint", spec,
@@ -89,7 +98,7 @@ def test_a_checkpoint_is_safetensors_and_json_only(reference):
         assert not head.startswith((b"\x80", b"PK")), f"{name} is a pickle or a torch zip archive"
 
 
-def test_planted_pickles_are_refused_in_one_line_and_never_run(tmp_path, reference, hub):
+def test_planted_pickles_are_refused_in_one_line_and_never_run(tmp_path, reference, hub, capsys):
     from huggingface_hub import HfApi
 
     marker = tmp_path / "MARKER"
@@ -105,7 +114,7 @@ def test_planted_pickles_are_refused_in_one_line_and_never_run(tmp_path, referen
     # only the files earlier versions unpickled without restriction (weights_only=False), the others pure data
     only_pkl = step2_copy(reference, tmp_path / "only-pkl")
     plant(only_pkl, marker, ["custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl"])
-    code, output = resume(tmp_path / "local-pkl", only_pkl)
+    code, output = resume_in_process(capsys, tmp_path / "local-pkl", only_pkl)
     assert not marker.exists(), "a checkpoint's pickle ran"
     assert code != 0, output[-3000:]
     assert error_line(output).startswith(f"error: checkpoint {only_pkl} holds files loaded by unpickling")
@@ -158,10 +167,10 @@ def to_pickled_format(folder: Path) -> None:
     write_checksums(folder)
 
 
-def test_a_pickled_checkpoint_resumes_only_with_the_opt_in(tmp_path, reference):
+def test_a_pickled_checkpoint_resumes_only_with_the_opt_in(tmp_path, reference, capsys):
     old = step2_copy(reference, tmp_path / "old")
     to_pickled_format(old)
-    code, output = resume(tmp_path / "refused", old)
+    code, output = resume_in_process(capsys, tmp_path / "refused", old)  # planted pickles' refusal: a fresh process
     assert code != 0, output[-3000:]
     assert error_line(output) == (
         f"error: checkpoint {old} holds files loaded by unpickling (custom_checkpoint_0.pkl, "
@@ -276,21 +285,23 @@ def test_fsdp2_state_round_trips_through_plain_files_on_two_processes(tmp_path):
 # damaged state files: one line, never skipped, never taken as step 0
 
 
-def test_damaged_state_files_are_one_line_errors(tmp_path, reference):
+def test_damaged_state_files_are_one_line_errors(tmp_path, reference, capsys):
     """Each file damaged in a way its checksum no longer catches (checksums.json regenerated, or lost): the resume
-    stops in one line naming the file, rather than going on with other random numbers or from step 0."""
+    stops in one line naming the file, rather than going on with other random numbers or from step 0. The
+    pickled case (the opt-in's) is launched in a fresh process, the others run through the same command line in
+    this process meanwhile."""
     import subprocess
 
     marker = tmp_path / "MARKER"
     cases = {}
 
-    def case(name, damage, *extra):
+    def case(name, damage, *extra, fresh=False):
         folder = step2_copy(reference, tmp_path / name)
         damage(folder)
         write_checksums(folder)
-        proc = launch("pretrain/run.py", *RUN, "--training.output_dir", tmp_path / f"{name}-run",
-                      "--training.resume_from_checkpoint", folder, *extra)  # fmt: skip
-        cases[name] = (folder, proc)
+        args = [*RUN, "--training.output_dir", tmp_path / f"{name}-run", "--training.resume_from_checkpoint",
+                folder, *extra]  # fmt: skip
+        cases[name] = (folder, launch("pretrain/run.py", *args) if fresh else args)
 
     def garbage_random_states(folder):
         (path,) = folder.glob("r*_state*_0.*")  # the first process's random states
@@ -316,7 +327,7 @@ def test_damaged_state_files_are_one_line_errors(tmp_path, reference):
     case("step0", counters_at_step_0)
     case("cut", loop_state_cut)
     case("optimizer", optimizer_not_safetensors)
-    case("pickled", pickled_optimizer_with_an_object, TRUST)
+    case("pickled", pickled_optimizer_with_an_object, TRUST, fresh=True)
     expected = {
         "random": "rng_state_0.safetensors is not a complete safetensors file",
         "step0": "loop_state.json: counters.global_step is 0 but the checkpoint's trainer_state.json says step 2",
@@ -325,12 +336,16 @@ def test_damaged_state_files_are_one_line_errors(tmp_path, reference):
         "pickled": "one of its pickled files (custom_checkpoint_0.pkl, custom_checkpoint_1.pkl, optimizer.bin, "
         "random_states_0.pkl) is not a plain tensor file (UnpicklingError)",
     }
+    done = {name: run_in_process(capsys, "pretrain/run.py", *args)
+            for name, (_, args) in cases.items() if isinstance(args, list)}  # fmt: skip
     for name, (folder, proc) in cases.items():
-        try:
-            code, output = proc.wait(timeout=240), proc.stdout.read()
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        if name not in done:
+            try:
+                done[name] = proc.wait(timeout=240), proc.stdout.read()
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+        code, output = done[name]
         assert code != 0, (name, output[-3000:])
         line = error_line(output)
         assert line.startswith(f"error: checkpoint {folder} is damaged: {expected[name]}"), (name, line)
@@ -342,7 +357,9 @@ def test_damaged_state_files_are_one_line_errors(tmp_path, reference):
 # model folders given to fine-tuning, conversion and ONNX export
 
 
-def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_errors(tmp_path, kiln_checkpoints):
+def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_errors(tmp_path, kiln_checkpoints, capsys):
+    """Fine-tuning, conversion and ONNX export, each given a folder whose weights are a pickle (in a fresh
+    process, as users run them) and one whose weights are truncated (the same command lines in this process)."""
     import subprocess
     import sys
 
@@ -361,16 +378,19 @@ def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_error
     (truncated / "model.safetensors").write_bytes(weights[: len(weights) // 2])
 
     env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
-    procs = {}
-    for folder in (pickled, truncated):
-        procs[(folder.name, "classify")] = launch("finetune/classify.py", *classify_args(tmp_path, folder, f"f-{folder.name}"))
-        for module in ("pretrain.convert", "pretrain.export_onnx"):
-            procs[(folder.name, module)] = subprocess.Popen(
-                [sys.executable, "-m", module, str(folder), str(tmp_path / f"{module}-{folder.name}")], cwd=REPO,
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )  # fmt: skip
-    for (name, command), proc in procs.items():
-        code, output = proc.wait(timeout=300), proc.stdout.read()
+    procs = {("pickled", "classify"): launch("finetune/classify.py", *classify_args(tmp_path, pickled, "f-pickled"))}
+    for module in ("pretrain.convert", "pretrain.export_onnx"):
+        procs[("pickled", module)] = subprocess.Popen(
+            [sys.executable, "-m", module, str(pickled), str(tmp_path / f"{module}-pickled")], cwd=REPO,
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    done = {("truncated", "classify"): run_in_process(capsys, "finetune/classify.py",
+                                                      *classify_args(tmp_path, truncated, "f-truncated"))}  # fmt: skip
+    for module in ("pretrain.convert", "pretrain.export_onnx"):
+        done[("truncated", module)] = run_in_process(capsys, module, truncated, tmp_path / f"{module}-truncated")
+    for key, proc in procs.items():
+        done[key] = proc.wait(timeout=300), proc.stdout.read()
+    for (name, command), (code, output) in done.items():
         assert code != 0, (name, command, output[-3000:])
         line = error_line(output)
         problem = ("its pytorch_model.bin is not a plain tensor file" if name == "pickled"
@@ -410,17 +430,31 @@ def wait_all(procs: dict) -> dict:
     return done
 
 
+def resized_optimizer_state(source: Path, target: Path, size: int) -> Path:
+    """`source` (an optimizer.safetensors of the debug config, hidden size 32) with every dimension of 32 made
+    `size`: the moments' shapes of the same run at hidden size `size` (no other dimension of the debug model is
+    32), its header (the parameter groups) unchanged, as such a run writes it."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(source), "pt") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    for key, tensor in tensors.items():
+        for dim, length in enumerate(tensor.shape):
+            if length == 32:
+                tensor = tensor.index_select(dim, torch.arange(size) % 32)
+        tensors[key] = tensor.contiguous()
+    save_file(tensors, target, metadata=meta)
+    return target
+
+
 @pytest.fixture(scope="module")
-def foreign_optimizers(tmp_path_factory):
-    """optimizer.safetensors of the same 2-step run at hidden size 16 and 48 (the reference's is 32): {size: file}."""
+def foreign_optimizers(reference, tmp_path_factory):
+    """optimizer.safetensors of the same run at hidden size 16 and 48 (the reference's is 32): {size: file}. Made
+    from the reference's (its moments resized), not by two more trainings: the check reads shapes only."""
     root = tmp_path_factory.mktemp("sizes")
-    procs = {size: launch("pretrain/run.py", "--config", DEBUG, "--training.max_steps", 2, "--training.eval_steps", 0,
-                          "--training.save_steps", 2, "--model.hidden_size", size,
-                          "--training.output_dir", root / str(size))
-             for size in (16, 48)}  # fmt: skip
-    for size, (code, output) in wait_all(procs).items():
-        assert code == 0, (size, output[-3000:])
-    return {size: find_checkpoints(root / str(size))[0] / "optimizer.safetensors" for size in (16, 48)}
+    source = find_checkpoints(reference[0])[0] / "optimizer.safetensors"
+    return {size: resized_optimizer_state(source, root / f"optimizer-{size}.safetensors", size) for size in (16, 48)}
 
 
 def with_optimizer(folder: Path, optimizer: Path) -> Path:
@@ -434,11 +468,14 @@ def optimizer_line(size: int) -> str:
             f"[512, {size}], the parameter is torch.float32 [512, 32]")  # fmt: skip
 
 
-def test_an_optimizer_state_of_another_model_is_refused_before_any_step(tmp_path, reference, foreign_optimizers, hub):
+def test_an_optimizer_state_of_another_model_is_refused_before_any_step(
+    tmp_path, reference, foreign_optimizers, hub, capsys
+):
     """An optimizer.safetensors from a run with a smaller hidden size (the fused AdamW step would read and write
     past its tensors' ends) or a larger one (it would train on, wrong), with valid checksums: one line naming the
-    file and the first parameter that does not match, through `accelerate launch` and plain `python`, locally
-    and from the Hub; with `latest`, the newest checkpoint whose state fits is resumed instead, exactly."""
+    file and the first parameter that does not match, through plain `python` (fresh), and through the same
+    command line in this process, locally and from the Hub; with `latest` (`accelerate launch`), the newest
+    checkpoint whose state fits is resumed instead, exactly."""
     from huggingface_hub import HfApi
 
     smaller = with_optimizer(step2_copy(reference, tmp_path / "smaller"), foreign_optimizers[16])
@@ -451,13 +488,16 @@ def test_an_optimizer_state_of_another_model_is_refused_before_any_step(tmp_path
                           commit_message="state")  # fmt: skip
     resume_args = [*RUN, "--training.resume_from_checkpoint"]
     procs = {
-        "smaller": launch("pretrain/run.py", *resume_args, smaller, "--training.output_dir", tmp_path / "r1"),
         "larger": plain_python("pretrain/run.py", *resume_args, larger, "--training.output_dir", tmp_path / "r2"),
-        "hub": launch("pretrain/run.py", *resume_args, "hub:stranger/optimizer", "--training.output_dir",
-                      tmp_path / "r3", env_extra={"HF_HOME": str(tmp_path / "hf")}),
         "latest": launch("pretrain/run.py", *resume_args, "latest", "--training.output_dir", run_copy),
     }
-    done = wait_all(procs)
+    here = {  # (planted pickles on the Hub are refused in a fresh process with a fresh Hugging Face cache)
+        "smaller": run_in_process(capsys, "pretrain/run.py", *resume_args, smaller, "--training.output_dir",
+                                  tmp_path / "r1"),
+        "hub": run_in_process(capsys, "pretrain/run.py", *resume_args, "hub:stranger/optimizer",
+                              "--training.output_dir", tmp_path / "r3"),
+    }  # fmt: skip
+    done = {**here, **wait_all(procs)}
     for name, folder, size in (("smaller", smaller, 16), ("larger", larger, 48), ("hub", "hub:stranger/optimizer", 48)):
         code, output = done[name]
         assert code != 0 and code > 0, (name, code, output[-3000:])  # an error, not a signal (SIGSEGV)
@@ -489,9 +529,11 @@ def halve_optimizer_state(folder: Path) -> None:
     write_checksums(folder)
 
 
-def test_fine_tuning_refuses_an_optimizer_state_of_another_model(tmp_path, kiln_checkpoints):
-    """classify.py (accelerate launch) and adapt.py (plain python) resumed from their own checkpoint whose
-    optimizer state is that of a smaller model: one line naming the file and the parameter, before any step."""
+def test_fine_tuning_refuses_an_optimizer_state_of_another_model(tmp_path, kiln_checkpoints, capsys):
+    """classify.py and adapt.py resumed from their own checkpoint whose optimizer state is that of a smaller
+    model: one line naming the file and the parameter, before any step. classify.py trains with `accelerate
+    launch` and is refused in this process, adapt.py trains in this process (meanwhile) and is refused in a fresh
+    plain `python`: each script's run and refusal once as users run them."""
     import re
 
     from test_finetune_scripts import write_sentiment
@@ -502,27 +544,36 @@ def test_fine_tuning_refuses_an_optimizer_state_of_another_model(tmp_path, kiln_
     task.write_text(f"data:\n  train_file: {files['train']}\n  validation_file: {files['validation']}\n"
                     f"  test_file: {files['test']}\n  text_columns: [sentence]\n")  # fmt: skip
     steps = ["--training.max_steps", 2, "--training.save_steps", 1, "--training.eval_steps", 0]
-    commands = {
-        "classify": (launch, "finetune/classify.py", ["--model.checkpoint", encoder, "--training.output_dir",
+    commands = {  # (how the first run starts, how the resume starts, the script, its arguments)
+        "classify": (launch, run_in_process, "finetune/classify.py", ["--model.checkpoint", encoder, "--training.output_dir",
                                                       tmp_path / "classify", "--data.train_file", files["train"],
                                                       "--data.validation_file", files["validation"],
                                                       "--data.test_file", files["test"],
                                                       "--training.per_device_train_batch_size", 8, *steps]),
-        "adapt": (plain_python, "finetune/adapt.py", ["--task", "classify", "--task_config", task,
+        "adapt": (run_in_process, plain_python, "finetune/adapt.py", ["--task", "classify", "--task_config", task,
                                                       "--model.init_from", encoder, "--training.output_dir",
                                                       tmp_path / "adapt", "--data.max_seq_length", 32,
                                                       "--training.per_device_train_batch_size", 4, *steps]),
     }  # fmt: skip
-    first = wait_all({name: start(script, *args) for name, (start, script, args) in commands.items()})
-    for name, (code, output) in first.items():
+
+    def start_all(which: int, extra=lambda name: []) -> dict:
+        """Each script's run started the way `which` picks, the fresh processes first: {name: (exit status,
+        output)} once all ended."""
+        starts = {name: (entry[which], entry[2], [*entry[3], *extra(name)]) for name, entry in commands.items()}
+        fresh = {name: start(script, *args) for name, (start, script, args) in starts.items() if start is not run_in_process}
+        here = {name: run_in_process(capsys, script, *args)
+                for name, (start, script, args) in starts.items() if start is run_in_process}  # fmt: skip
+        return here | wait_all(fresh)
+
+    for name, (code, output) in start_all(0).items():
         assert code == 0, (name, output[-3000:])
-    procs = {}
-    for name, (start, script, args) in commands.items():
-        checkpoint = find_checkpoints(tmp_path / name)[0]
+    checkpoints = {name: find_checkpoints(tmp_path / name)[0] for name in commands}
+    for checkpoint in checkpoints.values():
         halve_optimizer_state(checkpoint)
-        procs[name] = (checkpoint, start(script, *args, "--training.resume_from_checkpoint", checkpoint))
-    for name, (checkpoint, proc) in procs.items():
-        code, output = proc.wait(timeout=300), proc.stdout.read()
+    rows = {name: (tmp_path / name / "metrics.jsonl").read_text() for name in commands}
+    done = start_all(1, lambda name: ["--training.resume_from_checkpoint", checkpoints[name]])
+    for name, checkpoint in checkpoints.items():
+        code, output = done[name]
         assert code > 0, (name, code, output[-3000:])
         line = error_line(output)
         assert re.fullmatch(
@@ -530,6 +581,7 @@ def test_fine_tuning_refuses_an_optimizer_state_of_another_model(tmp_path, kiln_
             r"exp_avg is torch\.float32 \[\d+, 16\], the parameter is torch\.float32 \[\d+, 32\]; resume from an "
             r"older checkpoint \(.*\)", line), (name, line)  # fmt: skip
         assert "diverged" not in output and "train/loss" not in output, (name, output[-3000:])
+        assert (tmp_path / name / "metrics.jsonl").read_text() == rows[name], name  # no step logged
 
 
 def edit_state(folder: Path, counters=None, scheduler=None, lr=None) -> Path:
@@ -558,10 +610,11 @@ def edit_state(folder: Path, counters=None, scheduler=None, lr=None) -> Path:
     return folder
 
 
-def test_a_loop_state_out_of_range_is_refused_in_one_line(tmp_path, reference):
+def test_a_loop_state_out_of_range_is_refused_in_one_line(tmp_path, reference, capsys):
     """loop_state.json with step 10**18 (trainer_state.json agreeing), a step past its folder's name, a NaN
     learning rate (the optimizer agreeing) or the string "NaN": one line each, naming the file and the field,
-    through `accelerate launch` and plain `python`; a refusal of `latest` names the folder it resolved to."""
+    through `accelerate launch` and plain `python` (fresh processes) and the same command line in this process;
+    a refusal of `latest` names the folder it resolved to."""
     marker = tmp_path / "MARKER"
     cases = {
         "huge": (edit_state(step2_copy(reference, tmp_path / "huge"), counters={"global_step": 10**18}),
@@ -574,23 +627,26 @@ def test_a_loop_state_out_of_range_is_refused_in_one_line(tmp_path, reference):
         "nan-string": (edit_state(step2_copy(reference, tmp_path / "nan-string"), scheduler={"_last_lr": ["NaN"] * 2}),
                        'loop_state.json: scheduler._last_lr[0] is "NaN", not a finite number'),
     }  # fmt: skip
-    procs = {}
-    for number, (name, (folder, _)) in enumerate(cases.items()):
-        start = launch if number % 2 == 0 else plain_python
-        procs[name] = start("pretrain/run.py", *RUN, "--training.output_dir", tmp_path / f"run-{name}",
-                            "--training.resume_from_checkpoint", folder)  # fmt: skip
+    starts = {"huge": launch, "ahead": plain_python, "nan": run_in_process, "nan-string": run_in_process}
+    args = {name: [*RUN, "--training.output_dir", tmp_path / f"run-{name}", "--training.resume_from_checkpoint",
+                   folder] for name, (folder, _) in cases.items()}  # fmt: skip
+    procs = {name: start("pretrain/run.py", *args[name]) for name, start in starts.items() if start is not run_in_process}
     run_copy = tmp_path / "pickled-latest"
     shutil.copytree(reference[0], run_copy)
     plant(find_checkpoints(run_copy)[-1], marker, ["custom_checkpoint_0.pkl"])
-    procs["latest"] = launch("pretrain/run.py", *RUN, "--training.output_dir", run_copy,
-                             "--training.resume_from_checkpoint", "latest")  # fmt: skip
-    done = wait_all(procs)
+    done = {name: run_in_process(capsys, "pretrain/run.py", *args[name])
+            for name, start in starts.items() if start is run_in_process}  # fmt: skip
+    # planted pickles are refused in a fresh process (above); here the refusal names the folder `latest` picked
+    done["latest"] = run_in_process(capsys, "pretrain/run.py", *RUN, "--training.output_dir", run_copy,
+                                    "--training.resume_from_checkpoint", "latest")  # fmt: skip
+    done |= wait_all(procs)
     for name, (folder, message) in cases.items():
         code, output = done[name]
         assert code > 0, (name, code, output[-3000:])
         assert error_line(output).startswith(f"error: checkpoint {folder} is damaged: {message}; resume from"), name
         assert "Traceback (most recent call last)" not in output.split("error: ")[0], (name, output[-3000:])
         assert "train/loss" not in output and not (tmp_path / f"run-{name}" / "final").exists(), name
+        assert not (tmp_path / f"run-{name}" / "metrics.jsonl").exists(), name  # no step logged
     code, output = done["latest"]
     assert code > 0 and not marker.exists(), output[-3000:]
     assert error_line(output).startswith(

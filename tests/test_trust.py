@@ -1,7 +1,9 @@
 """Trust (issue 24): no code runs that the user did not ask for, nothing private is published, files follow the
 umask; and the one-line refusals of settings that would silently do something else.
 
-Every case runs as a user runs it: `accelerate launch` in a fresh process."""
+Every case runs as a user runs it, `accelerate launch` in a fresh process, but for a few refusals whose way
+through a fresh process another case proves: those go through the same command line in this process
+(`run_in_process`)."""
 
 import json
 import os
@@ -30,6 +32,46 @@ def launch(script: str, *args, env_extra=None, umask: int = -1) -> subprocess.Po
 def finish(*procs: subprocess.Popen) -> list[tuple[int, str]]:
     """Wait for processes started together (they run side by side); (exit status, output) of each."""
     return [(proc.wait(timeout=240), proc.stdout.read()) for proc in procs]
+
+
+def script_cli(script: str):
+    """The command line of `script` ("pretrain/run.py", "finetune/classify.py", or a module run with `python -m`,
+    "pretrain.convert") as its `__main__` runs it, to call in this process."""
+    import importlib
+
+    if script == "pretrain/run.py":
+        from pretrain.run import cli
+
+        return cli
+    if script.startswith("finetune/"):
+        from finetune.common import run_finetune_cli
+
+        main = importlib.import_module(script[: -len(".py")].replace("/", ".")).main
+        return lambda argv: run_finetune_cli(main, argv)
+    return importlib.import_module(script).main
+
+
+def run_in_process(capsys, script: str, *args) -> tuple[int, str]:
+    """`script ARGS` through the same command line as `launch` runs it (its one-line errors, exit statuses), in
+    this process, for a case whose way through a fresh process another case proves: (exit status, what it wrote
+    to stdout and stderr)."""
+    from kiln_testing import one_torch_thread, reset_accelerate
+
+    capsys.readouterr()
+    reset_accelerate()
+    try:
+        with one_torch_thread():
+            script_cli(script)([str(arg) for arg in args])
+        code = 0
+    except SystemExit as exit_info:
+        code = exit_info.code
+    finally:
+        reset_accelerate()
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    if isinstance(code, str):  # sys.exit("error: ..."): the interpreter prints it and exits with status 1
+        output, code = output + code + "\n", 1
+    return code or 0, output
 
 
 def error_line(output: str) -> str:
@@ -73,23 +115,29 @@ def classify_args(tmp_path: Path, checkpoint, name: str) -> list:
             "--data.test_file", files["test"], "--training.per_device_train_batch_size", 8]  # fmt: skip
 
 
-def pretrain_and_fine_tune_from(tmp_path: Path, checkpoint, *pretraining_args, env_extra=None):
+def pretrain_and_fine_tune_from(tmp_path: Path, checkpoint, *pretraining_args, env_extra=None, umask=-1,
+                                fine_tuning_args=(), fine_tune_here=None):
     """Pretraining (--model.init_from) and fine-tuning (--model.checkpoint) from `checkpoint`, launched side
-    by side: (exit status, output) of each."""
+    by side (fine-tuning in this process meanwhile where `fine_tune_here` is pytest's capsys; `fine_tuning_args`
+    replace its defaults): (exit status, output) of each."""
     pretraining = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "p",
                          "--model.init_from", checkpoint, *pretraining_args, *ONE_STEP,
-                         env_extra=env_extra)  # fmt: skip
-    fine_tuning = launch("finetune/classify.py", *classify_args(tmp_path, checkpoint, "f"),
-                         env_extra=env_extra)
-    return finish(pretraining, fine_tuning)
+                         env_extra=env_extra, umask=umask)  # fmt: skip
+    args = [*classify_args(tmp_path, checkpoint, "f"), *map(str, fine_tuning_args)]
+    if fine_tune_here is not None:
+        fine_tuning = run_in_process(fine_tune_here, "finetune/classify.py", *args)
+        return [*finish(pretraining), fine_tuning]
+    return finish(pretraining, launch("finetune/classify.py", *args, env_extra=env_extra, umask=umask))
 
 
-def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(tmp_path, kiln_checkpoints):
+def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(tmp_path, kiln_checkpoints, capsys):
+    """Pretraining in a fresh process, fine-tuning through its command line in this process (both fresh: the
+    Hub's case below)."""
     encoder, _ = kiln_checkpoints
     marker = tmp_path / "MARKER"
     stranger = stranger_checkpoint(tmp_path / "stranger", encoder, "stranger_bert", marker)
     (p_code, p_out), (f_code, f_out) = pretrain_and_fine_tune_from(
-        tmp_path, stranger, "--tokenizer.name_or_path", stranger
+        tmp_path, stranger, "--tokenizer.name_or_path", stranger, fine_tune_here=capsys
     )
     assert not marker.exists(), "the checkpoint's own code ran"
     assert p_code != 0 and f_code != 0
@@ -103,12 +151,17 @@ def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(tm
     assert not (tmp_path / "p").exists() and not (tmp_path / "f").exists()
 
 
-def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes(tmp_path, kiln_checkpoints):
+def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes_and_saves_by_the_umask(
+    tmp_path, kiln_checkpoints
+):
+    """Item 1, and item 3 (every file a run writes follows the umask, the weights included) on the same
+    fine-tuning run, which evaluates and saves a checkpoint at each of its 2 steps (best/ is written)."""
     encoder, _ = kiln_checkpoints
     marker = tmp_path / "MARKER"
     stranger = stranger_checkpoint(tmp_path / "stranger", encoder, "kiln_encoder", marker)
+    every_step = ["--training.max_steps", 2, "--training.save_steps", 1, "--training.eval_steps", 1]
     (p_code, p_out), (f_code, f_out) = pretrain_and_fine_tune_from(
-        tmp_path, stranger, "--tokenizer.name_or_path", stranger
+        tmp_path, stranger, "--tokenizer.name_or_path", stranger, umask=0o022, fine_tuning_args=every_step
     )
     assert not marker.exists(), "the checkpoint's own code ran"
     assert p_code == 0, p_out[-3000:]
@@ -118,6 +171,13 @@ def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes(tmp_path,
         assert not (final / "stranger.py").exists()
         for name in ("config.json", "tokenizer_config.json"):
             assert "stranger" not in (final / name).read_text(), (final, name)
+
+    out = tmp_path / "f"
+    folders = [out / "final", out / "best", *sorted((out / "checkpoints").iterdir())]
+    assert len(folders) >= 3 and all(folder.is_dir() for folder in folders)
+    modes = {str(p.relative_to(out)): oct(p.stat().st_mode & 0o777) for f in folders for p in f.rglob("*") if p.is_file()}
+    assert any(name.endswith("model.safetensors") for name in modes)
+    assert {name: mode for name, mode in modes.items() if mode != oct(0o644)} == {}
 
 
 def test_a_hub_checkpoint_of_another_type_with_code_is_refused_without_running_it(
@@ -182,30 +242,15 @@ def test_nothing_published_names_a_local_path(tmp_path, hub):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# item 3: every file a run writes follows the umask, the weights included
-
-
-def test_every_saved_file_follows_the_umask(tmp_path, kiln_checkpoints):
-    encoder, _ = kiln_checkpoints
-    out = tmp_path / "f"
-    args = classify_args(tmp_path, encoder, "f")
-    args[args.index("--training.max_steps") + 1] = 2
-    args[args.index("--training.save_steps") + 1] = 1
-    args[args.index("--training.eval_steps") + 1] = 1  # an evaluation at each step: best/ is written
-    ((code, output),) = finish(launch("finetune/classify.py", *args, umask=0o022))
-    assert code == 0, output[-3000:]
-    folders = [out / "final", out / "best", *sorted((out / "checkpoints").iterdir())]
-    assert len(folders) >= 3 and all(folder.is_dir() for folder in folders)
-    modes = {str(p.relative_to(out)): oct(p.stat().st_mode & 0o777) for f in folders for p in f.rglob("*") if p.is_file()}
-    assert any(name.endswith("model.safetensors") for name in modes)
-    assert {name: mode for name, mode in modes.items() if mode != oct(0o644)} == {}
+# item 3: every file a run writes follows the umask, the weights included: with item 1's fine-tuning run, above
 
 
 # ----------------------------------------------------------------------------------------------------------
 # items 6, 9, 15, 18: settings that would silently do something else are one line
 
 
-def test_settings_that_would_train_otherwise_than_asked_are_one_line(tmp_path):
+def test_settings_that_would_train_otherwise_than_asked_are_one_line(tmp_path, capsys):
+    """The first case launched in a fresh process, the others through the same command line in this process."""
     (tmp_path / "a.yaml").write_text("_base_: b.yaml\ntraining:\n  max_steps: 2\n")
     (tmp_path / "b.yaml").write_text("_base_: a.yaml\nmodel:\n  hidden_size: 32\n")
     cases = {
@@ -218,9 +263,12 @@ def test_settings_that_would_train_otherwise_than_asked_are_one_line(tmp_path):
         "base loop": (["--config", tmp_path / "a.yaml"],
                       f"error: the _base_ chain of {tmp_path / 'a.yaml'} loops: a.yaml -> b.yaml -> a.yaml"),
     }  # fmt: skip
-    procs = {name: launch("pretrain/run.py", *args, "--training.output_dir", tmp_path / name.replace(" ", "-"))
-             for name, (args, _) in cases.items()}  # fmt: skip
-    for (name, (_, expected)), (code, output) in zip(cases.items(), finish(*procs.values())):
+    runs = {name: [*args, "--training.output_dir", tmp_path / name.replace(" ", "-")] for name, (args, _) in cases.items()}
+    fresh = launch("pretrain/run.py", *runs["lr 0"])
+    done = {name: run_in_process(capsys, "pretrain/run.py", *args) for name, args in runs.items() if name != "lr 0"}
+    done["lr 0"] = finish(fresh)[0]
+    for name, (_, expected) in cases.items():
+        code, output = done[name]
         assert code != 0, (name, output[-2000:])
         assert error_line(output).startswith(expected), (name, error_line(output))
         assert "Traceback" not in output.split("error: ")[0], (name, output[-2000:])  # the training process's own
