@@ -253,10 +253,12 @@ load_training_state(accelerator2, model2, optimizer2, scheduler2, state2, folder
 again = [train(model2, optimizer2, scheduler2, step) for step in (3, 4)]
 worst = max(float((p.full_tensor() - reference_weights[n]).abs().max()) for n, p in model2.named_parameters())
 plain = set(KilnEncoderForPreTraining(tiny_encoder_config()).state_dict())
-print("RESULT", json.dumps(dict(rank=rank, reference=reference, again=again, worst=worst,
+result = json.dumps(dict(rank=rank, reference=reference, again=again, worst=worst,
       step=state2.global_step, accelerator_step=accelerator2.step, lr=scheduler2.get_last_lr(),
       reference_lr=scheduler.get_last_lr(), same_keys=set(load_file(os.path.join(folder, "model.safetensors"))) == plain,
-      files=sorted(os.listdir(folder)))))
+      files=sorted(os.listdir(folder))))
+with open(os.path.join(sys.argv[2], f"result-{rank}.json"), "w") as fh:  # not the shared stdout pipe
+    fh.write(result)
 dist.destroy_process_group()
 """
 
@@ -269,9 +271,9 @@ def test_fsdp2_state_round_trips_through_plain_files_on_two_processes(tmp_path):
 
     script = tmp_path / "fsdp2_state.py"
     script.write_text(_FSDP2_SCRIPT)
-    done = run_under_fsdp(script, tmp_path / "state")
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
-    assert sorted(r["rank"] for r in results) == [0, 1]
+    done = run_under_fsdp(script, tmp_path / "state", tmp_path)
+    results = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("result-*.json"))]
+    assert sorted(r["rank"] for r in results) == [0, 1], done.stdout[-2000:] + done.stderr[-2000:]
     for r in results:
         assert r["again"] == r["reference"], r
         assert r["worst"] == 0.0
