@@ -33,6 +33,7 @@ import dataclasses
 import glob
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -213,12 +214,21 @@ def record_files(out: str | os.PathLike, *paths: str | os.PathLike, append: bool
     _journal(out, lines)
 
 
-def record_entries(out: str | os.PathLike, entries: dict[str, dict[str, Any]]) -> None:
-    """Add files by name in `out` with the size and sha256 their writer computed (a checkpoint's checksums),
-    before they are moved into place under those names."""
+def record_checkpoint(out: str | os.PathLike, name: str, staging: Path, checksums: dict[str, dict[str, Any]]) -> None:
+    """Put the checkpoint written in `staging` on the record under `name` (its folder in `out`) before it is
+    renamed into place: its files with the size and sha256 its writer just computed (`checksums`), and the
+    checksums file itself. A kill in between leaves names on the record that are not on disk (harmless), never a
+    checkpoint the record lacks."""
+    from .checkpoint_files import CHECKSUMS_FILE
+    from .file_hash import sha256_file
+
     out = Path(out)
-    if (out / MARKER).is_file():
-        _journal(out, [{"file": name, **entry} for name, entry in sorted(entries.items())])
+    if not (out / MARKER).is_file():
+        return
+    manifest = staging / CHECKSUMS_FILE
+    entries = {f"{name}/{file}": entry for file, entry in checksums.items()}
+    entries[f"{name}/{CHECKSUMS_FILE}"] = {"size": manifest.stat().st_size, "sha256": sha256_file(manifest)}
+    _journal(out, [{"file": file, **entry} for file, entry in sorted(entries.items())])
 
 
 def forget_files(out: str | os.PathLike, *paths: str | os.PathLike) -> None:
@@ -331,6 +341,11 @@ def set_aside_checkpoint(out: str | os.PathLike, folder: str) -> tuple[str, list
         aside = out / f"{folder}.kept-{number}"
     os.replace(out / folder, aside)
     forget_files(out, folder)  # the kept files' old names; under the new one they are on no record
+    more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
+    logging.getLogger("kiln").warning(
+        "%s held files Kiln did not write or that changed since (%s%s): kept, in %s; delete that folder once you no "
+        "longer need them", folder, ", ".join(kept[:3]), more, aside
+    )
     return aside.relative_to(out).as_posix(), kept
 
 
@@ -598,7 +613,7 @@ __all__ = [
     "older_marker",
     "overwrite_plan",
     "read_record",
-    "record_entries",
+    "record_checkpoint",
     "record_files",
     "refusal",
     "remove_recorded",

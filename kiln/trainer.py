@@ -34,7 +34,6 @@ from .callbacks import RunEnd, TrainerCallback
 from .checkpoint_config import CONFIG_FILE
 from .checkpoint_files import (
     CHECKPOINT_PREFIX,
-    CHECKSUMS_FILE,
     TRAINER_STATE_FILE,
     check_checkpoint_metadata,
     check_config_change,
@@ -56,7 +55,6 @@ from .disk import disk_writes
 from .elastic import convert_position, layout_of, saved_layout
 from .errors import ConfigError
 from .export import follow_umask
-from .file_hash import sha256_file
 from .fingerprint import write_fingerprint
 from .nodes import writes_run_files
 from .public import save_public_config, write_public_json
@@ -339,13 +337,8 @@ class Trainer:
             raise
         if writer:
             prefix = final.relative_to(self.output_dir).as_posix()
-            self._clear_checkpoint(final)  # a step saved again (after a resume from an older one)
-            # on the record before it is in place (hashed once, just now): a kill in between leaves names on the
-            # record that are not there (harmless), never a checkpoint the record lacks
-            entries = {f"{prefix}/{name}": entry for name, entry in checksums.items()}
-            manifest = tmp / CHECKSUMS_FILE  # itself not in it
-            entries[f"{prefix}/{CHECKSUMS_FILE}"] = {"size": manifest.stat().st_size, "sha256": sha256_file(manifest)}
-            run_folder.record_entries(self.output_dir, entries)
+            run_folder.set_aside_checkpoint(self.output_dir, prefix)  # a step saved again (resumed from an older one)
+            run_folder.record_checkpoint(self.output_dir, prefix, tmp, checksums)  # before it is in place
             os.replace(tmp, final)
             if acc.is_main_process:
                 run_folder.record_files(self.output_dir, "logs", append=True)
@@ -395,25 +388,14 @@ class Trainer:
             run_folder.record_files(self.output_dir, path.name)
 
     def _rotate_checkpoints(self, keep: Path) -> None:
-        """Remove the oldest checkpoints beyond save_total_limit (None or 0: keep all); never `keep`."""
+        """Remove the oldest checkpoints beyond save_total_limit (None or 0: keep all); never `keep`. Only the
+        files Kiln provably wrote go; a folder holding others is set aside (`run_folder.set_aside_checkpoint`)."""
         limit = self.training.save_total_limit
         if not limit or limit < 1:
             return
         for old in find_checkpoints(self.output_dir)[:-limit]:
             if old != keep:
-                self._clear_checkpoint(old)
-
-    def _clear_checkpoint(self, folder: Path) -> None:
-        """Remove the checkpoint `folder`'s files Kiln provably wrote; anything else stays, set aside."""
-        if not (folder.exists() or folder.is_symlink()):
-            return
-        aside = run_folder.set_aside_checkpoint(self.output_dir, folder.relative_to(self.output_dir).as_posix())
-        if aside is not None:
-            name, kept = aside
-            more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
-            logger.warning("%s held files Kiln did not write or that changed since (%s%s): kept, in %s/%s; delete "
-                           "that folder once you no longer need them", folder.name, ", ".join(kept[:3]), more,
-                           self.output_dir, name)  # fmt: skip
+                run_folder.set_aside_checkpoint(self.output_dir, old.relative_to(self.output_dir).as_posix())
 
     def resume(self, spec: str) -> Path:
         """Continue from `spec` (`latest`, a folder, `hub:user/name`), every file checked first (`_load_state`):
