@@ -13,6 +13,7 @@ import sys
 import pytest
 from kiln_testing import DEBUG, REPO, free_port, losses
 
+from kiln import run_folder
 from kiln.checkpoint_files import find_checkpoints
 
 ARGS = ["--data.max_train_documents", 8, "--training.max_steps", 4, "--training.save_steps", 2,
@@ -98,6 +99,10 @@ def test_two_nodes_with_node_local_disks(tmp_path):
         names = {p.name for p in find_checkpoints(disk)[-1].iterdir()}
         assert {"model.safetensors", "optimizer.safetensors", "trainer_state.json", f"rng_state_{rank}.safetensors"} <= names
         assert json.loads((find_checkpoints(disk)[-1] / "trainer_state.json").read_text())["global_step"] == 4
+        # each node's own record lists what that node wrote, so an overwrite there removes Kiln's files
+        recorded = run_folder.read_record(disk) or {}
+        written = {p.relative_to(disk).as_posix() for p in disk.rglob("*") if p.is_file()}
+        assert {n for n in written if n.startswith(("checkpoints/", "tokenizer/"))} | {"config.yaml"} <= set(recorded)
     assert (run_dir / "tokenizer/tokenizer.json").read_bytes() == (node1 / "tokenizer/tokenizer.json").read_bytes()
     assert "save_on_each_node: true" in (run_dir / "config.yaml").read_text()
     assert (run_dir / "final" / "model.safetensors").is_file() and not (node1 / "final").exists()
