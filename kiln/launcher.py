@@ -206,7 +206,11 @@ def failed_first() -> str | None:
         return None
 
 
-def end_after_peer(who: str, status: int = 1) -> None:  # 1: PEER_STOP_STATUS
+PEER_STOP_STATUS = 1
+"""The status of a process that ends because another one failed first (`end_after_peer`)."""
+
+
+def end_after_peer(who: str, status: int = PEER_STOP_STATUS) -> None:
     """End this process quietly, with `status`, because `who` failed first; on another node than `who`'s, its
     first process says where the error is (each node's console shows only its own processes)."""
     if _ending is not None and not _ending.acquire(blocking=True, timeout=30):
@@ -325,15 +329,11 @@ def main(argv: list[str] | None = None) -> None:
     except subprocess.CalledProcessError as err:  # the single-process launcher: the process said why itself
         raise SystemExit(_exit_status(err.returncode, rank=0)) from None
     except Exception as err:
-        failure = getattr(err, "get_first_failure", None)  # torchrun's ChildFailedError
-        if failure is None:
+        failures = getattr(err, "failures", None)  # torchrun's ChildFailedError
+        if not failures:
             raise
-        rank, first = _failure_that_spoke(err.failures) if getattr(err, "failures", None) else failure()
+        rank, first = _failure_that_spoke(failures)
         raise SystemExit(_exit_status(int(first.exitcode), rank)) from None
-
-
-PEER_STOP_STATUS = 1
-"""The status of a process that ends because another one failed first (`end_after_peer`)."""
 
 
 def _failure_that_spoke(failures: dict) -> tuple:

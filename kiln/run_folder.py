@@ -180,29 +180,25 @@ def _size_and_sha256(path: Path, append: bool) -> tuple[int, str]:
     return read, digest.hexdigest()
 
 
-def _lines_for(out: Path, path: Path, append: bool, known: dict[str, dict[str, Any]] | None) -> list[dict]:
+def _lines_for(out: Path, path: Path, append: bool) -> list[dict]:
     rel = path.relative_to(out).as_posix()
     if path.is_symlink():
         return [{"link": rel, "target": os.readlink(path)}]
     if path.is_file():
-        if known is not None and rel in known:
-            return [{"file": rel, **known[rel]}]
         size, digest = _size_and_sha256(path, append)
         return [{"file": rel, "size": size, "sha256": digest}]
     if path.is_dir():
         lines = []
         for child in sorted(path.iterdir()):
-            lines.extend(_lines_for(out, child, append, known))
+            lines.extend(_lines_for(out, child, append))
         return lines
     return []
 
 
-def record_files(out: str | os.PathLike, *paths: str | os.PathLike, append: bool = False,
-           known: dict[str, dict[str, Any]] | None = None) -> None:  # fmt: skip
-    """Add what Kiln just wrote at `paths` (files or folders, inside `out`) to the folder's record; called by the
-    process that wrote them, right after. `append`: files Kiln appends to (only the new bytes are hashed);
-    `known`: sizes and sha256 already computed by the writer (a checkpoint's checksums), by name in `out`.
-    A folder without a record (a run started before records existed) gets none: its files stay unproven."""
+def record_files(out: str | os.PathLike, *paths: str | os.PathLike, append: bool = False) -> None:
+    """Add what Kiln just wrote at `paths` (files or folders, by name inside `out`) to the folder's record; called
+    by the process that wrote them, right after (a checkpoint: `record_checkpoint`). `append`: files Kiln appends
+    to (only the new bytes are hashed). A folder without a record (a run started before records existed) gets none: its files stay unproven."""
     out = Path(out)
     if not (out / MARKER).is_file():
         return
@@ -210,7 +206,7 @@ def record_files(out: str | os.PathLike, *paths: str | os.PathLike, append: bool
     for path in paths:
         path = out / path
         if path.exists() or path.is_symlink():
-            lines.extend(_lines_for(out, path, append, known))
+            lines.extend(_lines_for(out, path, append))
     _journal(out, lines)
 
 
