@@ -42,6 +42,7 @@ from pretrain.data import (
     split_sentences,
     train_tokenizer,
 )
+from pretrain.data.collator import real_tokens
 from pretrain.data.corpus import iter_texts
 
 SEQ_LEN = 128
@@ -77,7 +78,7 @@ def collate_all(collator, batches) -> tuple[int, int]:
     for features in batches:
         batch = collator(features)
         padded += batch["input_ids"].numel()
-        real += int(batch["attention_mask"].sum())
+        real += int(real_tokens(batch).sum())
     return padded, real
 
 
@@ -147,11 +148,11 @@ def main(argv: list[str] | None = None) -> None:
             loader = DataLoader(
                 dataset, batch_size=BATCH_SIZE, shuffle=True, collate_fn=data.collator, drop_last=True
             )
-            padded_tokens = real_tokens = 0
+            padded_tokens = real_token_count = 0
             for batch in loader:
                 padded_tokens += batch["input_ids"].numel()
-                real_tokens += int(batch["attention_mask"].sum())
-            return padded_tokens, real_tokens
+                real_token_count += int(real_tokens(batch).sum())
+            return padded_tokens, real_token_count
 
         epoch_times, loader_tokens = [], (0, 0)
         for epoch in range(1, args.repeats + 1):  # a new epoch each time: its pairs are built, not cached

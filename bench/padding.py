@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     from kiln.trainer import Trainer
     from pretrain.config import RunConfig
     from pretrain.data import build_pretraining_data, prepare_tokenizer
+    from pretrain.data.collator import real_tokens
 
     datasets.disable_progress_bars()
     os.chdir(REPO)  # the run's relative data paths
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
             for batch in loader:
                 if epoch == 0 and len(timed_batches) < max(args.time, args.profile + 3):
                     timed_batches.append(batch)
-                lengths = batch["attention_mask"].sum(1)
+                lengths = real_tokens(batch).sum(1)
                 totals["batches"] += 1
                 totals["padded"] += batch["input_ids"].numel()
                 totals["real"] += int(lengths.sum())
@@ -158,6 +159,7 @@ def _time_variants(config, tokenizer, batches: list[dict]) -> dict:
     import time
 
     from pretrain.data import padded_vocab_size
+    from pretrain.data.collator import real_tokens
     from pretrain.run import build_model
 
     torch.manual_seed(config.training.seed)
@@ -177,7 +179,7 @@ def _time_variants(config, tokenizer, batches: list[dict]) -> dict:
             start = time.perf_counter()
             train_step(models[name], optimizers[name], batch, config.training.max_grad_norm)
             times[name].append(time.perf_counter() - start)
-    real = [int(batch["attention_mask"].sum()) for batch in batches]
+    real = [int(real_tokens(batch).sum()) for batch in batches]
     warm = slice(1, None) if len(batches) > 2 else slice(None)  # the first step of each model warms up
     result = {"batches": len(batches), "check": check, "load_average": os.getloadavg()[0], "variants": {}}
     plain = times["padded, foreach AdamW"]

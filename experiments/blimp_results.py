@@ -79,6 +79,12 @@ def record_blimp_run(args) -> None:
         "mean": result["mean"], "phenomena": result["phenomena"],
         "paradigms": {name: entry["accuracy"] for name, entry in result["paradigms"].items()},
     }  # fmt: skip
+    if args.bits_per_byte:  # lm-eval's results JSON: {"results": {task: {"bits_per_byte,none": ...}}}
+        scores = json.loads(Path(args.bits_per_byte).read_text())["results"]["kiln_tinystories_valid"]
+        entry["tinystories_valid"] = {
+            "bits_per_byte": scores["bits_per_byte,none"], "word_perplexity": scores["word_perplexity,none"],
+            "command": args.bits_per_byte_command,
+        }  # fmt: skip
     with RECORDS.open("a") as f:
         f.write(json.dumps(entry) + "\n")
     print(f"recorded {args.name}: {100 * entry['mean']:.1f}")
@@ -103,16 +109,17 @@ def table(records: list[dict]) -> str:
     """The Markdown block between START and END."""
     rows = sorted(latest(records).values(), key=lambda r: (r["kind"], r["minutes"]))
     means, runs = paper_means(), pretraining_records()
-    lines = [START, "", "| model | pretraining | BLiMP | pairs | scored in (wall clock, one thread, busy CPU) |",
-             "|---|---|---:|---:|---:|"]  # fmt: skip
+    lines = [START, "", "| model | pretraining | BLiMP | pairs | scored in (wall clock, one thread) | bits per byte, "
+             "TinyStories validation |", "|---|---|---:|---:|---:|---:|"]  # fmt: skip
     for row in rows:
         what = f"Kiln {row['kind']}, random weights" if row["from_scratch"] else f"Kiln {row['kind']}"
         steps = runs[row["pretraining"]]["steps"]
         pretraining = "none" if row["from_scratch"] else f"{row['minutes']:g} min, {steps:,} steps (`{row['pretraining']}`)"
-        lines.append(f"| {what} | {pretraining} | {100 * row['mean']:.1f} | {row['pairs']:,} | {row['seconds'] / 60:.0f} min |")
+        bpb = f"{row['tinystories_valid']['bits_per_byte']:.3f}" if "tinystories_valid" in row else ""
+        lines.append(f"| {what} | {pretraining} | {100 * row['mean']:.1f} | {row['pairs']:,} | {row['seconds'] / 60:.0f} min | {bpb} |")
     for key, name in PAPER_MODELS.items():
-        lines.append(f"| {name} (paper) | | {means[key]:.1f} | 67,000 | |")
-    lines.append("| chance | | 50.0 | | |")
+        lines.append(f"| {name} (paper) | | {means[key]:.1f} | 67,000 | | |")
+    lines.append("| chance | | 50.0 | | | |")
     trained = [row for row in rows if not row["from_scratch"]]
     if trained:
         best = max(trained, key=lambda r: r["mean"])
@@ -216,6 +223,10 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--command", required=True, help="the command that wrote OUT, as run")
     rec.add_argument("--model", help="the model as the record names it (default: OUT's)")
     rec.add_argument("--run", help="JSON the scoring job wrote: commit, start, end, load_start, load_end")
+    rec.add_argument("--bits_per_byte", metavar="LM_EVAL_JSON",
+                     help="a decoder's lm-eval results on configs/lm-eval/tinystories-valid.yaml (its bits per "
+                          "byte and word perplexity go on the record, with --bits_per_byte_command)")
+    rec.add_argument("--bits_per_byte_command", help="the lm_eval command that wrote LM_EVAL_JSON, as run")
     upd = sub.add_parser("update", help="rewrite docs/results.md's BLiMP table and the plots from the records")
     upd.add_argument("--check", action="store_true", help="exit 1 when the table is stale; write nothing")
     args = parser.parse_args(argv)

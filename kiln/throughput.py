@@ -10,10 +10,14 @@ import torch
 
 
 def count_real_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Tokens that are not padding (tokens/s, tokens_seen and MFU count these)."""
+    """Tokens that are not padding (tokens/s, tokens_seen and MFU count these). A packed causal-LM batch carries
+    no padding mask (its documents are read from its position ids); its padding is where the labels are -100."""
     mask = batch.get("attention_mask")
     if torch.is_tensor(mask):
         return int(mask.sum())
+    labels = batch.get("labels")
+    if torch.is_tensor(labels) and torch.is_tensor(batch.get("position_ids")):
+        return int((labels != -100).sum())
     ids = batch.get("input_ids")
     return int(ids.numel()) if torch.is_tensor(ids) else 0
 

@@ -376,6 +376,32 @@ class KilnDecoderCommonTest(_KilnCommon, GenerationTesterMixin, unittest.TestCas
     def test_config(self):
         self.config_tester.run_common_tests()
 
+    def test_left_padding_compatibility(self):
+        """transformers' generation test of this name (its GenerationTesterMixin, not in the sdist), step by step:
+        a mask with holes as GPT-2's tester draws it (`random_attention_mask`), position ids derived from the mask
+        as `generate` derives them (`[0 1 1 2 3]` repeats a position at a hole), then 32 tokens of left padding:
+        the last token's logits stay the same. Rows with holes are one sequence, not packed documents."""
+        torch.manual_seed(0)
+        config, inputs = self.model_tester.prepare_config_and_inputs_for_common()
+        input_ids = inputs["input_ids"]
+        attention_mask = ids_tensor(list(input_ids.shape), 2)
+        attention_mask[:, -1] = 1
+        assert bool((attention_mask[:, :-1] == 0).any())  # holes, not only padding
+
+        def last_logits(model, input_ids, attention_mask):
+            position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+            logits = model(input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+            return logits[:, -1, :]
+
+        model = KilnDecoderForCausalLM(config).eval()
+        with torch.no_grad():
+            unpadded = last_logits(model, input_ids, attention_mask)
+            padding = torch.full((input_ids.shape[0], 32), config.pad_token_id, dtype=input_ids.dtype)
+            padded = last_logits(
+                model, torch.cat([padding, input_ids], 1), torch.cat([torch.zeros_like(padding), attention_mask], 1)
+            )
+        torch.testing.assert_close(unpadded, padded, rtol=1e-5, atol=1e-5)
+
 
 class KilnLlamaDecoderCommonTest(KilnDecoderCommonTest):
     """The same mixin tests on the decoder's `llama` preset."""

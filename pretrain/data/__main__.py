@@ -186,10 +186,12 @@ def encoder_statistics(data, limit: int, max_seq_length: int) -> dict[str, float
         ],
         0,
     )
+    from .collator import real_tokens  # torch: imported once statistics are asked for
+
     epochs = set()
     for epoch, batch in training_batches(data, limit):
         epochs.add(epoch)
-        ids, labels, attention = batch["input_ids"], batch["labels"], batch["attention_mask"].bool()
+        ids, labels, attention = batch["input_ids"], batch["labels"], real_tokens(batch)
         selected = labels != -100
         original = torch.where(selected, labels, ids)
         totals["sequences"] += len(ids)
@@ -209,11 +211,13 @@ def encoder_statistics(data, limit: int, max_seq_length: int) -> dict[str, float
 
 
 def decoder_statistics(data, limit: int) -> dict[str, float]:
+    from .collator import real_tokens  # torch: imported once statistics are asked for
+
     totals = dict.fromkeys(["sequences", "tokens", "eos", "padding", "positions"], 0)
     epochs = set()
     for epoch, batch in training_batches(data, limit):
         epochs.add(epoch)
-        attention = batch["attention_mask"].bool()
+        attention = real_tokens(batch)
         totals["sequences"] += len(attention)
         totals["tokens"] += int(attention.sum())
         totals["eos"] += int(((batch["input_ids"] == data.tokenizer.eos_token_id) & attention).sum())

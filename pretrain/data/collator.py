@@ -296,13 +296,16 @@ class ElectraCollator(MLMCollator):
 
 
 class CLMCollator:
-    """Pads blocks for causal LM: input_ids, attention_mask, labels (= input_ids, -100 on padding), and with
-    `document_masking` the position_ids of packed documents.
+    """Pads blocks for causal LM: input_ids, labels (= input_ids, -100 on padding), and either attention_mask or,
+    with `document_masking`, the position_ids of packed documents.
 
     A block packs documents each ended by EOS (pretrain/data/clm.py). With `document_masking`, position ids
-    restart at 0 after every EOS, so each document is positioned as if it were alone, and the model (which reads
-    restarting position ids as packed documents) lets a token attend only within its own document. The model
-    shifts labels itself. Stateless; `set_epoch` exists so the runner can treat both collators alike.
+    restart at 0 after every EOS, so each document is positioned as if it were alone, and the batch carries no
+    padding mask, as transformers' `DataCollatorWithFlattening` sends packed rows: the model (Kiln's, and
+    transformers' mask builders) reads restarting position ids as packed documents only without a padding mask,
+    and lets a token attend only within its own document. The padding is at each row's end, which no real token
+    sees under a causal mask, and its labels are -100. The model shifts labels itself. Stateless; `set_epoch`
+    exists so the runner can treat both collators alike.
     """
 
     def __init__(self, tokenizer, pad_to_multiple_of: int | None = 8, document_masking: bool = False):
@@ -329,7 +332,16 @@ class CLMCollator:
         batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
         if self.document_masking:
             batch["position_ids"] = document_positions(batch["input_ids"], self.eos_id)
+            del batch["attention_mask"]  # with a padding mask, position ids would be read as positions only
         return batch
+
+
+def real_tokens(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """(B, T) bool: the tokens of a collated batch that are not padding. A packed causal-LM batch carries no
+    padding mask (`CLMCollator` with document masking); its padding is where the labels are -100."""
+    if "attention_mask" in batch:
+        return batch["attention_mask"].bool()
+    return batch["labels"] != -100
 
 
 def document_positions(input_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -343,4 +355,4 @@ def document_positions(input_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
     return index - start_of_document
 
 
-__all__ = ["CLMCollator", "ElectraCollator", "MLMCollator", "document_positions", "pad_batch"]
+__all__ = ["CLMCollator", "ElectraCollator", "MLMCollator", "document_positions", "pad_batch", "real_tokens"]

@@ -549,20 +549,22 @@ def decoder_self_mask(config, inputs_embeds, attention_mask, cache, position_ids
     Kiln's `causal_mask` for a 2-D mask with no cache or a growing one; else transformers' `create_causal_mask`
     (static and sliding caches, flex attention).
 
-    Packed rows (position ids that restart at each document, as Kiln's CLM collator writes them; nothing cached
-    yet) attend within their own document only: Kiln's mask gets the block-diagonal restriction, and for the
-    other kernels transformers' builder reads the documents from the position ids (it does so without a cache
-    and without a padding mask; the padding of packed rows is at their end, which no real token sees under a
-    causal mask)."""
+    Packed rows attend within their own document only, read where transformers reads them: from position ids
+    that restart at each document, given *without* a padding mask and with nothing cached yet (as Kiln's CLM
+    collator sends packed blocks: their padding is at the end, which no real token sees under a causal mask).
+    With a padding mask, position ids are positions only: `generate` and transformers' own tests derive them from
+    a mask with holes (`[0 1 1 2 3]`), and those rows are one sequence. Kiln's mask gets the block-diagonal
+    restriction; for the other kernels transformers' builder reads the same documents. (transformers also asks
+    for no cache object, where Kiln asks for nothing cached: a model in eval mode builds an empty cache, and its
+    packed evaluation batches stay masked apart.)"""
     if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() == 4):
         return attention_mask
-    no_past = isinstance(past_length, int) and past_length == 0
-    documents = packed_documents(position_ids, inputs_embeds.shape[0]) if no_past else None
+    nothing_cached = isinstance(past_length, int) and past_length == 0
+    packed = attention_mask is None and nothing_cached
+    documents = packed_documents(position_ids, inputs_embeds.shape[0]) if packed else None
     if not uses_transformers_masks(config, cache):
         mask = causal_mask(attention_mask, inputs_embeds.shape[1], past_length, inputs_embeds.device)
         return mask if documents is None else document_mask(mask, documents, inputs_embeds.shape[1])
-    if documents is not None and cache is None:
-        attention_mask = None  # transformers reads packed documents from the position ids only without one
     if position_ids is None:
         position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
     return _transformers_mask(
