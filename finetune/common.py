@@ -129,6 +129,16 @@ def validate_common(config) -> None:
         value = getattr(data, name)
         if value is not None and value <= 0:
             raise ConfigError(f"data.{name} must be positive (or None for all), got {value}")
+    attention = getattr(config.model, "attn_implementation", None)
+    if attention is not None:  # a kernel Kiln's models run, and (training) one that trains on this device
+        from pretrain.modeling.configuration_kiln import check_attn_implementation
+        from pretrain.run import training_device
+
+        training = None if getattr(config, "predict", False) else training_device()
+        try:
+            check_attn_implementation(attention, training)
+        except ValueError as error:
+            raise ConfigError(f"model: {error}") from None
 
 
 def check_best_metric(training: TrainingConfig, available: Sequence[str], default: str) -> None:
@@ -159,7 +169,7 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
     from transformers import AutoConfig
 
     import pretrain.modeling  # noqa: F401  (registers the Kiln model types with AutoConfig)
-    from pretrain.convert import convert_first_advice, converted_start, convertible
+    from pretrain.convert import check_start_weights, convert_first_advice, converted_start, convertible
 
     local = resolve_path(spec)
     if os.path.isdir(local):
@@ -189,6 +199,9 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
     advice = convert_first_advice(found, spec, option)
     if advice and "kiln_encoder" in expected:
         raise ConfigError(advice)
+    if family is None and found_type in ("kiln_encoder", "kiln_decoder") and found_type in expected:
+        if os.path.isdir(path):  # its config against its weights' header, before anything is built
+            check_start_weights(spec, option, found, path)
     if found_type not in expected:
         wanted = " or ".join(expected)
         default_dir, command = PRETRAIN_COMMANDS.get(expected[0], (None, None))

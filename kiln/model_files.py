@@ -1,4 +1,5 @@
-"""A saved model's config.json read as data, never as code; its weight files' faults named in one line.
+"""A saved model's config.json read as data, never as code; its safetensors headers read without their tensors; its
+weight files' faults named in one line.
 
 transformers' Auto classes run the Python files a folder or Hub repo names in its `auto_map` when asked to trust
 remote code, and without that flag they may stop and prompt on the terminal. Kiln decides what a checkpoint is by
@@ -39,6 +40,58 @@ def read_model_config(spec: str, revision: str | None = None) -> dict:
     return config
 
 
+def safetensors_header(path: str | os.PathLike) -> dict:
+    """The JSON header of a safetensors file (tensor name -> dtype, shape, data offsets; `__metadata__`), read
+    without its tensors. OSError naming the fault: unreadable, not a safetensors file, or shorter than its header
+    says (truncated)."""
+    import struct
+
+    name = os.path.basename(path)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            if length > min(size - 8, 100 << 20):  # safetensors' own limit on a header: 100 MB
+                raise ValueError(f"a header of {length:,} bytes")
+            header = json.loads(fh.read(length))
+        tensors = {key: entry for key, entry in header.items() if key != "__metadata__"}
+        end = max((int(entry["data_offsets"][1]) for entry in tensors.values()), default=0)
+        for entry in tensors.values():
+            if not all(isinstance(n, int) and n >= 0 for n in entry["shape"]):
+                raise ValueError(f"a tensor of shape {entry['shape']!r}")
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error) as err:
+        raise OSError(f"{name} is damaged or truncated (not a safetensors file: {first_line(err)})") from None
+    if size < 8 + length + end:
+        raise OSError(f"{name} is damaged or truncated ({size:,} bytes; its header needs {8 + length + end:,})")
+    return header
+
+
+def weight_shapes(folder: str | os.PathLike) -> dict[str, tuple[int, ...]] | None:
+    """Tensor name -> shape of the safetensors weights of a saved model folder (model.safetensors, or the shards
+    model.safetensors.index.json names), read from their headers: no tensor is loaded, nothing is built. None when
+    the folder holds no safetensors weights; OSError (one line) when they cannot be read."""
+    single = os.path.join(folder, "model.safetensors")
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        files = [single]
+    elif os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise OSError(f"model.safetensors.index.json is damaged ({first_line(err)})") from None
+        if any(not isinstance(shard, str) or os.path.basename(shard) != shard for shard in shards):
+            raise OSError("model.safetensors.index.json names shards outside its folder")
+        files = [os.path.join(folder, shard) for shard in shards]
+    else:
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        header = safetensors_header(path)
+        shapes.update({key: tuple(entry["shape"]) for key, entry in header.items() if key != "__metadata__"})
+    return shapes
+
+
 def carries_code(config: dict) -> bool:
     """Whether the checkpoint names Python files of its own (`auto_map`), which Kiln does not run by default."""
     return bool(config.get("auto_map"))
@@ -73,4 +126,4 @@ def weight_file_errors(spec: str, option: str = "") -> Iterator[None]:
 
 
 
-__all__ = ["carries_code", "read_model_config", "weight_file_errors"]
+__all__ = ["carries_code", "read_model_config", "safetensors_header", "weight_file_errors", "weight_shapes"]

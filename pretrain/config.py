@@ -70,7 +70,7 @@ class ModelConfig:
     local_rope_theta: float = 10_000.0
     """Encoder with rotary positions: the local blocks' rotary base (ModernBERT's 10,000)."""
     attn_implementation: str = "sdpa"
-    """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
+    """Attention kernel: `sdpa` (PyTorch fused), `eager`, or `flex_attention` (trains on a CUDA GPU only, without attention dropout); other values are refused."""
     num_key_value_heads: int | None = None
     """Decoder only: key/value heads of grouped-query attention (must divide num_attention_heads; None: one per attention head)."""
     tie_word_embeddings: bool = True

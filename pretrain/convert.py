@@ -25,7 +25,7 @@ CLI:  python -m pretrain.convert SRC_DIR DST_DIR   (direction from SRC_DIR's con
 A run started from a transformers BERT / ELECTRA / GPT-2 / Llama folder or Hub id (`--model.init_from`,
 `--model.checkpoint`) converts it on the way in: `converted_start` reads its config.json as data, checks it and the
 weight file's shapes, converts with the classes above and keeps the Kiln folder in the Hugging Face cache, named by
-the source's content, so the next run reuses it.
+the source's content, so the next run reuses it once the sha256 of each file written matches its record.
 """
 
 from __future__ import annotations
@@ -929,17 +929,19 @@ SHAPE_FIELDS = {
     "llama": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
               "max_position_embeddings"),
 }  # fmt: skip
-# the word-embedding table in each family's weights (base model, with or without its prefix), (rows, columns)
-EMBEDDING_TABLES = {
-    "bert": ("embeddings.word_embeddings.weight", "vocab_size", "hidden_size"),
-    "electra": ("embeddings.word_embeddings.weight", "vocab_size", "embedding_size"),
-    "gpt2": ("wte.weight", "vocab_size", "n_embd"),
-    "llama": ("embed_tokens.weight", "vocab_size", "hidden_size"),
+# the names of a model type's block weights (group 1: the block's index, after any prefix) and its depth field
+BLOCK_NAMES = {
+    "bert": (r"(?:^|\.)encoder\.layer\.(\d+)\.", "num_hidden_layers"),
+    "electra": (r"(?:^|\.)encoder\.layer\.(\d+)\.", "num_hidden_layers"),
+    "gpt2": (r"(?:^|\.)h\.(\d+)\.", "n_layer"),
+    "llama": (r"(?:^|\.)layers\.(\d+)\.", "num_hidden_layers"),
+    "kiln_encoder": (r"(?:^|\.)layers\.(\d+)\.", "num_hidden_layers"),
+    "kiln_decoder": (r"(?:^|\.)layers\.(\d+)\.", "num_hidden_layers"),
 }
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|[A-Za-z0-9][\w.-]*")
 _converted: dict[tuple[str, str | None], str] = {}
-_pending: list[str] = []
+_pending: list[tuple[int, str]] = []  # (logging level, line)
 
 
 # transformers model types `python -m pretrain.convert` converts but a run does not convert on the way in
@@ -970,9 +972,11 @@ def converted_start(spec: str, option: str, revision: str | None = None) -> str:
     """The local folder of the Kiln model converted from the transformers BERT / ELECTRA / GPT-2 / Llama checkpoint `spec`
     (a folder or Hub id; `option` names the setting in errors), with its tokenizer files. Its config.json is read as
     data and checked, and the weight file's shapes against it, before any model is built; nothing it names is run.
-    Converted once per content: the folder sits in the Hugging Face cache under the hash of the source files."""
+    Converted once per content: the folder sits in the Hugging Face cache under the hash of the source files, with
+    the sha256 of each file written recorded beside them (`CONVERTED_RECORD`) and checked before each use: a copy
+    changed or damaged since is converted again, with a line saying so."""
     key = (spec, revision)
-    if key not in _converted:
+    if key not in _converted or _converted_copy_problem(Path(_converted[key])) is not None:
         _converted[key] = _convert_start(spec, option, revision)
     return _converted[key]
 
@@ -994,7 +998,7 @@ def _convert_start(spec: str, option: str, revision: str | None) -> str:
             f"save_pretrained (safetensors), or convert it first with `python -m pretrain.convert {spec} DST` "
             f"and point {option} at DST"
         )
-    keys = _check_start_config(spec, option, config, weights)
+    keys = check_start_weights(spec, option, config, source)
     name = _start_class(model_type, config, keys)
     files = [source / "config.json", *_weight_files(weights), *(source / f for f in TOKENIZER_FILES)]
     digest = hashlib.sha256()
@@ -1002,7 +1006,11 @@ def _convert_start(spec: str, option: str, revision: str | None) -> str:
         if path.is_file():
             digest.update(f"{path.name}\0{sha256_file(path)}\0".encode())
     target = Path(constants.HF_HOME) / "kiln-converted" / digest.hexdigest()[:20]
-    if not (target / "config.json").is_file() or not (target / "model.safetensors").is_file():
+    problem = _converted_copy_problem(target)
+    if problem is not None:
+        if target.exists():
+            said = f"{option} {spec}: the Kiln copy converted from it earlier ({target}) {problem}"
+            _pending.append((logging.WARNING, f"{said}; converting it again"))
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
         from kiln.export import quiet_transformers
@@ -1022,11 +1030,9 @@ def _convert_start(spec: str, option: str, revision: str | None) -> str:
             for file_name in TOKENIZER_FILES:
                 if (source / file_name).is_file():
                     shutil.copy(source / file_name, staging / file_name)
-            try:
-                os.replace(staging, target)  # atomic: another process may have converted the same files meanwhile
-            except OSError:
-                if not (target / "model.safetensors").is_file():
-                    raise
+            written = {path.name: sha256_file(path) for path in sorted(staging.iterdir()) if path.is_file()}
+            (staging / CONVERTED_RECORD).write_text(json.dumps({"files": written}, indent=1) + "\n")
+            _install_conversion(staging, target)
         except ConfigError:
             raise
         except (ValueError, OSError, RuntimeError) as err:
@@ -1038,20 +1044,61 @@ def _convert_start(spec: str, option: str, revision: str | None) -> str:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     kiln_type = json.loads((target / "config.json").read_text())["architectures"][0]
-    _pending.append(
-        f"{option} {spec} is a transformers {family} checkpoint ({name}): converted to Kiln's {kiln_type}, same "
-        "weights (kept for the next run)"
-    )
+    what = f"{option} {spec} is a transformers {family} checkpoint ({name}): converted to Kiln's {kiln_type}"
+    _pending.append((logging.INFO, f"{what}, same weights (kept for the next run)"))
     if logger.hasHandlers():  # else checked before the run set up its logging: said when the model is built
         announce_conversions()
     return str(target)
+
+
+# beside the files of a conversion in the cache: the sha256 of each, as written
+CONVERTED_RECORD = "kiln-converted.json"
+
+
+def _converted_copy_problem(target: Path) -> str | None:
+    """Why the converted copy `target` in the cache cannot be trained on (absent, no record, a file missing or
+    changed since it was written: edited, truncated); None when each file its record lists has the sha256
+    recorded when it was written."""
+    if not target.is_dir():
+        return "is missing"
+    try:
+        files = json.loads((target / CONVERTED_RECORD).read_text())["files"]
+        if not isinstance(files, dict) or not {"config.json", "model.safetensors"} <= set(files):
+            raise ValueError("it does not list the model's files")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"has no record of the files written ({CONVERTED_RECORD}: {first_line(err)})"
+    for name, digest in sorted(files.items()):
+        if not isinstance(name, str) or Path(name).name != name or not (target / name).is_file():
+            return f"lacks its {name}"
+        if sha256_file(target / name) != digest:
+            return f"holds a {name} that changed after it was written (not the sha256 recorded)"
+    return None
+
+
+def _install_conversion(staging: Path, target: Path) -> None:
+    """Put the conversion in `staging` at `target` (atomic renames: another process may convert the same files
+    meanwhile); a damaged copy there is set aside first, unless another process has just replaced it."""
+    if target.exists():
+        if _converted_copy_problem(target) is None:
+            return
+        aside = Path(tempfile.mkdtemp(prefix=".damaged-", dir=target.parent))
+        try:
+            os.replace(target, aside / "copy")
+        except OSError:
+            pass  # another process set it aside first
+        shutil.rmtree(aside, ignore_errors=True)
+    try:
+        os.replace(staging, target)
+    except OSError:
+        if _converted_copy_problem(target) is not None:
+            raise
 
 
 def announce_conversions() -> None:
     """Log the line of each start model converted since the last call (converted_start converts before the run
     has set up its logging: the run calls this once it has, when it builds the model)."""
     while _pending:
-        logger.info(_pending.pop(0))
+        logger.log(*_pending.pop(0))
 
 
 def _download_start(spec: str, option: str, revision: str | None, more: tuple[str, ...] = ()) -> Path:
@@ -1077,13 +1124,77 @@ def _weight_files(weights: list[Path]) -> list[Path]:
     return [weights[0], *(weights[0].parent / shard for shard in shards)]
 
 
-def _check_start_config(spec: str, option: str, config: dict, weights: list[Path]) -> set[str]:
-    """The shape fields of `config` are whole numbers in range and the word-embedding table in the weights has the
-    shape they give (so nothing larger than the weights is built); returns the weights' names."""
-    from safetensors import safe_open
+def check_start_weights(spec: str, option: str, config: dict, folder: str | Path) -> set[str]:
+    """A start model's config.json (`config`, read as data) against its weights' safetensors headers (read as
+    JSON: no tensor is loaded, no module built), for a transformers BERT / ELECTRA / GPT-2 / Llama or a Kiln
+    checkpoint in the local `folder`: its sizes are whole numbers in range that a model can be built with, its
+    depth is the number of blocks the weights hold, and the embedding tables and first block's projections have
+    the shapes its widths, heads and vocabulary give. A mismatch is a one-line ConfigError naming the field, so a
+    config.json that asks for more than its weights hold is refused before anything is built. Returns the
+    weights' names (empty when the folder has no safetensors weights: loading them says why)."""
+    from kiln.model_files import weight_shapes
 
     model_type = config["model_type"]
+    sizes = _start_sizes(spec, option, config)
+    try:
+        shapes = weight_shapes(folder)
+    except OSError as err:
+        raise ConfigError(f"{option} {spec}: its {err}; copy or save it again") from None
+    if shapes is None:
+        return set()
+    wrong = "; point it at a folder written by save_pretrained"
+    pattern, depth_field = BLOCK_NAMES[model_type]
+    blocks = {int(found.group(1)) for name in shapes if (found := re.search(pattern, name))}
+    depth = sizes[depth_field]
+    if blocks != set(range(depth)):
+        raise ConfigError(
+            f"{option} {spec}: its config.json's {depth_field} is {depth} but its weights hold {len(blocks)} "
+            f"blocks{wrong}"
+        )
+    for what, name, expected, fields in _expected_tensors(model_type, sizes):
+        found = [shape for key, shape in shapes.items() if key == name or key.endswith("." + name)]
+        if expected not in found:
+            raise ConfigError(
+                f"{option} {spec}: its weights' {what} are {found[0] if found else 'missing'} but its "
+                f"config.json gives {expected} ({fields}){wrong}"
+            )
+    return set(shapes)
+
+
+def _start_sizes(spec: str, option: str, config: dict) -> dict:
+    """The sizes of a start model's config.json (read as data), checked without building anything: whole numbers
+    in range, heads that divide the width (and key-value heads the heads), positive rotary bases. A Kiln config is
+    read by its own class (its defaults filled in) and checks itself (`check_values`)."""
+    model_type = config["model_type"]
+    if model_type in ("kiln_encoder", "kiln_decoder"):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "embedding_size", "num_key_value_heads", "type_vocab_size"):
+            if isinstance(config.get(name), int) and config[name] > 10**7:  # checked before any loop over it
+                raise ConfigError(
+                    f"{option} {spec}: its config.json's {name} is {config[name]}, not a size a Kiln model has; "
+                    "point it at a folder written by save_pretrained"
+                )
+        config_class = KilnEncoderConfig if model_type == "kiln_encoder" else KilnDecoderConfig
+        try:
+            kiln = config_class.from_dict(config)
+            kiln.check_values()
+        except Exception as err:  # whatever its values make the class raise (ValueError, TypeError, ...)
+            raise ConfigError(
+                f"{option} {spec}: its config.json: {first_line(err)[:300].rstrip('.')}; point it at a folder "
+                "written by save_pretrained"
+            ) from None
+        names = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "position_embedding_type", "mlp_type"]  # fmt: skip
+        if model_type == "kiln_encoder":
+            names += ["type_vocab_size"]
+        sizes = {name: getattr(kiln, name) for name in names}
+        if model_type == "kiln_encoder":
+            sizes["embedding_size"] = embedding_width(kiln)
+        else:
+            sizes["num_key_value_heads"] = kiln.num_key_value_heads or kiln.num_attention_heads
+        return sizes
     family = CONVERTIBLE[model_type][0]
+    sizes = dict(config)
     for field in SHAPE_FIELDS[model_type]:
         value = config.get(field, config.get("hidden_size") if field == "embedding_size" else None)
         if type(value) is not int or not 0 < value <= 10**7:
@@ -1091,26 +1202,100 @@ def _check_start_config(spec: str, option: str, config: dict, weights: list[Path
                 f"{option} {spec}: its config.json's {field} is {value!r}, not a size a {family} model has; "
                 "point it at a folder written by save_pretrained"
             )
-    table, rows, columns = EMBEDDING_TABLES[model_type]
-    expected = (config[rows], config.get(columns, config.get("hidden_size")))
-    shapes: dict[str, tuple[int, ...]] = {}
-    try:
-        for path in _weight_files(weights):
-            if path.suffix == ".safetensors":
-                with safe_open(str(path), "pt") as f:
-                    for name in f.keys():
-                        shapes[name] = tuple(f.get_slice(name).get_shape())
-    except Exception as err:  # a damaged header, an index that names other files
+        sizes[field] = value
+    width, heads = ("n_embd", "n_head") if model_type == "gpt2" else ("hidden_size", "num_attention_heads")
+    optional = {"n_inner": 4 * sizes["n_embd"]} if model_type == "gpt2" else {}
+    if model_type == "llama":
+        optional = {"num_key_value_heads": sizes[heads], "head_dim": sizes[width] // sizes[heads]}
+    for field, default in optional.items():
+        value = sizes[field] = default if config.get(field) is None else config[field]
+        if type(value) is not int or not 0 < value <= 10**7:
+            raise ConfigError(
+                f"{option} {spec}: its config.json's {field} is {value!r}, not a size a {family} model has; "
+                "point it at a folder written by save_pretrained"
+            )
+    if sizes[width] % sizes[heads] or (model_type == "llama" and sizes[heads] % sizes["num_key_value_heads"]):
+        divided, by = (width, heads) if sizes[width] % sizes[heads] else (heads, "num_key_value_heads")
         raise ConfigError(
-            f"{option} {spec}: its weights cannot be read ({first_line(err)}); copy or save it again"
-        ) from None
-    found = [shape for name, shape in shapes.items() if name == table or name.endswith("." + table)]
-    if found != [expected]:
-        raise ConfigError(
-            f"{option} {spec}: its weights' word embeddings are {found[0] if found else 'missing'} but its "
-            f"config.json gives {expected}; point it at a folder written by save_pretrained"
+            f"{option} {spec}: its config.json's {by} {sizes[by]} does not divide its {divided} "
+            f"{sizes[divided]}, so no {family} model has that shape; point it at a folder written by "
+            "save_pretrained"
         )
-    return set(shapes)
+    if model_type == "llama":
+        rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+        theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+            where = "rope_parameters' rope_theta" if "rope_theta" in rope else "rope_theta"
+            raise ConfigError(
+                f"{option} {spec}: its config.json's {where} is {theta!r}, not a positive number (the base of "
+                "the rotary frequencies); point it at a folder written by save_pretrained"
+            )
+    return sizes
+
+
+def _expected_tensors(model_type: str, s: dict) -> list[tuple[str, str, tuple[int, ...], str]]:
+    """(what, name after any prefix, shape, the fields that give it) of the tensors whose shapes a model type's
+    sizes `s` decide: its embedding tables and its first block's projections."""
+    if model_type in ("bert", "electra"):
+        h, i = s["hidden_size"], s["intermediate_size"]
+        width_field = "embedding_size" if model_type == "electra" else "hidden_size"
+        width = s[width_field]
+        tensors = [
+            ("word embeddings", "embeddings.word_embeddings.weight", (s["vocab_size"], width),
+             f"vocab_size, {width_field}"),
+            ("segment embeddings", "embeddings.token_type_embeddings.weight", (s["type_vocab_size"], width),
+             f"type_vocab_size, {width_field}"),
+            ("first block's query projection", "encoder.layer.0.attention.self.query.weight", (h, h),
+             "hidden_size"),
+            ("first block's feed-forward projection", "encoder.layer.0.intermediate.dense.weight", (i, h),
+             "intermediate_size, hidden_size"),
+        ]  # fmt: skip
+        if s.get("position_embedding_type", "absolute") == "absolute":
+            positions = (s["max_position_embeddings"], width)
+            tensors.append(("position embeddings", "embeddings.position_embeddings.weight", positions,
+                            f"max_position_embeddings, {width_field}"))  # fmt: skip
+        return tensors
+    if model_type == "gpt2":
+        h = s["n_embd"]
+        return [
+            ("word embeddings", "wte.weight", (s["vocab_size"], h), "vocab_size, n_embd"),
+            ("position embeddings", "wpe.weight", (s["n_positions"], h), "n_positions, n_embd"),
+            ("first block's query-key-value projection", "h.0.attn.c_attn.weight", (h, 3 * h), "n_embd"),
+            ("first block's feed-forward projection", "h.0.mlp.c_fc.weight", (h, s["n_inner"]),
+             "n_embd, n_inner"),
+        ]  # fmt: skip
+    h, heads = s["hidden_size"], s["num_attention_heads"]
+    if model_type == "llama":
+        head = s["head_dim"]
+        return [
+            ("word embeddings", "embed_tokens.weight", (s["vocab_size"], h), "vocab_size, hidden_size"),
+            ("first block's query projection", "layers.0.self_attn.q_proj.weight", (heads * head, h),
+             "num_attention_heads, head_dim, hidden_size"),
+            ("first block's key projection", "layers.0.self_attn.k_proj.weight",
+             (s["num_key_value_heads"] * head, h), "num_key_value_heads, head_dim, hidden_size"),
+            ("first block's feed-forward projection", "layers.0.mlp.gate_proj.weight",
+             (s["intermediate_size"], h), "intermediate_size, hidden_size"),
+        ]  # fmt: skip
+    # Kiln's own: one fused query-key-value projection, a plain or gated (gate and up fused) feed-forward
+    head, kv_heads, glu = h // heads, s.get("num_key_value_heads", heads), s["mlp_type"] == "glu"
+    encoder = model_type == "kiln_encoder"
+    width = s["embedding_size"] if encoder else h
+    prefix = "embeddings." if encoder else ""
+    tensors = [
+        ("word embeddings", f"{prefix}word_embeddings.weight", (s["vocab_size"], width),
+         "vocab_size, embedding_size or hidden_size" if encoder else "vocab_size, hidden_size"),
+        ("first block's query-key-value projection", "layers.0.attention.qkv.weight",
+         ((heads + 2 * kv_heads) * head, h), "hidden_size, num_attention_heads, num_key_value_heads"),
+        ("first block's feed-forward projection", f"layers.0.mlp.{'gate_up' if glu else 'fc_in'}.weight",
+         ((2 if glu else 1) * s["intermediate_size"], h), "intermediate_size, hidden_size"),
+    ]  # fmt: skip
+    if encoder and s["type_vocab_size"]:
+        tensors.append(("segment embeddings", "embeddings.token_type_embeddings.weight",
+                        (s["type_vocab_size"], width), "type_vocab_size"))  # fmt: skip
+    if s["position_embedding_type"] == "learned":
+        tensors.append(("position embeddings", f"{prefix}position_embeddings.weight",
+                        (s["max_position_embeddings"], width), "max_position_embeddings"))  # fmt: skip
+    return tensors
 
 
 def _start_class(model_type: str, config: dict, keys: set[str]) -> str:

@@ -76,11 +76,13 @@ def validate(config: RunConfig) -> None:
     elif model.objective not in ENCODER_OBJECTIVES:
         raise ConfigError(f"--model.objective for an encoder must be one of {ENCODER_OBJECTIVES}, got {model.objective!r}")
     check_pieces(model)
-    if model.hidden_size % model.num_attention_heads:
+    if model.num_attention_heads > 0 and model.hidden_size % model.num_attention_heads:
         raise ConfigError(
             f"--model.hidden_size {model.hidden_size} is not divisible by --model.num_attention_heads "
             f"{model.num_attention_heads}; pick a head count that divides it (e.g. {_divisor_near(model)})"
         )
+    check_model_values(model)
+    check_attention(model)
     if model.objective == "electra":
         validate_electra(model)
     if model.init_from and _looks_local(model.init_from) and not os.path.isdir(model.init_from):
@@ -102,6 +104,89 @@ def validate(config: RunConfig) -> None:
             f"--data.max_seq_length={config.data.max_seq_length} exceeds --model.max_position_embeddings="
             f"{model.max_position_embeddings}: lower --data.max_seq_length or raise --model.max_position_embeddings"
         )
+
+
+def check_model_values(model) -> None:
+    """The model options as the config class checks its own values (`check_values`: sizes, heads and key-value
+    heads, rotary bases), one line before anything is written. A start checkpoint's shape is its own (checked
+    against its weights when it is read): only the rotary bases given are checked then."""
+    from pretrain.modeling import KilnDecoderConfig, KilnEncoderConfig
+    from pretrain.modeling.configuration_kiln import check_rope_theta
+
+    try:
+        for name in ("rope_theta", "local_rope_theta"):
+            if getattr(model, name) is not None:
+                check_rope_theta(name, getattr(model, name))
+        if model.init_from:
+            return
+        shape = dict(
+            hidden_size=model.hidden_size,
+            num_hidden_layers=model.num_hidden_layers,
+            num_attention_heads=model.num_attention_heads,
+            intermediate_size=model.intermediate_size,
+            max_position_embeddings=model.max_position_embeddings,
+        )
+        if model.kind == "encoder":
+            segments = model.type_vocab_size
+            config = KilnEncoderConfig(**shape, type_vocab_size=segments, **encoder_pieces(model))
+        else:
+            theta = {"rope_theta": model.rope_theta} if model.rope_theta is not None else {}
+            heads = model.num_key_value_heads
+            config = KilnDecoderConfig(**shape, preset=model.preset, num_key_value_heads=heads, **theta)
+        config.check_values()
+    except ValueError as error:
+        raise ConfigError(f"model: {error}") from None
+
+
+def check_attention(model) -> None:
+    """--model.attn_implementation: a kernel Kiln's models run, and one this run can train with on the device it
+    trains on (flex attention: CUDA, no attention dropout). A start checkpoint with code of its own that the user
+    trusts runs its own kernels: not checked."""
+    from kiln.model_files import carries_code, read_model_config
+    from pretrain.modeling.configuration_kiln import check_attn_implementation
+
+    start = None
+    if model.init_from and (model.attn_implementation == "flex_attention" or model.trust_remote_code):
+        try:
+            start = read_model_config(model.init_from)
+        except OSError:
+            return  # check_init_from says why it cannot be read
+        if model.trust_remote_code and carries_code(start):
+            return
+    try:
+        dropout = attention_dropout(model, start)
+        check_attn_implementation(model.attn_implementation, training_device(), dropout)
+    except ValueError as error:
+        raise ConfigError(f"model: {error}") from None
+
+
+def training_device() -> str:
+    """The device type a run started now trains on, as accelerate picks it: `cpu` when ACCELERATE_USE_CPU is set
+    (`accelerate launch --cpu`) or torch sees no GPU."""
+    import torch
+    from accelerate.utils import parse_flag_from_env
+
+    if parse_flag_from_env("ACCELERATE_USE_CPU"):
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
+
+
+def attention_dropout(model, start: dict | None) -> float:
+    """The attention dropout the run trains with: the start checkpoint's (`start`, its config.json), else the
+    option, or a decoder preset's where the option is left at its default."""
+    from pretrain.modeling.configuration_kiln import DECODER_PRESETS
+
+    if start is not None:
+        for name in ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout"):
+            if isinstance(start.get(name), (int, float)):
+                return float(start[name])
+        return 0.0
+    if model.kind == "decoder" and model.preset in DECODER_PRESETS:
+        if model.attention_probs_dropout_prob == ModelConfig().attention_probs_dropout_prob:
+            return DECODER_PRESETS[model.preset]["attn_pdrop"]
+    return model.attention_probs_dropout_prob
 
 
 def check_prepared_sources(data, given: set[str]) -> None:
@@ -198,7 +283,7 @@ def check_init_from(model) -> None:
     is imported or run here (a non-Kiln checkpoint with code of its own is refused unless model.trust_remote_code).
     A transformers BERT / ELECTRA (encoder) or GPT-2 (decoder) checkpoint is converted to Kiln (`start_folder`)."""
     from kiln.model_files import carries_code, read_model_config
-    from pretrain.convert import convert_first_advice, convertible
+    from pretrain.convert import check_start_weights, convert_first_advice, convertible
 
     try:
         found = read_model_config(model.init_from)
@@ -210,7 +295,11 @@ def check_init_from(model) -> None:
         ) from None
     expected_type = "kiln_encoder" if model.kind == "encoder" else "kiln_decoder"
     found_type = found.get("model_type")
-    if found_type == expected_type or (model.trust_remote_code and carries_code(found)):
+    if model.trust_remote_code and carries_code(found):
+        return
+    if found_type == expected_type:
+        if os.path.isdir(model.init_from):  # its config against its weights' header, before anything is built
+            check_start_weights(model.init_from, "--model.init_from", found, model.init_from)
         return
     kinds = {"kiln_encoder": ("a Kiln encoder", "encoder"), "kiln_decoder": ("a Kiln decoder", "decoder")}
     family = convertible(found)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -300,6 +301,70 @@ def test_the_command_refuses_what_it_cannot_score_in_one_line(kiln_checkpoints, 
     assert status == 1 and "cannot load a model" in err and err.count("\n") == 1
     done = python("-m", "pretrain.zero_shot", check=False)  # as a user types it
     assert done.returncode == 1 and "name a task" in done.stderr
+
+
+def test_a_folder_without_its_scoring_head_is_refused_naming_what_it_holds(tmp_path, capsys):
+    """A fine-tuned classifier or tagger, an ELECTRA discriminator: their weights hold no masked-LM head, and
+    scored through a random one they gave a BLiMP number that meant nothing (issue 48, item 4). Refused by the
+    classes their config.json names, and, where it names none, by the weights the scoring model lacks."""
+    from test_transformers_start import transformers_folder, wordpiece_tokenizer
+
+    from pretrain.modeling import KilnEncoderConfig, KilnEncoderForSequenceClassification
+
+    classifier = tmp_path / "classify-final"
+    config = KilnEncoderConfig(vocab_size=wordpiece_tokenizer(classifier), hidden_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, intermediate_size=37, num_labels=2)  # fmt: skip
+    KilnEncoderForSequenceClassification(config).save_pretrained(classifier)
+    tagger, discriminator = tmp_path / "tag-final", tmp_path / "electra"
+    transformers_folder(tagger, "BertForTokenClassification")
+    transformers_folder(discriminator, "ElectraForPreTraining")
+    fine_tuned = ("not a masked-LM or causal-LM head to score sentences with; score the pretrained model it was "
+                  "fine-tuned from (a pretraining run's final/) or another model")  # fmt: skip
+    refused = {
+        (classifier,): f"{classifier} holds KilnEncoderForSequenceClassification (a sequence classification "
+        f"head), {fine_tuned}",
+        (tagger, "--kind", "encoder"): f"{tagger} holds BertForTokenClassification (a token classification "
+        f"head), {fine_tuned}",
+        (discriminator,): f"{discriminator} is an ELECTRA discriminator (ElectraForPreTraining), which has no "
+        f"masked-LM head to score sentences with; score its generator ({discriminator}/generator) or another model",
+    }
+    for args, line in refused.items():
+        status, printed, err = blimp_command(capsys, "--model", *args, "--data", "data/blimp", "--pairs", 1)
+        assert (status, err, printed) == (1, f"error: --model {line}\n", ""), err
+    # a config.json that names no class: the weights the masked LM needs, missing, say it
+    unnamed = tmp_path / "unnamed"
+    shutil.copytree(classifier, unnamed)
+    written = json.loads((unnamed / "config.json").read_text())
+    del written["architectures"]
+    (unnamed / "config.json").write_text(json.dumps(written))
+    status, printed, err = blimp_command(capsys, "--model", unnamed, "--data", "data/blimp", "--pairs", 1)
+    assert status == 1 and err.count("\n") == 1 and printed == "", err
+    assert err.startswith(f"error: --model {unnamed} (kiln_encoder) lacks weights its masked-LM model needs "
+                          "(mlm_head."), err  # fmt: skip
+    # --from_scratch asks for random weights of its shape: not refused
+    status, _, _ = blimp_command(capsys, "--model", classifier, "--data", "data/blimp", "--pairs", 1,
+                                 "--paradigms", "wh_island", "--from_scratch")  # fmt: skip
+    assert status == 0
+
+
+def test_json_into_a_folder_that_cannot_take_it_is_refused_before_scoring(tmp_path, capsys, monkeypatch):
+    import pretrain.zero_shot.models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before --json was checked")
+
+    monkeypatch.setattr(pretrain.zero_shot.models, "load_model", never)
+    missing = tmp_path / "missing" / "blimp.json"
+    said = (f"error: --json {missing}: its folder {missing.parent} does not exist; create it first or name "
+            "another file\n")
+    model = ["--model", tmp_path / "model", "--data", "data/blimp"]
+    assert blimp_command(capsys, *model, "--json", missing) == (1, "", said)
+    status, _, err = blimp_command(capsys, *model, "--json", tmp_path)
+    assert status == 1 and err.startswith(f"error: --json {tmp_path} is a folder; name a file to write")
+    # as a user types it, in a fresh process
+    done = python("-m", "pretrain.zero_shot", "blimp", *model, "--json", missing, check=False)
+    assert (done.returncode, done.stderr) == (1, said)
+    assert not missing.parent.exists()
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ This file is uploaded to the Hub next to the checkpoints (trust_remote_code): it
 transformers and its sibling files, by relative import.
 """
 
+import math
 import sys
 
 from transformers.configuration_utils import PreTrainedConfig, SubConfigSpec
@@ -76,7 +77,8 @@ def register_lora_targets() -> None:
 def check_heads(hidden_size: int, num_attention_heads: int) -> None:
     """Raised when a model is built (as BERT does), not by the config: a config may hold any single field."""
     if num_attention_heads <= 0 or hidden_size % num_attention_heads != 0:
-        divisors = [d for d in range(1, hidden_size + 1) if hidden_size % d == 0]
+        small = [d for d in range(1, math.isqrt(max(hidden_size, 0)) + 1) if hidden_size % d == 0]
+        divisors = sorted({*small, *(hidden_size // d for d in small)})  # up to its square root: any width
         nearest = sorted(divisors, key=lambda d: abs(d - num_attention_heads))[:2]
         raise ValueError(
             f"hidden_size={hidden_size} is not divisible by num_attention_heads={num_attention_heads}; "
@@ -84,8 +86,58 @@ def check_heads(hidden_size: int, num_attention_heads: int) -> None:
         )
 
 
+def check_rope_theta(name: str, value) -> None:
+    """A rotary base must be a positive number: 0 or less gives NaN angles from the first step."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # NaN too
+        raise ValueError(
+            f"{name}={value!r} must be a positive number, the base of the rotary frequencies (e.g. 10000)."
+        )
+
+
+def check_size(name: str, value, minimum: int = 1) -> None:
+    """A size field (width, depth, head count, vocabulary) is a whole number of at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}.")
+
+
+# The attention kernels Kiln's models run (`attn_implementation`, transformers' names): their own masks for
+# `sdpa` and `eager`, transformers' BlockMask for `flex_attention`
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
+# the fields that size every Kiln model, each a whole number >= 1
+SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "max_position_embeddings")  # fmt: skip
+
+
+def check_attn_implementation(value, training_device: str | None = None, attention_dropout: float = 0.0):
+    """A kernel Kiln's models run; with `training_device` (the device type a run trains on), one that can train
+    there: PyTorch's flex attention has a backward on CUDA only, and no attention dropout."""
+    _choice("attn_implementation", value, ATTN_IMPLEMENTATIONS)
+    if value != "flex_attention" or training_device is None:
+        return
+    if training_device != "cuda":
+        raise ValueError(
+            f"attn_implementation='flex_attention' cannot train on {training_device}: PyTorch's flex "
+            "attention has no backward there (CUDA only); use 'sdpa' or 'eager'."
+        )
+    if attention_dropout > 0:
+        raise ValueError(
+            f"attn_implementation='flex_attention' has no attention dropout, and the attention dropout is "
+            f"{attention_dropout}; set it to 0 or use 'sdpa' or 'eager'."
+        )
+
+
 class _KilnConfig(PreTrainedConfig):
     """Refuses a checkpoint of another model type instead of building a half-random model from it."""
+
+    def check_values(self) -> None:
+        """ValueError (one line, naming the field) for a value no model can be built or trained with: sizes, the
+        head count against the width, the rotary bases. Not run by `__init__` (a config may hold any single
+        field, as transformers' own do): a run calls it before it writes anything, and the model's layers check
+        their own shapes when built."""
+        for name in SIZE_FIELDS:
+            check_size(name, getattr(self, name))
+        check_heads(self.hidden_size, self.num_attention_heads)
+        check_rope_theta("rope_theta", self.rope_theta)
 
     def to_dict(self):
         register_lora_targets()  # PEFT reads the model type from here (see `register_lora_targets`)
@@ -269,6 +321,15 @@ class KilnEncoderConfig(_KilnConfig):
         self.add_cross_attention = False
         # pad_token_id / tie_word_embeddings go through the base class: some transformers 5.x own them there
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def check_values(self) -> None:
+        """`_KilnConfig.check_values`, with the segment vocabulary (0: none), the embedding width and the local
+        blocks' rotary base."""
+        super().check_values()
+        check_size("type_vocab_size", self.type_vocab_size, minimum=0)
+        if self.embedding_size is not None:
+            check_size("embedding_size", self.embedding_size)
+        check_rope_theta("local_rope_theta", self.local_rope_theta)
 
     @property
     def layer_types(self) -> list[str]:
@@ -481,6 +542,13 @@ class KilnDecoderConfig(_KilnConfig):
             tie_word_embeddings=tie_word_embeddings,
             **kwargs,
         )
+
+    def check_values(self) -> None:
+        """`_KilnConfig.check_values`, with the key/value heads of grouped-query attention."""
+        super().check_values()
+        if self.num_key_value_heads is not None:
+            check_size("num_key_value_heads", self.num_key_value_heads)
+            check_key_value_heads(self.num_attention_heads, self.num_key_value_heads)
 
 
 class KilnEncoderDecoderConfig(EncoderDecoderConfig):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -54,6 +55,8 @@ def blimp(argv: list[str]) -> None:
     args = blimp_parser().parse_args(argv)
     answer_print_config(args)
     try:
+        if args.json:
+            check_output_file(args.json, "--json")
         pairs = read_blimp(args.data, args.pairs, args.paradigms)
         model, tokenizer, kind = load_model(args.model, args.kind, args.revision, args.from_scratch, args.seed)
         evaluation = BlimpEvaluation(pairs, tokenizer, kind, args.batch_tokens, max_input_length(model))
@@ -69,6 +72,23 @@ def blimp(argv: list[str]) -> None:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({**result, **facts}, f, indent=1)
             f.write("\n")
+
+
+def check_output_file(path: str, option: str) -> None:
+    """`path` can be written: its folder exists and is writable, and it is no folder itself; checked before the
+    evaluation, whose result it would hold. ZeroShotError (one line) when not."""
+    from .scoring import ZeroShotError
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        example = os.path.join(path, "blimp.json")
+        raise ZeroShotError(f"{option} {path} is a folder; name a file to write (e.g. {example})")
+    if not os.path.isdir(folder):
+        raise ZeroShotError(
+            f"{option} {path}: its folder {folder} does not exist; create it first or name another file"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ZeroShotError(f"{option} {path} cannot be written here (no permission); name another file")
 
 
 COMMANDS = {"blimp": blimp}
