@@ -35,6 +35,7 @@ from kiln.errors import ConfigError, first_line
 from kiln.export import quiet_transformers
 from kiln.model_files import read_model_config
 from kiln.run_folder import record_files
+from kiln.safe_write import open_file, write_file
 
 if TYPE_CHECKING:
     from kiln.job import RunParts
@@ -442,7 +443,7 @@ def write_predictions(rows: list[dict], path: str | os.PathLike, fmt: str) -> Pa
     one word per line and a blank line after each sentence (`_` for a word without a prediction)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with open_file(path, "w") as f:  # never through a link (kiln.safe_write)
         if fmt == "jsonl":
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -577,7 +578,7 @@ def _predict_split(training, eval_cfg, accelerator, job: FinetuneJob, model) -> 
     if accelerator.is_main_process:
         write_predictions(job.prediction_rows(predictions, job.test_split), path, eval_cfg.predictions_format)
         if metrics:
-            (out / "test_results.json").write_text(json.dumps(metrics, indent=2))
+            write_file(out / "test_results.json", json.dumps(metrics, indent=2))
         # on the run folder's record (--predict writes into a folder of no run: none there)
         record_files(out, path.name, *(["test_results.json"] if metrics else []))
         accelerator.print(f"predictions for {len(predictions)} test examples written to {path}")
@@ -633,7 +634,7 @@ class FinalEvaluation(TrainerCallback):
             acc.print(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics[name].items()))
             end.summary[name] = {k: round(v, 6) for k, v in metrics[name].items() if math.isfinite(v)}
         if acc.is_main_process:
-            (Path(self.training.output_dir) / "eval_results.json").write_text(json.dumps(metrics, indent=2))
+            write_file(Path(self.training.output_dir) / "eval_results.json", json.dumps(metrics, indent=2))
             record_files(self.training.output_dir, "eval_results.json")
         self.metrics = metrics
 

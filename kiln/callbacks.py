@@ -301,6 +301,7 @@ class HubSync(TrainerCallback):
         from .hub import download_checkpoint, set_request_timeout
         from .nodes import writes_run_files
         from .redaction import redact
+        from .safe_write import refuse_link
 
         key = (spec, str(Path(local_dir)))
         if key in self._downloaded:
@@ -309,6 +310,7 @@ class HubSync(TrainerCallback):
         set_request_timeout(self.hub.timeout_s)
         path, error = None, None
         if writes_run_files(acc, training):
+            refuse_link(local_dir)  # never downloaded through a link (kiln.safe_write)
             shutil.rmtree(local_dir, ignore_errors=True)
             try:
                 path = download_checkpoint(spec, local_dir, revision=self.hub.revision, timeout=self.hub.timeout_s)

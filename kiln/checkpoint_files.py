@@ -51,11 +51,14 @@ def write_checksums(folder: Path) -> dict[str, dict[str, int | str]]:
     Returns them (the run folder's record takes them as they are, `kiln.run_folder.record_files`)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE)
     manifest = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    from .safe_write import open_new_file, replace_into
+
     tmp = folder / f"{CHECKSUMS_FILE}.tmp"
-    tmp.write_text(json.dumps({"files": manifest}, indent=1))
-    with open(tmp, "rb") as fh:
+    with open_new_file(tmp) as fh:  # never through a link (kiln.safe_write)
+        fh.write(json.dumps({"files": manifest}, indent=1))
+        fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, folder / CHECKSUMS_FILE)
+    replace_into(tmp, folder / CHECKSUMS_FILE)
     return manifest
 
 

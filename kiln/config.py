@@ -564,8 +564,10 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def save_config(config: Any, path: str | os.PathLike) -> None:
     """Write `config` (a config dataclass) to `path` as YAML: the file a run leaves as output_dir/config.yaml,
-    which `--config` reads back."""
-    Path(path).write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False), encoding="utf-8")
+    which `--config` reads back. Never written through a link at `path` (`kiln.safe_write`)."""
+    from .safe_write import write_file
+
+    write_file(path, yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
 
 
 def resolve_path(path: str) -> str:

@@ -86,7 +86,8 @@ def as_disk_fault(err: BaseException, folder: str | os.PathLike | None = None) -
     probe = Path(folder) / ".kiln-disk-probe"
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        with open(probe, "wb") as fh:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)  # never through a link
+        with os.fdopen(os.open(probe, flags, 0o666), "wb") as fh:
             fh.write(b"\0" * (1 << 20))
             fh.flush()
             os.fsync(fh.fileno())

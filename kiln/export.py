@@ -77,6 +77,9 @@ def save_model_files(accelerator: Accelerator, model, tokenizer, save_dir: Path)
 
 def _save_pretrained(model, state_dict: dict, save_dir: Path, tokenizer) -> None:
     """`model.save_pretrained` with the training-only fast paths off in the saved config, and the tokenizer."""
+    from .safe_write import refuse_link
+
+    refuse_link(save_dir)  # never written through a link (a folder Kiln writes directly: hub-export/)
     save_dir.mkdir(parents=True, exist_ok=True)
     config = model.config
     in_training = {name: getattr(config, name) for name in SAVED_CONFIG_DEFAULTS if hasattr(config, name)}
@@ -195,10 +198,13 @@ def export_model(
 def staged_folder(accelerator: Accelerator, save_dir: Path):
     """`with staged_folder(acc, folder) as staging:` write into `staging` (`folder.tmp`); once the block is done
     it replaces `folder`. A fault midway (a full disk, a kill) leaves the previous `folder` as it was and no
-    half-written one; a disk fault is raised as the OSError that names it (`disk_writes`)."""
+    half-written one; a disk fault is raised as the OSError that names it (`disk_writes`). A link at either name
+    is refused in one line, never written through (`kiln.safe_write`)."""
+    from .safe_write import new_staging_folder, replace_into
+
     staging = save_dir.with_name(save_dir.name + ".tmp")
     if accelerator.is_main_process:
-        shutil.rmtree(staging, ignore_errors=True)
+        new_staging_folder(staging, save_dir)
     try:
         with disk_writes(staging):
             yield staging
@@ -210,7 +216,7 @@ def staged_folder(accelerator: Accelerator, save_dir: Path):
         from .run_folder import record_files
 
         shutil.rmtree(save_dir, ignore_errors=True)
-        os.replace(staging, save_dir)
+        replace_into(staging, save_dir)
         record_files(save_dir.parent, save_dir.name)  # on the run folder's record (final/, best/)
     accelerator.wait_for_everyone()
 

@@ -206,6 +206,21 @@ def failed_first() -> str | None:
         return None
 
 
+def wait_for_failure(timeout_s: float) -> str | None:
+    """The process that failed (`failed_first`), once another process of this run has said it failed, waiting
+    up to `timeout_s`; None at once when no process can be told (one process, no launcher's store)."""
+    import time
+
+    if _failure_board() is None:
+        return None
+    end = time.monotonic() + timeout_s
+    while True:
+        who = failed_first()
+        if who is not None or time.monotonic() >= end:
+            return who
+        time.sleep(0.1)
+
+
 PEER_STOP_STATUS = 1
 """The status of a process that ends because another one failed first (`end_after_peer`)."""
 

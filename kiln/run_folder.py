@@ -25,6 +25,11 @@ What a run may do:
 
 An overwrite is also refused, before anything is removed, when one of the run's own inputs (its start model,
 tokenizer, prepared corpus, data files) lies inside the folder (`inputs_inside`).
+
+A symbolic link where a run writes (its record, lock and staging names such as `final.tmp` or
+`checkpoints/step-N.tmp`, whatever the flags; a run's own names too, unless an overwrite clears them by the
+record) is refused in one line naming it (`links_where_kiln_writes`), and every writer creates its files without
+following links (`kiln.safe_write`): nothing outside the folder is written through one.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from .safe_write import link_refusal, open_file, replace_into, write_new_file
 
 MARKER = ".kiln-run.json"
 """In a run folder Kiln made: the record of every file Kiln wrote there (JSON lines)."""
@@ -150,8 +157,8 @@ def start_record(out: Path, files: dict[str, dict[str, Any]] | None = None) -> N
     for name, entry in sorted((files or {}).items()):
         lines.append(json.dumps({"link": name, "target": entry["link"]} if "link" in entry else {"file": name, **entry}))
     staging = Path(out) / (MARKER + ".tmp")
-    staging.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(staging, Path(out) / MARKER)
+    write_new_file(staging, "\n".join(lines) + "\n")  # never through a link there (kiln.safe_write)
+    replace_into(staging, Path(out) / MARKER)
     key = str(Path(out).resolve())
     _journal_lines[key] = len(lines)
     _last[key] = {}
@@ -257,7 +264,7 @@ def _journal(out: Path, lines: list[dict]) -> None:
         if not fresh:
             return
         lines = fresh
-        with open(out / MARKER, "a", encoding="utf-8") as fh:
+        with open_file(out / MARKER, "a") as fh:
             fh.write("".join(line + "\n" for line in lines))
         count = _journal_lines.get(key, 0) + len(lines)
         _journal_lines[key] = count
@@ -391,10 +398,48 @@ def _kind_of_folder(out: Path) -> str | None:
     return None
 
 
+_WRITES_AT = (MARKER, MARKER + ".tmp", LOCK_FILE, "final.tmp", "best.tmp", "metrics.jsonl.tmp")
+"""The names Kiln writes at whatever a run does: its record, lock and staging names (never on the record)."""
+
+
+def links_where_kiln_writes(out: Path, *, run_names: bool = False) -> list[str]:
+    """The symbolic links (by name in `out`) standing where a run writes: its record, lock and staging names
+    (`final.tmp`, `checkpoints/step-N.tmp`, a tokenizer file's `.NAME.tmp`) and, with `run_names`, a run's own
+    names too (`final`, `checkpoints/step-N`, `metrics.jsonl`, ...: those an overwrite clears by the record)."""
+    names = [*_WRITES_AT, *(RUN_FILES if run_names else ())]
+    found = [name for name in names if os.path.islink(out / name)]
+    for folder in ("checkpoints", "tokenizer"):
+        top = out / folder
+        if top.is_symlink() or not top.is_dir():
+            continue
+        for name in sorted(os.listdir(top)):
+            ours = name.endswith(".tmp") or (run_names and folder == "checkpoints" and name.startswith("step-"))
+            if ours and os.path.islink(top / name):
+                found.append(f"{folder}/{name}")
+    return found
+
+
 def refusal(out: Path, *, resume: bool, overwrite: bool) -> str | None:
-    """Why a run may not start in `out` (one line naming what is there and what to do), or None; reads only."""
+    """Why a run may not start in `out` (one line naming what is there and what to do), or None; reads only.
+    A link where the run would write (`links_where_kiln_writes`) is refused naming it: never written through."""
     if not out.is_dir():
         return None  # new (a path that is a file fails where the folder is made, with its own line)
+    links = links_where_kiln_writes(out)
+    if not links:
+        message = _refusal(out, resume=resume, overwrite=overwrite)
+        # an overwrite removes a link on the record (as a link) and refuses any other (`overwrite_plan`)
+        if message is not None or (overwrite and not resume):
+            return message
+        links = links_where_kiln_writes(out, run_names=True)
+    if not links:
+        return None
+    if len(links) == 1:
+        return link_refusal(out / links[0])
+    more = f" where Kiln writes (as are {_listing(links[1:])})"
+    return link_refusal(out / links[0]).replace(" where Kiln writes", more, 1).replace("the link,", "the links,", 1)
+
+
+def _refusal(out: Path, *, resume: bool, overwrite: bool) -> str | None:
     names = _entries(out)
     if not names:
         return None
@@ -606,6 +651,7 @@ __all__ = [
     "forget_files",
     "inputs_inside",
     "inputs_refusal",
+    "links_where_kiln_writes",
     "older_marker",
     "overwrite_plan",
     "read_record",

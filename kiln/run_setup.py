@@ -17,6 +17,7 @@ from .config import LoggingConfig, TrainingConfig, save_config
 from .errors import ConfigError, first_line
 from .nodes import resolve_disk_layout, writes_run_files
 from .run_folder import LOCK_FILE
+from .safe_write import open_file
 
 logger = logging.getLogger("kiln")
 
@@ -399,13 +400,26 @@ def check_output_folder(training: TrainingConfig, accelerator: Accelerator, conf
 _output_locks: dict[str, Any] = {}
 
 
+PEER_REFUSAL_WAIT_S = 60.0
+"""How long a process waits for the process that found a refusal to say it, before saying it itself."""
+
+
 def _agree(accelerator: Accelerator, message: str | None) -> None:
-    """Raise `message` (a refusal one process found) as a ConfigError on every process alike."""
+    """Stop every process alike on a refusal one process found (`message`): that process raises it as a
+    ConfigError, so the one-line error comes from the node it concerns, with its rank (`kiln.cli.run_cli`); the
+    others end quietly once it has said so (`kiln.launcher.end_after_peer`; a process on another node says
+    which one failed), or raise it themselves where no process can be told (no launcher's store)."""
     if accelerator.num_processes > 1:  # any node's refusal stops every process
         from accelerate.utils import gather_object
 
-        messages = gather_object([message])
-        message = next((m for m in messages if m is not None), None)
+        from . import launcher
+
+        found = next((m for m in gather_object([message]) if m is not None), None)
+        if message is None and found is not None:
+            who = launcher.wait_for_failure(PEER_REFUSAL_WAIT_S)
+            if who is not None:
+                launcher.end_after_peer(who)  # says, on another node, which process failed
+            message = found
     if message is not None:
         raise ConfigError(message)
 
@@ -417,7 +431,7 @@ def _busy(out: Path) -> str | None:
     try:
         import fcntl
 
-        handle = open(out / LOCK_FILE)
+        handle = os.fdopen(os.open(out / LOCK_FILE, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)))
     except (ImportError, OSError):  # not POSIX, or no lock file: nobody holds it
         return None
     with handle:
@@ -451,7 +465,10 @@ def _take_lock(out: Path) -> str | None:
     except ImportError:  # not POSIX: no lock
         return None
     out.mkdir(parents=True, exist_ok=True)
-    handle = open(out / LOCK_FILE, "a+")
+    try:
+        handle = open_file(out / LOCK_FILE, "a+")  # never through a link there (kiln.safe_write)
+    except ConfigError as err:
+        return str(err)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -13,7 +13,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import shutil
 import signal
 import time
@@ -59,6 +58,7 @@ from .fingerprint import write_fingerprint
 from .nodes import writes_run_files
 from .public import save_public_config, write_public_json
 from .run_setup import check_step_counts, optimizer_steps_per_epoch, release_output_lock
+from .safe_write import new_staging_folder, open_file, replace_into, write_new_file
 from .throughput import LogWindow, count_real_tokens, format_metrics, guess_peak_flops
 from .train_state import TrainState
 
@@ -312,8 +312,7 @@ class Trainer:
         tmp = root / f"{final.name}.tmp"
         writer = writes_run_files(acc, self.training)  # rank 0, or each node's local main on node-local disks
         if writer:
-            root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
+            new_staging_folder(tmp, final, within=self.output_dir)  # never through a link (kiln.safe_write)
         acc.wait_for_everyone()
         try:
             with disk_writes(tmp):
@@ -339,7 +338,7 @@ class Trainer:
             prefix = final.relative_to(self.output_dir).as_posix()
             run_folder.set_aside_checkpoint(self.output_dir, prefix)  # a step saved again (resumed from an older one)
             run_folder.record_checkpoint(self.output_dir, prefix, tmp, checksums)  # before it is in place
-            os.replace(tmp, final)
+            replace_into(tmp, final)
             if acc.is_main_process:
                 run_folder.record_files(self.output_dir, "logs", append=True)
             self._rotate_checkpoints(keep=final)
@@ -383,8 +382,8 @@ class Trainer:
                 kept.append(line)
         if len(kept) != len(lines):
             tmp = path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, path)
+            write_new_file(tmp, "".join(line + "\n" for line in kept))
+            replace_into(tmp, path)
             run_folder.record_files(self.output_dir, path.name)
 
     def _rotate_checkpoints(self, keep: Path) -> None:
@@ -545,7 +544,7 @@ class Trainer:
         if self.accelerator.is_main_process and self.accelerator.trackers:
             self.accelerator.log(metrics, step=self.state.global_step)
         if self.accelerator.is_main_process:
-            with open(self.output_dir / "metrics.jsonl", "a") as fh:
+            with open_file(self.output_dir / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(entry) + "\n")
             # the trackers' files (TensorBoard flushes at each log) and the rows, on the run folder's record
             run_folder.record_files(self.output_dir, "metrics.jsonl", "logs", append=True)

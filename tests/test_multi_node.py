@@ -33,11 +33,11 @@ def _can_unshare() -> str | None:
     return None
 
 
-def two_nodes(run_dir, port: int, node_local: bool, *args) -> list[subprocess.CompletedProcess]:
-    """Node 0 and node 1 of `accelerate launch --num_machines 2`, one process each. Node-local: node 1 runs in its
-    own mount namespace with its own disk bound over the run folder (it sees none of node 0's files and node 0
-    none of its own; a bind mount rather than a tmpfs so the disk outlives the namespace for the resume) and its
-    own HF_HOME (its own datasets cache)."""
+def start_two_nodes(run_dir, port: int, node_local: bool, *args) -> list[subprocess.Popen]:
+    """Node 0 and node 1 of `accelerate launch --num_machines 2`, one process each, started. Node-local: node
+    1 runs in its own mount namespace with its own disk bound over the run folder (it sees none of node 0's
+    files and node 0 none of its own; a bind mount rather than a tmpfs so the disk outlives the namespace for
+    the resume) and its own HF_HOME (its own datasets cache)."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
               "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
@@ -56,10 +56,25 @@ def two_nodes(run_dir, port: int, node_local: bool, *args) -> list[subprocess.Co
             command = ["unshare", "-m", "sh", "-c", shell, "node1", *command]
         nodes.append(subprocess.Popen(command, cwd=REPO, env=node_env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    return nodes
+
+
+def finish(nodes: list[subprocess.Popen]) -> list[subprocess.CompletedProcess]:
+    """What each node printed (stdout and stderr) and its status, once both have ended."""
     results = []
-    for node in nodes:
-        output, _ = node.communicate(timeout=600)
-        results.append(subprocess.CompletedProcess(node.args, node.returncode, output))
+    try:
+        for node in nodes:
+            output, _ = node.communicate(timeout=600)
+            results.append(subprocess.CompletedProcess(node.args, node.returncode, output))
+    finally:
+        for node in nodes:
+            node.kill()
+    return results
+
+
+def two_nodes(run_dir, port: int, node_local: bool, *args) -> list[subprocess.CompletedProcess]:
+    """`start_two_nodes`, waited for: both nodes must succeed."""
+    results = finish(start_two_nodes(run_dir, port, node_local, *args))
     for rank, result in enumerate(results):
         assert result.returncode == 0, f"node {rank}:\n" + result.stdout[-3000:]
     return results
@@ -107,3 +122,45 @@ def test_two_nodes_with_node_local_disks(tmp_path):
     assert "save_on_each_node: true" in (run_dir / "config.yaml").read_text()
     assert (run_dir / "final" / "model.safetensors").is_file() and not (node1 / "final").exists()
     _resume_latest(run_dir, [run_dir, node1], free_port(), True)
+
+
+def test_a_refusal_on_node_1_is_said_by_node_1_and_no_link_is_written_through(tmp_path):
+    """Node-local disks, node 1's folder refused at the start: a link at a staging name only node 1 writes (a
+    tokenizer file's, written there as rank 0's tokenizer reaches node 1's disk), and a user's file where the
+    overwritten run would write. Node 1 says why, in one line with its rank; node 0 says which node failed and
+    where its error is; the file the link leads to is as it was."""
+    from kiln.safe_write import link_refusal
+
+    reason = _can_unshare()
+    if reason:
+        pytest.skip(reason)
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"mine": true}\n')
+    link_run, user_run = tmp_path / "link" / "run", tmp_path / "user" / "run"
+    link = link_run.with_name("run-node1-disk") / "tokenizer" / ".tokenizer.json.tmp"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(outside)
+    user_disk = user_run.with_name("run-node1-disk")
+    user_disk.mkdir(parents=True)
+    run_folder.start_record(user_disk)  # node 1's copy of a run, holding a user's file where the export goes
+    (user_disk / "final").mkdir()
+    (user_disk / "final" / "README.md").write_text("my notes\n")
+    overwrite = "--training.overwrite_output_dir"
+    starts = [start_two_nodes(run, free_port(), True, *ARGS, overwrite) for run in (link_run, user_run)]
+    expected = {
+        # as node 1 sees it: its own disk at the run folder's path
+        link_run: link_refusal(link).replace(str(link), str(link_run / "tokenizer" / ".tokenizer.json.tmp")),
+        user_run: f"output_dir {user_run} holds files Kiln did not write there or that changed since "
+        "(final/README.md); move them out of the folder, or pick another --training.output_dir: "
+        "--training.overwrite_output_dir removes only the files on the run's record, unchanged, and the new "
+        "run would write where these are",
+    }
+    for run, nodes in zip(expected, starts):
+        node0, node1 = finish(nodes)
+        said = [line for line in node1.stdout.splitlines() if line.startswith("error: ")]
+        assert said == [f"error: {expected[run]} (node 1, rank 1 of 2)"], node1.stdout[-3000:]
+        assert "error: " not in node0.stdout, node0.stdout[-3000:]
+        assert "stopped: node 1, rank 1 of 2 failed; its error is in that node's output" in node0.stdout
+        assert node0.returncode != 0 and node1.returncode != 0
+    assert outside.read_text() == '{"mine": true}\n' and os.readlink(link) == str(outside)
+    assert (user_run.with_name("run-node1-disk") / "final" / "README.md").read_text() == "my notes\n"

@@ -29,10 +29,11 @@ def share_files(folder, accelerator) -> None:
     On a shared folder this only costs the broadcast."""
     if accelerator is None or accelerator.num_processes == 1:
         return
-    import os
     from pathlib import Path
 
     from accelerate.utils import broadcast_object_list
+
+    from kiln.safe_write import replace_into, write_new_file
 
     folder = Path(folder)
     payload = None
@@ -45,8 +46,8 @@ def share_files(folder, accelerator) -> None:
             target = folder / name
             if not target.is_file() or target.read_bytes() != content:
                 partial = target.with_name(f".{name}.tmp")
-                partial.write_bytes(content)
-                os.replace(partial, target)  # never a half-written file where another process reads
+                write_new_file(partial, content)  # never through a link (kiln.safe_write)
+                replace_into(partial, target)  # never a half-written file where another process reads
     accelerator.wait_for_everyone()
 
 
