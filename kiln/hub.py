@@ -73,7 +73,8 @@ class PushRights:
 def check_push_rights(model_id: str, *, private: bool = False, timeout_s: float = START_CHECK_S) -> PushRights:
     """Before step 1 of a run with --hub.push_to_hub: the token is valid (`whoami`), the repo exists or the
     token may create it (`create_repo(exist_ok=True)`, as transformers' Trainer does at its start) and the token
-    may write to it (`auth_check(write=True)`). An HTTP 400/401/403/404 is a refusal; no answer within
+    may write to it (`auth_check(write=True)`). An HTTP 400/401/403/404 is a refusal, except a 404 of the write
+    check once `create_repo` has answered (the repo is there; the server lacks the route); no answer within
     `timeout_s` (the whole check), a connection error, offline mode or a server error is `unchecked`."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
@@ -103,6 +104,10 @@ def check_push_rights(model_id: str, *, private: bool = False, timeout_s: float 
                 done["rights"] = PushRights(
                     refusal=f"the Hub refuses the repo id {model_id} ({said}); name another with --hub.model_id"
                 )
+            elif step == "write to it" and status == 404:
+                # create_repo just answered, so the repo is there: the server lacks the write-check route (older
+                # Hub-compatible servers); the first push tells whether the token may write
+                done["rights"] = PushRights(unchecked=f"the server has no write check ({said}) for {model_id}")
             elif step != "whoami" and status in (403, 404):
                 who = f"the token of {user['name']}" if user.get("name") else "the token"
                 done["rights"] = PushRights(
@@ -549,7 +554,7 @@ def write_model_card(
     summary: dict,
     metrics: dict[str, float],
     datasets: list[str],
-    license: str,
+    license: str | None,
     tags: list[str],
     loss_plot: str | None,
     base_model: str | list[str] | None = None,
@@ -581,12 +586,13 @@ def write_model_card(
     lines = [
         f"# {card_text(model_name)}",
         "",
-        _card_origin(model_kind, base_model, [public_name(d) for d in datasets], fine_tuned="fine-tuning" in tags),
+        _card_origin(model_kind, base_model, [corpus_name(d) for d in datasets], fine_tuned="fine-tuning" in tags),
         *_data_section(local_data),
         *_training_section(facts),
         *_results_section(metrics),
         *_loss_curve_section(_place_plot(loss_plot, save_dir)),
         *_usage_section(task, model_id or local_usage_name(final_dir or save_dir)),
+        *_license_section(license),
     ]
     content = public_text(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(lines))
     try:
@@ -596,6 +602,22 @@ def write_model_card(
     path = save_dir / "README.md"
     path.write_text(content, encoding="utf-8")
     return str(path)
+
+
+def corpus_name(dataset: str) -> str:
+    """How the card names one source of training data: a Hub id as it is; a local file or folder by its name; a
+    glob by its folder's name and its pattern (`tinystories/*.txt`, not a bare `*.txt`); never the path above."""
+    name = public_name(dataset)
+    if not _is_hub_dataset(dataset) and any(c in name for c in "*?[") and Path(dataset).parent.name:
+        return f"{Path(dataset).parent.name}/{name}"
+    return name
+
+
+def _license_section(license: str | None) -> list[str]:
+    """Without hub.license the card claims none: a license is the author's choice, not a default of the tool."""
+    if license:
+        return []
+    return ["## License", "", "No license was chosen for this model; ask its author before reusing it.", ""]
 
 
 def local_usage_name(save_dir: str | os.PathLike) -> str:
@@ -706,12 +728,16 @@ def _usage_section(task: str, repo: str) -> list[str]:
     usage = [
         f"from transformers import {auto_class}, AutoTokenizer",
         "",
-        f"tokenizer = AutoTokenizer.from_pretrained({json.dumps(repo)}, trust_remote_code=True)",
+        f"tokenizer = AutoTokenizer.from_pretrained({json.dumps(repo)}, trust_remote_code=False)  # no code needed",
         f"model = {auto_class}.from_pretrained({json.dumps(repo)}, trust_remote_code=True)",
     ]
     if task in _USAGE_TAIL:
         usage.append(_USAGE_TAIL[task])
-    lines = ["", "## Usage", "", "The model code ships with the weights, hence `trust_remote_code=True`.", ""]
+    lines = [
+        "", "## Usage", "",
+        "The model code ships with the weights, hence `trust_remote_code=True` for the model; the tokenizer is a "
+        "plain `tokenizer.json` and needs none.", "",
+    ]  # fmt: skip
     return lines + ["```python", *usage, "```", ""]
 
 

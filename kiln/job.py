@@ -39,7 +39,8 @@ class RunParts:
     tokenizer: Any
     """Saved next to the final weights: anything with save_pretrained(folder)."""
     card: ModelCardFacts
-    """The model card's facts from the app's sections (hub.model_id and hub.license are filled in by the engine)."""
+    """The model card's facts from the app's sections (hub.model_id, hub.license and hub.dataset_name
+    are filled in by the engine)."""
     train_dataset: Callable[[int], Any]
     """epoch -> the training examples of that epoch."""
     collator: Callable
@@ -121,6 +122,8 @@ def run_job(job: TrainingJob) -> Trainer:
     if out is None:
         out = prepare_output(config, accelerator)
     card = dataclasses.replace(parts.card, model_id=config.hub.model_id, license=config.hub.license)
+    if config.hub.dataset_name:  # the user's own name for the corpus replaces the data files' names
+        card = dataclasses.replace(card, datasets=[config.hub.dataset_name])
     hub_sync = HubSync(config.hub, parts.tokenizer)
     if resume and resume.startswith("hub:"):
         # downloaded now, not when the trainer resumes: its layout decides the accumulation the trainer is built with

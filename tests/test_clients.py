@@ -129,6 +129,11 @@ def save():
 SCRIPTS = r"""
 encoder_dir, decoder_dir, work = sys.argv[3:6]
 tokenizer = transformers.AutoTokenizer.from_pretrained(encoder_dir, **load)
+# the tokenizer alone needs no code: trust_remote_code=False reads it without the model's files and without asking
+plain = transformers.AutoTokenizer.from_pretrained(decoder_dir, trust_remote_code=False)
+results["tokenizer_without_code"] = [
+    type(plain).__module__.split(".")[0], plain(sentences(3, 9))["input_ids"] == tokenizer(sentences(3, 9))["input_ids"]
+]
 raw = {"train": sentences(32, 1), "validation": sentences(12, 2)}
 
 def group_texts(examples, block_size=16):  # run_mlm / run_clm: concatenate, then cut into blocks
@@ -256,6 +261,7 @@ DECODERS = pytest.mark.parametrize("decoder", ["decoder", "decoder-llama"])
 @DECODERS
 def test_the_example_scripts_calls_train_and_evaluate_without_kiln(folders, tmp_path, decoder):
     results = run_child(SCRIPTS, tmp_path, folders / "encoder", folders / decoder, tmp_path / "work")
+    assert results.pop("tokenizer_without_code") == ["transformers", True]
     assert set(results) == {"mlm", "clm", "glue", "ner"}
     for script, metrics in results.items():
         assert metrics.pop("label_names") == ["labels"], script  # as transformers' BERT/GPT-2 heads

@@ -29,7 +29,7 @@ from transformers import AutoModelForPreTraining, AutoTokenizer
 
 repo = "REPO"
 model = AutoModelForPreTraining.from_pretrained(repo, trust_remote_code=True).eval()
-tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=False)  # no prompt, no code
 batch = tokenizer("the old man looked at the sea", "and the sea looked back", return_tensors="pt")
 with torch.no_grad():
     out = model(**batch)
@@ -56,7 +56,8 @@ def test_push_every_save_then_load_elsewhere(hub, tmp_path, fresh_process, capfd
     repo = f"{TEST_USER}/kiln-e2e"
     out = tmp_path / "run"
     run(out, "--training.max_steps", 4, "--training.save_steps", 2, "--logging.report_to", "tensorboard",
-        "--hub.push_to_hub", "--hub.model_id", repo, "--hub.strategy", "every_save")  # fmt: skip
+        "--hub.push_to_hub", "--hub.model_id", repo, "--hub.strategy", "every_save",
+        "--hub.dataset_name", "my-corpus")  # fmt: skip
 
     files = hub.files(repo)
     for name in ("model.safetensors", "config.json", "configuration_kiln.py", "modeling_kiln_encoder.py",
@@ -68,7 +69,8 @@ def test_push_every_save_then_load_elsewhere(hub, tmp_path, fresh_process, capfd
     metadata = yaml.safe_load(card.split("---")[1])
     metric_types = {m["type"] for r in metadata["model-index"][0]["results"] for m in r["metrics"]}
     assert {"mlm_loss", "mlm_accuracy", "nsp_accuracy"} <= metric_types
-    assert metadata["license"] == "apache-2.0" and "kiln" in metadata["tags"]
+    assert "license" not in metadata and "kiln" in metadata["tags"]  # no --hub.license: none claimed
+    assert "No license was chosen for this model" in card and "with Kiln on my-corpus." in card
     # newest first: the final push after the in-training pushes (steps 2 and 4, possibly coalesced)
     titles = [c.title for c in hub.commits(repo)]
     assert titles[0] == "Final model" and any("step" in t for t in titles[1:]), titles

@@ -168,15 +168,21 @@ def test_mlm_head_is_tied_to_the_input_embeddings_also_after_reload(tmp_path):
     torch.testing.assert_close(reloaded.mlm_head.decoder.bias, model.mlm_head.decoder.bias)
 
 
+POOLINGS = {"cls": {}, "mean": {"classifier_head": "transform", "classifier_pooling": "mean"}}
+
+
+@pytest.mark.parametrize("pooling", list(POOLINGS))
 @pytest.mark.parametrize("model_class", [KilnEncoderForPreTraining, KilnEncoderForMaskedLM])
-def test_sparse_prediction_gives_the_dense_loss_and_gradients(model_class):
-    dense = model_class(make_config(sparse_prediction=False)).train()
-    sparse = model_class(make_config(sparse_prediction=True)).train()
+def test_sparse_prediction_gives_the_dense_loss_and_gradients(model_class, pooling):
+    """Also with mean pooling (a converted ModernBERT's), whose pooled output reads every row of the last block."""
+    dense = model_class(make_config(sparse_prediction=False, **POOLINGS[pooling])).train()
+    sparse = model_class(make_config(sparse_prediction=True, **POOLINGS[pooling])).train()
     sparse.load_state_dict(dense.state_dict())
     input_ids, attention_mask, token_type_ids, labels = make_batch()
+    sentence_order = {"next_sentence_label": torch.tensor([0, 1, 1])} if model_class is KilnEncoderForPreTraining else {}
     results = {}
     for name, model in (("dense", dense), ("sparse", sparse)):
-        out = model(input_ids, attention_mask, token_type_ids, labels=labels)
+        out = model(input_ids, attention_mask, token_type_ids, labels=labels, **sentence_order)
         out.loss.backward()
         logits = out.prediction_logits if model_class is KilnEncoderForPreTraining else out.logits
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

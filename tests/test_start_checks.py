@@ -233,6 +233,23 @@ def test_push_rights_at_the_start_token_namespace_existing_repo_and_role(hub):
     assert check_push_rights(f"{TEST_USER}/x").refusal == f"the Hub does not accept the Hugging Face token (HTTP 401); {login}"
 
 
+def test_a_server_without_the_write_check_route_is_a_warning_once_the_repo_is_created(hub):
+    """Older Hub-compatible servers answer create_repo but have no auth-check route: its 404, after the repo was
+    created, leaves the run going (the first push tells); a 401 or 403 of the same check stays a refusal."""
+    from conftest import TEST_USER
+
+    from kiln.hub import check_push_rights
+
+    hub.fail(only="auth_check", status=404)
+    rights = check_push_rights(f"{TEST_USER}/older-server")
+    assert rights.refusal is None and rights.unchecked.startswith("the server has no write check (HTTP 404"), rights
+    assert rights.unchecked.endswith(f"for {TEST_USER}/older-server") and hub.repo(f"{TEST_USER}/older-server")
+    for status in (401, 403):
+        hub.fail(only="auth_check", status=status)
+        refused = check_push_rights(f"{TEST_USER}/older-server")
+        assert refused.refusal and f"(HTTP {status}" in refused.refusal and not refused.unchecked, refused
+
+
 def test_a_hub_that_cannot_be_asked_leaves_the_run_going(hub, tmp_path, caplog, monkeypatch):
     """Offline, failing or silent: a warning, and the run trains and pushes as before (its pushes retried)."""
     from conftest import TEST_USER

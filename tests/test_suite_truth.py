@@ -14,7 +14,7 @@ def _run_transformers_common_tests(tmp_path, ci: bool) -> subprocess.CompletedPr
     if ci:
         env["CI"] = "true"
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
          str(REPO / "tests/test_transformers_common.py")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -27,4 +27,4 @@ def test_transformers_common_tests_fail_under_ci_and_skip_offline_when_they_cann
     local = _run_transformers_common_tests(tmp_path, ci=False)
     # a module skipped whole collects no test: pytest's status 5, not a failure (1)
     assert local.returncode in (0, 5) and "1 skipped" in local.stdout.splitlines()[-1], local.stdout[-3000:]
-    assert "could not be fetched" in local.stdout, local.stdout[-3000:]  # -ra names the reason
+    assert "could not be fetched" in local.stdout, local.stdout[-3000:]  # -rs names the reason

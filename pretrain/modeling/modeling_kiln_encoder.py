@@ -544,6 +544,9 @@ class _MaskedLMMixin:
             return None  # the attention maps of the last block are wanted over every position
         if output_hidden_states or (output_hidden_states is None and config.output_hidden_states):
             return None
+        pooler = getattr(self.model, "pooler", None)
+        if pooler is not None and config.classifier_head == "transform" and config.classifier_pooling == "mean":
+            return None  # mean pooling reads every row of the last block; the head still runs on labelled rows only
         seq_len = labels.shape[1]
         needed = labels != -100
         needed[:, 0] = True
