@@ -271,9 +271,9 @@ def blimp_command(capsys, *args) -> tuple[int, str, str]:
 @pytest.mark.parametrize("which", [0, 1])
 def test_the_command_prints_and_writes_the_accuracies(kiln_checkpoints, tmp_path, capsys, which):
     out = tmp_path / "blimp.json"
-    status, printed, _ = blimp_command(capsys, "--model", kiln_checkpoints[which], "--data", "data/blimp",
-                                       "--pairs", 2, "--json", out)  # fmt: skip
-    assert status == 0
+    status, printed, progress = blimp_command(capsys, "--model", kiln_checkpoints[which], "--data", "data/blimp",
+                                              "--pairs", 2, "--json", out)  # fmt: skip
+    assert status == 0 and "scoring: " in progress and "note:" not in progress  # a progress bar, nothing short
     result = json.loads(out.read_text())
     assert result["kind"] == ["encoder", "decoder"][which] and result["pairs"] == 134
     assert len(result["paradigms"]) == 67 and len(result["phenomena"]) == 12
@@ -286,6 +286,12 @@ def test_the_command_prints_and_writes_the_accuracies(kiln_checkpoints, tmp_path
                              "--paradigms", "wh_island", "adjunct_island", "--from_scratch", "--seed", seed,
                              "--json", tmp_path / f"random-{seed}.json") for seed in (0, 0, 1)]  # fmt: skip
     assert [status for status, _, _ in scratch] == [0, 0, 0]
+    # more pairs asked than the shipped sample holds (50 per paradigm): said once, and the 50 are scored
+    status, _, said = blimp_command(capsys, "--model", kiln_checkpoints[which], "--data", "data/blimp", "--pairs", 60,
+                                    "--paradigms", "wh_island", "--json", tmp_path / "short.json")  # fmt: skip
+    assert status == 0 and json.loads((tmp_path / "short.json").read_text())["pairs"] == 50
+    assert said.count("note:") == 1 and "note: --pairs 60: 1 of 1 paradigms hold fewer pairs (at most 50); " \
+        "scoring the 50 pairs there are" in said, said
     results = [json.loads((tmp_path / f"random-{seed}.json").read_text()) for seed in (0, 1)]
     assert results[0]["from_scratch"] is True and results[0]["pairs"] == 10
     assert scratch[0][1].split("\n")[:-2] == scratch[1][1].split("\n")[:-2]  # the same seed, the same report

@@ -58,12 +58,13 @@ def blimp(argv: list[str]) -> None:
         if args.json:
             check_output_file(args.json, "--json")
         pairs = read_blimp(args.data, args.pairs, args.paradigms)
+        say_short_paradigms(pairs, args.pairs)
         model, tokenizer, kind = load_model(args.model, args.kind, args.revision, args.from_scratch, args.seed)
         evaluation = BlimpEvaluation(pairs, tokenizer, kind, args.batch_tokens, max_input_length(model))
     except ZeroShotError as err:
         sys.exit(f"error: {err}")
     start = time.perf_counter()
-    result = evaluation.evaluate(model)
+    result = evaluation.evaluate(model, progress=True)
     seconds = time.perf_counter() - start
     print(format_report(result))
     print(f"\n{kind} {args.model}{' (random weights)' if args.from_scratch else ''}: {len(pairs):,} pairs in {seconds:.0f} s")
@@ -72,6 +73,21 @@ def blimp(argv: list[str]) -> None:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({**result, **facts}, f, indent=1)
             f.write("\n")
+
+
+def say_short_paradigms(pairs, asked: int | None) -> None:
+    """One line when --pairs asks for more pairs than the paradigms hold (the shipped sample has 50 of each):
+    the count scored is then what the data holds, not what was asked."""
+    if asked is None:
+        return
+    counts: dict[str, int] = {}
+    for pair in pairs:
+        counts[pair.paradigm] = counts.get(pair.paradigm, 0) + 1
+    short = {name: count for name, count in counts.items() if count < asked}
+    if short:
+        most = max(short.values())
+        print(f"note: --pairs {asked}: {len(short)} of {len(counts)} paradigms hold fewer pairs (at most {most}); "
+              f"scoring the {len(pairs):,} pairs there are", file=sys.stderr)
 
 
 def check_output_file(path: str, option: str) -> None:

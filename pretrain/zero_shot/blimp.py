@@ -183,17 +183,17 @@ class BlimpEvaluation:
         self.encoded = self.scorer.encode([p.good for p in self.pairs] + [p.bad for p in self.pairs])
 
     @torch.no_grad()
-    def scores(self, model, accelerator=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(good, bad) float64 scores of every pair, the same on every process."""
+    def scores(self, model, accelerator=None, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(good, bad) float64 scores of every pair, the same on every process; `progress`: a progress bar."""
         rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
-        scores = self.scorer.score(model, self.encoded, rank, world)
+        scores = self.scorer.score(model, self.encoded, rank, world, progress=progress and rank == 0)
         if world > 1:  # each sentence was scored by one process: the sum is its score, exactly
             scores = accelerator.reduce(scores.to(accelerator.device), reduction="sum").cpu()
         n = len(self.pairs)
         return scores[:n], scores[n:]
 
-    def evaluate(self, model, accelerator=None) -> dict:
-        good, bad = self.scores(model, accelerator)
+    def evaluate(self, model, accelerator=None, progress: bool = False) -> dict:
+        good, bad = self.scores(model, accelerator, progress)
         return blimp_accuracies(self.pairs, (good > bad).tolist())  # a tie is wrong
 
 

@@ -73,7 +73,8 @@ def _model_device(model) -> torch.device:
 
 @torch.no_grad()
 def causal_log_likelihoods(
-    model, encoded: EncodedSentences, max_length: int, budget: int = 8192, rank: int = 0, world: int = 1
+    model, encoded: EncodedSentences, max_length: int, budget: int = 8192, rank: int = 0, world: int = 1,
+    progress: bool = False,
 ) -> torch.Tensor:
     """(N,) float64: log P(sentence tokens | context) of each sentence this process scores (batches b with
     b % world == rank), 0 elsewhere. `max_length`: the model's longest input (longer inputs keep their end)."""
@@ -85,7 +86,7 @@ def causal_log_likelihoods(
         targets.append(whole[len(whole) - min(len(ids), len(whole) - 1) :])  # the sentence's tokens still in it
     scores = torch.zeros(len(encoded), dtype=torch.float64)
     batches = plan_batches([(1, len(row)) for row in inputs], budget)
-    for batch in batches[rank::world]:
+    for batch in with_progress(batches[rank::world], [(1, len(row)) for row in inputs], progress):
         length = max(len(inputs[i]) for i in batch)
         input_ids = torch.zeros(len(batch), length, dtype=torch.long)
         attention = torch.zeros(len(batch), length, dtype=torch.long)
@@ -104,7 +105,8 @@ def causal_log_likelihoods(
 
 @torch.no_grad()
 def pseudo_log_likelihoods(
-    model, encoded: EncodedSentences, mask_token_id: int, budget: int = 16384, rank: int = 0, world: int = 1
+    model, encoded: EncodedSentences, mask_token_id: int, budget: int = 16384, rank: int = 0, world: int = 1,
+    progress: bool = False,
 ) -> torch.Tensor:
     """(N,) float64: the pseudo-log-likelihood of each sentence this process scores (batches b with b % world ==
     rank), 0 elsewhere. A Kiln encoder computes its vocabulary logits at the masked position of each row only
@@ -112,8 +114,9 @@ def pseudo_log_likelihoods(
     device = _model_device(model)
     positions = [[p for p, scored in enumerate(flags) if scored] for flags in encoded.scored]
     scores = torch.zeros(len(encoded), dtype=torch.float64)
-    batches = plan_batches([(len(p), len(ids)) for p, ids in zip(positions, encoded.ids)], budget)
-    for batch in batches[rank::world]:
+    costs = [(len(p), len(ids)) for p, ids in zip(positions, encoded.ids)]
+    batches = plan_batches(costs, budget)
+    for batch in with_progress(batches[rank::world], costs, progress):
         rows = [(i, p) for i in batch for p in positions[i]]
         if not rows:
             continue
@@ -188,12 +191,32 @@ class SentenceScorer:
         ids = [tokenizer(sentence, verbose=False, **limit)["input_ids"] for sentence in sentences]
         return EncodedSentences(ids=ids, context=[[] for _ in ids], scored=[[t not in special for t in i] for i in ids])
 
-    def score(self, model, encoded: EncodedSentences, rank: int = 0, world: int = 1) -> torch.Tensor:
-        """(N,) float64 scores of the sentences of this process's batches (0 for the other processes')."""
+    def score(
+        self, model, encoded: EncodedSentences, rank: int = 0, world: int = 1, progress: bool = False
+    ) -> torch.Tensor:
+        """(N,) float64 scores of the sentences of this process's batches (0 for the other processes'); with
+        `progress`, a progress bar with its ETA on stderr."""
         if self.kind == "decoder":
             max_length = self.max_length or max_input_length(model)
-            return causal_log_likelihoods(model, encoded, max_length, self.budget, rank, world)
-        return pseudo_log_likelihoods(model, encoded, self.tokenizer.mask_token_id, self.budget, rank, world)
+            return causal_log_likelihoods(model, encoded, max_length, self.budget, rank, world, progress)
+        return pseudo_log_likelihoods(
+            model, encoded, self.tokenizer.mask_token_id, self.budget, rank, world, progress
+        )
+
+
+def with_progress(batches: list[list[int]], costs: Sequence[tuple[int, int]], shown: bool):
+    """The batches, under a progress bar counted in rows x positions (what a batch costs, so the ETA holds
+    although the batches run longest first) when `shown`."""
+    if not shown:
+        yield from batches
+        return
+    from tqdm.auto import tqdm
+
+    weights = [sum(costs[i][0] for i in batch) * max(costs[i][1] for i in batch) for batch in batches]
+    with tqdm(total=sum(weights), desc="scoring", unit=" tok", unit_scale=True, leave=False) as bar:
+        for batch, weight in zip(batches, weights):
+            yield batch
+            bar.update(weight)
 
 
 def max_input_length(model) -> int:
