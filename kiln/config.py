@@ -143,8 +143,10 @@ class HubConfig:
     """`end` (final model only), `every_save` (model at every checkpoint) or `checkpoint` (also the resumable state)."""
     revision: str | None = None
     """Branch to push to (created when missing; default: main)."""
-    license: str = "apache-2.0"
-    """License written into the model card."""
+    license: str | None = None
+    """License of the published model, written into the model card's metadata (an SPDX id such as `apache-2.0` or `mit`, or `other`); unset: the card names none and says that none was chosen."""
+    dataset_name: str | None = None
+    """How the model card names the training corpus (a Hub dataset id goes into its metadata too); default: the names of the data files and folders the run read, without their paths."""
     timeout_s: float = 60.0
     """Seconds a Hub request may wait for the server to answer before it counts as failed (then retried)."""
     final_push_timeout_s: float = 1800.0

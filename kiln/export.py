@@ -160,7 +160,8 @@ class ModelCardFacts:
     """The Hub id(s) a fine-tuned model started from; None for local starts."""
     model_id: str | None = None
     """The Hub repo the model is pushed to (hub.model_id), named in the card's usage code."""
-    license: str = "apache-2.0"
+    license: str | None = None
+    """The model's license (hub.license); None: none was chosen, and the card says so."""
     summary: dict[str, Any] = field(default_factory=dict)
     """More facts for the card's training table, after the run's own."""
     usage: str | None = None
