@@ -201,8 +201,7 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
     if advice and "kiln_encoder" in expected:
         raise ConfigError(advice)
     if family is None and found_type in ("kiln_encoder", "kiln_decoder") and found_type in expected:
-        if os.path.isdir(path):  # its config against its weights' header, before anything is built
-            check_start_weights(spec, option, found, path)
+        check_start_weights(spec, option, found, path, revision)  # its config against its weights' header
     if found_type not in expected:
         wanted = " or ".join(expected)
         default_dir, command = PRETRAIN_COMMANDS.get(expected[0], (None, None))

@@ -66,10 +66,21 @@ def safetensors_header(path: str | os.PathLike) -> dict:
     return header
 
 
-def weight_shapes(folder: str | os.PathLike) -> dict[str, tuple[int, ...]] | None:
+def weight_shapes(folder: str | os.PathLike, revision: str | None = None) -> dict[str, tuple[int, ...]] | None:
     """Tensor name -> shape of the safetensors weights of a saved model folder (model.safetensors, or the shards
     model.safetensors.index.json names), read from their headers: no tensor is loaded, nothing is built. None when
-    the folder holds no safetensors weights; OSError (one line) when they cannot be read."""
+    the folder holds no safetensors weights; OSError (one line) when they cannot be read. A Hub id (`folder` no
+    local folder, at `revision`): the headers read by range requests, no weight downloaded; None when the Hub
+    cannot say (no safetensors weights, no network: loading the model says why)."""
+    if not os.path.isdir(folder):
+        from huggingface_hub import get_safetensors_metadata
+
+        try:
+            metadata = get_safetensors_metadata(str(folder), revision=revision)
+        except Exception:  # not found, no access, no network, not safetensors: the load that follows says why
+            return None
+        files = metadata.files_metadata.values()
+        return {name: tuple(info.shape) for file in files for name, info in file.tensors.items()}
     single = os.path.join(folder, "model.safetensors")
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(single):

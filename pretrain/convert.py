@@ -1124,20 +1124,23 @@ def _weight_files(weights: list[Path]) -> list[Path]:
     return [weights[0], *(weights[0].parent / shard for shard in shards)]
 
 
-def check_start_weights(spec: str, option: str, config: dict, folder: str | Path) -> set[str]:
+def check_start_weights(
+    spec: str, option: str, config: dict, folder: str | Path, revision: str | None = None
+) -> set[str]:
     """A start model's config.json (`config`, read as data) against its weights' safetensors headers (read as
     JSON: no tensor is loaded, no module built), for a transformers BERT / ELECTRA / GPT-2 / Llama or a Kiln
-    checkpoint in the local `folder`: its sizes are whole numbers in range that a model can be built with, its
-    depth is the number of blocks the weights hold, and the embedding tables and first block's projections have
-    the shapes its widths, heads and vocabulary give. A mismatch is a one-line ConfigError naming the field, so a
-    config.json that asks for more than its weights hold is refused before anything is built. Returns the
-    weights' names (empty when the folder has no safetensors weights: loading them says why)."""
+    checkpoint in `folder` (a local folder, or a Hub id at `revision`: its headers read by range requests): its
+    sizes are whole numbers in range that a model can be built with, its depth is the number of blocks the
+    weights hold, and the embedding tables and first block's projections have the shapes its widths, heads and
+    vocabulary give. A mismatch is a one-line ConfigError naming the field, so a config.json that asks for more
+    than its weights hold is refused before anything is built. Returns the weights' names (empty when they
+    cannot be read so, e.g. no safetensors weights: loading them says why)."""
     from kiln.model_files import weight_shapes
 
     model_type = config["model_type"]
     sizes = _start_sizes(spec, option, config)
     try:
-        shapes = weight_shapes(folder)
+        shapes = weight_shapes(folder, revision)
     except OSError as err:
         raise ConfigError(f"{option} {spec}: its {err}; copy or save it again") from None
     if shapes is None:

@@ -297,9 +297,8 @@ def check_init_from(model) -> None:
     found_type = found.get("model_type")
     if model.trust_remote_code and carries_code(found):
         return
-    if found_type == expected_type:
-        if os.path.isdir(model.init_from):  # its config against its weights' header, before anything is built
-            check_start_weights(model.init_from, "--model.init_from", found, model.init_from)
+    if found_type == expected_type:  # its config against its weights' header (a folder's or a Hub repo's)
+        check_start_weights(model.init_from, "--model.init_from", found, model.init_from)
         return
     kinds = {"kiln_encoder": ("a Kiln encoder", "encoder"), "kiln_decoder": ("a Kiln decoder", "decoder")}
     family = convertible(found)

@@ -149,6 +149,29 @@ def test_kiln_and_transformers_start_models_that_disagree_with_their_weights_are
     )
 
 
+def test_a_kiln_model_on_the_hub_is_checked_from_its_header_alone(tmp_path, capsys, hub, nothing_built):
+    """A Hub id: the weights' header read by range requests, the weights themselves not downloaded."""
+    from huggingface_hub import HfApi
+
+    from pretrain.convert import check_start_weights
+
+    fits = kiln_folder(tmp_path / "fits")
+    deeper = edit_config(_copy(fits, tmp_path / "deeper"), num_hidden_layers=1_000_000)
+    nothing_built.clear()
+    for name, folder in (("someone/kiln-fits", fits), ("someone/kiln-deeper", deeper)):
+        hub.create_repo(name)
+        HfApi().upload_folder(repo_id=name, folder_path=folder, commit_message="init")
+    config = json.loads((fits / "config.json").read_text())
+    assert "model.layers.1.attention.qkv.weight" in check_start_weights("someone/kiln-fits", "X", config,
+                                                                        "someone/kiln-fits")  # fmt: skip
+    out = tmp_path / "run"
+    line = refusal(capsys, out, "--model.init_from", "someone/kiln-deeper")
+    assert line == deeper_than_its_weights("--model.init_from", "someone/kiln-deeper")
+    from huggingface_hub import constants
+
+    assert not list(Path(constants.HF_HUB_CACHE).glob("models--someone--kiln-deeper/**/model.safetensors"))
+
+
 def test_fine_tuning_checks_a_kiln_checkpoint_against_its_weights_too(tmp_path, capsys, nothing_built):
     from test_trust import classify_args, run_in_process
 
