@@ -191,7 +191,7 @@ def test_summary_is_the_mean_over_paradigms_and_phenomena():
         MinimalPair("p3", "y", "a", "b")] * 2  # fmt: skip
     result = blimp_accuracies(pairs, [1, 1, 1, 0, 0, 0, 1, 0])
     assert result["paradigms"]["p1"]["accuracy"] == 0.75 and result["paradigms"]["p2"]["accuracy"] == 0.0
-    assert result["phenomena"] == {"x": 0.375, "y": 0.5}
+    assert result["phenomena"] == {"x": 0.375, "y": 0.5} and result["phenomena_mean"] == pytest.approx(0.4375)
     assert result["mean"] == pytest.approx((0.75 + 0.0 + 0.5) / 3) and result["correct"] == 4
 
 
@@ -437,9 +437,13 @@ def test_the_blimp_table_of_results_md_is_the_records():
     for record in records:
         assert len(record["paradigms"]) == 67 and len(record["phenomena"]) == 12, record["name"]
         assert record["mean"] == pytest.approx(sum(record["paradigms"].values()) / 67), record["name"]
-        assert record["pretraining"] in runs and "pretrain.zero_shot blimp" in record["command"], record["name"]
+        if record["kind"] in ("unigram", "bigram"):  # word counts of a corpus, no model and no pretraining
+            assert record["pretraining"] == "none" and "experiments/blimp_frequency.py" in record["command"]
+        else:
+            assert record["pretraining"] in runs and "pretrain.zero_shot blimp" in record["command"], record["name"]
     text = (REPO / "docs/results.md").read_text()
     latest = {record["name"]: record for record in records}  # a rerun of a name replaces its earlier record
     for record in latest.values():
-        assert f"| {100 * record['mean']:.1f} | {record['pairs']:,} |" in text, record["name"]
+        phenomena = 100 * sum(record["phenomena"].values()) / 12
+        assert f"| {100 * record['mean']:.1f} | {phenomena:.1f} | {record['pairs']:,} |" in text, record["name"]
     assert "| LSTM (paper) | | 69.8 |" in text and "| GPT-2 (124M, WebText) (paper) | | 83.0 |" in text

@@ -3,7 +3,8 @@
 A model is right on a pair when it scores the grammatical sentence strictly higher (a tie is wrong). Accuracy is
 reported per paradigm, per phenomenon (BLiMP's 12 `linguistics_term` values, each the mean of its paradigms) and
 overall as the mean over paradigms (the paper's summary; with as many pairs in every paradigm, also the accuracy
-over all pairs).
+over all pairs) and as the mean over the 12 phenomena (`phenomena_mean`, the BabyLM challenge's summary, which
+weighs a phenomenon of 2 paradigms as much as one of 7).
 
 The pairs come from a folder in BLiMP's layout, `<paradigm>.jsonl` files (gzipped or not, directly in the folder
 or in its `data/`), or from the Hub dataset `nyu-mll/blimp` (one configuration per paradigm) through `datasets`.
@@ -161,11 +162,13 @@ def blimp_accuracies(pairs: Sequence[MinimalPair], correct: Sequence[bool]) -> d
     for entry in paradigms.values():
         by_phenomenon.setdefault(entry["phenomenon"], []).append(entry["accuracy"])
     accuracies = [entry["accuracy"] for entry in paradigms.values()]
+    phenomena = {name: sum(values) / len(values) for name, values in sorted(by_phenomenon.items())}
     return {
         "mean": sum(accuracies) / len(accuracies) if accuracies else float("nan"),
+        "phenomena_mean": sum(phenomena.values()) / len(phenomena) if phenomena else float("nan"),
         "pairs": sum(entry["pairs"] for entry in paradigms.values()),
         "correct": sum(entry["correct"] for entry in paradigms.values()),
-        "phenomena": {name: sum(values) / len(values) for name, values in sorted(by_phenomenon.items())},
+        "phenomena": phenomena,
         "paradigms": dict(sorted(paradigms.items())),
     }
 
@@ -222,7 +225,9 @@ def lm_eval_group(files: dict[str, str], group: str, header: str = "") -> str:
 def format_report(result: dict) -> str:
     """Overall, per-phenomenon and per-paradigm accuracy as plain text tables."""
     lines = [f"BLiMP: {100 * result['mean']:.1f} (mean over {len(result['paradigms'])} paradigms; "
-             f"{result['correct']:,} of {result['pairs']:,} pairs right)", "", "phenomenon".ljust(28) + "accuracy"]  # fmt: skip
+             f"{result['correct']:,} of {result['pairs']:,} pairs right)",
+             f"BLiMP, mean over {len(result['phenomena'])} phenomena (BabyLM's summary): "
+             f"{100 * result['phenomena_mean']:.1f}", "", "phenomenon".ljust(28) + "accuracy"]  # fmt: skip
     lines += [f"{name:<28}{100 * value:8.1f}" for name, value in result["phenomena"].items()]
     lines += ["", "paradigm".ljust(56) + "pairs  accuracy"]
     lines += [f"{name:<56}{entry['pairs']:5d}{100 * entry['accuracy']:10.1f}" for name, entry in result["paradigms"].items()]
