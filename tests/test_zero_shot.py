@@ -43,6 +43,33 @@ def python(*args, check=True, env=None) -> subprocess.CompletedProcess:
 # (a) the same numbers as transformers' own models, one sentence at a time
 
 
+def test_pll_word_l2r_masks_the_later_tokens_of_each_word(kiln_checkpoints):
+    """PLL-word-l2r (Kauf & Ivanova 2023): a token is scored with the later tokens of its own word masked too; the
+    first token of a word never sees the word's other pieces. Checked against the model run copy by copy."""
+    model, tokenizer, _ = load_model(str(kiln_checkpoints[0]))
+    sentences = ["Derek shocked the unbelievably xylophonic teachers.", "A dog barks."]
+    words = [tokenizer(s).word_ids() for s in sentences]
+    assert any(len([w for w in ids if w == word]) > 1 for ids in words[:1] for word in set(ids) - {None})  # pieces
+    l2r = score_sentences(model, tokenizer, "encoder", sentences, pll="word-l2r")
+    original = score_sentences(model, tokenizer, "encoder", sentences)
+    for sentence, word_ids, score in zip(sentences, words, l2r):
+        ids = tokenizer(sentence)["input_ids"]
+        direct = 0.0
+        for p, word in enumerate(word_ids):
+            if word is None:
+                continue
+            masked = [tokenizer.mask_token_id if q == p or (q > p and word_ids[q] == word) else t
+                      for q, t in enumerate(ids)]  # fmt: skip
+            with torch.no_grad():
+                logits = model(torch.tensor([masked])).logits[0, p].double()
+            direct += float(F.log_softmax(logits, -1)[ids[p]])
+        assert score == pytest.approx(direct, abs=1e-4), sentence
+    assert l2r[0] != original[0]  # a word of several pieces: other inputs, another score (this tiny model barely
+    # reads its context, so the difference is small; the loop above checks what each score is)
+    one_piece_words = all(len([w for w in words[1] if w == word]) == 1 for word in set(words[1]) - {None})
+    assert not one_piece_words or l2r[1] == pytest.approx(original[1], abs=1e-6)  # nothing else to mask
+
+
 def test_decoder_scores_equal_gpt2_sentence_by_sentence(kiln_checkpoints):
     from pretrain.convert import to_transformers
 

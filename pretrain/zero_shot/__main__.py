@@ -38,6 +38,10 @@ def blimp_parser() -> argparse.ArgumentParser:
                         help="random weights with the shape and tokenizer of --model (drawn from --seed): the "
                         "baseline that shows what pretraining taught")
     parser.add_argument("--seed", type=int, default=0, help="seed of --from_scratch's weights")
+    parser.add_argument("--pll", choices=("original", "word-l2r"), default="original",  # scoring.PLL_METRICS
+                        help="an encoder's pseudo-log-likelihood: `original` (each token masked alone, Salazar et "
+                        "al. 2020) or `word-l2r` (with the later tokens of its word, Kauf & Ivanova 2023: no bonus "
+                        "for words of many tokens)")
     parser.add_argument("--batch_tokens", metavar="B", type=int, default=None,
                         help="rows x longest length of one batch (default: 16384 for an encoder, whose rows are "
                         "each sentence's masked copies; 8192 for a decoder)")
@@ -49,18 +53,19 @@ def blimp(argv: list[str]) -> None:
     from kiln.cli import answer_print_config
 
     from .blimp import BlimpEvaluation, format_report, read_blimp
-    from .models import load_model
+    from .models import check_model_source, load_model
     from .scoring import ZeroShotError, max_input_length
 
     args = blimp_parser().parse_args(argv)
     answer_print_config(args)
     try:
+        check_model_source(args.model, args.revision, hub=False)  # a missing folder said before the data is read
         if args.json:
             check_output_file(args.json, "--json")
         pairs = read_blimp(args.data, args.pairs, args.paradigms)
         say_short_paradigms(pairs, args.pairs)
         model, tokenizer, kind = load_model(args.model, args.kind, args.revision, args.from_scratch, args.seed)
-        evaluation = BlimpEvaluation(pairs, tokenizer, kind, args.batch_tokens, max_input_length(model))
+        evaluation = BlimpEvaluation(pairs, tokenizer, kind, args.batch_tokens, max_input_length(model), args.pll)
     except ZeroShotError as err:
         sys.exit(f"error: {err}")
     start = time.perf_counter()
@@ -69,7 +74,8 @@ def blimp(argv: list[str]) -> None:
     print(format_report(result))
     print(f"\n{kind} {args.model}{' (random weights)' if args.from_scratch else ''}: {len(pairs):,} pairs in {seconds:.0f} s")
     if args.json:
-        facts = {"model": args.model, "kind": kind, "from_scratch": args.from_scratch, "seconds": round(seconds, 1)}
+        facts = {"model": args.model, "kind": kind, "from_scratch": args.from_scratch, "seconds": round(seconds, 1),
+                 "pll": args.pll if kind == "encoder" else None}  # fmt: skip
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({**result, **facts}, f, indent=1)
             f.write("\n")

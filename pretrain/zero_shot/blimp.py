@@ -178,11 +178,11 @@ class BlimpEvaluation:
     `accelerator`, each taking its share of the batches) and returns `blimp_accuracies`'s dict on every process."""
 
     def __init__(self, pairs: Sequence[MinimalPair], tokenizer, kind: str, budget: int | None = None,
-                 max_length: int | None = None):  # fmt: skip
+                 max_length: int | None = None, pll: str = "original"):  # fmt: skip
         if not pairs:
             raise ZeroShotError("no BLiMP pairs to evaluate")
         self.pairs = list(pairs)
-        self.scorer = SentenceScorer(tokenizer, kind, budget, max_length)
+        self.scorer = SentenceScorer(tokenizer, kind, budget, max_length, pll)
         self.encoded = self.scorer.encode([p.good for p in self.pairs] + [p.bad for p in self.pairs])
 
     @torch.no_grad()

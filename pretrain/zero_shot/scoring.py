@@ -13,7 +13,11 @@ instead. Sequences longer than the model keep their last tokens, as lm-eval trun
 
 Encoders (`pseudo_log_likelihoods`): Salazar et al. (2020), "Masked Language Model Scoring": each token of the
 sentence (not [CLS]/[SEP]) is replaced by [MASK] in its own copy, and the log-probability the model gives the
-original token there is summed over the copies.
+original token there is summed over the copies. PLL-word-l2r (Kauf & Ivanova 2023, "A Better Way to Do Masked
+Language Model Scoring"; `pll="word-l2r"`) also masks the later tokens of the same word in each copy: a word of
+several tokens no longer predicts its own pieces from each other, the bonus that inflates the scores of rare,
+many-piece words (larger for small vocabularies). The masking is Kiln's own: lm-eval has no pseudo-log-likelihood
+scorer, and the authors' `minicons` scores through transformers' dense heads only.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+PLL_METRICS = ("original", "word-l2r")
+"""An encoder's pseudo-log-likelihood: Salazar et al.'s (each token masked alone) or Kauf & Ivanova's
+PLL-word-l2r (with the later tokens of its word)."""
 
 TARGET_DELIMITER = " "
 """What lm-eval puts before a multiple-choice continuation (its `target_delimiter`): a decoder scores
@@ -41,6 +49,9 @@ class EncodedSentences:
     ids: list[list[int]]
     context: list[list[int]]
     scored: list[list[bool]]
+    with_masked: list[list[list[int]]] | None = None
+    """Encoder, PLL-word-l2r: per sentence and position, the other positions masked in its copy (the later
+    tokens of its word); None: only the position itself."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -129,6 +140,9 @@ def pseudo_log_likelihoods(
             input_ids[row, : len(ids)] = torch.tensor(ids)
             attention[row, : len(ids)] = 1
             input_ids[row, p] = mask_token_id
+            if encoded.with_masked is not None:
+                for q in encoded.with_masked[i][p]:
+                    input_ids[row, q] = mask_token_id
             labels[row, p] = ids[p]
         logits = _masked_logits(model, input_ids.to(device), attention.to(device), labels.to(device))  # (M, V)
         log_probs = F.log_softmax(logits.float(), dim=-1).cpu()
@@ -159,9 +173,15 @@ class SentenceScorer:
     """Scores sentences with a causal LM (kind `decoder`) or a masked LM (kind `encoder`): `encode` once with the
     model's tokenizer, then `score` with the model (the same tokens at every evaluation of a training run)."""
 
-    def __init__(self, tokenizer, kind: str, budget: int | None = None, max_length: int | None = None):
+    def __init__(self, tokenizer, kind: str, budget: int | None = None, max_length: int | None = None,
+                 pll: str = "original"):  # fmt: skip
         if kind not in ("encoder", "decoder"):
             raise ValueError(f"kind must be 'encoder' or 'decoder', got {kind!r}")
+        if pll not in PLL_METRICS:
+            raise ValueError(f"pll must be one of {', '.join(PLL_METRICS)}, got {pll!r}")
+        if pll == "word-l2r" and not getattr(tokenizer, "is_fast", False):
+            raise ZeroShotError("PLL-word-l2r needs a fast tokenizer, which tells each token's word")
+        self.pll = pll
         if kind == "encoder" and tokenizer.mask_token_id is None:
             raise ValueError("the tokenizer has no mask token, which pseudo-log-likelihood scoring needs")
         if kind == "decoder" and tokenizer.bos_token_id is None and tokenizer.eos_token_id is None:
@@ -188,8 +208,19 @@ class SentenceScorer:
             return EncodedSentences(ids=ids, context=context, scored=[[True] * len(i) for i in ids])
         special = set(tokenizer.all_special_ids)
         limit = {"truncation": True, "max_length": self.max_length} if self.max_length else {}
-        ids = [tokenizer(sentence, verbose=False, **limit)["input_ids"] for sentence in sentences]
-        return EncodedSentences(ids=ids, context=[[] for _ in ids], scored=[[t not in special for t in i] for i in ids])
+        encodings = [tokenizer(sentence, verbose=False, **limit) for sentence in sentences]
+        ids = [encoding["input_ids"] for encoding in encodings]
+        scored = [[t not in special for t in i] for i in ids]
+        with_masked = None
+        if self.pll == "word-l2r":  # each position also masks the later tokens of its word
+            with_masked = []
+            for encoding, flags in zip(encodings, scored):
+                words = encoding.word_ids()
+                with_masked.append([
+                    [q for q in range(p + 1, len(words)) if flags[q] and words[q] is not None and words[q] == words[p]]
+                    for p in range(len(words))
+                ])  # fmt: skip
+        return EncodedSentences(ids=ids, context=[[] for _ in ids], scored=scored, with_masked=with_masked)
 
     def score(
         self, model, encoded: EncodedSentences, rank: int = 0, world: int = 1, progress: bool = False
@@ -225,14 +256,16 @@ def max_input_length(model) -> int:
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
 
 
-def score_sentences(model, tokenizer, kind: str, sentences: Sequence[str]) -> list[float]:
-    """Each sentence's score (decoder: log-probability; encoder: pseudo-log-likelihood), on this process."""
-    scorer = SentenceScorer(tokenizer, kind)
+def score_sentences(model, tokenizer, kind: str, sentences: Sequence[str], pll: str = "original") -> list[float]:
+    """Each sentence's score (decoder: log-probability; encoder: pseudo-log-likelihood, `pll` as
+    `SentenceScorer` takes it), on this process."""
+    scorer = SentenceScorer(tokenizer, kind, pll=pll)
     return scorer.score(model, scorer.encode(sentences)).tolist()
 
 
 __all__ = [
     "EncodedSentences",
+    "PLL_METRICS",
     "SentenceScorer",
     "TARGET_DELIMITER",
     "ZeroShotError",
