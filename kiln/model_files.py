@@ -103,6 +103,49 @@ def weight_shapes(folder: str | os.PathLike, revision: str | None = None) -> dic
     return shapes
 
 
+TRAIN_FIRST = "`kiln-launch pretrain/run.py` leaves runs/encoder-tiny/final"
+
+
+def looks_local(spec: str) -> bool:
+    """Whether a model named on the command line is a path rather than a Hub id (`user/name`, `name`): it starts
+    with `.`, `/` or `~`, holds `runs/`, or has more than one `/`."""
+    return spec.startswith((".", "/", "~")) or "runs/" in spec or spec.count("/") > 1 or os.path.isabs(spec)
+
+
+def model_source_problem(spec: str, option: str, revision: str | None = None, hub: bool = True) -> str | None:
+    """One line saying why the model folder or Hub id `spec` cannot be read here, found without the network; None
+    when it may be. A path (`looks_local`) or a name no Hub id has the form of, with nothing there: no model
+    folder. With `hub`, while HF_HUB_OFFLINE is set: a Hub id whose config.json is not in the Hugging Face cache.
+    `option`: the command-line option that named `spec`."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if os.path.exists(os.path.expanduser(spec)):
+        return None
+    try:
+        validate_repo_id(spec)
+        hub_form = not looks_local(spec)
+    except HFValidationError:
+        hub_form = False
+    if not hub_form:
+        return f"no model folder {spec}; train one first ({TRAIN_FIRST}) or give a Hub id (user/name)"
+    if hub and hub_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(spec, "config.json", revision=revision), str):
+            return (
+                f"{option} {spec} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; unset HF_HUB_OFFLINE "
+                f"to download it, or point {option} at a saved model folder"
+            )
+    return None
+
+
+def hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE keeps huggingface_hub off the network."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
 def carries_code(config: dict) -> bool:
     """Whether the checkpoint names Python files of its own (`auto_map`), which Kiln does not run by default."""
     return bool(config.get("auto_map"))
@@ -137,4 +180,13 @@ def weight_file_errors(spec: str, option: str = "") -> Iterator[None]:
 
 
 
-__all__ = ["carries_code", "read_model_config", "safetensors_header", "weight_file_errors", "weight_shapes"]
+__all__ = [
+    "carries_code",
+    "hub_offline",
+    "looks_local",
+    "model_source_problem",
+    "read_model_config",
+    "safetensors_header",
+    "weight_file_errors",
+    "weight_shapes",
+]

@@ -41,6 +41,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+if __name__ == "__main__":  # `python -m pretrain.convert SRC_DIR DST_DIR`: a missing SRC_DIR said before torch loads
+    from kiln.model_files import model_source_problem
+
+    _named = [arg for arg in sys.argv[1:] if not arg.startswith("-")]
+    if len(_named) == 2 and (_problem := model_source_problem(_named[0], "SRC_DIR")):
+        sys.exit(f"error: {_problem}")
+
 import torch
 import transformers
 from transformers import BertConfig, GPT2Config
@@ -869,6 +876,11 @@ TOKENIZER_FILES = (
 
 def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     """Load SRC (transformers BERT/GPT-2 or Kiln), convert it, save it to DST with the tokenizer files."""
+    from kiln.model_files import model_source_problem
+
+    problem = model_source_problem(str(src), "SRC_DIR")
+    if problem:
+        raise ValueError(problem)
     src, dst = Path(src), Path(dst)
     if not src.is_dir() and HUB_ID.fullmatch(str(src)):  # a Hub id: its config, weights and tokenizer files
         hub_id, src = str(src), _download_start(str(src), "SRC_DIR", None)
@@ -1334,7 +1346,7 @@ def convert_parser() -> argparse.ArgumentParser:
         "decoder with the llama preset its LlamaFor* class. Guide: docs/models.md; every option: "
         "docs/configuration.md.",
     )
-    parser.add_argument("src_dir", metavar="SRC_DIR", help="folder written by save_pretrained")
+    parser.add_argument("src_dir", metavar="SRC_DIR", help="folder written by save_pretrained, or a Hub id")
     parser.add_argument("dst_dir", metavar="DST_DIR", help="output folder (created)")
     add_print_config(parser)
     return parser

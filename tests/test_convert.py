@@ -269,6 +269,23 @@ def test_cli_refuses_an_unknown_model_type(tmp_path):
         main([str(tmp_path / "src"), str(tmp_path / "dst")])
 
 
+def test_cli_names_a_missing_source_folder_in_one_line_without_the_hub(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    for spec in ("runs/decoder-tiny/final", str(tmp_path / "nothing"), "./nothing", "a/b/c"):
+        with pytest.raises(SystemExit, match=f"^error: no model folder {spec}; train one first .* or give a Hub id"):
+            main([spec, str(tmp_path / "dst")])
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit, match="SRC_DIR nobody-kiln/never-cached is not in the Hugging Face cache and "
+                       "HF_HUB_OFFLINE is set; unset HF_HUB_OFFLINE"):  # fmt: skip
+        main(["nobody-kiln/never-cached", str(tmp_path / "dst")])
+    assert not (tmp_path / "dst").exists()
+
+
 # ------------------------------------------------------------------------------- the rest of the head family
 def head_inputs(model_class_name, vocab_size, num_labels=3, seed=5):
     """(inputs, labels, the output fields that prove the function) for each BERT / GPT-2 head."""

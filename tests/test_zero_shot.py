@@ -331,9 +331,34 @@ def test_the_command_refuses_what_it_cannot_score_in_one_line(kiln_checkpoints, 
     status, _, err = blimp_command(capsys, "--model", kiln_checkpoints[0], "--data", tmp_path)
     assert status == 1 and "holds no <paradigm>.jsonl" in err
     status, _, err = blimp_command(capsys, "--model", tmp_path / "nothing", "--data", "data/blimp")
-    assert status == 1 and "cannot load a model" in err and err.count("\n") == 1
+    assert status == 1 and f"no model folder {tmp_path / 'nothing'}; train one first" in err and err.count("\n") == 1
     done = python("-m", "pretrain.zero_shot", check=False)  # as a user types it
     assert done.returncode == 1 and "name a task" in done.stderr
+
+
+def test_a_missing_model_folder_is_named_in_one_line_before_the_data_or_the_hub(capsys, monkeypatch):
+    """A path that is not there (./, /, ~, runs/, more than one /, no Hub id's form) is named as a missing folder
+    before BLiMP or the Hub is read; offline, a Hub id not in the cache says which flag or folder to use."""
+    import huggingface_hub
+
+    import pretrain.zero_shot.blimp
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    read_blimp = pretrain.zero_shot.blimp.read_blimp
+    monkeypatch.setattr(pretrain.zero_shot.blimp, "read_blimp", no_network)
+    for spec in ("runs/decoder-tiny/final", "./nowhere", "/nowhere/model", "~/nowhere", "a/b/c", "not an id"):
+        status, _, err = blimp_command(capsys, "--model", spec)
+        assert status == 1 and err.count("\n") == 1, err
+        assert err.startswith(f"error: no model folder {spec}; train one first (") and "or give a Hub id" in err
+    monkeypatch.setattr(pretrain.zero_shot.blimp, "read_blimp", read_blimp)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    status, _, err = blimp_command(capsys, "--model", "nobody-kiln/never-cached", "--data", "data/blimp",
+                                   "--pairs", 1, "--paradigms", "wh_island")  # fmt: skip
+    assert status == 1 and err.count("\n") == 1, err
+    assert "nobody-kiln/never-cached is not in the Hugging Face cache and HF_HUB_OFFLINE is set" in err
 
 
 def test_a_folder_without_its_scoring_head_is_refused_naming_what_it_holds(tmp_path, capsys):

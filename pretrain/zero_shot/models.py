@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from kiln.export import quiet_transformers
-from kiln.model_files import read_model_config
+from kiln.model_files import model_source_problem, read_model_config
 
 from .scoring import ZeroShotError
 
@@ -65,6 +65,14 @@ def check_scoring_head(spec: str, config: dict) -> None:
     )
 
 
+def check_model_source(spec: str, revision: str | None = None, hub: bool = True) -> None:
+    """`--model` names a folder that exists or a Hub id (with `hub`: one that can be read, offline from the
+    cache): ZeroShotError (one line) when not, said without waiting for the network."""
+    problem = model_source_problem(spec, "--model", revision, hub=hub)
+    if problem:
+        raise ZeroShotError(problem)
+
+
 def load_model(spec: str, kind: str | None = None, revision: str | None = None, from_scratch: bool = False,
                seed: int = 0):  # fmt: skip
     """(model in eval mode, tokenizer, kind) for the folder or Hub id `spec`; `from_scratch`: its shape and
@@ -75,6 +83,7 @@ def load_model(spec: str, kind: str | None = None, revision: str | None = None, 
 
     from pretrain.modeling import KilnDecoderForCausalLM, KilnEncoderForMaskedLM  # registers the Kiln types
 
+    check_model_source(spec, revision)
     if os.path.isdir(spec) and not os.path.isfile(os.path.join(spec, "config.json")):
         hint = f"; point --model at the model inside: {spec.rstrip('/')}/final" if os.path.isdir(os.path.join(spec, "final")) else ""
         raise ZeroShotError(f"--model {spec} holds no config.json, so it is not a saved model{hint}")
@@ -121,4 +130,4 @@ def load_model(spec: str, kind: str | None = None, revision: str | None = None, 
     return model.eval(), tokenizer, kind
 
 
-__all__ = ["check_scoring_head", "load_model", "model_kind"]
+__all__ = ["check_model_source", "check_scoring_head", "load_model", "model_kind"]
