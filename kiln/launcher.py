@@ -22,6 +22,7 @@ Standard library only at import time: `--help` answers without torch.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 # ------------------------------------------------------------------------------------------------------------
@@ -294,13 +295,15 @@ def watch_for_failures(interval_s: float = 0.5) -> None:
 
 
 HELP_HEADER = """kiln-launch: `accelerate launch` for Kiln's scripts. It takes exactly the arguments of `accelerate launch`
-and runs accelerate's own launch code; what it changes is how a run ends:
+and runs accelerate's own launch code; what it changes is how a run starts and ends:
 
   - SIGTERM / SIGINT (Ctrl-C, a scheduler's stop) go to the training processes, which save a checkpoint and exit
     0; the launcher itself is not interrupted.
   - The command exits with the failed training process's own status, after that process's one-line error,
     without accelerate's CalledProcessError or torchrun's ChildFailedError traceback; a process killed by a
     signal (out of memory?) gets one line naming it.
+  - The values accelerate chooses itself when neither a flag nor an accelerate config file gives them (its
+    five-line "run `accelerate config`" warning) are one start line naming them as flags.
 
 Guide: docs/launching.md; the options of Kiln's scripts: docs/configuration.md."""
 
@@ -339,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
         watch_rendezvous(args.machine_rank or 0, args.num_machines, args.main_process_ip, args.main_process_port)
     # the agent's log lines repeat (as "exitcode: 2 ... of binary") what the processes said themselves
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("accelerate.commands.launch").addFilter(_defaults_in_one_line)
     try:
         launch_command(args)
     except subprocess.CalledProcessError as err:  # the single-process launcher: the process said why itself
@@ -349,6 +353,27 @@ def main(argv: list[str] | None = None) -> None:
             raise
         rank, first = _failure_that_spoke(failures)
         raise SystemExit(_exit_status(int(first.exitcode), rank)) from None
+
+
+_DEFAULT_VALUE = re.compile(r"`(--\w+)` was set to (?:a value of )?`'?([^`']*)'?`")
+
+
+def _defaults_in_one_line(record) -> bool:
+    """A logging filter on accelerate's launcher: its warning that values were not passed and defaults were used
+    (5 lines ending in "run `accelerate config`", on every start without an accelerate config file, and on a CPU
+    machine with one) becomes Kiln's one start line naming those values as flags; any other record passes."""
+    message = record.getMessage()
+    if not message.startswith("The following values were not passed to `accelerate launch`"):
+        return True
+    values = {flag: value for flag, value in _DEFAULT_VALUE.findall(message)}
+    if values.get("--num_processes") == "0":  # no GPU counted: one process on this machine
+        values["--num_processes"] = "1"
+    flags = [f"{flag} {value}" for flag, value in values.items()]
+    if "enabling multi-GPU" in message:
+        flags.append("--multi_gpu")
+    choose = "(choose with these flags or `accelerate config`)"
+    print(f"kiln-launch: using accelerate's defaults {' '.join(flags)} {choose}", file=sys.stderr, flush=True)
+    return False
 
 
 def _failure_that_spoke(failures: dict) -> tuple:

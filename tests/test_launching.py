@@ -279,6 +279,21 @@ def test_kiln_launch_leaves_other_scripts_as_accelerate_ends_them(tmp_path):
     assert result.returncode == 3 and "failing" in result.stdout and "Traceback" not in result.stderr
 
 
+def test_kiln_launch_without_an_accelerate_config_starts_with_one_line_naming_accelerate_s_defaults(tmp_path):
+    """No flag and no accelerate config file: accelerate's five-line "run `accelerate config`" warning is one
+    start line naming the values it chose as flags."""
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    home = tmp_path / "empty-home"  # no accelerate/default_config.yaml under it
+    home.mkdir()
+    result = subprocess.run([*KILN_LAUNCH, str(script)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(home)})  # fmt: skip
+    assert result.returncode == 0 and "hello" in result.stdout, result.stderr
+    assert "accelerate config`." not in result.stderr and "not passed" not in result.stderr, result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("kiln-launch: using accelerate's defaults")]
+    assert len(said) == 1 and "--num_machines 1 --mixed_precision no --dynamo_backend no" in said[0], result.stderr
+
+
 # ----------------------------------------------------------------------------------------------------------
 # CPU threads
 
