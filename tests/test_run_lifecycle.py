@@ -32,7 +32,7 @@ def _lines_until(proc, marker: str, timeout: float = 240) -> list[str]:
 # item 4: a changed corpus is refused on resume
 
 
-def test_resume_refuses_a_changed_corpus_with_one_line_naming_the_file(tmp_path, capsys):
+def test_resume_refuses_a_changed_corpus_with_one_line_naming_the_file(tmp_path, capfd):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for name in ("frankenstein.txt", "the_time_machine.txt"):
@@ -41,6 +41,9 @@ def test_resume_refuses_a_changed_corpus_with_one_line_naming_the_file(tmp_path,
     common = ["--data.data_files", corpus / "*.txt", "--training.max_steps", 4, "--training.save_steps", 2,
               "--training.save_total_limit", 0, *QUICK]  # fmt: skip
     run(out, *common)
+    printed = capfd.readouterr()  # by file descriptor: the tokenizer trainer (Rust) writes there, not to sys.stdout
+    assert "final model saved in" in printed.out  # a whole run, with a tokenizer trained on the way
+    assert [line for line in printed.out.splitlines() if not line.strip()] == [], printed.out  # no blank lines
     step2 = find_checkpoints(out)[0]
     saved = json.loads((step2 / "data_fingerprint.json").read_text())
     assert sorted(saved) == ["frankenstein.txt", "the_time_machine.txt"]  # names, not where they lie
@@ -50,7 +53,7 @@ def test_resume_refuses_a_changed_corpus_with_one_line_naming_the_file(tmp_path,
     with open(corpus / "the_time_machine.txt", "a") as fh:
         fh.write("\n\nTwo more paragraphs of text.\n\nAnd another one, appended after the run stopped.\n")
     after = (corpus / "the_time_machine.txt").stat().st_size
-    code, lines = cli_in_process(capsys, "--training.output_dir", out, *common,
+    code, lines = cli_in_process(capfd, "--training.output_dir", out, *common,
                                  "--training.resume_from_checkpoint", step2)  # fmt: skip
     last = lines[-1]
     assert code == 2

@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import string
+import sys
 import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,6 +82,7 @@ def train_tokenizer(
             special_tokens=specials + ["##" + c for c in continuing],
             initial_alphabet=alphabet,
             continuing_subword_prefix="##",
+            show_progress=_terminal(),
         )
     elif kind == "bpe":
         if vocab_size <= 257:
@@ -96,6 +98,7 @@ def train_tokenizer(
             min_frequency=min_frequency,
             special_tokens=[EOS],
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=_terminal(),
         )
     else:
         raise DataError(f"tokenizer kind {kind!r} is unknown; use 'wordpiece' (encoder) or 'bpe' (decoder)")
@@ -171,6 +174,12 @@ def _sort_wordpiece_vocab(backend: Tokenizer) -> Tokenizer:
     ]
     state["model"]["vocab"] = {token: i for i, token in enumerate(specials + rest)}
     return Tokenizer.from_str(json.dumps(state))
+
+
+def _terminal() -> bool:
+    """Whether the tokenizer trainer's progress bars can draw: on a terminal. Elsewhere (a pipe, a log file) they
+    are hidden but still print a blank line each, three in a run's output."""
+    return sys.stdout.isatty() and sys.stderr.isatty()
 
 
 def _flatten(texts):
