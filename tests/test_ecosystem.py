@@ -52,6 +52,22 @@ def test_fill_mask_pipeline_matches_the_model(tokenizer):
     assert [p["score"] for p in predictions] == pytest.approx(expected.values.tolist(), rel=1e-4)
 
 
+def test_a_pretraining_folder_loads_as_a_masked_lm_without_a_load_report(tokenizer, tmp_path, capfd):
+    """fill-mask on a pretraining run's final/ (docs/index.md) loads its masked LM: the NSP head and pooler it
+    leaves out are not listed as UNEXPECTED by transformers' load report; every weight it needs is there."""
+    from pretrain.modeling import KilnEncoderForPreTraining
+
+    torch.manual_seed(0)
+    KilnEncoderForPreTraining(_encoder_config()).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    capfd.readouterr()
+    model, info = KilnEncoderForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"] and not info["mismatched_keys"], info
+    pipeline("fill-mask", model=str(tmp_path))("the cat [MASK] on the mat")
+    printed = capfd.readouterr()
+    assert "LOAD REPORT" not in printed.out + printed.err and "UNEXPECTED" not in printed.out + printed.err
+
+
 def test_transformers_trainer_fits_a_kiln_classifier(tokenizer, tmp_path):
     torch.manual_seed(0)
     model = KilnEncoderForSequenceClassification(_encoder_config(num_labels=2, hidden_dropout_prob=0.0))

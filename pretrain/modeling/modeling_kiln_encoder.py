@@ -658,6 +658,9 @@ class KilnEncoderForMaskedLM(_MaskedLMMixin, KilnEncoderPreTrainedModel):
     """Encoder + MLM head (fill-mask, MLM-only training)."""
 
     _tied_weights_keys = {"mlm_head.decoder.weight": "model.embeddings.word_embeddings.weight"}
+    # a pretraining run's folder (ForPreTraining) also holds the NSP/SOP head and its pooler: loading its masked
+    # LM leaves them out by design, not a fault for transformers' load report to list
+    _keys_to_ignore_on_load_unexpected = [r"^nsp_head\.", r"^model\.pooler\."]
 
     def __init__(self, config: KilnEncoderConfig):
         super().__init__(config)
