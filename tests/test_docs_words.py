@@ -130,6 +130,44 @@ def test_ordinary_measurement_words_pass(line):
     assert not internal_words(line), line
 
 
+# the README and the guides speak to someone using Kiln, not to its authors: no test file, CI command or test
+# machinery; the results pages (records of how a number was measured), the generated configuration reference and
+# the changelog are not read here
+AUTHORS_ONLY = {
+    "a test file": r"\btests/test_",
+    "the CI script": r"\.ci/run\b",
+    "the test Hub's server": r"\boffline server\b",
+    "the CI command": r"\bthe CI command\b",
+}
+
+
+def guide_pages() -> list[Path]:
+    skipped = {"docs/configuration.md", "docs/changelog.md"}
+    return [path for path in pages() if str(path.relative_to(REPO)) not in skipped
+            and not path.relative_to(REPO).as_posix().startswith("docs/results")]  # fmt: skip
+
+
+def authors_words(text: str) -> list[str]:
+    return [f"{number}: {what}: {match.group(0)!r}" for number, line in enumerate(text.splitlines(), 1)
+            for what, pattern in AUTHORS_ONLY.items() if (match := re.search(pattern, line, flags=re.I))]  # fmt: skip
+
+
+def test_the_readme_and_guides_name_no_test_file_ci_command_or_test_server():
+    files = guide_pages()
+    assert len(files) > 20 and REPO / "README.md" in files and REPO / "docs/results.md" not in files
+    found = [f"{path.relative_to(REPO)}:{hit}" for path in files for hit in authors_words(path.read_text())]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["(tests: `tests/test_faults.py`)", "`.ci/run` pins `torch==2.13.0`", "against the offline server",
+     "# the tests (the CI command; about 20 minutes)"],
+)  # fmt: skip
+def test_each_kind_of_authors_word_is_caught(line):
+    assert authors_words(line), line
+
+
 def test_the_documented_login_command_is_the_installed_one():
     """`huggingface-cli` is gone from the huggingface_hub Kiln installs; the pages name `hf auth login`, which runs."""
     stale = [str(path.relative_to(REPO)) for path in user_facing_files() if "huggingface-cli" in path.read_text()]
