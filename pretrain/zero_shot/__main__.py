@@ -59,9 +59,9 @@ def blimp(argv: list[str]) -> None:
     args = blimp_parser().parse_args(argv)
     answer_print_config(args)
     try:
-        check_model_source(args.model, args.revision, hub=False)  # a missing folder said before the data is read
         if args.json:
             check_output_file(args.json, "--json")
+        check_model_source(args.model, args.revision, hub=False)  # a missing folder said before the data is read
         pairs = read_blimp(args.data, args.pairs, args.paradigms)
         say_short_paradigms(pairs, args.pairs)
         model, tokenizer, kind = load_model(args.model, args.kind, args.revision, args.from_scratch, args.seed)
