@@ -211,7 +211,8 @@ def check_config_change(checkpoint: Path, config: Any, accelerator: Accelerator 
     """Refuse a resume whose settings differ from the checkpoint's run where that makes resuming inexact
     (batch size, sequence length, seed, data, model shape, steps, ...), or whose data files changed since (their
     sizes and sha256, `kiln.fingerprint`), unless --training.allow_config_change. With an `accelerator`, every
-    process must call it: the main process hashes the data and tells the others."""
+    process must call it: the main process hashes the data and tells the others. A config with a
+    `compared_on_resume(flat)` method has both sides, flattened, read through it first."""
     import dataclasses
 
     from .fingerprint import data_changes, data_fingerprint, saved_fingerprint
@@ -222,6 +223,10 @@ def check_config_change(checkpoint: Path, config: Any, accelerator: Accelerator 
         # a checkpoint keeps its config without local paths (kiln.public), so both sides are compared that way:
         # a corpus or run folder moved to another place or machine (a resume from the Hub) is the same run
         old, new = flatten(public_config(saved)), flatten(public_config(dataclasses.asdict(config)))
+        # the app's reading of a config's options, if any (pretrain: an option left unset by its preset's)
+        compared = getattr(config, "compared_on_resume", None)
+        if compared is not None:
+            old, new = compared(old), compared(new)
         changed = [
             key
             for key in sorted(set(old) | set(new))

@@ -35,24 +35,24 @@ class ModelConfig:
     """Attention heads per block; must divide hidden_size."""
     intermediate_size: int = 512
     """Width of the feed-forward layer (usually 4 x hidden_size)."""
-    hidden_act: str = "gelu"
-    """Feed-forward activation (`gelu`, `gelu_new`, `relu`, ...)."""
-    hidden_dropout_prob: float = 0.1
-    """Dropout on embeddings and sublayer outputs."""
-    attention_probs_dropout_prob: float = 0.1
-    """Dropout on attention probabilities."""
+    hidden_act: str | None = None
+    """Feed-forward activation (`gelu`, `gelu_new`, `relu`, `silu`, ...); None: the preset's (`llama` silu, the others BERT's erf `gelu`)."""
+    hidden_dropout_prob: float | None = None
+    """Dropout on embeddings and sublayer outputs; None: the preset's (`llama` 0, the others 0.1)."""
+    attention_probs_dropout_prob: float | None = None
+    """Dropout on attention probabilities; None: the preset's (`llama` 0, the others 0.1)."""
     max_position_embeddings: int = 128
     """Longest sequence the model accepts."""
     position_embedding_type: str | None = None
     """Encoder only: `learned`, `sinusoidal` (fixed sin/cos table) or `rotary` (RoPE in every attention); None: the preset's (`learned` for `bert`)."""
     type_vocab_size: int = 2
     """Encoder only: number of segment (token type) ids."""
-    layer_norm_eps: float = 1e-12
-    """LayerNorm epsilon (BERT uses 1e-12, GPT-2 1e-5)."""
+    layer_norm_eps: float | None = None
+    """LayerNorm (RMSNorm) epsilon; None: the preset's (`llama` 1e-5, the others BERT's 1e-12; GPT-2 uses 1e-5)."""
     initializer_range: float = 0.02
     """Std of the normal initialisation."""
     preset: str | None = None
-    """The block's pieces set together. Encoder: `bert` (BERT's post-LN block, the default) or `modernbert` (ModernBERT's: rotary positions, GeGLU, pre-LN without biases, local attention in two blocks of three); each encoder piece below left at None takes the preset's value. Decoder: `gpt2` (the default: learned positions, GELU MLP, LayerNorm, biases) or `llama` (rotary positions, SwiGLU, RMSNorm, no biases; converts to transformers' LlamaForCausalLM); with `llama`, hidden_act, the dropouts and layer_norm_eps left at their defaults take Llama's (silu, 0, 1e-5), options given explicitly win. docs/models.md."""
+    """The block's pieces set together. Encoder: `bert` (BERT's post-LN block, the default) or `modernbert` (ModernBERT's: rotary positions, GeGLU, pre-LN without biases, local attention in two blocks of three); each encoder piece below left at None takes the preset's value. Decoder: `gpt2` (the default: learned positions, GELU MLP, LayerNorm, biases) or `llama` (rotary positions, SwiGLU, RMSNorm, no biases; converts to transformers' LlamaForCausalLM); hidden_act, the dropouts and layer_norm_eps left unset take the preset's values (`llama`: Llama's silu, 0, 1e-5; the others: BERT's gelu, 0.1, 1e-12), an option given always wins, even one equal to a preset's value. docs/models.md."""
     norm_position: str | None = None
     """Encoder only: `post` (LayerNorm after each residual sum, BERT) or `pre` (before each sublayer, with a final LayerNorm); None: the preset's."""
     mlp_type: str | None = None
@@ -75,6 +75,38 @@ class ModelConfig:
     """Decoder only: key/value heads of grouped-query attention (must divide num_attention_heads; None: one per attention head)."""
     tie_word_embeddings: bool = True
     """Decoder only: the LM head shares the token embedding matrix (False: a separate output matrix)."""
+
+
+# The values of the model options that depend on the preset, for each model kind and preset: an option left
+# at None ("not given") takes its preset's, one given always wins (even one equal to a preset's value). The
+# encoders and the `gpt2` decoder take BERT's (configs/model/decoder-*.yaml give GPT-2's gelu_new and 1e-5,
+# encoder-modern-*.yaml ModernBERT's dropout 0 and 1e-5); `llama` takes Llama's, as KilnDecoderConfig's.
+_BERT_OPTIONS = {"hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+                 "layer_norm_eps": 1e-12}  # fmt: skip
+PRESET_OPTIONS = {
+    ("encoder", "bert"): _BERT_OPTIONS,
+    ("encoder", "modernbert"): _BERT_OPTIONS,
+    ("decoder", "gpt2"): _BERT_OPTIONS,
+    ("decoder", "llama"): {"hidden_act": "silu", "hidden_dropout_prob": 0.0,
+                           "attention_probs_dropout_prob": 0.0, "layer_norm_eps": 1e-5},  # fmt: skip
+}
+DEFAULT_PRESETS = {"encoder": "bert", "decoder": "gpt2"}
+"""The preset of a model kind whose `preset` is None."""
+
+
+def preset_options(kind: str | None, preset: str | None, given: dict[str, Any]) -> dict[str, Any]:
+    """The preset-dependent model options (`hidden_act`, `hidden_dropout_prob`,
+    `attention_probs_dropout_prob`, `layer_norm_eps`) as the model is built with them: each one `given` holds
+    (not None), else its preset's. The one place they are resolved: the encoder and decoder configs, the
+    attention-dropout check and the resume comparison read them here. An unknown kind or preset (refused by
+    the run's checks) reads as BERT's."""
+    values = PRESET_OPTIONS.get((kind, preset or DEFAULT_PRESETS.get(kind)), _BERT_OPTIONS)
+    return {name: value if given.get(name) is None else given[name] for name, value in values.items()}
+
+
+def model_options(model: ModelConfig) -> dict[str, Any]:
+    """`preset_options` of a run's model section."""
+    return preset_options(model.kind, model.preset, dataclasses.asdict(model))
 
 
 @dataclass
@@ -174,5 +206,25 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @staticmethod
+    def compared_on_resume(flat: dict[str, Any]) -> dict[str, Any]:
+        """A config, saved or new, flattened (`model.hidden_act`, ...), as a resume compares it
+        (kiln.checkpoint_files.check_config_change): the preset-dependent model options by the values the
+        model is built with, so a value left unset and the same value given are the same run. Before these
+        options defaulted to None, a run's config.yaml held all four (gelu, 0.1, 0.1, 1e-12 when not given)
+        and a decoder of another preset than `gpt2` read a value equal to those as not given: a config holding
+        all four is read that way, so a folder saved then resumes with the same command."""
+        model = {key[len("model.") :]: value for key, value in flat.items() if key.startswith("model.")}
+        kind, preset = model.get("kind"), model.get("preset")
+        given = {name: model.get(name) for name in _BERT_OPTIONS}
+        if None not in given.values() and kind == "decoder" and preset not in (None, "gpt2"):
+            given = {name: None if value == _BERT_OPTIONS[name] else value for name, value in given.items()}
+        options = preset_options(kind, preset, given)
+        resolved = {f"model.{name}": value for name, value in options.items()}
+        return {**flat, **{key: value for key, value in resolved.items() if key in flat}}
 
-__all__ = ["DataConfig", "ModelConfig", "PretrainEvalConfig", "RunConfig", "TokenizerConfig"]
+
+__all__ = [
+    "DEFAULT_PRESETS", "PRESET_OPTIONS", "DataConfig", "ModelConfig", "PretrainEvalConfig", "RunConfig",
+    "TokenizerConfig", "model_options", "preset_options",
+]  # fmt: skip

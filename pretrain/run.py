@@ -20,7 +20,7 @@ from pathlib import Path  # noqa: E402
 from kiln.cli import run_cli  # noqa: E402
 from kiln.config import build_config  # noqa: E402
 from kiln.errors import ConfigError  # noqa: E402
-from pretrain.config import ModelConfig, RunConfig  # noqa: E402
+from pretrain.config import RunConfig, model_options  # noqa: E402
 
 logger = logging.getLogger("kiln")
 
@@ -175,18 +175,13 @@ def training_device() -> str:
 
 def attention_dropout(model, start: dict | None) -> float:
     """The attention dropout the run trains with: the start checkpoint's (`start`, its config.json), else the
-    option, or a decoder preset's where the option is left at its default."""
-    from pretrain.modeling.configuration_kiln import DECODER_PRESETS
-
+    option, or its preset's where it is not given (`model_options`)."""
     if start is not None:
         for name in ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout"):
             if isinstance(start.get(name), (int, float)):
                 return float(start[name])
         return 0.0
-    if model.kind == "decoder" and model.preset in DECODER_PRESETS:
-        if model.attention_probs_dropout_prob == ModelConfig().attention_probs_dropout_prob:
-            return DECODER_PRESETS[model.preset]["attn_pdrop"]
-    return model.attention_probs_dropout_prob
+    return model_options(model)["attention_probs_dropout_prob"]
 
 
 def check_prepared_sources(data, given: set[str]) -> None:
@@ -392,24 +387,22 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
         initializer_range=m.initializer_range,
         pad_token_id=tokenizer.pad_token_id,
     )
+    options = model_options(m)  # each option given, else its preset's
     if m.kind == "encoder":
         return dict(
             common,
-            hidden_act=m.hidden_act,
-            hidden_dropout_prob=m.hidden_dropout_prob,
-            attention_probs_dropout_prob=m.attention_probs_dropout_prob,
+            **options,
             type_vocab_size=m.type_vocab_size,
-            layer_norm_eps=m.layer_norm_eps,
             **encoder_pieces(m),
             **PRETRAINING_FAST_PATHS,
         )
-    decoder = dict(
+    return dict(
         common,
-        activation_function=m.hidden_act,
-        resid_pdrop=m.hidden_dropout_prob,
-        embd_pdrop=m.hidden_dropout_prob,
-        attn_pdrop=m.attention_probs_dropout_prob,
-        layer_norm_epsilon=m.layer_norm_eps,
+        activation_function=options["hidden_act"],
+        resid_pdrop=options["hidden_dropout_prob"],
+        embd_pdrop=options["hidden_dropout_prob"],
+        attn_pdrop=options["attention_probs_dropout_prob"],
+        layer_norm_epsilon=options["layer_norm_eps"],
         bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         preset=m.preset,
@@ -417,22 +410,6 @@ def model_config_kwargs(config: RunConfig, vocab_size: int, tokenizer) -> dict:
         **({"rope_theta": m.rope_theta} if m.rope_theta is not None else {}),
         tie_word_embeddings=m.tie_word_embeddings,
     )
-    if m.preset not in (None, "gpt2"):  # options left at the run's defaults take the preset's values
-        defaults = ModelConfig()
-        for option, names in PRESET_OPTIONS.items():
-            if getattr(m, option) == getattr(defaults, option):
-                for name in names:
-                    del decoder[name]
-    return decoder
-
-
-# run options (model.*) -> the decoder config fields they set; left at their defaults, a preset's values apply
-PRESET_OPTIONS = {
-    "hidden_act": ("activation_function",),
-    "hidden_dropout_prob": ("resid_pdrop", "embd_pdrop"),
-    "attention_probs_dropout_prob": ("attn_pdrop",),
-    "layer_norm_eps": ("layer_norm_epsilon",),
-}
 
 
 def build_model(config: RunConfig, tokenizer, vocab_size: int):
