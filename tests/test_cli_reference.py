@@ -203,6 +203,6 @@ def test_print_config_of_the_other_commands(name):
         "convert": {"src_dir": "a", "dst_dir": "b"},
         "export_onnx": {"folder": "a", "out": "b", "opset": 18},
         "zero_shot": {"model": "m", "data": None, "pairs": 5, "paradigms": None, "json": None, "kind": None,
-                      "revision": None, "from_scratch": False, "seed": 0, "batch_tokens": None},
+                      "revision": None, "from_scratch": False, "seed": 0, "pll": "original", "batch_tokens": None},
     }[name]  # fmt: skip
     assert values == expected
