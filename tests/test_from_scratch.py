@@ -139,9 +139,14 @@ def test_experiment_configs_parse():
         "runs/decoder-30min-de/final",
     )
     assert config.data.test_file is None  # the test file is read once, by the final runs that name it
-    for name in ("encoder-30min", "decoder-30min", "decoder-30min-de"):
+    for name in ("encoder-30min", "decoder-30min-de"):  # capped by the wall clock, as they were run
         config = build_config(RunConfig, ["--config", str(folder / f"{name}.yaml")])
         assert config.training.max_train_time_s and config.training.max_train_time_s <= 1800
+    # the 30-minute decoders: a fixed step count (30 minutes of one quiet core), the same run under any load
+    for name, steps in (("decoder-30min", 3000), ("decoder-30min-llama", 3400), ("decoder-30min-nomask", 3000)):
+        config = build_config(RunConfig, ["--config", str(folder / f"{name}.yaml")])
+        assert (config.training.max_train_time_s, config.training.max_steps) == (0, steps), name
+    assert not build_config(RunConfig, ["--config", str(folder / "decoder-30min-nomask.yaml")]).data.document_masking
     german = build_config(RunConfig, ["--config", str(folder / "decoder-30min-de.yaml")])
     assert german.data.data_files == ["runs/corpus/multi30k-de/*.txt"]
     assert german.training.output_dir == "runs/decoder-30min-de"
