@@ -32,6 +32,8 @@ END = "<!-- end of generated BLiMP table -->"
 PAPER_MODELS = {"ngram": "5-gram", "lstm": "LSTM", "txl": "Transformer-XL", "gpt2": "GPT-2 (124M, WebText)"}
 GOAL = "lstm"
 FREQUENCY_BASELINES = ("unigram", "bigram")  # experiments/blimp_frequency.py: word counts, no model
+CURVE = ("encoder-random", "encoder-7.5min", "encoder-15min", "encoder-30min", "encoder-60min")
+"""The records of the encoders' compute curve (the recipe rebuilt at each budget); other encoders are points."""
 CURVE_MINUTES = (0.0, 7.5, 15.0, 30.0, 60.0)
 
 
@@ -76,7 +78,7 @@ def record_blimp_run(args) -> None:
         "time_utc": run.get("end", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
         "started_utc": run.get("start"), "cpu": cpu_name(),
         "loadavg_at_start": run.get("load_start"), "loadavg_at_end": run.get("load_end", load_average()),
-        "threads": 1, "seconds": result["seconds"], "pairs": result["pairs"],
+        "threads": 1, "seconds": result["seconds"], "pairs": result["pairs"], "pll": result.get("pll"),
         "mean": result["mean"], "phenomena": result["phenomena"],
         "paradigms": {name: entry["accuracy"] for name, entry in result["paradigms"].items()},
     }  # fmt: skip
@@ -124,6 +126,7 @@ def table(records: list[dict]) -> str:
         preset = preset or ("gpt2" if row["kind"] == "decoder" else None)  # the decoder's default preset
         what = f"Kiln {row['kind']}" + (f" ({preset} preset)" if preset else "")
         what += ", random weights" if row["from_scratch"] else ""
+        what += ", PLL-word-l2r" if row.get("pll") == "word-l2r" else ""
         steps = runs[row["pretraining"]]["steps"]
         pretraining = "none" if row["from_scratch"] else f"{row['minutes']:g} min, {steps:,} steps (`{row['pretraining']}`)"
         bpb = f"{row['tinystories_valid']['bits_per_byte']:.3f}" if "tinystories_valid" in row else ""
@@ -144,7 +147,7 @@ def table(records: list[dict]) -> str:
                   f"against: the best model here, the {best['minutes']:g}-minute {best['kind']}, scores "
                   f"{100 * best['mean']:.1f} (standard error {error:.1f} over its {best['pairs']:,} pairs), "
                   f"{verdict}."]  # fmt: skip
-    curve = sorted((r for r in rows if r["kind"] == "encoder"), key=lambda r: r["minutes"])
+    curve = sorted((r for r in rows if r["name"] in CURVE), key=lambda r: r["minutes"])
     if len(curve) > 1:
         labels = ["random weights" if r["from_scratch"] else f"{r['minutes']:g} min" for r in curve]
         steps = " → ".join(f"{100 * r['mean']:.1f} ({label})" for r, label in zip(curve, labels))
@@ -163,14 +166,15 @@ def plots(records: list[dict]) -> None:
 
     rows = latest(records).values()
     means = paper_means()
-    encoders = sorted((r for r in rows if r["kind"] == "encoder"), key=lambda r: r["minutes"])
+    encoders = sorted((r for r in rows if r["name"] in CURVE), key=lambda r: r["minutes"])
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     ax.plot([r["minutes"] for r in encoders], [100 * r["mean"] for r in encoders], "o-", label="Kiln encoder (PLL)")
     for r in encoders:
         ax.annotate(f"{100 * r['mean']:.1f}", (r["minutes"], 100 * r["mean"]), textcoords="offset points",
                     xytext=(0, 7), ha="center", fontsize=8)  # fmt: skip
-    for r in (r for r in rows if r["kind"] == "decoder"):
-        ax.plot([r["minutes"]], [100 * r["mean"]], "s", label=f"Kiln decoder, {r['minutes']:g} min ({r['pretraining']})")
+    for r in (r for r in rows if r["name"] not in CURVE and r["kind"] in ("encoder", "decoder")):
+        marker = "s" if r["kind"] == "decoder" else "D"
+        ax.plot([r["minutes"]], [100 * r["mean"]], marker, label=f"Kiln {r['kind']}, {r['minutes']:g} min ({r['pretraining']})")
     for key, style in (("ngram", ":"), ("lstm", "--"), ("gpt2", "-.")):
         ax.axhline(means[key], linestyle=style, color="grey", linewidth=1)
         ax.text(74, means[key] + 0.4, f"{PAPER_MODELS[key].split(' (')[0]} {means[key]:.1f} (paper)", ha="right",
