@@ -115,20 +115,15 @@ def _unverified_problem(folder: Path) -> str | None:
     """For a checkpoint without a manifest (written before manifests existed, or whose manifest was lost): the
     structural checks that need no checksum. A safetensors file must hold as many bytes as its header says, and
     a torch pickle (a zip archive) must end with its central directory: a truncated file fails either."""
-    import struct
     import zipfile
+
+    from .model_files import safetensors_header
 
     for path in sorted(folder.glob("*.safetensors")):
         try:
-            with open(path, "rb") as fh:
-                (header_size,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(header_size))
-            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-        except (OSError, ValueError, KeyError, TypeError, struct.error):
-            return f"{path.name} is unreadable"
-        size = path.stat().st_size
-        if size < 8 + header_size + end:
-            return f"{path.name} is truncated ({size} bytes, its header needs {8 + header_size + end})"
+            safetensors_header(path)  # its header read, and the file as long as the header says
+        except OSError as err:
+            return str(err)
     for path in sorted([*folder.glob("*.bin"), *folder.glob("*.pt"), *folder.glob("*.pth")]):
         if not zipfile.is_zipfile(path):
             return f"{path.name} is truncated or not a torch file"

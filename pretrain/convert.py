@@ -985,10 +985,11 @@ def converted_start(spec: str, option: str, revision: str | None = None) -> str:
     (a folder or Hub id; `option` names the setting in errors), with its tokenizer files. Its config.json is read as
     data and checked, and the weight file's shapes against it, before any model is built; nothing it names is run.
     Converted once per content: the folder sits in the Hugging Face cache under the hash of the source files, with
-    the sha256 of each file written recorded beside them (`CONVERTED_RECORD`) and checked before each use: a copy
-    changed or damaged since is converted again, with a line saying so."""
+    the sha256 of each file written recorded beside them (`CONVERTED_RECORD`) and checked once per process, before
+    its first use: a copy changed or damaged since is converted again, with a line saying so. (The run's start
+    check and its model build share that one check: the copy is hashed once per run, not once per call.)"""
     key = (spec, revision)
-    if key not in _converted or _converted_copy_problem(Path(_converted[key])) is not None:
+    if key not in _converted:
         _converted[key] = _convert_start(spec, option, revision)
     return _converted[key]
 

@@ -316,11 +316,11 @@ def test_a_truncated_checkpoint_without_checksums_falls_back_to_the_previous_one
     weights = step4 / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     # named explicitly, it is a one-line error rather than a SafetensorError traceback
-    with pytest.raises(ConfigError, match=r"step-00000004 is damaged: model.safetensors is truncated"):
+    with pytest.raises(ConfigError, match=r"step-00000004 is damaged: model.safetensors is damaged or truncated \("):
         run(tmp_path / "other", *common, "--training.resume_from_checkpoint", step4)
     with caplog.at_level("WARNING", logger="kiln"):
         state = run(out, *common, "--training.resume_from_checkpoint", "latest")
-    assert "skipping damaged checkpoint(s) step-00000004: model.safetensors is truncated" in caplog.text
+    assert "skipping damaged checkpoint(s) step-00000004: model.safetensors is damaged or truncated (" in caplog.text
     assert "resuming from step-00000002, the newest valid one" in caplog.text
     assert state.global_step == 4 and losses(out) == reference
 

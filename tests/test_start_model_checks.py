@@ -206,7 +206,7 @@ def test_a_converted_copy_changed_or_damaged_in_the_cache_is_converted_again(tmp
     from safetensors.torch import load_file
 
     from kiln.file_hash import sha256_file
-    from pretrain.convert import converted_start
+    from pretrain.convert import _converted, converted_start
 
     monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf"))  # this test's own cache
     bert = tmp_path / "bert"
@@ -227,6 +227,7 @@ def test_a_converted_copy_changed_or_damaged_in_the_cache_is_converted_again(tmp
         else:
             weights.write_bytes(damage)
         caplog.clear()
+        _converted.clear()  # the next run: a new process, which checks the copy before its first use
         with caplog.at_level(logging.INFO, logger="kiln"):
             assert converted_start(str(bert), "--model.init_from") == str(folder)
         lines = [record.getMessage() for record in caplog.records]
@@ -243,6 +244,7 @@ def test_a_converted_copy_changed_or_damaged_in_the_cache_is_converted_again(tmp
     again(None, "has no record of the files written (kiln-converted.json: ")
     # a verified copy is used as it is, without a warning
     caplog.clear()
+    _converted.clear()
     with caplog.at_level(logging.INFO, logger="kiln"):
         converted_start(str(bert), "--model.init_from")
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
