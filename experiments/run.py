@@ -174,11 +174,14 @@ def without_machine_paths(value):
 
 
 def record(job: Job, wall_s: float, records: Path) -> dict:
+    sys.path.insert(0, str(REPO))
+    from bench.machine import cpu_name  # the CPU a run's minutes and steps/s belong to
+
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     row = {
         "tag": job.tag, "run": job.out, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": commit.stdout.strip(), "wall_s": round(wall_s, 1), "loadavg_at_end": list(os.getloadavg()),
-        "command": job.shell(), "note": job.note, **summarise(REPO / job.out),
+        "command": job.shell(), "note": job.note, "cpu": cpu_name(), **summarise(REPO / job.out),
     }  # fmt: skip
     with open(records, "a", encoding="utf-8") as file:
         file.write(json.dumps(row) + "\n")
