@@ -87,9 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-files", default="data/pretrain/*.txt")
     parser.add_argument("--vocab-size", type=int, default=30522, help="WordPiece vocabulary to train")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per stage (median)")
-    parser.add_argument(
-        "--train-json", default="bench/results/l4.json", help="bench/throughput.py output"
-    )
+    parser.add_argument("--train-json", default="bench/results/l4.json", help="bench/throughput.py output")
     parser.add_argument(
         "--train-tokens-per-s", type=float, help="training tokens/s (instead of --train-json)"
     )

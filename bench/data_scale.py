@@ -139,15 +139,25 @@ class TreeMemory:
 def run_prepare(corpus: Path, output: Path, num_proc: int, extra: list[str]) -> dict:
     shutil.rmtree(output, ignore_errors=True)
     command = [
-        sys.executable, "-m", "pretrain.data", "prepare", "--output", str(output), "--num_proc", str(num_proc),
-        "--data.data_files", str(corpus / "*.txt"), *extra,
+        sys.executable,
+        "-m",
+        "pretrain.data",
+        "prepare",
+        "--output",
+        str(output),
+        "--num_proc",
+        str(num_proc),
+        "--data.data_files",
+        str(corpus / "*.txt"),
+        *extra,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     load_before = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     memory = TreeMemory(process.pid)
     output_text, _ = process.communicate()
     wall = time.perf_counter() - start
@@ -213,14 +223,35 @@ def time_to_first_step(prepared: Path, run_dir: Path, extra: list[str], timeout:
     CPU-seconds spent by then: wall clock on a shared machine is inflated by the other work, CPU time is not."""
     shutil.rmtree(run_dir, ignore_errors=True)
     command = [
-        "accelerate", "launch", "--num_processes", "1", "pretrain/run.py", "--data.prepared", str(prepared),
-        "--training.output_dir", str(run_dir), "--training.max_steps", "3", "--logging.logging_steps", "1",
-        "--training.eval_steps", "1000", "--training.save_steps", "1000", *extra,
+        "accelerate",
+        "launch",
+        "--num_processes",
+        "1",
+        "pretrain/run.py",
+        "--data.prepared",
+        str(prepared),
+        "--training.output_dir",
+        str(run_dir),
+        "--training.max_steps",
+        "3",
+        "--logging.logging_steps",
+        "1",
+        "--training.eval_steps",
+        "1000",
+        "--training.save_steps",
+        "1000",
+        *extra,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     seen = b""
     try:
         while time.perf_counter() - start < timeout:
@@ -231,8 +262,11 @@ def time_to_first_step(prepared: Path, run_dir: Path, extra: list[str], timeout:
             if b"loss=" in seen or b"step 1:" in seen:
                 wall = time.perf_counter() - start
                 total, run = tree_cpu_seconds(process.pid)
-                return {"first_step_s": round(wall, 2), "first_step_cpu_s": round(total, 2),
-                        "first_step_run_cpu_s": round(run, 2)}
+                return {
+                    "first_step_s": round(wall, 2),
+                    "first_step_cpu_s": round(total, 2),
+                    "first_step_run_cpu_s": round(run, 2),
+                }
         raise SystemExit(f"no training step seen:\n{seen.decode(errors='replace')[-3000:]}")
     finally:
         if process.poll() is None:
@@ -255,8 +289,9 @@ def _anon_kb(pid: int) -> tuple[int, int]:
     return values.get("RssAnon:", 0), values.get("VmHWM:", 0)
 
 
-def training_memory(prepared: Path, run_dir: Path, extra: list[str], repo: Path = REPO_ROOT,
-                    timeout: float = 900) -> dict:
+def training_memory(
+    prepared: Path, run_dir: Path, extra: list[str], repo: Path = REPO_ROOT, timeout: float = 900
+) -> dict:
     """A 1-step run from the prepared folder (`accelerate launch`, one process, to its end: evaluation and the
     final save included), its training process's memory polled every 0.05 s from /proc: the peak of RssAnon,
     its anonymous memory (what the process itself allocated; the shards' and the cache's mapped pages, shared
@@ -264,15 +299,33 @@ def training_memory(prepared: Path, run_dir: Path, extra: list[str], repo: Path 
     included)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     command = [
-        "accelerate", "launch", "--num_processes", "1", "pretrain/run.py", "--data.prepared", str(prepared),
-        "--training.output_dir", str(run_dir), "--training.max_steps", "1", "--logging.logging_steps", "1",
-        "--training.eval_steps", "1000", "--training.save_steps", "1000", "--training.max_eval_batches", "20", *extra,
+        "accelerate",
+        "launch",
+        "--num_processes",
+        "1",
+        "pretrain/run.py",
+        "--data.prepared",
+        str(prepared),
+        "--training.output_dir",
+        str(run_dir),
+        "--training.max_steps",
+        "1",
+        "--logging.logging_steps",
+        "1",
+        "--training.eval_steps",
+        "1000",
+        "--training.save_steps",
+        "1000",
+        "--training.max_eval_batches",
+        "20",
+        *extra,
     ]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     before = load_average()
     start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     peaks: dict[int, list[int]] = {}
     done = threading.Event()
 
@@ -300,10 +353,18 @@ def training_memory(prepared: Path, run_dir: Path, extra: list[str], repo: Path 
             process.wait()
         shutil.rmtree(run_dir, ignore_errors=True)
     if process.returncode != 0:
-        raise SystemExit(f"the 1-step run failed ({process.returncode}):\n{output.decode(errors='replace')[-3000:]}")
-    anon, hwm = max(peaks.values(), default=[0, 0])  # the training process: the largest of the launch's children
-    return {"train_peak_anon_mb": round(anon * 1024 / MB, 1), "train_peak_rss_mb": round(hwm * 1024 / MB, 1),
-            "train_wall_s": round(time.perf_counter() - start, 2), "train_load": [before, load_average()]}
+        raise SystemExit(
+            f"the 1-step run failed ({process.returncode}):\n{output.decode(errors='replace')[-3000:]}"
+        )
+    anon, hwm = max(
+        peaks.values(), default=[0, 0]
+    )  # the training process: the largest of the launch's children
+    return {
+        "train_peak_anon_mb": round(anon * 1024 / MB, 1),
+        "train_peak_rss_mb": round(hwm * 1024 / MB, 1),
+        "train_wall_s": round(time.perf_counter() - start, 2),
+        "train_load": [before, load_average()],
+    }
 
 
 def repeated_folder(prepared: Path, target: Path, times: int) -> Path:
@@ -333,21 +394,37 @@ def repeated_folder(prepared: Path, target: Path, times: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", type=float, nargs="+", default=[50, 200, 1000], help="corpus sizes in MB")
     parser.add_argument("--layouts", nargs="+", default=["files", "big"], choices=["files", "big"])
     parser.add_argument("--num_proc", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--json", default=str(REPO_ROOT / "bench" / "results" / "data-scale.json"))
-    parser.add_argument("--workdir", default=None, help="where corpora and prepared folders go (default: a temp dir)")
+    parser.add_argument(
+        "--workdir", default=None, help="where corpora and prepared folders go (default: a temp dir)"
+    )
     parser.add_argument("--no-first-step", action="store_true", help="skip the time-to-first-step runs")
     parser.add_argument("--keep-corpus", action="store_true")
-    parser.add_argument("--corpus", choices=["wide", "books"], default="wide",
-                        help="wide: a Zipf vocabulary with one-off tokens (bench/wide_corpus.py); books: copies")
+    parser.add_argument(
+        "--corpus",
+        choices=["wide", "books"],
+        default="wide",
+        help="wide: a Zipf vocabulary with one-off tokens (bench/wide_corpus.py); books: copies",
+    )
     parser.add_argument("--no-training-memory", action="store_true", help="skip the 1-step runs' memory")
-    parser.add_argument("--repeat-largest", type=int, default=0,
-                        help="also measure the 1-step run on the largest size's shards this many times over")
-    parser.add_argument("--training-repo", nargs="*", default=[],
-                        help="other checkouts whose 1-step run is measured on the same folder too (before/after)")
+    parser.add_argument(
+        "--repeat-largest",
+        type=int,
+        default=0,
+        help="also measure the 1-step run on the largest size's shards this many times over",
+    )
+    parser.add_argument(
+        "--training-repo",
+        nargs="*",
+        default=[],
+        help="other checkouts whose 1-step run is measured on the same folder too (before/after)",
+    )
     parser.add_argument("extra", nargs="*", help="dotted config overrides for prepare and the run (after --)")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kiln-data-scale-"))
@@ -364,8 +441,11 @@ def main(argv: list[str] | None = None) -> dict:
             corpus_bytes = write_corpus(corpus, size, layout, corpus=args.corpus)
             for num_proc in args.num_proc:
                 output = workdir / f"prepared-{layout}-{size:g}-{num_proc}"
-                row = {"layout": layout, "corpus_mb": round(corpus_bytes / MB, 1),
-                       "files": len(list(corpus.glob("*.txt")))}
+                row = {
+                    "layout": layout,
+                    "corpus_mb": round(corpus_bytes / MB, 1),
+                    "files": len(list(corpus.glob("*.txt"))),
+                }
                 row.update(run_prepare(corpus, output, num_proc, args.extra))
                 row["mb_per_cpu_s"] = round(corpus_bytes / MB / row["cpu_s"], 2)
                 # the training runs keep the corpus's offset arrays and pair plans in a cache folder of their
@@ -381,8 +461,7 @@ def main(argv: list[str] | None = None) -> dict:
                     for other in args.training_repo:
                         shutil.rmtree(workdir / "cache", ignore_errors=True)
                         measured = training_memory(output, workdir / "run", args.extra + cache, Path(other))
-                        row.setdefault("other_code", []).append(
-                            {"repo": Path(other).name, **measured})
+                        row.setdefault("other_code", []).append({"repo": Path(other).name, **measured})
                 if num_proc != args.num_proc[0]:
                     shutil.rmtree(output, ignore_errors=True)
                 results["rows"].append(row)
@@ -394,10 +473,15 @@ def main(argv: list[str] | None = None) -> dict:
             if args.repeat_largest > 1 and size == max(args.sizes) and largest.is_dir():
                 times = args.repeat_largest
                 repeated = repeated_folder(largest, workdir / f"repeated-{layout}", times)
-                row = {"layout": layout, "corpus_mb": round(times * corpus_bytes / MB, 1),
-                       "repeated": f"the {corpus_bytes / MB:g} MB corpus's shards {times} times over",
-                       "repeat_of_mb": round(corpus_bytes / MB, 1), "times": times, "num_proc": args.num_proc[0],
-                       "disk_mb": round(folder_bytes(repeated) / MB, 1)}
+                row = {
+                    "layout": layout,
+                    "corpus_mb": round(times * corpus_bytes / MB, 1),
+                    "repeated": f"the {corpus_bytes / MB:g} MB corpus's shards {times} times over",
+                    "repeat_of_mb": round(corpus_bytes / MB, 1),
+                    "times": times,
+                    "num_proc": args.num_proc[0],
+                    "disk_mb": round(folder_bytes(repeated) / MB, 1),
+                }
                 shutil.rmtree(workdir / "cache", ignore_errors=True)
                 row.update(training_memory(repeated, workdir / "run", args.extra + cache))
                 for other in args.training_repo:

@@ -52,7 +52,9 @@ def _children_cpu_s() -> float:
 
 def run_default(png: Path | None, threads: int | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="kiln-default-run-") as tmp:
-        out = Path(tmp) / "encoder-tiny"  # the plot's title is the folder's name, as in the default runs/encoder-tiny
+        out = (
+            Path(tmp) / "encoder-tiny"
+        )  # the plot's title is the folder's name, as in the default runs/encoder-tiny
         command = [*COMMAND, "--training.output_dir", str(out)]
         if threads:  # accelerate's flag, before the script: the same run, summed on fewer or more threads
             command[2:2] = ["--num_cpu_threads_per_process", str(threads)]
@@ -69,14 +71,20 @@ def run_default(png: Path | None, threads: int | None) -> dict:
             shutil.copyfile(out / "final" / "loss_curve.png", png)
         import torch
 
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        )
         return {
             "command": " ".join(command[: command.index("--training.output_dir")]),
             "output_dir": "a new temporary folder named encoder-tiny (--training.output_dir)",
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "commit": commit.stdout.strip(),
-            "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "system": platform.system(),
-                        "python": platform.python_version()},  # fmt: skip
+            "machine": {
+                "cpu": cpu_name(),
+                "cores": os.cpu_count(),
+                "system": platform.system(),
+                "python": platform.python_version(),
+            },
             "torch": torch.__version__,
             "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1),
@@ -89,10 +97,16 @@ def run_default(png: Path | None, threads: int | None) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path, default=REPO / "bench/results/default-run.json", help="the record")
+    parser.add_argument(
+        "--json", type=Path, default=REPO / "bench/results/default-run.json", help="the record"
+    )
     parser.add_argument("--png", type=Path, help="also copy the run's final/loss_curve.png here")
-    parser.add_argument("--threads", type=int, help="--num_cpu_threads_per_process (default: accelerate's choice); "
-                        "the printed numbers agree to ~10 digits across thread counts, the time does not")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="--num_cpu_threads_per_process (default: accelerate's choice); "
+        "the printed numbers agree to ~10 digits across thread counts, the time does not",
+    )
     args = parser.parse_args(argv)
     result = run_default(args.png, args.threads)
     args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -33,9 +33,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    shape = dict(vocab_size=8192, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512,
-                 max_position_embeddings=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                 sparse_prediction=True, chunked_mlm_loss=True)  # fmt: skip
+    shape = dict(
+        vocab_size=8192,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=512,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        sparse_prediction=True,
+        chunked_mlm_loss=True,
+    )
     models = {
         "mlm+sop": KilnEncoderForPreTraining(KilnEncoderConfig(**shape)),
         "electra": KilnEncoderForElectraPreTraining(KilnEncoderConfig(**shape, generator_size=0.25)),
@@ -47,8 +56,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     segments = torch.zeros_like(ids)
     segments[:, 32:] = 1
     batches = {
-        "mlm+sop": dict(input_ids=masked, token_type_ids=segments, labels=labels,
-                        next_sentence_label=torch.randint(0, 2, (32,))),  # fmt: skip
+        "mlm+sop": dict(
+            input_ids=masked,
+            token_type_ids=segments,
+            labels=labels,
+            next_sentence_label=torch.randint(0, 2, (32,)),
+        ),
         "electra": dict(input_ids=masked, labels=labels, sampling_uniforms=torch.rand(ids.shape)),
     }
     optimizers = {name: torch.optim.AdamW(model.parameters(), fused=True) for name, model in models.items()}

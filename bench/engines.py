@@ -34,15 +34,37 @@ REPO = Path(__file__).resolve().parent.parent
 
 ENCODER = ["--config", "configs/pretrain/encoder-mini.yaml", "--training.per_device_train_batch_size", "64"]
 DECODER = [
-    "--config", "configs/pretrain/decoder-tiny.yaml",
-    "--model.hidden_size", "256", "--model.num_hidden_layers", "4", "--model.num_attention_heads", "4",
-    "--model.intermediate_size", "1024", "--training.per_device_train_batch_size", "32",
-]  # fmt: skip
+    "--config",
+    "configs/pretrain/decoder-tiny.yaml",
+    "--model.hidden_size",
+    "256",
+    "--model.num_hidden_layers",
+    "4",
+    "--model.num_attention_heads",
+    "4",
+    "--model.intermediate_size",
+    "1024",
+    "--training.per_device_train_batch_size",
+    "32",
+]
 SMALL = [  # --small: the shapes of configs/pretrain/debug.yaml, for a quick check on CPU
-    "--model.hidden_size", "32", "--model.num_hidden_layers", "2", "--model.num_attention_heads", "2",
-    "--model.intermediate_size", "64", "--tokenizer.vocab_size", "512", "--data.max_seq_length", "64",
-    "--data.max_train_documents", "400", "--training.per_device_train_batch_size", "8",
-]  # fmt: skip
+    "--model.hidden_size",
+    "32",
+    "--model.num_hidden_layers",
+    "2",
+    "--model.num_attention_heads",
+    "2",
+    "--model.intermediate_size",
+    "64",
+    "--tokenizer.vocab_size",
+    "512",
+    "--data.max_seq_length",
+    "64",
+    "--data.max_train_documents",
+    "400",
+    "--training.per_device_train_batch_size",
+    "8",
+]
 
 CHECK_FINAL = textwrap.dedent(
     """
@@ -93,8 +115,12 @@ def portable_text(text: str) -> str:
     """Text for the result JSON with this machine's folders named by what they are (`$HF_HOME`, `$TMPDIR`, the
     repository as `.`), so a committed record names no machine's paths."""
     hf_home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    for folder, name in ((hf_home, "$HF_HOME"), (str(REPO), "."), (tempfile.gettempdir(), "$TMPDIR"),
-                         (os.path.expanduser("~"), "~")):  # fmt: skip
+    for folder, name in (
+        (hf_home, "$HF_HOME"),
+        (str(REPO), "."),
+        (tempfile.gettempdir(), "$TMPDIR"),
+        (os.path.expanduser("~"), "~"),
+    ):
         text = text.replace(folder.rstrip(os.sep) + os.sep, name + "/")
     return text
 
@@ -126,11 +152,20 @@ def pipeline_run(engine: str, kind: str, options) -> dict:
     save = max(1, steps // 3)
     args = list(ENCODER if kind == "encoder" else DECODER) + (SMALL if options.small else [])
     args += ["--training.output_dir", str(out)]
-    args += ["--training.max_steps", str(steps), "--training.save_steps", str(save), "--training.save_total_limit", "3"]
+    args += [
+        "--training.max_steps",
+        str(steps),
+        "--training.save_steps",
+        str(save),
+        "--training.save_total_limit",
+        "3",
+    ]
     args += ["--training.eval_steps", str(save), "--training.max_eval_batches", str(options.eval_batches)]
     args += ["--logging.logging_steps", str(max(1, steps // 15))] + options.extra
     summary: dict = {"engine": engine, "kind": kind, "steps": steps, "processes": options.processes}
-    code, seconds = _launch(engine, options.processes, args + ["--training.overwrite_output_dir", "true"], log)
+    code, seconds = _launch(
+        engine, options.processes, args + ["--training.overwrite_output_dir", "true"], log
+    )
     summary.update(run1_exit=code, run1_s=round(seconds, 1))
     first_rows = _rows(out)
     if code != 0:
@@ -156,7 +191,9 @@ def pipeline_run(engine: str, kind: str, options) -> dict:
         eval_loss={r["step"]: round(r["eval/loss"], 4) for r in first_rows if "eval/loss" in r},
         resumed_losses={step: round(train2[step], 4) for step in overlap},
         resume_max_abs_diff=max((abs(train1[s] - train2[s]) for s in overlap), default=None),
-        tokens_per_s=statistics.median([r["train/tokens_per_s"] for r in first_rows if "train/tokens_per_s" in r])
+        tokens_per_s=statistics.median(
+            [r["train/tokens_per_s"] for r in first_rows if "train/tokens_per_s" in r]
+        )
         if first_rows
         else None,
         mfu=statistics.median([r["train/mfu"] for r in first_rows if "train/mfu" in r] or [float("nan")]),
@@ -196,7 +233,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("extra", nargs="*", help="further pretrain/run.py options, after --")
     options = parser.parse_args(argv)
     Path(options.out).mkdir(parents=True, exist_ok=True)
-    jobs = [(e, k) for e in options.engine or ["fsdp", "deepspeed-zero2"] for k in options.kind or ["encoder", "decoder"]]
+    jobs = [
+        (e, k)
+        for e in options.engine or ["fsdp", "deepspeed-zero2"]
+        for k in options.kind or ["encoder", "decoder"]
+    ]
     with ThreadPoolExecutor(len(jobs)) as pool:
         summaries = list(pool.map(lambda job: pipeline_run(*job, options), jobs))
     for s in summaries:

@@ -122,8 +122,14 @@ def prepare_start(work: Path, args) -> dict:
         work, args, tokenizer, transformers.BertForSequenceClassification, {0: "0", 1: "1"}
     )
     check = same_start(reference, kiln, tokenizer, [row["sentence"] for row in dev_rows[:64]])
-    return {"files": files, "folders": folders, "tokenizer": tokenizer, "check": check,
-            "train_rows": len(train_rows), "dev_rows": len(dev_rows)}  # fmt: skip
+    return {
+        "files": files,
+        "folders": folders,
+        "tokenizer": tokenizer,
+        "check": check,
+        "train_rows": len(train_rows),
+        "dev_rows": len(dev_rows),
+    }
 
 
 def save_start(work: Path, args, tokenizer, model_class, id2label: dict) -> tuple:
@@ -134,10 +140,17 @@ def save_start(work: Path, args, tokenizer, model_class, id2label: dict) -> tupl
     layers, hidden, heads = SHAPES[args.shape]
     torch.manual_seed(args.seed)
     config = transformers.BertConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=4 * hidden, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-        num_labels=len(id2label), id2label=id2label, label2id={name: i for i, name in id2label.items()},
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=len(id2label),
+        id2label=id2label,
+        label2id={name: i for i, name in id2label.items()},
+    )
     reference = model_class(config)
     kiln = from_transformers(reference)
     folders = {"reference": work / "start-transformers", "kiln": work / "start-kiln"}
@@ -147,10 +160,14 @@ def save_start(work: Path, args, tokenizer, model_class, id2label: dict) -> tupl
     return reference.eval(), kiln.eval(), folders
 
 
-def same_start(reference, kiln, tokenizer, texts: list, atol: float = 1e-4, max_length: int = 128, **encode) -> dict:
+def same_start(
+    reference, kiln, tokenizer, texts: list, atol: float = 1e-4, max_length: int = 128, **encode
+) -> dict:
     """Refuse two starts that are not the same function: their logits on `texts` (at the real tokens, for token
     classification) must agree within `atol`. `encode` goes to the tokenizer (e.g. is_split_into_words)."""
-    batch = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt", **encode)
+    batch = tokenizer(
+        texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt", **encode
+    )
     with torch.no_grad():
         a, b = reference(**batch).logits, kiln(**batch).logits
     if a.dim() == 3:  # per token: padded positions are not compared
@@ -170,28 +187,48 @@ def run_kiln(start: dict, work: Path, args, extra: list[str]) -> dict:
     from finetune import classify, tag
 
     script, config = (
-        (tag, "offline/tag-conll2003.yaml") if args.task == "conll2003" else (classify, "offline/classify-sst2.yaml")
+        (tag, "offline/tag-conll2003.yaml")
+        if args.task == "conll2003"
+        else (classify, "offline/classify-sst2.yaml")
     )  # the configs on local files: the benchmark's subsets replace their paths
     out = work / "kiln-run"
     argv = [
-        "--config", str(REPO / "configs/finetune" / config),
-        "--model.checkpoint", str(start["folders"]["kiln"]),
-        "--data.train_file", str(start["files"]["train"]),
-        "--data.validation_file", str(start["files"]["dev"]),
-        "--data.test_file", "none",
-        "--data.max_seq_length", str(args.max_length),
-        "--training.output_dir", str(out), "--training.overwrite_output_dir", "true",
-        "--training.per_device_train_batch_size", str(args.batch_size),
-        "--training.per_device_eval_batch_size", str(args.eval_batch_size),
-        "--training.lr", str(args.lr),
-        "--training.num_train_epochs", str(args.epochs),
-        "--training.seed", str(args.seed),
-        "--training.warmup_ratio", str(WARMUP_RATIO),
-        "--training.eval_steps", "0",
-        "--eval.each_epoch", "false",
-        "--logging.logging_steps", "50",
+        "--config",
+        str(REPO / "configs/finetune" / config),
+        "--model.checkpoint",
+        str(start["folders"]["kiln"]),
+        "--data.train_file",
+        str(start["files"]["train"]),
+        "--data.validation_file",
+        str(start["files"]["dev"]),
+        "--data.test_file",
+        "none",
+        "--data.max_seq_length",
+        str(args.max_length),
+        "--training.output_dir",
+        str(out),
+        "--training.overwrite_output_dir",
+        "true",
+        "--training.per_device_train_batch_size",
+        str(args.batch_size),
+        "--training.per_device_eval_batch_size",
+        str(args.eval_batch_size),
+        "--training.lr",
+        str(args.lr),
+        "--training.num_train_epochs",
+        str(args.epochs),
+        "--training.seed",
+        str(args.seed),
+        "--training.warmup_ratio",
+        str(WARMUP_RATIO),
+        "--training.eval_steps",
+        "0",
+        "--eval.each_epoch",
+        "false",
+        "--logging.logging_steps",
+        "50",
         *extra,
-    ]  # fmt: skip
+    ]
     reset_accelerate()
     try:
         result = script.main(argv)
@@ -203,7 +240,10 @@ def run_kiln(start: dict, work: Path, args, extra: list[str]) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     scores = {"dev_accuracy": last_eval["eval/accuracy"]}
     if args.task == "conll2003":
-        scores = {"dev_f1": last_eval["eval/f1"], "dev_accuracy": last_eval.get("eval/accuracy", last_eval["eval/f1"])}
+        scores = {
+            "dev_f1": last_eval["eval/f1"],
+            "dev_accuracy": last_eval.get("eval/accuracy", last_eval["eval/f1"]),
+        }
     return {
         "train_time_s": state.train_time_s,
         "examples_trained": trained,
@@ -286,7 +326,9 @@ def prepare_tagging(work: Path, args) -> dict:
     from pretrain.data.tokenizer import train_tokenizer
 
     data = load_tagging_data(
-        train_file=str(args.conll2003 / "train.txt"), validation_file=str(args.conll2003 / "valid.txt"), tag_column=-1
+        train_file=str(args.conll2003 / "train.txt"),
+        validation_file=str(args.conll2003 / "valid.txt"),
+        tag_column=-1,
     )
     train = data["train"].select(range(min(args.train_samples, len(data["train"]))))
     dev = data["validation"]
@@ -300,13 +342,31 @@ def prepare_tagging(work: Path, args) -> dict:
     label2id, id2label = build_label_maps(train["tags"])  # what tag.py builds from the same training tags
     tokenizer = train_tokenizer([" ".join(row) for row in train["tokens"]], "wordpiece", args.vocab_size)
     reference, kiln, folders = save_start(
-        work, args, tokenizer, transformers.BertForTokenClassification, {i: str(n) for i, n in id2label.items()}
+        work,
+        args,
+        tokenizer,
+        transformers.BertForTokenClassification,
+        {i: str(n) for i, n in id2label.items()},
     )
-    check = same_start(reference, kiln, tokenizer, [list(t) for t in dev["tokens"][:64]],
-                       max_length=args.max_length, is_split_into_words=True)  # fmt: skip
-    return {"files": files, "folders": folders, "tokenizer": tokenizer, "label2id": label2id, "id2label": id2label,
-            "dev": {"tokens": [list(t) for t in dev["tokens"]], "tags": [list(t) for t in dev["tags"]]},
-            "check": check, "train_rows": len(train), "dev_rows": len(dev)}  # fmt: skip
+    check = same_start(
+        reference,
+        kiln,
+        tokenizer,
+        [list(t) for t in dev["tokens"][:64]],
+        max_length=args.max_length,
+        is_split_into_words=True,
+    )
+    return {
+        "files": files,
+        "folders": folders,
+        "tokenizer": tokenizer,
+        "label2id": label2id,
+        "id2label": id2label,
+        "dev": {"tokens": [list(t) for t in dev["tokens"]], "tags": [list(t) for t in dev["tags"]]},
+        "check": check,
+        "train_rows": len(train),
+        "dev_rows": len(dev),
+    }
 
 
 def run_reference_tagging(start: dict, work: Path, args) -> dict:
@@ -319,8 +379,13 @@ def run_reference_tagging(start: dict, work: Path, args) -> dict:
     b_to_i = b_to_i_map(label2id)
 
     def encode(split) -> tuple[Dataset, list]:
-        rows = {"tokens": list(split["tokens"]), "tags": [[label2id[t] for t in tags] for tags in split["tags"]]}
-        encoding = tokenize_and_align(rows, tokenizer, False, args.max_length, b_to_i=b_to_i, return_word_ids=True)
+        rows = {
+            "tokens": list(split["tokens"]),
+            "tags": [[label2id[t] for t in tags] for tags in split["tags"]],
+        }
+        encoding = tokenize_and_align(
+            rows, tokenizer, False, args.max_length, b_to_i=b_to_i, return_word_ids=True
+        )
         word_ids = encoding.pop("word_ids")
         return Dataset.from_dict(dict(encoding)), word_ids
 
@@ -332,16 +397,29 @@ def run_reference_tagging(start: dict, work: Path, args) -> dict:
     steps = -(-len(train) // args.batch_size) * args.epochs
     reset_accelerate()
     training_args = transformers.TrainingArguments(
-        output_dir=str(work / "transformers-run"), per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.eval_batch_size, learning_rate=args.lr, num_train_epochs=args.epochs,
-        seed=args.seed, lr_scheduler_type="linear", warmup_steps=round(WARMUP_RATIO * steps), eval_strategy="no",
-        save_strategy="no", logging_steps=50, report_to="none", use_cpu=True, disable_tqdm=True,
-        train_sampling_strategy="group_by_length" if args.reference_group_by_length else "random", **MATCHED,
-    )  # fmt: skip
+        output_dir=str(work / "transformers-run"),
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.eval_batch_size,
+        learning_rate=args.lr,
+        num_train_epochs=args.epochs,
+        seed=args.seed,
+        lr_scheduler_type="linear",
+        warmup_steps=round(WARMUP_RATIO * steps),
+        eval_strategy="no",
+        save_strategy="no",
+        logging_steps=50,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        train_sampling_strategy="group_by_length" if args.reference_group_by_length else "random",
+        **MATCHED,
+    )
     trainer = transformers.Trainer(
-        model=model, args=training_args, train_dataset=train,
+        model=model,
+        args=training_args,
+        train_dataset=train,
         data_collator=transformers.DataCollatorForTokenClassification(tokenizer),
-    )  # fmt: skip
+    )
     try:
         output = trainer.train()
         start_eval = time.perf_counter()
@@ -436,7 +514,7 @@ def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dic
             "hidden": hidden,
             "heads": heads,
             "vocab": len(start["tokenizer"]),
-        },  # fmt: skip
+        },
         "data": {
             "train_examples": start["train_rows"],
             "dev_examples": start["dev_rows"],
@@ -452,7 +530,7 @@ def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dic
             **MATCHED,
             "kiln_options": [portable(option) for option in kiln_extra],
             "reference_group_by_length": args.reference_group_by_length,
-        },  # fmt: skip
+        },
         "check": start["check"],
         "kiln": rounds["kiln"],
         "reference": rounds["reference"],
@@ -476,7 +554,7 @@ def report(args, start: dict, kiln_extra: list[str], variants: dict, rounds: dic
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "python": platform.python_version(),
-        },  # fmt: skip
+        },
     }
 
 
@@ -521,16 +599,22 @@ def main(argv: list[str] | None = None) -> dict:
         "--reference-group-by-length", action="store_true", help="transformers' length-grouped sampler"
     )
     parser.add_argument(
-        "--variant", action="append", default=[], metavar="NAME='OPTIONS'",
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME='OPTIONS'",
         help="an extra Kiln run per round with these options appended (ablations); repeatable",
-    )  # fmt: skip
+    )
     parser.add_argument("--threads", type=int)
     parser.add_argument("--task", choices=["sst2", "conll2003"], default="sst2")
     parser.add_argument("--sst2", type=Path, default=DEFAULT_SST2)
-    parser.add_argument("--conll2003", type=Path, default=DEFAULT_CONLL, help="folder with train.txt, valid.txt")
+    parser.add_argument(
+        "--conll2003", type=Path, default=DEFAULT_CONLL, help="folder with train.txt, valid.txt"
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+
     def write(result: dict) -> None:
         if args.json:
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

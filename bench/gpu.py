@@ -52,49 +52,154 @@ def stage_commands(args, work: Path) -> dict[str, dict]:
     if args.smoke:  # tiny shapes on whatever device is there: the script's own test
         return {
             "pretrain-encoder": dict(
-                argv=python + ["bench/throughput.py", "--preset", "encoder-l4", "--batch-size", "2", "--seq-len",
-                               "16", "--rounds", "2", "--warmup", "1", "--no-memory"],
-                limit_s=300),
+                argv=python
+                + [
+                    "bench/throughput.py",
+                    "--preset",
+                    "encoder-l4",
+                    "--batch-size",
+                    "2",
+                    "--seq-len",
+                    "16",
+                    "--rounds",
+                    "2",
+                    "--warmup",
+                    "1",
+                    "--no-memory",
+                ],
+                limit_s=300,
+            ),
             "pretrain-decoder": dict(
-                argv=python + ["bench/throughput.py", "--preset", "decoder-l4", "--batch-size", "2", "--seq-len",
-                               "16", "--rounds", "2", "--warmup", "1", "--no-memory"],
-                limit_s=300),
+                argv=python
+                + [
+                    "bench/throughput.py",
+                    "--preset",
+                    "decoder-l4",
+                    "--batch-size",
+                    "2",
+                    "--seq-len",
+                    "16",
+                    "--rounds",
+                    "2",
+                    "--warmup",
+                    "1",
+                    "--no-memory",
+                ],
+                limit_s=300,
+            ),
             "engines": dict(
-                argv=python + ["bench/engines.py", "--engine", "none", "--kind", "encoder", "--steps", "3",
-                               "--small", "--eval-batches", "1", "--out", str(work / "engines")],
-                limit_s=600),
+                argv=python
+                + [
+                    "bench/engines.py",
+                    "--engine",
+                    "none",
+                    "--kind",
+                    "encoder",
+                    "--steps",
+                    "3",
+                    "--small",
+                    "--eval-batches",
+                    "1",
+                    "--out",
+                    str(work / "engines"),
+                ],
+                limit_s=600,
+            ),
             "finetune": dict(
-                argv=python + ["bench/finetune.py", "--shape", "test", "--train-samples", "12", "--batch-size",
-                               "4", "--eval-batch-size", "8", "--vocab-size", "300", *sst2, "--",
-                               "--training.max_steps", "2"],
-                limit_s=300, needs_sst2=True),
+                argv=python
+                + [
+                    "bench/finetune.py",
+                    "--shape",
+                    "test",
+                    "--train-samples",
+                    "12",
+                    "--batch-size",
+                    "4",
+                    "--eval-batch-size",
+                    "8",
+                    "--vocab-size",
+                    "300",
+                    *sst2,
+                    "--",
+                    "--training.max_steps",
+                    "2",
+                ],
+                limit_s=300,
+                needs_sst2=True,
+            ),
             "inference": dict(
-                argv=python + ["bench/inference.py", "--shape", "tiny", "--rounds", "2", "--latency-inputs", "2",
-                               "--batch", "1", "--batch", "3", "--new-tokens", "4", "--vocab-size", "300",
-                               "--tokenizer-sentences", "200", *sst2],
-                limit_s=300, needs_sst2=True),
-        }  # fmt: skip
+                argv=python
+                + [
+                    "bench/inference.py",
+                    "--shape",
+                    "tiny",
+                    "--rounds",
+                    "2",
+                    "--latency-inputs",
+                    "2",
+                    "--batch",
+                    "1",
+                    "--batch",
+                    "3",
+                    "--new-tokens",
+                    "4",
+                    "--vocab-size",
+                    "300",
+                    "--tokenizer-sentences",
+                    "200",
+                    *sst2,
+                ],
+                limit_s=300,
+                needs_sst2=True,
+            ),
+        }
     return {
         "pretrain-encoder": dict(
-            argv=python + ["bench/throughput.py", "--preset", "encoder-l12", "--bf16", "--rounds", "20",
-                           "--warmup", "5"],
-            limit_s=90),
+            argv=python
+            + ["bench/throughput.py", "--preset", "encoder-l12", "--bf16", "--rounds", "20", "--warmup", "5"],
+            limit_s=90,
+        ),
         "pretrain-decoder": dict(
-            argv=python + ["bench/throughput.py", "--preset", "decoder-gpt2", "--bf16", "--rounds", "20",
-                           "--warmup", "5"],
-            limit_s=90),
+            argv=python
+            + [
+                "bench/throughput.py",
+                "--preset",
+                "decoder-gpt2",
+                "--bf16",
+                "--rounds",
+                "20",
+                "--warmup",
+                "5",
+            ],
+            limit_s=90,
+        ),
         "engines": dict(
-            argv=python + ["bench/engines.py", "--engine", "fsdp", "--engine", "deepspeed-zero2", "--steps",
-                           "300", "--out", str(work / "engines")],
-            limit_s=180),
+            argv=python
+            + [
+                "bench/engines.py",
+                "--engine",
+                "fsdp",
+                "--engine",
+                "deepspeed-zero2",
+                "--steps",
+                "300",
+                "--out",
+                str(work / "engines"),
+            ],
+            limit_s=180,
+        ),
         "finetune": dict(
-            argv=python + ["bench/finetune.py", "--shape", "mini", "--train-samples", "8000", "--rounds", "1",
-                           *sst2],
-            limit_s=75, needs_sst2=True),
+            argv=python
+            + ["bench/finetune.py", "--shape", "mini", "--train-samples", "8000", "--rounds", "1", *sst2],
+            limit_s=75,
+            needs_sst2=True,
+        ),
         "inference": dict(
             argv=python + ["bench/inference.py", "--shape", "mini", "--rounds", "3", *sst2],
-            limit_s=45, needs_sst2=True),
-    }  # fmt: skip
+            limit_s=45,
+            needs_sst2=True,
+        ),
+    }
 
 
 def machine() -> dict:
@@ -122,10 +227,15 @@ def machine() -> dict:
 
 def run_stage(name: str, spec: dict, work: Path, args) -> dict:
     if spec.get("needs_sst2") and not (Path(args.sst2) / "train.tsv").is_file():
-        return {"status": "skipped", "reason": f"no SST-2 at {args.sst2} (pass --sst2 DIR with train.tsv, dev.tsv)"}
+        return {
+            "status": "skipped",
+            "reason": f"no SST-2 at {args.sst2} (pass --sst2 DIR with train.tsv, dev.tsv)",
+        }
     record = work / f"{name}.json"
     argv = [*spec["argv"], "--json", str(record)]
-    if "--" in spec["argv"]:  # options after `--` go to the Kiln script the bench runs: --json goes before them
+    if (
+        "--" in spec["argv"]
+    ):  # options after `--` go to the Kiln script the bench runs: --json goes before them
         cut = spec["argv"].index("--")
         argv = [*spec["argv"][:cut], "--json", str(record), *spec["argv"][cut:]]
     log = work / f"{name}.log"
@@ -133,7 +243,9 @@ def run_stage(name: str, spec: dict, work: Path, args) -> dict:
     start = time.monotonic()
     with open(log, "w") as handle:
         # a session of its own, so that a stage out of time is ended with every process it started (launchers)
-        process = subprocess.Popen(argv, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            argv, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             code = process.wait(timeout=spec["limit_s"])
         except subprocess.TimeoutExpired:
@@ -142,8 +254,14 @@ def run_stage(name: str, spec: dict, work: Path, args) -> dict:
             code = "timeout"
     seconds = round(time.monotonic() - start, 1)
     tail = log.read_text(errors="replace")[-2000:]
-    result: dict = {"status": "ok" if code == 0 and record.is_file() else "failed", "exit": code, "seconds": seconds}
-    result["command"] = " ".join(["python", *argv[1:]]).replace(str(work), "$WORK").replace(str(args.sst2), "SST2")
+    result: dict = {
+        "status": "ok" if code == 0 and record.is_file() else "failed",
+        "exit": code,
+        "seconds": seconds,
+    }
+    result["command"] = (
+        " ".join(["python", *argv[1:]]).replace(str(work), "$WORK").replace(str(args.sst2), "SST2")
+    )
     if record.is_file():  # the record names no folder of this machine: temporary ones as $WORK, the data SST2
         text = record.read_text().replace(str(work), "$WORK")
         for folder in {str(args.sst2), str(Path(args.sst2).resolve())}:
@@ -169,8 +287,10 @@ def _not_ok(stage: dict) -> str:
 
 
 def pretraining_table(report: dict) -> list[str]:
-    lines = ["| shape | model | tokens/s | speed-up (min-max over rounds) | MFU | peak memory (MB) |",
-             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| shape | model | tokens/s | speed-up (min-max over rounds) | MFU | peak memory (MB) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for name in ("pretrain-encoder", "pretrain-decoder"):
         stage = report["stages"].get(name, {})
         if stage.get("status") != "ok":
@@ -178,24 +298,36 @@ def pretraining_table(report: dict) -> list[str]:
             continue
         record = stage["record"]
         shape = record["shape"]
-        label = (f"{shape['kind']} L{shape['layers']}/H{shape['hidden']}, {shape['batch_size']} x "
-                 f"{shape['seq_len']}{', bf16' if record['settings']['bf16_autocast'] else ''}")  # fmt: skip
+        label = (
+            f"{shape['kind']} L{shape['layers']}/H{shape['hidden']}, {shape['batch_size']} x "
+            f"{shape['seq_len']}{', bf16' if record['settings']['bf16_autocast'] else ''}"
+        )
         for model_name, model in record["models"].items():
             if model_name == "reference":
-                who, speedup = ("transformers " + ("BertForPreTraining" if shape["kind"] == "encoder"
-                                                   else "GPT2LMHeadModel")), "1.00"  # fmt: skip
+                who, speedup = (
+                    (
+                        "transformers "
+                        + ("BertForPreTraining" if shape["kind"] == "encoder" else "GPT2LMHeadModel")
+                    ),
+                    "1.00",
+                )
             else:
                 who = "Kiln" if model_name == "kiln" else model_name
                 speedup = f"{model['speedup']:.2f} ({model['speedup_min']:.2f}-{model['speedup_max']:.2f})"
-            lines.append(f"| {label} | {who} | {_num(model['tokens_per_s'])} | {speedup} | {_percent(model['mfu'])} | "
-                         f"{_num(model['peak_mb'])} |")  # fmt: skip
+            lines.append(
+                f"| {label} | {who} | {_num(model['tokens_per_s'])} | {speedup} | {_percent(model['mfu'])} | "
+                f"{_num(model['peak_mb'])} |"
+            )
     return lines
 
 
 def engines_table(report: dict) -> list[str]:
     stage = report["stages"].get("engines", {})
-    lines = ["| engine | model | steps | first → last loss | resume: largest loss difference | tokens/s | MFU | "
-             "`final/` with `trust_remote_code` |", "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = [
+        "| engine | model | steps | first → last loss | resume: largest loss difference | tokens/s | MFU | "
+        "`final/` with `trust_remote_code` |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
     if stage.get("status") != "ok":
         return lines + [f"| {_not_ok(stage)} | | | | | | | |"]
     for row in stage["record"]:
@@ -221,29 +353,37 @@ def gpu_finetune_table(report: dict) -> list[str]:
         rate = statistics.median(r["examples_per_s"] for r in runs)
         accuracy = statistics.median(r.get("dev_accuracy", float("nan")) for r in runs)
         speedup = _num(record["speedup"], 2) if side == "kiln" else "1.00"
-        lines.append(f"| SST-2 ({record['data']['train_examples']:,} sentences) | {label} | {rate:,.1f} | "
-                     f"{100 * accuracy:.2f}% | {speedup} |")  # fmt: skip
+        lines.append(
+            f"| SST-2 ({record['data']['train_examples']:,} sentences) | {label} | {rate:,.1f} | "
+            f"{100 * accuracy:.2f}% | {speedup} |"
+        )
     return lines
 
 
 def gpu_inference_table(report: dict) -> list[str]:
     stage = report["stages"].get("inference", {})
-    lines = ["| task | batch | Kiln ms per input | transformers ms per input | speed-up (min-max) |",
-             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| task | batch | Kiln ms per input | transformers ms per input | speed-up (min-max) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     if stage.get("status") != "ok":
         return lines + [f"| {_not_ok(stage)} | | | | |"]
     for row in stage["record"]["results"]:
-        lines.append(f"| {row['task']} | {row['batch']} | {1e3 * row['kiln_s_per_input']:.2f} | "
-                     f"{1e3 * row['reference_s_per_input']:.2f} | {row['speedup']:.2f} "
-                     f"({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |")  # fmt: skip
+        lines.append(
+            f"| {row['task']} | {row['batch']} | {1e3 * row['kiln_s_per_input']:.2f} | "
+            f"{1e3 * row['reference_s_per_input']:.2f} | {row['speedup']:.2f} "
+            f"({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |"
+        )
     return lines
 
 
 def tables(report: dict) -> str:
     m = report["machine"]
-    about = (f"{m['device']}, torch {m['torch']}, transformers {m['transformers']}, accelerate {m['accelerate']}, "
-             f"DeepSpeed {m['deepspeed']}; measured {report['date']} by `{report['command']}`"
-             f"{' (smoke run: tiny shapes, not a measurement)' if report['smoke'] else ''}.")  # fmt: skip
+    about = (
+        f"{m['device']}, torch {m['torch']}, transformers {m['transformers']}, accelerate {m['accelerate']}, "
+        f"DeepSpeed {m['deepspeed']}; measured {report['date']} by `{report['command']}`"
+        f"{' (smoke run: tiny shapes, not a measurement)' if report['smoke'] else ''}."
+    )
     parts = [
         "# GPU measurements",
         "",
@@ -274,13 +414,16 @@ def tables(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     parser.add_argument("--json", default="bench/results/gpu.json", help="the record (default: %(default)s)")
     parser.add_argument("--md", default="docs/results/gpu.md", help="the tables (default: %(default)s)")
     parser.add_argument("--sst2", type=Path, default=DEFAULT_SST2, help="SST-2 folder for stages 4-5")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes: a test of this script, not a measurement")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny shapes: a test of this script, not a measurement"
+    )
     parser.add_argument("--stage", action="append", help="run only these stages (repeatable; default: all)")
     parser.add_argument("--tables", metavar="JSON", help="only remake the Markdown tables from this record")
     args = parser.parse_args(argv)
@@ -293,14 +436,18 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     if not args.smoke and not torch.cuda.is_available():
-        raise SystemExit("bench/gpu.py: torch sees no GPU; run it on a GPU machine, or add --smoke to test the "
-                         "script on this one with tiny shapes")  # fmt: skip
+        raise SystemExit(
+            "bench/gpu.py: torch sees no GPU; run it on a GPU machine, or add --smoke to test the "
+            "script on this one with tiny shapes"
+        )
     work = Path(tempfile.mkdtemp(prefix="kiln-bench-gpu-"))
     try:
         stages = stage_commands(args, work)
         unknown = sorted(set(args.stage or []) - set(stages))
         if unknown:
-            raise SystemExit(f"bench/gpu.py: unknown --stage {', '.join(unknown)}; choose from {', '.join(stages)}")
+            raise SystemExit(
+                f"bench/gpu.py: unknown --stage {', '.join(unknown)}; choose from {', '.join(stages)}"
+            )
         start = time.monotonic()
         report = {
             "date": time.strftime("%Y-%m-%d"),

@@ -42,7 +42,9 @@ from bench.machine import cpu_name  # noqa: E402
 from pretrain.convert import from_transformers  # noqa: E402
 
 # ../shared/data/sst2, resolved against the repository root
-DEFAULT_SST2 = Path(os.environ.get("KILN_SST2", Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"))
+DEFAULT_SST2 = Path(
+    os.environ.get("KILN_SST2", Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2")
+)
 
 SHAPES = {  # layers, hidden, heads
     "tiny": (2, 64, 2),  # the tests
@@ -85,15 +87,25 @@ def build_pair(kind: str, shape: tuple[int, int, int], vocab_size: int, seed: in
     torch.manual_seed(seed)
     if kind == "generate":
         config = transformers.GPT2Config(
-            vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=512,
-            pad_token_id=pad_token_id, bos_token_id=pad_token_id, eos_token_id=pad_token_id,
-        )  # fmt: skip
+            vocab_size=vocab_size,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
+            n_positions=512,
+            pad_token_id=pad_token_id,
+            bos_token_id=pad_token_id,
+            eos_token_id=pad_token_id,
+        )
         reference = transformers.GPT2LMHeadModel(config)
     else:
         config = transformers.BertConfig(
-            vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-            intermediate_size=4 * hidden, pad_token_id=pad_token_id,
-        )  # fmt: skip
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=4 * hidden,
+            pad_token_id=pad_token_id,
+        )
         if kind == "fill-mask":
             reference = transformers.BertForMaskedLM(config)
         else:

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, help="epochs to read (default: as many as the run trains)")
     parser.add_argument("--time", type=int, default=0, metavar="N", help="time steps on the first N batches")
-    parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N steps and the data path")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="profile N steps and the data path"
+    )
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
@@ -66,11 +68,17 @@ def main(argv: list[str] | None = None) -> dict:
     data_cfg, training = config.data, config.training
     with tempfile.TemporaryDirectory(prefix="kiln-bench-padding-") as tmp:
         data_cfg.cache_dir = data_cfg.cache_dir or str(Path(tmp) / "cache")
-        tokenizer = prepare_tokenizer(config.tokenizer, data_cfg, config.model.kind, str(Path(tmp) / "tokenizer"))
+        tokenizer = prepare_tokenizer(
+            config.tokenizer, data_cfg, config.model.kind, str(Path(tmp) / "tokenizer")
+        )
         data = build_pretraining_data(
-            data_cfg, tokenizer, config.model.kind, config.model.objective, seed=training.seed,
+            data_cfg,
+            tokenizer,
+            config.model.kind,
+            config.model.objective,
+            seed=training.seed,
             max_position_embeddings=max(data_cfg.max_seq_length, 512),
-        )  # fmt: skip
+        )
         batch_size = training.per_device_train_batch_size
         examples = len(data.train_dataset(0))
         batches_per_epoch = examples // batch_size
@@ -80,7 +88,9 @@ def main(argv: list[str] | None = None) -> dict:
             else math.ceil(training.num_train_epochs)
         )
         totals = {"batches": 0, "padded": 0, "real": 0, "unrounded": 0}
-        trainer_sampler = Trainer._train_sampler  # the trainer's own choice of sampler (random or length-grouped)
+        trainer_sampler = (
+            Trainer._train_sampler
+        )  # the trainer's own choice of sampler (random or length-grouped)
 
         class _Owner:  # what `_train_sampler` reads of the trainer
             def __init__(self):
@@ -163,7 +173,9 @@ def _time_variants(config, tokenizer, batches: list[dict]) -> dict:
     from pretrain.run import build_model
 
     torch.manual_seed(config.training.seed)
-    base = build_model(config, tokenizer, padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of))
+    base = build_model(
+        config, tokenizer, padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of)
+    )
     check = same_step(base, batches[0])
     models, optimizers = {}, {}
     for name, (unpad, fused) in VARIANTS.items():
@@ -205,7 +217,9 @@ def profile_steps(config, tokenizer, batches: list[dict]) -> dict:
     from throughput import op_profile
 
     torch.manual_seed(config.training.seed)
-    model = build_model(config, tokenizer, padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of))
+    model = build_model(
+        config, tokenizer, padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of)
+    )
     model.train()
     optimizer = adamw(model, config.training, fused=True)
     for batch in batches[:3]:
@@ -215,8 +229,12 @@ def profile_steps(config, tokenizer, batches: list[dict]) -> dict:
             train_step(model, optimizer, batch, config.training.max_grad_norm)
     result = op_profile(prof)
     steps = len(batches) - 3
-    return {"steps": steps, "threads": torch.get_num_threads(), "step_ms": 1000 * result["profiled_self_cpu_s"] / steps,
-            **result}  # fmt: skip
+    return {
+        "steps": steps,
+        "threads": torch.get_num_threads(),
+        "step_ms": 1000 * result["profiled_self_cpu_s"] / steps,
+        **result,
+    }
 
 
 def time_data_path(dataset, collator, batch_size: int, repeats: int = 20) -> dict:
@@ -241,10 +259,17 @@ def time_data_path(dataset, collator, batch_size: int, repeats: int = 20) -> dic
 def adamw(model, training, fused: bool):
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": training.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     options = {"fused": True} if fused else {"foreach": True}
     return torch.optim.AdamW(
-        groups, lr=training.lr, betas=(training.adam_beta1, training.adam_beta2), eps=training.adam_epsilon, **options
+        groups,
+        lr=training.lr,
+        betas=(training.adam_beta1, training.adam_beta2),
+        eps=training.adam_epsilon,
+        **options,
     )
 
 
@@ -275,8 +300,15 @@ def same_step(base, batch: dict) -> dict:
         results[unpad] = (float(loss.detach()), float(norm))
     (loss_a, norm_a), (loss_b, norm_b) = results[False], results[True]
     if abs(loss_a - loss_b) > 1e-4 * max(1.0, abs(loss_a)) or abs(norm_a - norm_b) > 1e-4 * max(1.0, norm_a):
-        raise SystemExit(f"unpadded and padded steps differ: loss {loss_a} vs {loss_b}, grad norm {norm_a} vs {norm_b}")
-    return {"loss_padded": loss_a, "loss_unpadded": loss_b, "grad_norm_padded": norm_a, "grad_norm_unpadded": norm_b}
+        raise SystemExit(
+            f"unpadded and padded steps differ: loss {loss_a} vs {loss_b}, grad norm {norm_a} vs {norm_b}"
+        )
+    return {
+        "loss_padded": loss_a,
+        "loss_unpadded": loss_b,
+        "grad_norm_padded": norm_a,
+        "grad_norm_unpadded": norm_b,
+    }
 
 
 if __name__ == "__main__":

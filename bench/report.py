@@ -42,47 +42,65 @@ def throughput_presets() -> list[dict]:
 
 
 def throughput_table() -> str:
-    lines = ["| shape | Kiln tokens/s | transformers tokens/s | speed-up (min–max over rounds) | rounds | peak MB Kiln / transformers |",
-             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| shape | Kiln tokens/s | transformers tokens/s | speed-up (min–max over rounds) | rounds | peak MB Kiln / transformers |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for p in throughput_presets():
         k, r = p["models"]["kiln"], p["models"]["reference"]
-        lines.append(f"| {preset_label(p)} | {k['tokens_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | **{k['speedup']:.2f}×** "
-                     f"({k['speedup_min']:.2f}–{k['speedup_max']:.2f}) | {p['shape']['rounds']} | "
-                     f"{k['peak_mb']:,.0f} / {r['peak_mb']:,.0f} |")  # fmt: skip
+        lines.append(
+            f"| {preset_label(p)} | {k['tokens_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | **{k['speedup']:.2f}×** "
+            f"({k['speedup_min']:.2f}–{k['speedup_max']:.2f}) | {p['shape']['rounds']} | "
+            f"{k['peak_mb']:,.0f} / {r['peak_mb']:,.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def llama_table() -> str:
     """`bench/throughput.py --preset llama-l4 --preset llama-125m`: the decoder's `llama` preset against
     transformers' LlamaForCausalLM from the same weights, with the machine's load while the rounds ran."""
-    lines = ["| shape | Kiln tokens/s | `LlamaForCausalLM` tokens/s | speed-up (min–max over rounds) | rounds | "
-             "load average while timed | peak MB Kiln / transformers |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| shape | Kiln tokens/s | `LlamaForCausalLM` tokens/s | speed-up (min–max over rounds) | rounds | "
+        "load average while timed | peak MB Kiln / transformers |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for p in bench_record("llama"):
         s, k, r = p["shape"], p["models"]["kiln"], p["models"]["reference"]
-        shape = (f"`llama` L{s['layers']}/H{s['hidden']}/A{s['heads']}, {s['kv_heads']} key/value heads, vocab "
-                 f"{s['vocab']}, batch {s['batch_size']} × {s['seq_len']}")  # fmt: skip
+        shape = (
+            f"`llama` L{s['layers']}/H{s['hidden']}/A{s['heads']}, {s['kv_heads']} key/value heads, vocab "
+            f"{s['vocab']}, batch {s['batch_size']} × {s['seq_len']}"
+        )
         load = p["load_average"]
         peak = f"{k['peak_mb']:,.0f} / {r['peak_mb']:,.0f}" if k.get("peak_mb") and r.get("peak_mb") else "–"
-        lines.append(f"| {shape} | {k['tokens_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | **{k['speedup']:.2f}×** "
-                     f"({k['speedup_min']:.2f}–{k['speedup_max']:.2f}) | {s['rounds']} | {min(load):.1f}–{max(load):.1f} "
-                     f"| {peak} |")  # fmt: skip
+        lines.append(
+            f"| {shape} | {k['tokens_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | **{k['speedup']:.2f}×** "
+            f"({k['speedup_min']:.2f}–{k['speedup_max']:.2f}) | {s['rounds']} | {min(load):.1f}–{max(load):.1f} "
+            f"| {peak} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def mfu_table() -> str:
-    lines = ["| model, batch × 128 | MFU (wall, per-round peak) | MFU (CPU time) | achieved | tokens/s | speed-up (min–max, 3 rounds) |",
-             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| model, batch × 128 | MFU (wall, per-round peak) | MFU (CPU time) | achieved | tokens/s | speed-up (min–max, 3 rounds) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name in ("encoder-l12-mfu-b32", "encoder-l12-mfu-b8"):
         p = bench_record(name)
         batch = p["shape"]["batch_size"]
         for side, label in (("kiln", "Kiln"), ("reference", "transformers `BertForPreTraining`")):
             m = p["models"][side]
             bold = "**" if side == "kiln" else ""
-            speed = (f"**{m['speedup']:.2f}×** ({m['speedup_min']:.2f}–{m['speedup_max']:.2f})" if side == "kiln"
-                     else "1.00")  # fmt: skip
-            lines.append(f"| {bold}{label}, {batch}{bold} | {bold}{100 * m['mfu']:.1f}%{bold} | "
-                         f"{bold}{100 * m['mfu_cpu_time']:.1f}%{bold} | {1000 * m['model_tflops_per_s']:.0f} GFLOP/s | "
-                         f"{m['tokens_per_s']:.0f} | {speed} |")  # fmt: skip
+            speed = (
+                f"**{m['speedup']:.2f}×** ({m['speedup_min']:.2f}–{m['speedup_max']:.2f})"
+                if side == "kiln"
+                else "1.00"
+            )
+            lines.append(
+                f"| {bold}{label}, {batch}{bold} | {bold}{100 * m['mfu']:.1f}%{bold} | "
+                f"{bold}{100 * m['mfu_cpu_time']:.1f}%{bold} | {1000 * m['model_tflops_per_s']:.0f} GFLOP/s | "
+                f"{m['tokens_per_s']:.0f} | {speed} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -95,8 +113,10 @@ def finetune_table(task: str) -> str:
     metric, head_metric = ("dev_accuracy", "dev accuracy") if task == "sst2" else ("dev_f1", "dev entity F1")
     script = "classify.py" if task == "sst2" else "tag.py"
     reference = "BertForSequenceClassification" if task == "sst2" else "BertForTokenClassification"
-    lines = [f"| shape, data | run | examples/s (median) | vs transformers (per round) | {head_metric} |",
-             "|---|---|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"| shape, data | run | examples/s (median) | vs transformers (per round) | {head_metric} |",
+        "|---|---|---:|---:|---:|",
+    ]
     for suffix in ("-mini", ""):
         p = bench_record(f"finetune-{task}{suffix}")
         s = p["shape"]
@@ -104,16 +124,28 @@ def finetune_table(task: str) -> str:
         ref_rate, kiln_rate = _median_rate(p["reference"]), _median_rate(p["kiln"])
         rounds = ", ".join(f"{r:.2f}" for r in p["speedup_rounds"])
         first = suffix == "-mini"
-        lines.append(f"| {shape} | transformers{' `Trainer` + `' + reference + '`' if first else ''} | {ref_rate:,.1f} | 1.00 | "
-                     f"{p['reference'][0][metric]:.3f} |")  # fmt: skip
-        kiln = f"**Kiln `{script}`, defaults** (unpadded encoder, fused AdamW)" if first else "**Kiln, defaults**"
-        lines.append(f"| | {kiln} | **{kiln_rate:,.1f}** | **{p['speedup']:.2f}×** ({rounds}) | {p['kiln'][0][metric]:.3f} |")
-        for name, about in (("padded", "`--model.unpad_inputs false` (padded encoder, fused AdamW)"),
-                            ("grouped", "`--training.group_by_length true` (unpadded, length-grouped batches)")):  # fmt: skip
+        lines.append(
+            f"| {shape} | transformers{' `Trainer` + `' + reference + '`' if first else ''} | {ref_rate:,.1f} | 1.00 | "
+            f"{p['reference'][0][metric]:.3f} |"
+        )
+        kiln = (
+            f"**Kiln `{script}`, defaults** (unpadded encoder, fused AdamW)"
+            if first
+            else "**Kiln, defaults**"
+        )
+        lines.append(
+            f"| | {kiln} | **{kiln_rate:,.1f}** | **{p['speedup']:.2f}×** ({rounds}) | {p['kiln'][0][metric]:.3f} |"
+        )
+        for name, about in (
+            ("padded", "`--model.unpad_inputs false` (padded encoder, fused AdamW)"),
+            ("grouped", "`--training.group_by_length true` (unpadded, length-grouped batches)"),
+        ):
             variant = (p.get("variants") or {}).get(name)
             if variant:
-                lines.append(f"| | Kiln, {about} | {_median_rate(variant['runs']):,.1f} | {variant['speedup']:.2f}× | "
-                             f"{variant['runs'][0][metric]:.3f} |")  # fmt: skip
+                lines.append(
+                    f"| | Kiln, {about} | {_median_rate(variant['runs']):,.1f} | {variant['speedup']:.2f}× | "
+                    f"{variant['runs'][0][metric]:.3f} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -125,16 +157,25 @@ def modernbert_table() -> str:
     """`bench/throughput.py`'s modernbert presets: Kiln's encoder with the modernbert preset against transformers'
     ModernBertForMaskedLM, one process, same weights, MLM at 30% masking; the load average during the timing."""
     records = bench_record("modernbert")
-    lines = ["| shape (batch × tokens) | Kiln tokens/s | `ModernBertForMaskedLM` tokens/s | transformers' logits | "
-             "speed-up (min–max over rounds) | rounds | load average |", "|---|---:|---:|---|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| shape (batch × tokens) | Kiln tokens/s | `ModernBertForMaskedLM` tokens/s | transformers' logits | "
+        "speed-up (min–max over rounds) | rounds | load average |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
     for p in records if isinstance(records, list) else [records]:
         s, k, r = p["shape"], p["models"]["kiln"], p["models"]["reference"]
-        logits = "at masked tokens (`sparse_prediction`)" if p["settings"].get("reference_sparse_prediction") else "dense"
+        logits = (
+            "at masked tokens (`sparse_prediction`)"
+            if p["settings"].get("reference_sparse_prediction")
+            else "dense"
+        )
         load = p["load_average"]
-        lines.append(f"| L{s['layers']}/H{s['hidden']}/A{s['heads']}, vocab {s['vocab']:,} ({s['batch_size']} × "
-                     f"{s['seq_len']}) | {_rate(k['tokens_per_s'])} | {_rate(r['tokens_per_s'])} | {logits} | "
-                     f"**{k['speedup']:.2f}×** ({k['speedup_min']:.2f}–{k['speedup_max']:.2f}) | {s['rounds']} | "
-                     f"{min(load):.0f}–{max(load):.0f} |")  # fmt: skip
+        lines.append(
+            f"| L{s['layers']}/H{s['hidden']}/A{s['heads']}, vocab {s['vocab']:,} ({s['batch_size']} × "
+            f"{s['seq_len']}) | {_rate(k['tokens_per_s'])} | {_rate(r['tokens_per_s'])} | {logits} | "
+            f"**{k['speedup']:.2f}×** ({k['speedup_min']:.2f}–{k['speedup_max']:.2f}) | {s['rounds']} | "
+            f"{min(load):.0f}–{max(load):.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -142,23 +183,32 @@ def padding_table() -> str:
     p = bench_record("padding-encoder-tiny")["timing"]
     variants = p["variants"]
     first = next(iter(variants.values()))
-    lines = [f"| variant, {p['batches']} real batches of the default run (load {p['load_average']:.1f}) | median step | "
-             "real tokens/s | tokens/s against the first row | median of per-batch paired ratios |",
-             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"| variant, {p['batches']} real batches of the default run (load {p['load_average']:.1f}) | median step | "
+        "real tokens/s | tokens/s against the first row | median of per-batch paired ratios |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, v in variants.items():
         label = name.replace("unpadded,", "unpadded (forced),")
         if name == "padded, fused AdamW":
             label += " (**the default run**)"
-        lines.append(f"| {label} | {v['median_step_s']:.3f} s | {v['real_tokens_per_s']:,.0f} | "
-                     f"{v['real_tokens_per_s'] / first['real_tokens_per_s']:.2f}× | {v['speedup']:.2f}× |")
+        lines.append(
+            f"| {label} | {v['median_step_s']:.3f} s | {v['real_tokens_per_s']:,.0f} | "
+            f"{v['real_tokens_per_s'] / first['real_tokens_per_s']:.2f}× | {v['speedup']:.2f}× |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def inference_table() -> str:
-    labels = {"fill-mask": '`pipeline("fill-mask")`', "text-classification": '`pipeline("text-classification")`',
-              "generate": "`generate`, greedy, {n} new tokens, KV cache"}  # fmt: skip
-    lines = ["| task | batch | Kiln ms/input | transformers ms/input | speed-up (min–max over rounds) | rounds |",
-             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    labels = {
+        "fill-mask": '`pipeline("fill-mask")`',
+        "text-classification": '`pipeline("text-classification")`',
+        "generate": "`generate`, greedy, {n} new tokens, KV cache",
+    }
+    lines = [
+        "| task | batch | Kiln ms/input | transformers ms/input | speed-up (min–max over rounds) | rounds |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name in ("inference-encoder", "inference-generate"):
         p = bench_record(name)
         for r in p["results"]:
@@ -166,9 +216,13 @@ def inference_table() -> str:
             kiln, ref = 1000 * r["kiln_s_per_input"], 1000 * r["reference_s_per_input"]
             digits = 0 if kiln >= 100 else (1 if kiln >= 10 else 2)
             speed = f"{r['speedup']:.2f}×"
-            speed = f"**{speed}**" if r["speedup_min"] > 1.1 else speed  # bold where every round is clearly faster
-            lines.append(f"| {label} | {r['batch']} | {kiln:.{digits}f} | {ref:.{digits}f} | {speed} "
-                         f"({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {len(r['kiln_times_s'])} |")  # fmt: skip
+            speed = (
+                f"**{speed}**" if r["speedup_min"] > 1.1 else speed
+            )  # bold where every round is clearly faster
+            lines.append(
+                f"| {label} | {r['batch']} | {kiln:.{digits}f} | {ref:.{digits}f} | {speed} "
+                f"({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {len(r['kiln_times_s'])} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -176,8 +230,11 @@ def data_scale_table() -> str:
     """`bench/data_scale.py`'s rows at one process: `prepare`'s throughput per CPU-second and memory, disk, the first
     step, and the training process's peak anonymous memory (in brackets: the previous version's, where measured).
     Rows of a larger size made of repeated shards (`--repeat-largest`) have no `prepare` columns."""
-    lines = ["| corpus | MB of text per CPU-second | `prepare` peak RSS | prepared on disk | first training step "
-             "(its CPU-s) | training process memory (before) |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| corpus | MB of text per CPU-second | `prepare` peak RSS | prepared on disk | first training step "
+        "(its CPU-s) | training process memory (before) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in bench_record("data-scale")["rows"]:
         if r.get("num_proc", 1) != 1:
             continue
@@ -204,8 +261,10 @@ def num_proc_table() -> str:
     for size in dict.fromkeys(r["corpus_mb"] for r in rows):
         one, two = (next(r for r in rows if r["corpus_mb"] == size and r["num_proc"] == n) for n in (1, 2))
         label = f"{size:g} MB" if size < 1000 else f"{size / 1000:g} GB"
-        lines.append(f"| {label}, {one['files']} files | {one['wall_s']:.1f} s | {two['wall_s']:.1f} s | "
-                     f"{one['wall_s'] / two['wall_s']:.2f}x |")  # fmt: skip
+        lines.append(
+            f"| {label}, {one['files']} files | {one['wall_s']:.1f} s | {two['wall_s']:.1f} s | "
+            f"{one['wall_s'] / two['wall_s']:.2f}x |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -220,7 +279,9 @@ def default_run_time() -> str:
     other jobs the wall clock grows with the load, the CPU-seconds much less."""
     p = bench_record("default-run")
     if "cpu_s" not in p:
-        raise ValueError("bench/results/default-run.json holds no cpu_s: run `python bench/default_run.py` again")
+        raise ValueError(
+            "bench/results/default-run.json holds no cpu_s: run `python bench/default_run.py` again"
+        )
     machine = p["machine"]
     torch = ".".join(p["torch"].split("+")[0].split(".")[:2])
     words = p["command"].split()
@@ -229,12 +290,17 @@ def default_run_time() -> str:
         n = int(words[words.index("--num_cpu_threads_per_process") + 1])
         threads = f", on {'one thread' if n == 1 else f'{n} threads'}"
     before, after = p["load_average_before"][0], p["load_average_after"][0]
-    shared = (", other jobs sharing the cores, so the wall clock is longer than on idle cores"
-              if max(before, after) > machine["cores"] else "")  # fmt: skip
-    return (f"The default run took **{_minutes(p['wall_s'])}** end to end and **{p['cpu_s']:,.0f} CPU-seconds** "
-            f"(one process on a {machine['cores']}-core CPU{threads}, torch {torch}, {p['date_utc'][:10]}; load "
-            f"average {before:.1f} at the start and {after:.1f} at the end{shared}; `python bench/default_run.py` "
-            "measures it again).\n")
+    shared = (
+        ", other jobs sharing the cores, so the wall clock is longer than on idle cores"
+        if max(before, after) > machine["cores"]
+        else ""
+    )
+    return (
+        f"The default run took **{_minutes(p['wall_s'])}** end to end and **{p['cpu_s']:,.0f} CPU-seconds** "
+        f"(one process on a {machine['cores']}-core CPU{threads}, torch {torch}, {p['date_utc'][:10]}; load "
+        f"average {before:.1f} at the start and {after:.1f} at the end{shared}; `python bench/default_run.py` "
+        "measures it again).\n"
+    )
 
 
 def default_run_table() -> str:
@@ -242,17 +308,23 @@ def default_run_table() -> str:
     p = bench_record("default-run")
     machine = p["machine"]
     torch = ".".join(p["torch"].split("+")[0].split(".")[:2])
-    lines = [f"What that run printed ({machine['cores']}-core CPU, torch {torch}, {p['date_utc'][:10]}; the thread "
-             "count and the load change the time, not these numbers):", "",
-             "| step | train loss (MLM + NSP) | eval MLM loss | eval MLM accuracy | eval NSP accuracy |",
-             "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"What that run printed ({machine['cores']}-core CPU, torch {torch}, {p['date_utc'][:10]}; the thread "
+        "count and the load change the time, not these numbers):",
+        "",
+        "| step | train loss (MLM + NSP) | eval MLM loss | eval MLM accuracy | eval NSP accuracy |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for step in p["steps"]:
         train = next(r for r in p["rows"] if r["step"] == step and "train/loss" in r)
         evaluation = next((r for r in p["rows"] if r["step"] == step and "eval/mlm_loss" in r), None)
         cells = [str(step), f"{train['train/loss']:.2f}"]
         if evaluation:
-            cells += [f"{evaluation['eval/mlm_loss']:.3f}", f"{100 * evaluation['eval/mlm_accuracy']:.1f}%",
-                      f"{100 * evaluation['eval/nsp_accuracy']:.1f}%"]  # fmt: skip
+            cells += [
+                f"{evaluation['eval/mlm_loss']:.3f}",
+                f"{100 * evaluation['eval/mlm_accuracy']:.1f}%",
+                f"{100 * evaluation['eval/nsp_accuracy']:.1f}%",
+            ]
         else:
             cells += ["", "", ""]
         lines.append("| " + " | ".join(cells) + " |")
@@ -271,14 +343,18 @@ def _shipped_result(row: dict) -> str:
     """A row's test metrics, as its task reports them."""
     t, name = row["test"], row["name"]
     if name.startswith("classify"):
-        return (f"accuracy {t['accuracy']:.3f}, macro F1 {t['f1']:.3f}, MCC {t['matthews_correlation']:.3f} "
-                f"(chance: {1 / row['labels']:.2f})")  # fmt: skip
+        return (
+            f"accuracy {t['accuracy']:.3f}, macro F1 {t['f1']:.3f}, MCC {t['matthews_correlation']:.3f} "
+            f"(chance: {1 / row['labels']:.2f})"
+        )
     if name == "sst2":
         return f"accuracy {t['accuracy']:.3f}, F1 {t['f1']:.3f}, MCC {t['matthews_correlation']:.3f}"
     if name == "tag":
         return f"token accuracy {t['accuracy']:.3f}"
     if name == "conll2003":
-        types = ", ".join(f"{kind} {t[f'{kind}_f1']:.3f}" for kind in ("LOC", "ORG", "PER", "MISC") if f"{kind}_f1" in t)
+        types = ", ".join(
+            f"{kind} {t[f'{kind}_f1']:.3f}" for kind in ("LOC", "ORG", "PER", "MISC") if f"{kind}_f1" in t
+        )
         return f"entity F1 {t['f1']:.3f} (P {t['precision']:.3f}, R {t['recall']:.3f}; {types})"
     if name.startswith("seq2seq"):
         return f"ROUGE-1 {t['rouge1']:.3f}, ROUGE-2 {t['rouge2']:.3f}, ROUGE-L {t['rougeL']:.3f}"
@@ -291,22 +367,36 @@ def shipped_commands_table() -> str:
     """`bench/shipped_commands.py`'s record: the fine-tuning commands of docs/finetuning.md, their time and results."""
     p = bench_record("shipped-commands")
     if p["quick"]:
-        raise ValueError("bench/results/shipped-commands.json is a --quick record (a check, not a measurement)")
+        raise ValueError(
+            "bench/results/shipped-commands.json is a --quick record (a check, not a measurement)"
+        )
     torch = ".".join(p["torch"].split("+")[0].split(".")[:2])
     rows = {row["name"]: row for row in p["rows"]}
     threads = sorted({row["threads"] for row in p["rows"]})
     pre = p["pretrained"]
-    made = " and ".join(f"{pre[kind]['parameters'] / 1e6:.1f}M" for kind in ("encoder", "decoder")
-                        if kind in pre and "parameters" in pre[kind])  # fmt: skip
+    made = " and ".join(
+        f"{pre[kind]['parameters'] / 1e6:.1f}M"
+        for kind in ("encoder", "decoder")
+        if kind in pre and "parameters" in pre[kind]
+    )
     offline = sum(row["offline"] for row in p["rows"])
-    intro = (f"What these commands gave ({p['machine']['cores']}-core CPU, {' or '.join(threads)} threads per "
-             f"process, torch {torch}, {p['date_utc'][:10]}; load average {p['load_average_start'][0]:.1f} at the "
-             f"start and {p['load_average_end'][0]:.1f} at the end, one command at a time, each in a fresh folder; "
-             + ("from pretrained checkpoints given to the script" if any("given" in f for f in pre.values())
-                else f"from the default pretrained checkpoints above ({made} parameters), which their commands made first")
-             + (f"; the last {'row reads a local copy' if offline == 1 else f'{_WORDS[offline]} rows read local copies'} of "
-                "the full sets through the offline configs (`configs/finetune/offline/`)" if offline else "")
-             + "):")  # fmt: skip
+    intro = (
+        f"What these commands gave ({p['machine']['cores']}-core CPU, {' or '.join(threads)} threads per "
+        f"process, torch {torch}, {p['date_utc'][:10]}; load average {p['load_average_start'][0]:.1f} at the "
+        f"start and {p['load_average_end'][0]:.1f} at the end, one command at a time, each in a fresh folder; "
+        + (
+            "from pretrained checkpoints given to the script"
+            if any("given" in f for f in pre.values())
+            else f"from the default pretrained checkpoints above ({made} parameters), which their commands made first"
+        )
+        + (
+            f"; the last {'row reads a local copy' if offline == 1 else f'{_WORDS[offline]} rows read local copies'} of "
+            "the full sets through the offline configs (`configs/finetune/offline/`)"
+            if offline
+            else ""
+        )
+        + "):"
+    )
     lines = [intro, "", "| command | data | time | result (test split) |", "|---|---|---:|---|"]
     previous = None
     for row in p["rows"]:
@@ -319,15 +409,19 @@ def shipped_commands_table() -> str:
     notes = []
     if "classify" in rows and "classify-padded" in rows:
         default, padded = rows["classify"]["test"]["accuracy"], rows["classify-padded"]["test"]["accuracy"]
-        notes.append(f"`--model.unpad_inputs false` (the padded encoder: the same start, data and steps, its dropout "
-                     f"masks drawn in another layout) gave accuracy {padded:.3f} against {default:.3f}: on "
-                     f"{rows['classify']['train_examples']:,} training sentences, dropout alone moves the authorship "
-                     f"result by {100 * abs(padded - default):.1f} points.")  # fmt: skip
+        notes.append(
+            f"`--model.unpad_inputs false` (the padded encoder: the same start, data and steps, its dropout "
+            f"masks drawn in another layout) gave accuracy {padded:.3f} against {default:.3f}: on "
+            f"{rows['classify']['train_examples']:,} training sentences, dropout alone moves the authorship "
+            f"result by {100 * abs(padded - default):.1f} points."
+        )
     if "seq2seq" in rows and "seq2seq-scratch" in rows:
         pretrained, scratch = rows["seq2seq"]["test"]["rougeL"], rows["seq2seq-scratch"]["test"]["rougeL"]
         verdict = "beats" if pretrained > scratch else "does not beat"
-        notes.append(f"The pretrained seq2seq {verdict} the same shapes from scratch (ROUGE-L {pretrained:.3f} "
-                     f"against {scratch:.3f}).")  # fmt: skip
+        notes.append(
+            f"The pretrained seq2seq {verdict} the same shapes from scratch (ROUGE-L {pretrained:.3f} "
+            f"against {scratch:.3f})."
+        )
     if p["skipped"]:
         notes.append(f"Not run (no local copy): {', '.join(sorted(p['skipped']))}.")
     return "\n".join(lines) + "\n" + ("\n" + " ".join(notes) + "\n" if notes else "")
@@ -353,26 +447,35 @@ def threads_table() -> str:
         raise ValueError("bench/results/threads.json is a --quick record (a check, not a measurement)")
     one, per_core = p["runs"]
     torch = ".".join(p["torch"].split("+")[0].split(".")[:2])
-    lines = [f"Measured on a {p['machine']['cores']}-core CPU (torch {torch}, {p['date_utc'][:10]}; load average "
-             f"{p['load_average_before'][0]:.1f} before the first run and {p['load_average_after'][0]:.1f} after the "
-             f"last), `{p['command']}` without a config, pinned to one thread (`OMP_NUM_THREADS=1`) against Kiln's "
-             "default of a thread per core:", "",
-             "| threads | real tokens/s (median of logged windows) | training loop | end to end |",
-             "|---|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"Measured on a {p['machine']['cores']}-core CPU (torch {torch}, {p['date_utc'][:10]}; load average "
+        f"{p['load_average_before'][0]:.1f} before the first run and {p['load_average_after'][0]:.1f} after the "
+        f"last), `{p['command']}` without a config, pinned to one thread (`OMP_NUM_THREADS=1`) against Kiln's "
+        "default of a thread per core:",
+        "",
+        "| threads | real tokens/s (median of logged windows) | training loop | end to end |",
+        "|---|---:|---:|---:|",
+    ]
     speedup = per_core["tokens_per_s_median"] / one["tokens_per_s_median"]
-    lines.append(f"| {one['threads']} | {one['tokens_per_s_median']:,.0f} | {_clock(one['training_loop_s'])} | "
-                 f"{_clock(one['wall_s'])} |")  # fmt: skip
-    lines.append(f"| a thread per core ({per_core['threads']}) | {per_core['tokens_per_s_median']:,.0f} "
-                 f"(**{speedup:.2f}×**) | {_clock(per_core['training_loop_s'])} | {_clock(per_core['wall_s'])} |")  # fmt: skip
+    lines.append(
+        f"| {one['threads']} | {one['tokens_per_s_median']:,.0f} | {_clock(one['training_loop_s'])} | "
+        f"{_clock(one['wall_s'])} |"
+    )
+    lines.append(
+        f"| a thread per core ({per_core['threads']}) | {per_core['tokens_per_s_median']:,.0f} "
+        f"(**{speedup:.2f}×**) | {_clock(per_core['training_loop_s'])} | {_clock(per_core['wall_s'])} |"
+    )
     a, b = one["last_eval"]["eval/mlm_loss"], per_core["last_eval"]["eval/mlm_loss"]
     digits = agreeing_digits(a, b)
     step = one["last_eval"]["step"]
     if digits is None:
         same = f"The two runs' eval MLM loss at step {step} was the same ({a:.6f})."
     else:
-        same = (f"The two runs' eval MLM loss at step {step} agreed to {digits} significant digits ({a:.{digits + 2}g} "
-                f"and {b:.{digits + 2}g}): {'two threads sum' if per_core['threads'] == 2 else 'more threads sum'} "
-                "in a different order.")  # fmt: skip
+        same = (
+            f"The two runs' eval MLM loss at step {step} agreed to {digits} significant digits ({a:.{digits + 2}g} "
+            f"and {b:.{digits + 2}g}): {'two threads sum' if per_core['threads'] == 2 else 'more threads sum'} "
+            "in a different order."
+        )
     return "\n".join(lines) + "\n\n" + same + "\n"
 
 
@@ -394,10 +497,14 @@ TABLES = {
 }
 
 
-MEASURED_BY = {"default-run": "python bench/default_run.py", "default-run-time": "python bench/default_run.py", "shipped-commands": "python bench/shipped_commands.py",
-               "threads": "python bench/threads.py",
-               "modernbert": "python bench/throughput.py --preset modernbert-tiny --preset modernbert-base --json bench/results/modernbert.json",
-               "llama": "python bench/throughput.py --preset llama-l4 --preset llama-125m --json bench/results/llama.json"}  # fmt: skip
+MEASURED_BY = {
+    "default-run": "python bench/default_run.py",
+    "default-run-time": "python bench/default_run.py",
+    "shipped-commands": "python bench/shipped_commands.py",
+    "threads": "python bench/threads.py",
+    "modernbert": "python bench/throughput.py --preset modernbert-tiny --preset modernbert-base --json bench/results/modernbert.json",
+    "llama": "python bench/throughput.py --preset llama-l4 --preset llama-125m --json bench/results/llama.json",
+}
 """The command that writes a table's record, where it is one script."""
 
 
@@ -410,8 +517,10 @@ def update(page: Path) -> list[str]:
             try:
                 table = make()
             except FileNotFoundError as missing:  # a table whose measurement has not been run yet
-                raise SystemExit(f"error: {page}'s {name} table needs {missing.filename}, which is not there: run "
-                                 f"`{MEASURED_BY.get(name, 'its benchmark script')}` first") from None  # fmt: skip
+                raise SystemExit(
+                    f"error: {page}'s {name} table needs {missing.filename}, which is not there: run "
+                    f"`{MEASURED_BY.get(name, 'its benchmark script')}` first"
+                ) from None
             block = f"{BEGIN}{name} -->\n{table}{END}"
             text = pattern.sub(lambda _, block=block: block, text)
             names.append(name)
@@ -427,7 +536,9 @@ def generated_blocks(page: Path) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--update", nargs="*", type=Path, default=[], help="pages whose generated tables to rewrite")
+    parser.add_argument(
+        "--update", nargs="*", type=Path, default=[], help="pages whose generated tables to rewrite"
+    )
     args = parser.parse_args(argv)
     for page in args.update:
         names = update(page)

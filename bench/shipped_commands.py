@@ -57,30 +57,72 @@ class Row:
 
 ROWS = (
     Row("classify", "finetune/classify.py", data="{train:,} train sentences, {labels} authors"),
-    Row("classify-padded", "finetune/classify.py", ("--model.unpad_inputs", "false"),
-        data="{train:,} train sentences, {labels} authors"),
+    Row(
+        "classify-padded",
+        "finetune/classify.py",
+        ("--model.unpad_inputs", "false"),
+        data="{train:,} train sentences, {labels} authors",
+    ),
     Row("tag", "finetune/tag.py", data="{train:,} train sentences, {labels} UPOS tags"),
     Row("seq2seq", "finetune/seq2seq.py", needs=("encoder", "decoder"), data="{train:,} train abstracts"),
-    Row("seq2seq-scratch", "finetune/seq2seq.py", ("--model.from_scratch",), needs=("encoder", "decoder"),
-        data="{train:,} train abstracts"),
-    Row("sst2", "finetune/classify.py",
+    Row(
+        "seq2seq-scratch",
+        "finetune/seq2seq.py",
+        ("--model.from_scratch",),
+        needs=("encoder", "decoder"),
+        data="{train:,} train abstracts",
+    ),
+    Row(
+        "sst2",
+        "finetune/classify.py",
         ("--config", "configs/finetune/offline/classify-sst2.yaml", "--training.num_train_epochs", "1"),
-        data="SST-2, {train_k}k sentences, labelled test file", offline=True),
-    Row("conll2003", "finetune/tag.py", ("--config", "configs/finetune/offline/tag-conll2003.yaml"),
-        data="CoNLL-2003 NER, {train_k}k sentences, {epochs} epochs", offline=True),
-    Row("multi30k", "finetune/seq2seq.py",
+        data="SST-2, {train_k}k sentences, labelled test file",
+        offline=True,
+    ),
+    Row(
+        "conll2003",
+        "finetune/tag.py",
+        ("--config", "configs/finetune/offline/tag-conll2003.yaml"),
+        data="CoNLL-2003 NER, {train_k}k sentences, {epochs} epochs",
+        offline=True,
+    ),
+    Row(
+        "multi30k",
+        "finetune/seq2seq.py",
         ("--config", "configs/finetune/offline/seq2seq-multi30k.yaml", "--training.num_train_epochs", "1"),
-        needs=("encoder", "decoder"), data="Multi30k en→de, {train_k}k pairs", offline=True),
-)  # fmt: skip
+        needs=("encoder", "decoder"),
+        data="Multi30k en→de, {train_k}k pairs",
+        offline=True,
+    ),
+)
 PRETRAIN = {
     "encoder": ("pretrain/run.py",),
     "decoder": ("pretrain/run.py", "--config", "configs/pretrain/decoder-tiny.yaml"),
 }
-FOLDERS = {"encoder": "encoder-tiny", "decoder": "decoder-tiny"}  # the runs/ folders the pretraining commands fill
-QUICK_PRETRAIN = ("--training.max_steps", "3", "--training.eval_steps", "3", "--training.save_steps", "3",
-                  "--training.max_eval_batches", "1")  # fmt: skip
-QUICK_FINETUNE = ("--training.max_steps", "2", "--data.max_train_samples", "32", "--data.max_eval_samples", "16",
-                  "--data.max_predict_samples", "16")  # fmt: skip
+FOLDERS = {
+    "encoder": "encoder-tiny",
+    "decoder": "decoder-tiny",
+}  # the runs/ folders the pretraining commands fill
+QUICK_PRETRAIN = (
+    "--training.max_steps",
+    "3",
+    "--training.eval_steps",
+    "3",
+    "--training.save_steps",
+    "3",
+    "--training.max_eval_batches",
+    "1",
+)
+QUICK_FINETUNE = (
+    "--training.max_steps",
+    "2",
+    "--data.max_train_samples",
+    "32",
+    "--data.max_eval_samples",
+    "16",
+    "--data.max_predict_samples",
+    "16",
+)
 QUICK_SEQ2SEQ = ("--generation.max_new_tokens", "8", "--generation.num_beams", "1")
 
 
@@ -111,16 +153,27 @@ def launch(script: str, args: tuple[str, ...], cwd: Path, log: Path) -> tuple[fl
     are relative to the folder the command runs in."""
     if not (cwd / "configs").exists():
         (cwd / "configs").symlink_to(REPO / "configs", target_is_directory=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "PYTHONUNBUFFERED": "1",
+    }
     start = time.perf_counter()
-    done = subprocess.run([*LAUNCH, str(REPO / script), *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    done = subprocess.run(
+        [*LAUNCH, str(REPO / script), *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     wall = time.perf_counter() - start
     log.write_text(done.stdout)
     if done.returncode != 0:
         tail = "\n".join(done.stdout.splitlines()[-30:])
-        raise SystemExit(f"error: `{documented(script, args)}` failed ({done.returncode}) in {cwd}; its log: {log}\n{tail}")
+        raise SystemExit(
+            f"error: `{documented(script, args)}` failed ({done.returncode}) in {cwd}; its log: {log}\n{tail}"
+        )
     return wall, done.stdout
 
 
@@ -150,7 +203,9 @@ def run_folder(cwd: Path) -> Path:
     """The one run folder a command made under cwd/runs (the pretrained ones are links)."""
     made = [p for p in (cwd / "runs").iterdir() if not p.is_symlink()]
     if len(made) != 1:
-        raise SystemExit(f"error: expected one new run folder in {cwd / 'runs'}, found {[p.name for p in made]}")
+        raise SystemExit(
+            f"error: expected one new run folder in {cwd / 'runs'}, found {[p.name for p in made]}"
+        )
     return made[0]
 
 
@@ -194,7 +249,9 @@ def finetune(row: Row, work: Path, pretrained: dict[str, Path], quick: bool) -> 
         "name": row.name,
         "command": documented(row.script, row.args),
         "offline": row.offline,
-        "data": row.data.format(train=train, train_k=round(train / 1000), labels=labels, epochs=f"{epochs:g}"),
+        "data": row.data.format(
+            train=train, train_k=round(train / 1000), labels=labels, epochs=f"{epochs:g}"
+        ),
         "train_examples": train,
         "labels": labels or None,
         "num_train_epochs": epochs,
@@ -221,8 +278,13 @@ def run_rows(names: list[str], work: Path, quick: bool, given: dict[str, Path]) 
         "quick": quick,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit.stdout.strip(),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "system": platform.system(),
-                    "python": platform.python_version(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},  # fmt: skip
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "system": platform.system(),
+            "python": platform.python_version(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        },
         "torch": torch.__version__,
         "load_average_start": load_average(),
         "output": "a new folder per command, beside a folder of the two pretraining runs",
@@ -231,7 +293,10 @@ def run_rows(names: list[str], work: Path, quick: bool, given: dict[str, Path]) 
     for kind in sorted({kind for row in rows for kind in row.needs}):
         if kind in given:
             pretrained[kind] = given[kind].resolve().parent  # the run folder of a given final/
-            facts[kind] = {"given": f"--{kind}", "parameters": parameters(given[kind])}  # not the path: no machine folders
+            facts[kind] = {
+                "given": f"--{kind}",
+                "parameters": parameters(given[kind]),
+            }  # not the path: no machine folders
         else:
             facts[kind] = pretrain(kind, work, quick)
             pretrained[kind] = facts[kind].pop("folder")
@@ -244,22 +309,37 @@ def run_rows(names: list[str], work: Path, quick: bool, given: dict[str, Path]) 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", help=f"comma-separated rows to run (default: all): {','.join(r.name for r in ROWS)}")
-    parser.add_argument("--quick", action="store_true", help="a few steps on a few examples: checks the script, "
-                        "measures nothing (needs --json)")  # fmt: skip
+    parser.add_argument(
+        "--only", help=f"comma-separated rows to run (default: all): {','.join(r.name for r in ROWS)}"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few steps on a few examples: checks the script, measures nothing (needs --json)",
+    )
     parser.add_argument("--json", type=Path, help="the record (default: bench/results/shipped-commands.json)")
-    parser.add_argument("--encoder", type=Path, help="an encoder final/ folder to start from instead of running "
-                        "the pretraining command (the record says so)")  # fmt: skip
+    parser.add_argument(
+        "--encoder",
+        type=Path,
+        help="an encoder final/ folder to start from instead of running "
+        "the pretraining command (the record says so)",
+    )
     parser.add_argument("--decoder", type=Path, help="likewise, a decoder final/ folder")
-    parser.add_argument("--keep", type=Path, help="run in this new folder and keep it (default: a temporary one)")
+    parser.add_argument(
+        "--keep", type=Path, help="run in this new folder and keep it (default: a temporary one)"
+    )
     args = parser.parse_args(argv)
     known = [row.name for row in ROWS]
     names = known if not args.only else [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in names if name not in known]
     if unknown or not names:
-        parser.error(f"--only: unknown row(s) {', '.join(unknown) or '(none given)'}; rows: {', '.join(known)}")
+        parser.error(
+            f"--only: unknown row(s) {', '.join(unknown) or '(none given)'}; rows: {', '.join(known)}"
+        )
     if args.quick and args.json is None:
-        parser.error("--quick measures nothing: give --json for its record (the default record is the measurement)")
+        parser.error(
+            "--quick measures nothing: give --json for its record (the default record is the measurement)"
+        )
     given = {kind: path for kind, path in (("encoder", args.encoder), ("decoder", args.decoder)) if path}
     for kind, path in given.items():
         if not (path / "config.json").is_file():
@@ -279,8 +359,10 @@ def main(argv: list[str] | None = None) -> None:
     out.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     for row in record["rows"]:
         print(f"{row['name']}: {row['wall_s']:.0f} s, test {json.dumps(row['test'])[:200]}")
-    print(f"{out}: {len(record['rows'])} rows, {len(record['skipped'])} skipped, load average "
-          f"{record['load_average_start'][0]:.1f} -> {record['load_average_end'][0]:.1f}")  # fmt: skip
+    print(
+        f"{out}: {len(record['rows'])} rows, {len(record['skipped'])} skipped, load average "
+        f"{record['load_average_start'][0]:.1f} -> {record['load_average_end'][0]:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -36,20 +36,37 @@ from bench.machine import cpu_name  # noqa: E402
 
 LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # = `accelerate launch`
 COMMAND = "accelerate launch pretrain/run.py"
-QUICK = ("--training.max_steps", "6", "--training.eval_steps", "6", "--training.save_steps", "6",
-         "--training.max_eval_batches", "1", "--logging.logging_steps", "2")  # fmt: skip
+QUICK = (
+    "--training.max_steps",
+    "6",
+    "--training.eval_steps",
+    "6",
+    "--training.save_steps",
+    "6",
+    "--training.max_eval_batches",
+    "1",
+    "--logging.logging_steps",
+    "2",
+)
 RUNS = {"one thread": {"OMP_NUM_THREADS": "1"}, "a thread per core": {}}  # what each run's environment sets
 
 
 def one_run(label: str, env_set: dict[str, str], work: Path, quick: bool) -> dict:
     out = work / label.replace(" ", "-")
     env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
-    env.update({"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                "PYTHONUNBUFFERED": "1", **env_set})  # fmt: skip
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1",
+            **env_set,
+        }
+    )
     command = [*LAUNCH, "pretrain/run.py", "--training.output_dir", str(out), *(QUICK if quick else ())]
     print(f"{label}: {' '.join(f'{k}={v}' for k, v in env_set.items())} {COMMAND}".strip(), flush=True)
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         tail = "\n".join(done.stdout.splitlines()[-30:])
@@ -58,7 +75,9 @@ def one_run(label: str, env_set: dict[str, str], work: Path, quick: bool) -> dic
 
     threads = re.search(r"device = cpu, (\d+) threads? per process", done.stdout)
     if not threads:
-        raise SystemExit(f"error: the {label} run printed no thread count ('device = cpu, N threads per process')")
+        raise SystemExit(
+            f"error: the {label} run printed no thread count ('device = cpu, N threads per process')"
+        )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     windows = [row["train/tokens_per_s"] for row in rows if "train/tokens_per_s" in row]
     evaluations = [row for row in rows if "eval/mlm_loss" in row]
@@ -86,8 +105,12 @@ def run_both_thread_counts(quick: bool) -> dict:
         "output_dir": "a new temporary folder per run (--training.output_dir)",
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit.stdout.strip(),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "system": platform.system(),
-                    "python": platform.python_version()},  # fmt: skip
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "system": platform.system(),
+            "python": platform.python_version(),
+        },
         "torch": torch.__version__,
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
     }
@@ -100,18 +123,25 @@ def run_both_thread_counts(quick: bool) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="the record (default: bench/results/threads.json)")
-    parser.add_argument("--quick", action="store_true", help="a few steps: checks the script, measures nothing "
-                        "(needs --json)")  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true", help="a few steps: checks the script, measures nothing (needs --json)"
+    )
     args = parser.parse_args(argv)
     if args.quick and args.json is None:
-        parser.error("--quick measures nothing: give --json for its record (the default record is the measurement)")
+        parser.error(
+            "--quick measures nothing: give --json for its record (the default record is the measurement)"
+        )
     record = run_both_thread_counts(args.quick)
     out = args.json or REPO / "bench/results/threads.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
     for run in record["runs"]:
-        print(f"{run['label']} ({run['threads']}): {run['tokens_per_s_median']:,.0f} tokens/s, loop "
-              f"{run['training_loop_s']:.0f} s, end to end {run['wall_s']:.0f} s")  # fmt: skip
-    print(f"{out}: load average {record['load_average_before'][0]:.1f} -> {record['load_average_after'][0]:.1f}")
+        print(
+            f"{run['label']} ({run['threads']}): {run['tokens_per_s_median']:,.0f} tokens/s, loop "
+            f"{run['training_loop_s']:.0f} s, end to end {run['wall_s']:.0f} s"
+        )
+    print(
+        f"{out}: load average {record['load_average_before'][0]:.1f} -> {record['load_average_after'][0]:.1f}"
+    )
 
 
 if __name__ == "__main__":

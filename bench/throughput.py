@@ -174,10 +174,14 @@ def build_reference(
             num_attention_heads=preset.heads,
             intermediate_size=3 * preset.hidden // 2,  # ModernBERT-base's 1152 at 768
             max_position_embeddings=max(1024, preset.seq_len),
-            pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            cls_token_id=1,
+            sep_token_id=2,
             sparse_prediction=sparse_reference,
             attn_implementation="sdpa",
-        )  # fmt: skip
+        )
         return transformers.ModernBertForMaskedLM(config).to(device).train()
     if preset.kind == "encoder":
         config = transformers.BertConfig(
@@ -390,7 +394,9 @@ def memory_probe(spec: dict) -> dict:
     preset = Preset(**spec["preset"])
     device = torch.device("cpu")
     baseline = _rss_kib("VmRSS")
-    reference = build_reference(preset, spec["vocab_multiple"], spec["seed"], device, spec["reference_sparse"])
+    reference = build_reference(
+        preset, spec["vocab_multiple"], spec["seed"], device, spec["reference_sparse"]
+    )
     if spec["model"] == "reference":
         model = reference
     else:
@@ -493,15 +499,49 @@ OP_CATEGORIES = [
     ("layer norm", ("layer_norm",)),
     ("GELU", ("gelu",)),
     ("dropout / random masks", ("bernoulli", "dropout", "random_", "uniform_", "bitwise", "rand")),
-    ("matmul (linear layers, LM head)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
-                                         "aten::linear", "aten::_addmm_activation")),  # fmt: skip
+    (
+        "matmul (linear layers, LM head)",
+        (
+            "aten::mm",
+            "aten::addmm",
+            "aten::bmm",
+            "aten::baddbmm",
+            "aten::matmul",
+            "aten::linear",
+            "aten::_addmm_activation",
+        ),
+    ),
     ("loss (cross-entropy)", ("nll_loss", "log_softmax", "cross_entropy")),
     ("embedding", ("embedding",)),
     ("optimizer (AdamW)", ("_fused_adam", "_foreach_", "adamw")),
-    ("copies / layout", ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::index",
-                         "aten::masked", "aten::nonzero", "aten::where", "aten::fill_", "aten::zero_")),  # fmt: skip
-    ("elementwise (add, mul, ...)", ("aten::add", "aten::mul", "aten::div", "aten::sub", "aten::sum",
-                                     "aten::tanh", "aten::pow", "aten::sqrt")),  # fmt: skip
+    (
+        "copies / layout",
+        (
+            "aten::copy_",
+            "aten::clone",
+            "aten::contiguous",
+            "aten::cat",
+            "aten::index",
+            "aten::masked",
+            "aten::nonzero",
+            "aten::where",
+            "aten::fill_",
+            "aten::zero_",
+        ),
+    ),
+    (
+        "elementwise (add, mul, ...)",
+        (
+            "aten::add",
+            "aten::mul",
+            "aten::div",
+            "aten::sub",
+            "aten::sum",
+            "aten::tanh",
+            "aten::pow",
+            "aten::sqrt",
+        ),
+    ),
 ]
 PHASES = ("forward", "backward", "optimizer")
 
@@ -760,7 +800,9 @@ def print_table(results: list[dict]) -> None:
                 if m.get("mfu_cpu_time") is not None
             )
             if cpu_mfu:
-                print(f"MFU in CPU time [{result['preset']}] (FLOPs per CPU-second / the matmul's): {cpu_mfu}")
+                print(
+                    f"MFU in CPU time [{result['preset']}] (FLOPs per CPU-second / the matmul's): {cpu_mfu}"
+                )
             print(
                 f"MFU [{result['preset']}]: model FLOP/s / peak {result['peak_flops'] / 1e12:.3f} TFLOP/s "
                 f"({result['peak_source']}; per-round matmul rates "
@@ -858,7 +900,9 @@ def main(argv: list[str] | None = None) -> None:
         "--matmul-repeats", type=int, default=3, help="matmuls per round, best kept (0: do not measure)"
     )
     parser.add_argument(
-        "--profile", action="store_true", help="after timing, profile one more step per model (torch.profiler)"
+        "--profile",
+        action="store_true",
+        help="after timing, profile one more step per model (torch.profiler)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results to this file")

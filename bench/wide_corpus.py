@@ -80,7 +80,9 @@ class WideCorpus:
         if kind == 2:
             return f"{py.randrange(1000)}.{n % 10_000:04d}"
         if kind == 3:
-            return f"https://w{py.randrange(100)}.example.org/wiki/{py.choice(self.name_parts).capitalize()}_{n}"
+            return (
+                f"https://w{py.randrange(100)}.example.org/wiki/{py.choice(self.name_parts).capitalize()}_{n}"
+            )
         if kind == 4:
             return f"@{py.choice(self.name_parts)}_{n}"
         return f"{1900 + n % 125}-{1 + n % 12:02d}-{1 + n % 28:02d}"
@@ -90,7 +92,9 @@ class WideCorpus:
         sentences_per_doc = rng.integers(2, 12, size=count)
         sentence_lengths = rng.integers(4, 33, size=int(sentences_per_doc.sum()))
         total = int(sentence_lengths.sum())
-        ranks = np.searchsorted(self.cumulative, rng.random(total), side="right").clip(max=len(self.plain) - 1)
+        ranks = np.searchsorted(self.cumulative, rng.random(total), side="right").clip(
+            max=len(self.plain) - 1
+        )
         ends = np.cumsum(sentence_lengths)
         starts = ends - sentence_lengths
         words = self.plain[ranks]

@@ -42,7 +42,9 @@ def count_corpus(patterns: list[str]) -> tuple[Counter, Counter]:
     bigrams: Counter = Counter()
     files = sorted({path for pattern in patterns for path in glob.glob(pattern)})
     if not files:
-        sys.exit(f"error: no corpus file matches {' '.join(patterns)}; build it with python experiments/make_corpus.py")
+        sys.exit(
+            f"error: no corpus file matches {' '.join(patterns)}; build it with python experiments/make_corpus.py"
+        )
     for path in files:
         with open(path, encoding="utf-8") as lines:
             for line in lines:
@@ -62,7 +64,10 @@ def scorers(unigrams: Counter, bigrams: Counter):
 
     def bigram(sentence: str) -> float:
         tokens = words(sentence)
-        return sum(math.log((bigrams[(a, b)] + 1) / (unigrams[a] + vocabulary)) for a, b in zip([START, *tokens], tokens))
+        return sum(
+            math.log((bigrams[(a, b)] + 1) / (unigrams[a] + vocabulary))
+            for a, b in zip([START, *tokens], tokens)
+        )
 
     return {"unigram": unigram, "bigram": bigram}
 
@@ -71,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(REPO))
     from pretrain.zero_shot.blimp import blimp_accuracies, read_blimp
 
-    parser = argparse.ArgumentParser(prog="python experiments/blimp_frequency.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python experiments/blimp_frequency.py", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--corpus", nargs="+", required=True, help="globs of the corpus's text files")
     parser.add_argument("--data", required=True, help="BLiMP's folder of <paradigm>.jsonl files")
     parser.add_argument("--json", required=True, help="OUT: writes OUT-unigram.json and OUT-bigram.json")
@@ -82,8 +89,12 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.json)
     for kind, score in scorers(unigrams, bigrams).items():
         result = blimp_accuracies(pairs, [score(p.good) > score(p.bad) for p in pairs])  # a tie is wrong
-        facts = {"model": f"{kind} counts of {', '.join(Path(p).parent.name for p in args.corpus)}", "kind": kind,
-                 "from_scratch": False, "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+        facts = {
+            "model": f"{kind} counts of {', '.join(Path(p).parent.name for p in args.corpus)}",
+            "kind": kind,
+            "from_scratch": False,
+            "seconds": round(time.perf_counter() - start, 1),
+        }
         target = out.with_name(f"{out.stem}-{kind}{out.suffix}")
         target.write_text(json.dumps({**result, **facts}, indent=1) + "\n", encoding="utf-8")
         print(f"{kind}: BLiMP {100 * result['mean']:.1f} ({result['pairs']:,} pairs) -> {target}")

@@ -68,26 +68,40 @@ def record_blimp_run(args) -> None:
     from bench.machine import cpu_name, load_average
 
     result = json.loads(Path(args.out).read_text())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout
     # --run: what the scoring job noted as it ran (its commit, start and end, load average at both ends)
     run = json.loads(Path(args.run).read_text()) if args.run else {}
     entry = {
-        "name": args.name, "model": args.model or result["model"], "kind": result["kind"],
-        "from_scratch": result["from_scratch"], "minutes": args.minutes, "pretraining": args.pretraining,
-        "command": args.command, "commit": run.get("commit", commit.strip())[:7],
+        "name": args.name,
+        "model": args.model or result["model"],
+        "kind": result["kind"],
+        "from_scratch": result["from_scratch"],
+        "minutes": args.minutes,
+        "pretraining": args.pretraining,
+        "command": args.command,
+        "commit": run.get("commit", commit.strip())[:7],
         "time_utc": run.get("end", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
-        "started_utc": run.get("start"), "cpu": cpu_name(),
-        "loadavg_at_start": run.get("load_start"), "loadavg_at_end": run.get("load_end", load_average()),
-        "threads": 1, "seconds": result["seconds"], "pairs": result["pairs"], "pll": result.get("pll"),
-        "mean": result["mean"], "phenomena": result["phenomena"],
+        "started_utc": run.get("start"),
+        "cpu": cpu_name(),
+        "loadavg_at_start": run.get("load_start"),
+        "loadavg_at_end": run.get("load_end", load_average()),
+        "threads": 1,
+        "seconds": result["seconds"],
+        "pairs": result["pairs"],
+        "pll": result.get("pll"),
+        "mean": result["mean"],
+        "phenomena": result["phenomena"],
         "paradigms": {name: entry["accuracy"] for name, entry in result["paradigms"].items()},
-    }  # fmt: skip
+    }
     if args.bits_per_byte:  # lm-eval's results JSON: {"results": {task: {"bits_per_byte,none": ...}}}
         scores = json.loads(Path(args.bits_per_byte).read_text())["results"]["kiln_tinystories_valid"]
         entry["tinystories_valid"] = {
-            "bits_per_byte": scores["bits_per_byte,none"], "word_perplexity": scores["word_perplexity,none"],
+            "bits_per_byte": scores["bits_per_byte,none"],
+            "word_perplexity": scores["word_perplexity,none"],
             "command": args.bits_per_byte_command,
-        }  # fmt: skip
+        }
     with RECORDS.open("a") as f:
         f.write(json.dumps(entry) + "\n")
     print(f"recorded {args.name}: {100 * entry['mean']:.1f}")
@@ -112,15 +126,24 @@ def pretraining_records() -> dict[str, dict]:
 
 def table(records: list[dict]) -> str:
     """The Markdown block between START and END."""
-    rows = sorted(latest(records).values(), key=lambda r: (r["kind"] in FREQUENCY_BASELINES, r["kind"], r["minutes"]))
+    rows = sorted(
+        latest(records).values(), key=lambda r: (r["kind"] in FREQUENCY_BASELINES, r["kind"], r["minutes"])
+    )
     means, runs = paper_means(), pretraining_records()
-    lines = [START, "", "| model | pretraining | BLiMP | BLiMP, mean of the 12 phenomena | pairs | scored in (wall "
-             "clock, one thread) | bits per byte, TinyStories validation |", "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        START,
+        "",
+        "| model | pretraining | BLiMP | BLiMP, mean of the 12 phenomena | pairs | scored in (wall "
+        "clock, one thread) | bits per byte, TinyStories validation |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
         phenomena = f"{100 * sum(row['phenomena'].values()) / len(row['phenomena']):.1f}"
         if row["kind"] in FREQUENCY_BASELINES:
-            lines.append(f"| {row['kind']} word counts of the encoders' corpus | none | {100 * row['mean']:.1f} | "
-                         f"{phenomena} | {row['pairs']:,} | {row['seconds'] / 60:.1f} min | |")  # fmt: skip
+            lines.append(
+                f"| {row['kind']} word counts of the encoders' corpus | none | {100 * row['mean']:.1f} | "
+                f"{phenomena} | {row['pairs']:,} | {row['seconds'] / 60:.1f} min | |"
+            )
             continue
         preset = runs[row["pretraining"]].get("config", {}).get("model", {}).get("preset")
         preset = preset or ("gpt2" if row["kind"] == "decoder" else None)  # the decoder's default preset
@@ -128,10 +151,16 @@ def table(records: list[dict]) -> str:
         what += ", random weights" if row["from_scratch"] else ""
         what += ", PLL-word-l2r" if row.get("pll") == "word-l2r" else ""
         steps = runs[row["pretraining"]]["steps"]
-        pretraining = "none" if row["from_scratch"] else f"{row['minutes']:g} min, {steps:,} steps (`{row['pretraining']}`)"
+        pretraining = (
+            "none"
+            if row["from_scratch"]
+            else f"{row['minutes']:g} min, {steps:,} steps (`{row['pretraining']}`)"
+        )
         bpb = f"{row['tinystories_valid']['bits_per_byte']:.3f}" if "tinystories_valid" in row else ""
-        lines.append(f"| {what} | {pretraining} | {100 * row['mean']:.1f} | {phenomena} | {row['pairs']:,} | "
-                     f"{row['seconds'] / 60:.0f} min | {bpb} |")  # fmt: skip
+        lines.append(
+            f"| {what} | {pretraining} | {100 * row['mean']:.1f} | {phenomena} | {row['pairs']:,} | "
+            f"{row['seconds'] / 60:.0f} min | {bpb} |"
+        )
     for key, name in PAPER_MODELS.items():
         by_phenomenon = paper_phenomena(key)
         phenomena = sum(by_phenomenon.values()) / len(by_phenomenon)  # already in %
@@ -143,16 +172,27 @@ def table(records: list[dict]) -> str:
         gap = 100 * best["mean"] - means[GOAL]
         verdict = f"above it by {gap:.1f}" if gap > 0 else f"below it by {-gap:.1f}"
         error = 100 * (best["mean"] * (1 - best["mean"]) / best["pairs"]) ** 0.5
-        lines += ["", f"Beside the paper's LSTM ({means[GOAL]:.1f}), the reference a small CPU-trained model is read "
-                  f"against: the best model here, the {best['minutes']:g}-minute {best['kind']}, scores "
-                  f"{100 * best['mean']:.1f} (standard error {error:.1f} over its {best['pairs']:,} pairs), "
-                  f"{verdict}."]  # fmt: skip
+        lines += [
+            "",
+            f"Beside the paper's LSTM ({means[GOAL]:.1f}), the reference a small CPU-trained model is read "
+            f"against: the best model here, the {best['minutes']:g}-minute {best['kind']}, scores "
+            f"{100 * best['mean']:.1f} (standard error {error:.1f} over its {best['pairs']:,} pairs), "
+            f"{verdict}.",
+        ]
     curve = sorted((r for r in rows if r["name"] in CURVE), key=lambda r: r["minutes"])
     if len(curve) > 1:
         labels = ["random weights" if r["from_scratch"] else f"{r['minutes']:g} min" for r in curve]
         steps = " → ".join(f"{100 * r['mean']:.1f} ({label})" for r, label in zip(curve, labels))
-        dips = [f"{b['minutes']:g} below {a['minutes']:g} min" for a, b in zip(curve, curve[1:]) if b["mean"] <= a["mean"]]
-        seen = "each step above the one before" if not dips else "not every step above the one before (" + ", ".join(dips) + ")"
+        dips = [
+            f"{b['minutes']:g} below {a['minutes']:g} min"
+            for a, b in zip(curve, curve[1:])
+            if b["mean"] <= a["mean"]
+        ]
+        seen = (
+            "each step above the one before"
+            if not dips
+            else "not every step above the one before (" + ", ".join(dips) + ")"
+        )
         lines += ["", f"Along the encoders' compute curve: {steps}; {seen}."]
     lines += ["", END]
     return "\n".join(lines)
@@ -168,17 +208,39 @@ def plots(records: list[dict]) -> None:
     means = paper_means()
     encoders = sorted((r for r in rows if r["name"] in CURVE), key=lambda r: r["minutes"])
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    ax.plot([r["minutes"] for r in encoders], [100 * r["mean"] for r in encoders], "o-", label="Kiln encoder (PLL)")
+    ax.plot(
+        [r["minutes"] for r in encoders],
+        [100 * r["mean"] for r in encoders],
+        "o-",
+        label="Kiln encoder (PLL)",
+    )
     for r in encoders:
-        ax.annotate(f"{100 * r['mean']:.1f}", (r["minutes"], 100 * r["mean"]), textcoords="offset points",
-                    xytext=(0, 7), ha="center", fontsize=8)  # fmt: skip
+        ax.annotate(
+            f"{100 * r['mean']:.1f}",
+            (r["minutes"], 100 * r["mean"]),
+            textcoords="offset points",
+            xytext=(0, 7),
+            ha="center",
+            fontsize=8,
+        )
     for r in (r for r in rows if r["name"] not in CURVE and r["kind"] in ("encoder", "decoder")):
         marker = "s" if r["kind"] == "decoder" else "D"
-        ax.plot([r["minutes"]], [100 * r["mean"]], marker, label=f"Kiln {r['kind']}, {r['minutes']:g} min ({r['pretraining']})")
+        ax.plot(
+            [r["minutes"]],
+            [100 * r["mean"]],
+            marker,
+            label=f"Kiln {r['kind']}, {r['minutes']:g} min ({r['pretraining']})",
+        )
     for key, style in (("ngram", ":"), ("lstm", "--"), ("gpt2", "-.")):
         ax.axhline(means[key], linestyle=style, color="grey", linewidth=1)
-        ax.text(74, means[key] + 0.4, f"{PAPER_MODELS[key].split(' (')[0]} {means[key]:.1f} (paper)", ha="right",
-                va="bottom", fontsize=8)  # fmt: skip
+        ax.text(
+            74,
+            means[key] + 0.4,
+            f"{PAPER_MODELS[key].split(' (')[0]} {means[key]:.1f} (paper)",
+            ha="right",
+            va="bottom",
+            fontsize=8,
+        )
     ax.axhline(50, color="lightgrey", linewidth=1)
     ax.set_xticks(list(CURVE_MINUTES))
     ax.set_xticklabels(["random\ninit", "7.5", "15", "30", "60\n(not run)"])
@@ -198,8 +260,12 @@ def plots(records: list[dict]) -> None:
     lstm, gpt2 = paper_phenomena("lstm"), paper_phenomena("gpt2")
     fig, ax = plt.subplots(figsize=(7.0, 4.4))
     y = range(len(names))
-    ax.barh([i + 0.27 for i in y], [100 * best["phenomena"][n] for n in names], height=0.27,
-            label=f"Kiln {best['kind']}, {best['minutes']:g} min")  # fmt: skip
+    ax.barh(
+        [i + 0.27 for i in y],
+        [100 * best["phenomena"][n] for n in names],
+        height=0.27,
+        label=f"Kiln {best['kind']}, {best['minutes']:g} min",
+    )
     ax.barh(list(y), [lstm[n] for n in names], height=0.27, label="LSTM (paper)")
     ax.barh([i - 0.27 for i in y], [gpt2[n] for n in names], height=0.27, label="GPT-2 (paper)")
     ax.axvline(50, color="grey", linewidth=1)
@@ -223,7 +289,9 @@ def update_blimp_docs(args) -> None:
     new = before + table(read_records()) + after
     if args.check:
         if new != text:
-            sys.exit("error: docs/results.md's BLiMP table is stale: python experiments/blimp_results.py update")
+            sys.exit(
+                "error: docs/results.md's BLiMP table is stale: python experiments/blimp_results.py update"
+            )
         return
     PAGE.write_text(new)
     plots(read_records())
@@ -231,22 +299,34 @@ def update_blimp_docs(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python experiments/blimp_results.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python experiments/blimp_results.py", description=__doc__.split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="action", required=True)
-    rec = sub.add_parser("record", help="append the JSON of one `python -m pretrain.zero_shot blimp` run as a record")
+    rec = sub.add_parser(
+        "record", help="append the JSON of one `python -m pretrain.zero_shot blimp` run as a record"
+    )
     rec.add_argument("name")
     rec.add_argument("out", help="the --json file the command wrote")
     rec.add_argument("--minutes", type=float, required=True, help="pretraining minutes (0: random weights)")
-    rec.add_argument("--pretraining", required=True,
-                     help="tag of the model's record in docs/results/runs.jsonl (`none`: a frequency baseline)")
+    rec.add_argument(
+        "--pretraining",
+        required=True,
+        help="tag of the model's record in docs/results/runs.jsonl (`none`: a frequency baseline)",
+    )
     rec.add_argument("--command", required=True, help="the command that wrote OUT, as run")
     rec.add_argument("--model", help="the model as the record names it (default: OUT's)")
     rec.add_argument("--run", help="JSON the scoring job wrote: commit, start, end, load_start, load_end")
-    rec.add_argument("--bits_per_byte", metavar="LM_EVAL_JSON",
-                     help="a decoder's lm-eval results on configs/lm-eval/tinystories-valid.yaml (its bits per "
-                          "byte and word perplexity go on the record, with --bits_per_byte_command)")
+    rec.add_argument(
+        "--bits_per_byte",
+        metavar="LM_EVAL_JSON",
+        help="a decoder's lm-eval results on configs/lm-eval/tinystories-valid.yaml (its bits per "
+        "byte and word perplexity go on the record, with --bits_per_byte_command)",
+    )
     rec.add_argument("--bits_per_byte_command", help="the lm_eval command that wrote LM_EVAL_JSON, as run")
-    upd = sub.add_parser("update", help="rewrite docs/results.md's BLiMP table and the plots from the records")
+    upd = sub.add_parser(
+        "update", help="rewrite docs/results.md's BLiMP table and the plots from the records"
+    )
     upd.add_argument("--check", action="store_true", help="exit 1 when the table is stale; write nothing")
     args = parser.parse_args(argv)
     {"record": record_blimp_run, "update": update_blimp_docs}[args.action](args)

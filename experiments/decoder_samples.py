@@ -26,7 +26,9 @@ PROMPTS = [
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("folder")
     parser.add_argument("out")
     parser.add_argument("--max_new_tokens", type=int, default=60)
@@ -34,10 +36,14 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.folder, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(args.folder, trust_remote_code=False).eval()
-    lines = [f"# Samples from `{args.folder}`", "",
-             f"`python experiments/decoder_samples.py {args.folder} {args.out}`: {args.max_new_tokens} new tokens, "
-             "greedy, then sampled (top-k 50, temperature 0.8, seed "
-             f"{args.seed}); unedited.", ""]  # fmt: skip
+    lines = [
+        f"# Samples from `{args.folder}`",
+        "",
+        f"`python experiments/decoder_samples.py {args.folder} {args.out}`: {args.max_new_tokens} new tokens, "
+        "greedy, then sampled (top-k 50, temperature 0.8, seed "
+        f"{args.seed}); unedited.",
+        "",
+    ]
     for prompt in PROMPTS:
         ids = tokenizer(prompt, return_tensors="pt")
         common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id)

@@ -56,7 +56,9 @@ class KilnPush:
 
         def counting_snapshot(folder, ignore, link=False):
             path = snapshot(folder, ignore, link=link)
-            self.copied += sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.stat().st_nlink == 1)
+            self.copied += sum(
+                p.stat().st_size for p in path.rglob("*") if p.is_file() and p.stat().st_nlink == 1
+            )
             return path
 
         self.pusher._snapshot = counting_snapshot
@@ -64,7 +66,11 @@ class KilnPush:
 
     def push(self, folder: Path, message: str) -> None:
         self.pusher.push(
-            folder, path_in_repo="last-checkpoint", commit_message=message, delete_patterns=["*"], immutable=True
+            folder,
+            path_in_repo="last-checkpoint",
+            commit_message=message,
+            delete_patterns=["*"],
+            immutable=True,
         )
 
     def finish(self, folder: Path) -> bool:
@@ -99,9 +105,13 @@ class FuturePush:
             return
         self._collect()
         self.future = self.api.upload_folder(
-            repo_id=self.repo_id, folder_path=folder, path_in_repo="last-checkpoint", commit_message=message,
-            delete_patterns=["*"], run_as_future=True,
-        )  # fmt: skip
+            repo_id=self.repo_id,
+            folder_path=folder,
+            path_in_repo="last-checkpoint",
+            commit_message=message,
+            delete_patterns=["*"],
+            run_as_future=True,
+        )
 
     def finish(self, folder: Path) -> bool:
         # transformers' Trainer waits for the running push, then pushes the final model once
@@ -110,9 +120,12 @@ class FuturePush:
             self._collect()
         try:
             self.api.upload_folder(
-                repo_id=self.repo_id, folder_path=folder, path_in_repo="last-checkpoint", commit_message="final",
+                repo_id=self.repo_id,
+                folder_path=folder,
+                path_in_repo="last-checkpoint",
+                commit_message="final",
                 delete_patterns=["*"],
-            )  # fmt: skip
+            )
             return True
         except Exception as err:
             self.errors.append(f"final: {type(err).__name__}: {' '.join(str(err).split())[:120]}")
@@ -178,8 +191,10 @@ def main() -> None:
     hub = SlowHub(port=PORT, token=TOKEN).start()
     try:
         for fail in (0.0, args.fail_final_s):
-            print(f"\n## {args.saves} saves every {args.save_every_s} s, commits take {args.commit_s} s"
-                  + (f", the Hub fails commits for {fail} s at the final push" if fail else ""))
+            print(
+                f"\n## {args.saves} saves every {args.save_every_s} s, commits take {args.commit_s} s"
+                + (f", the Hub fails commits for {fail} s at the final push" if fail else "")
+            )
             for cls in (KilnPush, FuturePush):
                 for key, value in run_strategy(cls, hub, args, fail).items():
                     print(f"  {key}: {value}")

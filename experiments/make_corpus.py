@@ -100,7 +100,9 @@ def main() -> None:
         with gzip.open(path, "rt", encoding="utf-8-sig") as f:
             docs = chunk(book_paragraphs(f.read()))
         name = path.name.removesuffix(".txt.gz")
-        words["gutenberg"] = words.get("gutenberg", 0) + write_documents(out / "gutenberg" / f"{name}.txt", docs)
+        words["gutenberg"] = words.get("gutenberg", 0) + write_documents(
+            out / "gutenberg" / f"{name}.txt", docs
+        )
 
     for split in ("valid", "test"):
         raw = (shared / "wikitext-2-raw" / f"wiki.{split}.raw").read_text(encoding="utf-8")
@@ -110,7 +112,9 @@ def main() -> None:
 
     ts = shared / "tinystories"
     with gzip.open(ts / "tinystories_sample3000.json.gz", "rt", encoding="utf-8") as f:
-        stories = [s if isinstance(s, str) else s.get("text", s.get("story", "")) for s in json.load(f)["texts"]]
+        stories = [
+            s if isinstance(s, str) else s.get("text", s.get("story", "")) for s in json.load(f)["texts"]
+        ]
     with gzip.open(ts / "tinystoriesV2_gpt4_train_head10k.txt.gz", "rt", encoding="utf-8") as f:
         stories += f.read().split("<|endoftext|>")
     with gzip.open(ts / "tinystories_train_first1000.one_per_line.txt.gz", "rt", encoding="utf-8") as f:

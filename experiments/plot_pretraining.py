@@ -38,10 +38,14 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="RUN_DIR:LOG_FILE[:LABEL]")
     parser.add_argument("--png", required=True)
     parser.add_argument("--title", default="MLM loss against wall clock (2-core CPU, shared)")
-    parser.add_argument("--train-key", default="train/mlm_loss", help="metrics.jsonl key of the training curve")
+    parser.add_argument(
+        "--train-key", default="train/mlm_loss", help="metrics.jsonl key of the training curve"
+    )
     parser.add_argument("--eval-key", default="eval/mlm_loss", help="metrics.jsonl key of the eval points")
     parser.add_argument("--ylabel", default="MLM cross-entropy")
-    parser.add_argument("--train-exp", action="store_true", help="plot exp(train value): a loss as a perplexity")
+    parser.add_argument(
+        "--train-exp", action="store_true", help="plot exp(train value): a loss as a perplexity"
+    )
     parser.add_argument("--log-y", action="store_true", help="logarithmic y axis (e.g. perplexity)")
     args = parser.parse_args()
     import matplotlib
@@ -58,9 +62,17 @@ def main() -> None:
         if args.train_exp:
             train = [(t, math.exp(v)) for t, v in train]
         evals = series(run, log, args.eval_key)
-        line = ax.plot([t for t, _ in train], [v for _, v in train], lw=1, alpha=0.8, label=f"{label} train")[0]
+        line = ax.plot([t for t, _ in train], [v for _, v in train], lw=1, alpha=0.8, label=f"{label} train")[
+            0
+        ]
         if evals:
-            ax.plot([t for t, _ in evals], [v for _, v in evals], "o-", color=line.get_color(), label=f"{label} eval")
+            ax.plot(
+                [t for t, _ in evals],
+                [v for _, v in evals],
+                "o-",
+                color=line.get_color(),
+                label=f"{label} eval",
+            )
     ax.set_xlabel("training-loop wall clock (minutes)")
     ax.set_ylabel(args.ylabel)
     if args.log_y:

@@ -35,7 +35,9 @@ class BertForPreTrainingInKilnsLoop(torch.nn.Module):
         self.bert = bert
         self.config = kiln_config  # FLOP count and start-up summary read the Kiln shape; same numbers
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, next_sentence_label=None):
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, labels=None, next_sentence_label=None
+    ):
         out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         logits = out.prediction_logits
         mlm_loss = nsp_loss = None

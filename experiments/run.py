@@ -45,7 +45,12 @@ RECORDS = REPO / "docs/results/runs.jsonl"
 SCRIPT = {"sst2": "classify", "ud-pos": "tag", "conll2003": "tag", "multi30k": "seq2seq"}
 METRIC = {"sst2": "eval/accuracy", "ud-pos": "eval/accuracy", "conll2003": "eval/f1", "multi30k": "eval/bleu"}
 TEST_METRIC = {"sst2": "accuracy", "ud-pos": "accuracy", "conll2003": "f1", "multi30k": "bleu"}
-PERCENT = {"sst2": 100, "ud-pos": 100, "conll2003": 100, "multi30k": 1}  # sacreBLEU is already on a 0-100 scale
+PERCENT = {
+    "sst2": 100,
+    "ud-pos": 100,
+    "conll2003": 100,
+    "multi30k": 1,
+}  # sacreBLEU is already on a 0-100 scale
 # Scratch runs take only the shape and tokenizer from their checkpoint; those made from these folders form the first
 # baseline (commits up to 79a2f1b), and those made from a later pretraining run's folder are kept apart, as a
 # baseline re-measured on that later code (e.g. "scratch (encoder-30min-sop30)").
@@ -73,8 +78,17 @@ class Job:
 def load_declaration(path) -> dict:
     """An experiment declaration (experiments/*.yaml), its fields checked."""
     declaration = yaml.safe_load(Path(path).read_text())
-    unknown = set(declaration) - {"description", "corpus", "pretrain", "finetune", "after", "table", "curves",
-                                 "levers", "levers_reference"}
+    unknown = set(declaration) - {
+        "description",
+        "corpus",
+        "pretrain",
+        "finetune",
+        "after",
+        "table",
+        "curves",
+        "levers",
+        "levers_reference",
+    }
     if unknown:
         sys.exit(f"error: {path}: unknown field(s) {', '.join(sorted(unknown))}; see experiments/README.md")
     return declaration
@@ -84,8 +98,16 @@ def pretraining_jobs(declaration: dict) -> list[Job]:
     jobs = []
     for run in declaration.get("pretrain") or []:
         out = run.get("output_dir", f"runs/{run['name']}")
-        argv = ["accelerate", "launch", run.get("entry", "pretrain/run.py"), "--config", run["config"],
-                *map(str, run.get("args", [])), "--training.output_dir", out]  # fmt: skip
+        argv = [
+            "accelerate",
+            "launch",
+            run.get("entry", "pretrain/run.py"),
+            "--config",
+            run["config"],
+            *map(str, run.get("args", [])),
+            "--training.output_dir",
+            out,
+        ]
         jobs.append(Job(run["name"], out, run.get("note", ""), argv, run.get("stop_at_step")))
     return jobs
 
@@ -104,7 +126,9 @@ def finetuning_jobs(declaration: dict) -> list[Job]:
         suffix = line.get("suffix", spec.get("suffix", ""))
         lrs = line["lr"] if isinstance(line["lr"], list) else [line["lr"]]
         if not all(isinstance(lr, str) for lr in lrs):  # YAML reads 2.5e-4 as a float and 2e-3 as a string
-            sys.exit(f"error: learning rates are written as quoted strings (\"2.5e-4\"), got {lrs} for {task} {init}")
+            sys.exit(
+                f'error: learning rates are written as quoted strings ("2.5e-4"), got {lrs} for {task} {init}'
+            )
         for lr, seed in itertools.product(lrs, line.get("seeds", spec.get("seeds", [1]))):
             out = f"runs/ft/{task}-{init}-lr{lr}-s{seed}{suffix}"
             models = ["--model.checkpoint", checkpoint]
@@ -114,10 +138,25 @@ def finetuning_jobs(declaration: dict) -> list[Job]:
                 if decoder:
                     models += ["--model.decoder_checkpoint", decoder]
                     note += f" dec={decoder}"
-            argv = ["accelerate", "launch", f"finetune/{SCRIPT[task]}.py", "--config", f"configs/experiments/{task}.yaml",
-                    *models, *(["--model.from_scratch"] if init == "scratch" else []), "--training.lr", str(lr),
-                    "--training.seed", str(seed), "--training.output_dir", out, "--training.overwrite_output_dir",
-                    "--logging.logging_steps", "100", *extra]  # fmt: skip
+            argv = [
+                "accelerate",
+                "launch",
+                f"finetune/{SCRIPT[task]}.py",
+                "--config",
+                f"configs/experiments/{task}.yaml",
+                *models,
+                *(["--model.from_scratch"] if init == "scratch" else []),
+                "--training.lr",
+                str(lr),
+                "--training.seed",
+                str(seed),
+                "--training.output_dir",
+                out,
+                "--training.overwrite_output_dir",
+                "--logging.logging_steps",
+                "100",
+                *extra,
+            ]
             jobs.append(Job(line.get("tag", spec.get("tag", task)), out, f"{note} {' '.join(extra)}", argv))
     return jobs
 
@@ -177,30 +216,49 @@ def record(job: Job, wall_s: float, records: Path) -> dict:
     sys.path.insert(0, str(REPO))
     from bench.machine import cpu_name  # the CPU a run's minutes and steps/s belong to
 
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     row = {
-        "tag": job.tag, "run": job.out, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": commit.stdout.strip(), "wall_s": round(wall_s, 1), "loadavg_at_end": list(os.getloadavg()),
-        "command": job.shell(), "note": job.note, "cpu": cpu_name(), **summarise(REPO / job.out),
-    }  # fmt: skip
+        "tag": job.tag,
+        "run": job.out,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit.stdout.strip(),
+        "wall_s": round(wall_s, 1),
+        "loadavg_at_end": list(os.getloadavg()),
+        "command": job.shell(),
+        "note": job.note,
+        "cpu": cpu_name(),
+        **summarise(REPO / job.out),
+    }
     with open(records, "a", encoding="utf-8") as file:
         file.write(json.dumps(row) + "\n")
     return row
 
 
 def last_checkpoint_step(out: Path) -> int:
-    steps = [int(p.name.removeprefix("step-")) for p in (out / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+    steps = [
+        int(p.name.removeprefix("step-"))
+        for p in (out / "checkpoints").glob("step-*")
+        if p.name[5:].isdigit()
+    ]
     return max(steps, default=0)
 
 
 def execute(job: Job, log, env: dict) -> int:
-    process = subprocess.Popen(job.argv, cwd=REPO, env={**env, **job.env}, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        job.argv, cwd=REPO, env={**env, **job.env}, stdout=log, stderr=subprocess.STDOUT
+    )
     if job.stop_at_step is None:
         return process.wait()
     # equal steps, not equal time: stop at the step (a SIGTERM ends in a checkpoint), then write final/ there
     metrics = REPO / job.out / "metrics.jsonl"
     while process.poll() is None:
-        logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        logged = (
+            [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+            if metrics.is_file()
+            else []
+        )
         if logged and max(logged) >= job.stop_at_step:
             process.send_signal(signal.SIGTERM)
             break
@@ -208,9 +266,17 @@ def execute(job: Job, log, env: dict) -> int:
     if process.wait() != 0:
         return process.returncode
     step = last_checkpoint_step(REPO / job.out)
-    resume = [*job.argv, "--training.resume_from_checkpoint", "latest", "--training.max_steps", str(step),
-              "--training.allow_config_change"]  # fmt: skip
-    return subprocess.run(resume, cwd=REPO, env={**env, **job.env}, stdout=log, stderr=subprocess.STDOUT).returncode
+    resume = [
+        *job.argv,
+        "--training.resume_from_checkpoint",
+        "latest",
+        "--training.max_steps",
+        str(step),
+        "--training.allow_config_change",
+    ]
+    return subprocess.run(
+        resume, cwd=REPO, env={**env, **job.env}, stdout=log, stderr=subprocess.STDOUT
+    ).returncode
 
 
 def run_phase(jobs: list[Job], workers: int, logs: Path, records: Path) -> bool:
@@ -282,18 +348,32 @@ def summary(records: Path = RECORDS) -> list[dict]:
             tests[key].append(row["test"][TEST_METRIC[task]])
     entries = []
     for (task, init, lr, n_epochs, samples), runs in sorted(groups.items()):
-        runs = list({r["note"].split()[3]: r for r in runs}.values())  # a seed run again: its newest record counts
+        runs = list(
+            {r["note"].split()[3]: r for r in runs}.values()
+        )  # a seed run again: its newest record counts
         values = [r["eval_last"][METRIC[task]] for r in runs]
         seeds = [r["note"].split()[3] for r in runs]
         entry = {
-            "task": task, "init": init, "lr": lr, "epochs": n_epochs, "train_samples": samples, "n": len(values), "seeds": seeds,
-            "dev_mean": statistics.mean(values), "dev_std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "dev_values": values, "wall_s_median": statistics.median(r["wall_s"] for r in runs),
+            "task": task,
+            "init": init,
+            "lr": lr,
+            "epochs": n_epochs,
+            "train_samples": samples,
+            "n": len(values),
+            "seeds": seeds,
+            "dev_mean": statistics.mean(values),
+            "dev_std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "dev_values": values,
+            "wall_s_median": statistics.median(r["wall_s"] for r in runs),
             "commits": sorted({r["commit"] for r in runs}),
-        }  # fmt: skip
+        }
         if (task, init, lr, n_epochs, samples) in tests:
             t = tests[(task, init, lr, n_epochs, samples)]
-            entry.update(test_mean=statistics.mean(t), test_std=statistics.stdev(t) if len(t) > 1 else 0.0, test_n=len(t))
+            entry.update(
+                test_mean=statistics.mean(t),
+                test_std=statistics.stdev(t) if len(t) > 1 else 0.0,
+                test_n=len(t),
+            )
         entries.append(entry)
     return entries
 
@@ -317,15 +397,19 @@ single seed shows its value); the test column holds the runs that read the test 
 
 
 def summary_table(entries: list[dict]) -> str:
-    lines = ["| task | init | lr | epochs | train examples | seeds | dev (mean ± std) | test (mean ± std) | median wall clock |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| task | init | lr | epochs | train examples | seeds | dev (mean ± std) | test (mean ± std) | median wall clock |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for e in entries:
         k = PERCENT[e["task"]]
         test = spread(k * e["test_mean"], k * e["test_std"], e["test_n"]) if "test_mean" in e else ""
         dev = spread(k * e["dev_mean"], k * e["dev_std"], e["n"], count=False)
         samples = e["train_samples"] or "all"
-        lines.append(f"| {e['task']} | {e['init']} | {e['lr']} | {e['epochs']} | {samples} | {e['n']} | {dev} | {test} | "
-                     f"{e['wall_s_median'] / 60:.1f} min |")  # fmt: skip
+        lines.append(
+            f"| {e['task']} | {e['init']} | {e['lr']} | {e['epochs']} | {samples} | {e['n']} | {dev} | {test} | "
+            f"{e['wall_s_median'] / 60:.1f} min |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -342,24 +426,37 @@ def comparison_table(declarations: list[dict], records: Path = RECORDS) -> str:
     """Pretrained against scratch for each task the declarations' `table` section names: the dev metric (mean ±
     std over seeds), the difference, and the test metric of the same runs."""
     entries = summary(records)
-    lines = ["| task (metric) | pretrained | scratch | delta dev | test: pretrained vs scratch | seeds |",
-             "|---|---:|---:|---:|---|---:|"]  # fmt: skip
+    lines = [
+        "| task (metric) | pretrained | scratch | delta dev | test: pretrained vs scratch | seeds |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
     for declaration in declarations:
         for row in declaration["table"]:
             found = {}
             for side in ("pretrained", "scratch"):
                 wanted = row[side]
-                match = [e for e in entries if e["task"] == row["task"] and e["init"] == wanted["init"]
-                         and e["lr"] == str(wanted["lr"]) and e["epochs"] == str(wanted["epochs"])
-                         and e["train_samples"] == str(wanted.get("train_samples", ""))]  # fmt: skip
+                match = [
+                    e
+                    for e in entries
+                    if e["task"] == row["task"]
+                    and e["init"] == wanted["init"]
+                    and e["lr"] == str(wanted["lr"])
+                    and e["epochs"] == str(wanted["epochs"])
+                    and e["train_samples"] == str(wanted.get("train_samples", ""))
+                ]
                 if len(match) != 1:
-                    sys.exit(f"error: no single record group for {row['task']} {wanted}; run `summarize` first?")
+                    sys.exit(
+                        f"error: no single record group for {row['task']} {wanted}; run `summarize` first?"
+                    )
                 found[side] = match[0]
             k = PERCENT[row["task"]]
             pre, scr = found["pretrained"], found["scratch"]
             delta = k * (pre["dev_mean"] - scr["dev_mean"])
-            test = (f"{k * pre['test_mean']:.2f} vs {k * scr['test_mean']:.2f} ({k * (pre['test_mean'] - scr['test_mean']):+.2f})"
-                    if "test_mean" in pre and "test_mean" in scr else "")  # fmt: skip
+            test = (
+                f"{k * pre['test_mean']:.2f} vs {k * scr['test_mean']:.2f} ({k * (pre['test_mean'] - scr['test_mean']):+.2f})"
+                if "test_mean" in pre and "test_mean" in scr
+                else ""
+            )
             pre_dev = spread(k * pre["dev_mean"], k * pre["dev_std"], pre["n"], count=False)
             scr_dev = spread(k * scr["dev_mean"], k * scr["dev_std"], scr["n"], count=False)
             lines.append(f"| {row['label']} | {pre_dev} | {scr_dev} | {delta:+.2f} | {test} | {pre['n']} |")
@@ -368,11 +465,15 @@ def comparison_table(declarations: list[dict], records: Path = RECORDS) -> str:
 
 def _one_group(entries: list[dict], task: str, wanted: dict, what: str) -> dict:
     keys = ("init", "lr", "epochs", "train_samples")
-    match = [e for e in entries if e["task"] == task and all(e[k] == str(wanted[k]) for k in keys if k in wanted)]
+    match = [
+        e for e in entries if e["task"] == task and all(e[k] == str(wanted[k]) for k in keys if k in wanted)
+    ]
     if len(match) != 1:
         found = [{k: e[k] for k in keys} for e in match]
-        sys.exit(f"error: {what}: {len(match)} record groups for {task} {wanted} (found {found}); name epochs or "
-                 "train_samples to pick one, or run the experiment first")
+        sys.exit(
+            f"error: {what}: {len(match)} record groups for {task} {wanted} (found {found}); name epochs or "
+            "train_samples to pick one, or run the experiment first"
+        )
     return match[0]
 
 
@@ -394,17 +495,35 @@ def curve_points(curve: dict, entries: list[dict]) -> list[dict]:
                 if size in line.get("lr_by_size", {}):  # the rate picked on dev at this size
                     wanted["lr"] = line["lr_by_size"][size]
                 entry = _one_group(entries, task, wanted, f"curve {curve['png']}")
-                points.append({"line": line["label"], "x": size, "mean": entry["dev_mean"], "std": entry["dev_std"],
-                               "n": entry["n"], "values": entry["dev_values"],
-                               **({"lr": entry["lr"]} if "lr_by_size" in line else {})})  # fmt: skip
+                points.append(
+                    {
+                        "line": line["label"],
+                        "x": size,
+                        "mean": entry["dev_mean"],
+                        "std": entry["dev_std"],
+                        "n": entry["n"],
+                        "values": entry["dev_values"],
+                        **({"lr": entry["lr"]} if "lr_by_size" in line else {}),
+                    }
+                )
     elif curve["kind"] == "compute":
         for row in curve["tasks"]:
             scratch = _one_group(entries, row["task"], row["scratch"], f"curve {curve['png']}")
             for init, minutes in curve["minutes"].items():
-                entry = _one_group(entries, row["task"], {**row["pretrained"], "init": init}, f"curve {curve['png']}")
-                points.append({"line": row["label"], "x": minutes, "mean": entry["dev_mean"] - scratch["dev_mean"],
-                               "std": entry["dev_std"], "n": entry["n"], "values": entry["dev_values"],
-                               "scratch": scratch["dev_mean"]})  # fmt: skip
+                entry = _one_group(
+                    entries, row["task"], {**row["pretrained"], "init": init}, f"curve {curve['png']}"
+                )
+                points.append(
+                    {
+                        "line": row["label"],
+                        "x": minutes,
+                        "mean": entry["dev_mean"] - scratch["dev_mean"],
+                        "std": entry["dev_std"],
+                        "n": entry["n"],
+                        "values": entry["dev_values"],
+                        "scratch": scratch["dev_mean"],
+                    }
+                )
     else:
         sys.exit(f"error: curve kind {curve['kind']!r}: use labels or compute")
     return points
@@ -417,10 +536,20 @@ def curve_table(curve: dict, points: list[dict]) -> str:
     lines = [f"| {head} | {' | '.join(dict.fromkeys(p['line'] for p in points))} |"]
     lines.append("|---:|" + "---:|" * (lines[0].count("|") - 2))
     for x in dict.fromkeys(p["x"] for p in points):
-        cells = [spread(scale * p["mean"], scale * p["std"], p["n"], "+" if curve["kind"] == "compute" else "",
-                        f", lr {p['lr']}" if "lr" in p else "")
-                 for p in points if p["x"] == x]  # fmt: skip
-        lines.append(f"| {x:,} | {' | '.join(cells)} |" if isinstance(x, int) else f"| {x:g} | {' | '.join(cells)} |")
+        cells = [
+            spread(
+                scale * p["mean"],
+                scale * p["std"],
+                p["n"],
+                "+" if curve["kind"] == "compute" else "",
+                f", lr {p['lr']}" if "lr" in p else "",
+            )
+            for p in points
+            if p["x"] == x
+        ]
+        lines.append(
+            f"| {x:,} | {' | '.join(cells)} |" if isinstance(x, int) else f"| {x:g} | {' | '.join(cells)} |"
+        )
     return f"{value}:\n\n" + "\n".join(lines) + "\n"
 
 
@@ -428,9 +557,11 @@ def curve_page(curve: dict, declaration: dict) -> str:
     """A curve's page: its title, what it shows (the declaration's description), its plot, then its table."""
     title = curve.get("title") or Path(curve["png"]).stem
     about = " ".join(str(declaration.get("description", "")).split())
-    return (f"# {title}\n\n{about}\n\nEach point is the mean over the seeds run (n); single runs show no spread. "
-            f"Generated from the records by `python experiments/run.py plot`; do not edit by hand.\n\n"
-            f"![{title}]({Path(curve['png']).name})\n\n")
+    return (
+        f"# {title}\n\n{about}\n\nEach point is the mean over the seeds run (n); single runs show no spread. "
+        f"Generated from the records by `python experiments/run.py plot`; do not edit by hand.\n\n"
+        f"![{title}]({Path(curve['png']).name})\n\n"
+    )
 
 
 def plot_curve(curve: dict, points: list[dict], png: Path) -> None:
@@ -447,13 +578,22 @@ def plot_curve(curve: dict, points: list[dict], png: Path) -> None:
         xs, ys = [p["x"] for p in mine], [scale * p["mean"] for p in mine]
         axes.errorbar(xs, ys, yerr=[scale * p["std"] for p in mine], marker="o", capsize=3, label=line)
         for p in mine:  # every seed, so the spread is visible, not only its summary
-            axes.scatter([p["x"]] * len(p["values"]), [scale * (v - p.get("scratch", 0.0)) for v in p["values"]],
-                         s=8, alpha=0.4, color=axes.lines[-1].get_color())  # fmt: skip
+            axes.scatter(
+                [p["x"]] * len(p["values"]),
+                [scale * (v - p.get("scratch", 0.0)) for v in p["values"]],
+                s=8,
+                alpha=0.4,
+                color=axes.lines[-1].get_color(),
+            )
     axes.set_xscale("log")
     axes.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the measured points are labelled
     axes.set_xticks(sorted({p["x"] for p in points}), [f"{x:g}" for x in sorted({p["x"] for p in points})])
-    axes.set_xlabel(curve.get("xlabel", "training examples" if curve["kind"] == "labels" else "pretraining minutes"))
-    axes.set_ylabel(curve.get("ylabel", "dev accuracy (%)" if curve["kind"] == "labels" else "dev metric over scratch"))
+    axes.set_xlabel(
+        curve.get("xlabel", "training examples" if curve["kind"] == "labels" else "pretraining minutes")
+    )
+    axes.set_ylabel(
+        curve.get("ylabel", "dev accuracy (%)" if curve["kind"] == "labels" else "dev metric over scratch")
+    )
     if curve["kind"] == "compute":
         axes.axhline(0.0, color="grey", linewidth=0.8)
     axes.set_title(curve.get("title", ""), fontsize=10)
@@ -492,34 +632,59 @@ def levers_table(declaration: dict, records: Path = RECORDS, where: str = "the d
         missing = {"label", "task", "group", "experiment"} - set(row)
         unknown = set(row) - LEVER_FIELDS
         if missing or unknown:
-            sys.exit(f"error: {where}: lever {row.get('label', row)!r}: "
-                     + (f"missing {', '.join(sorted(missing))}" if missing else f"unknown {', '.join(sorted(unknown))}")
-                     + "; a lever has label, task, group, experiment and optionally note, baseline, versus")  # fmt: skip
+            sys.exit(
+                f"error: {where}: lever {row.get('label', row)!r}: "
+                + (
+                    f"missing {', '.join(sorted(missing))}"
+                    if missing
+                    else f"unknown {', '.join(sorted(unknown))}"
+                )
+                + "; a lever has label, task, group, experiment and optionally note, baseline, versus"
+            )
         if row["task"] not in METRIC:
-            sys.exit(f"error: {where}: lever {row['label']!r}: task {row['task']!r} is not one of {', '.join(METRIC)}")
+            sys.exit(
+                f"error: {where}: lever {row['label']!r}: task {row['task']!r} is not one of {', '.join(METRIC)}"
+            )
         made_by = row["experiment"] if isinstance(row["experiment"], list) else [row["experiment"]]
         for name in made_by:
             if not (REPO / name).is_file():
-                sys.exit(f"error: {where}: lever {row['label']!r}: no declaration {name} (name the file(s) that made "
-                         "its runs, relative to the repository)")  # fmt: skip
+                sys.exit(
+                    f"error: {where}: lever {row['label']!r}: no declaration {name} (name the file(s) that made "
+                    "its runs, relative to the repository)"
+                )
     labels = [row["label"] for row in rows]
     if len(set(labels)) != len(labels):
         sys.exit(f"error: {where}: two levers share a label; each row needs its own")
     baselines = [row["label"] for row in rows if row.get("baseline")]
     if not baselines:
-        sys.exit(f"error: {where}: no lever is marked `baseline: true` (the row the others are compared with)")
+        sys.exit(
+            f"error: {where}: no lever is marked `baseline: true` (the row the others are compared with)"
+        )
     entries = summary(records)
-    found = {row["label"]: _one_group(entries, row["task"], row["group"], f"lever {row['label']!r}") for row in rows}
-    reference_name = declaration.get("levers_reference", "scratch")  # what the baseline rows are, in the header
-    lines = [f"| lever | budget and settings | dev (mean ± std) | test (mean ± std) | dev over {reference_name} | command |",
-             "|---|---|---:|---:|---:|---|"]  # fmt: skip
+    found = {
+        row["label"]: _one_group(entries, row["task"], row["group"], f"lever {row['label']!r}")
+        for row in rows
+    }
+    reference_name = declaration.get(
+        "levers_reference", "scratch"
+    )  # what the baseline rows are, in the header
+    lines = [
+        f"| lever | budget and settings | dev (mean ± std) | test (mean ± std) | dev over {reference_name} | command |",
+        "|---|---|---:|---:|---:|---|",
+    ]
     for row in rows:
         reference = row.get("versus", baselines[0])
         if reference not in found:
-            sys.exit(f"error: {where}: lever {row['label']!r} is compared with {reference!r}, which is no lever's label")
+            sys.exit(
+                f"error: {where}: lever {row['label']!r} is compared with {reference!r}, which is no lever's label"
+            )
         entry, base, k = found[row["label"]], found[reference], PERCENT[row["task"]]
         dev = spread(k * entry["dev_mean"], k * entry["dev_std"], entry["n"])
-        test = spread(k * entry["test_mean"], k * entry["test_std"], entry["test_n"]) if "test_mean" in entry else ""
+        test = (
+            spread(k * entry["test_mean"], k * entry["test_std"], entry["test_n"])
+            if "test_mean" in entry
+            else ""
+        )
         if row.get("baseline"):
             delta = "baseline"
         else:
@@ -572,16 +737,28 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--records", type=Path, default=RECORDS)
     summarize = commands.add_parser("summarize", help="docs/results/finetune.md and .json from the records")
     summarize.add_argument("--records", type=Path, default=RECORDS)
-    summarize.add_argument("--out", type=Path, default=REPO / "docs/results", help="folder for finetune.md/.json")
-    table = commands.add_parser("table", help="the pretrained-vs-scratch table of experiments, from the records")
+    summarize.add_argument(
+        "--out", type=Path, default=REPO / "docs/results", help="folder for finetune.md/.json"
+    )
+    table = commands.add_parser(
+        "table", help="the pretrained-vs-scratch table of experiments, from the records"
+    )
     table.add_argument("experiments", nargs="+")
-    table.add_argument("--update", nargs="*", type=Path, default=[], help="pages whose generated table to replace")
+    table.add_argument(
+        "--update", nargs="*", type=Path, default=[], help="pages whose generated table to replace"
+    )
     table.add_argument("--records", type=Path, default=RECORDS)
-    levers = commands.add_parser("levers", help="the levers table of a declaration (record groups against a baseline)")
+    levers = commands.add_parser(
+        "levers", help="the levers table of a declaration (record groups against a baseline)"
+    )
     levers.add_argument("experiment")
-    levers.add_argument("--update", nargs="*", type=Path, default=[], help="pages whose levers block to replace")
+    levers.add_argument(
+        "--update", nargs="*", type=Path, default=[], help="pages whose levers block to replace"
+    )
     levers.add_argument("--records", type=Path, default=RECORDS)
-    plot = commands.add_parser("plot", help="the curves an experiment declares (PNG and Markdown table), from the records")
+    plot = commands.add_parser(
+        "plot", help="the curves an experiment declares (PNG and Markdown table), from the records"
+    )
     plot.add_argument("experiments", nargs="+")
     plot.add_argument("--records", type=Path, default=RECORDS)
     plot.add_argument("--root", type=Path, default=REPO, help="where the curves' png paths are relative to")
@@ -608,8 +785,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         phases = plan(load_declaration(args.experiment))
         if not phases:
-            sys.exit(f"error: {args.experiment} declares no runs (only tables made from the records: `levers`, "
-                     "`table`, `plot`); run the experiments it names")
+            sys.exit(
+                f"error: {args.experiment} declares no runs (only tables made from the records: `levers`, "
+                "`table`, `plot`); run the experiments it names"
+            )
         if args.dry_run:
             for number, jobs in enumerate(phases, 1):
                 print(f"# phase {number}: {len(jobs)} command(s), up to {args.jobs} side by side")

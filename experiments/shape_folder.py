@@ -12,9 +12,20 @@ import json
 import sys
 from pathlib import Path
 
-SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-              "max_position_embeddings", "type_vocab_size", "hidden_act", "layer_norm_eps", "pad_token_id",
-              "position_embedding_type", "model_type")  # fmt: skip
+SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "hidden_act",
+    "layer_norm_eps",
+    "pad_token_id",
+    "position_embedding_type",
+    "model_type",
+)
 
 
 def main() -> None:
@@ -41,7 +52,9 @@ def main() -> None:
 
     config = config_from_dict(RunConfig, yaml.safe_load((run / "config.yaml").read_text()))
     tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer", trust_remote_code=False)
-    model = build_model(config, tokenizer, padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of))
+    model = build_model(
+        config, tokenizer, padded_vocab_size(tokenizer, config.tokenizer.pad_vocab_to_multiple_of)
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     print(f"wrote {out}")

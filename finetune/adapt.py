@@ -43,11 +43,25 @@ Guide: docs/finetuning.md (Task-adaptive pretraining)."""
 TASKS = ("classify", "tag", "seq2seq")
 
 ADAPT_OPTIONS = (
-    ("--task NAME", "str", "required", "the fine-tuning script whose training text is read: classify, tag or seq2seq"),
-    ("--task_config FILE", "str", None, "that script's YAML config; its data section names the training data "
-     "(default: the script's shipped sample)"),
-    ("--task_data.KEY VALUE", "str", None, "an override of the task config's data section, e.g. "
-     "--task_data.train_file reviews.csv"),
+    (
+        "--task NAME",
+        "str",
+        "required",
+        "the fine-tuning script whose training text is read: classify, tag or seq2seq",
+    ),
+    (
+        "--task_config FILE",
+        "str",
+        None,
+        "that script's YAML config; its data section names the training data "
+        "(default: the script's shipped sample)",
+    ),
+    (
+        "--task_data.KEY VALUE",
+        "str",
+        None,
+        "an override of the task config's data section, e.g. --task_data.train_file reviews.csv",
+    ),
 )
 """The options of `finetune/adapt.py` besides pretraining's: (flag, type, default, meaning)."""
 
@@ -82,7 +96,7 @@ def split_arguments(argv: list[str]) -> tuple[str, list[str], list[str]]:
             elif key == "--task_config":
                 task_argv = ["--config", value, *task_argv]
             else:
-                task_argv += [f"--data.{key[len('--task_data.'):]}", value]
+                task_argv += [f"--data.{key[len('--task_data.') :]}", value]
             continue
         rest.append(argv[i])
         i += 1
@@ -114,8 +128,11 @@ def task_training_text(task_name: str, task_argv: list[str], checkpoint: str) ->
         raise ConfigError("the task config names no training data (--data.train_file or --data.dataset_name)")
     from kiln.config import resolve_path
 
-    files = {"train_file": None if data.dataset_name else resolve_path(data.train_file),
-             "validation_file": None, "test_file": None}  # fmt: skip
+    files = {
+        "train_file": None if data.dataset_name else resolve_path(data.train_file),
+        "validation_file": None,
+        "test_file": None,
+    }
     dataset = task.read(config, files, task.start(config))
     # a Hub dataset brings its own dev and test splits: only its train split is read; from local files only the
     # training file was given, so every split the reader made (a held-out share of it) is training text
@@ -128,7 +145,9 @@ def task_training_text(task_name: str, task_argv: list[str], checkpoint: str) ->
         documents += [text for text in (example_text(row) for row in rows) if text.strip()]
     if not documents:
         raise ConfigError("the task's training split has no text to adapt to")
-    names = [name for name in dataset_names(data) if name] if data.dataset_name else [Path(data.train_file).name]
+    names = (
+        [name for name in dataset_names(data) if name] if data.dataset_name else [Path(data.train_file).name]
+    )
     return documents, names
 
 
@@ -160,19 +179,29 @@ def main(argv: list[str] | None = None):
     task_name, task_argv, argv = split_arguments(argv)
     print_config = "--print_config" in argv
     argv = [arg for arg in argv if arg != "--print_config"]
-    config = build_config(RunConfig, argv, prog="accelerate launch finetune/adapt.py", description=DESCRIPTION)
+    config = build_config(
+        RunConfig, argv, prog="accelerate launch finetune/adapt.py", description=DESCRIPTION
+    )
     _, nested = parse_overrides(argv, {key for key, tp, _, _ in _walk_fields(RunConfig) if tp is bool})
-    given = {f"{section}.{key}" for section, values in nested.items() if isinstance(values, dict) for key in values}
+    given = {
+        f"{section}.{key}" for section, values in nested.items() if isinstance(values, dict) for key in values
+    }
     if task_name is None and not print_config:
-        raise ConfigError(f"--task is required: the fine-tuning script whose training text to adapt to ({', '.join(TASKS)})")
+        raise ConfigError(
+            f"--task is required: the fine-tuning script whose training text to adapt to ({', '.join(TASKS)})"
+        )
     if not config.model.init_from and not print_config:
-        raise ConfigError("--model.init_from is required: the pretrained encoder to adapt (e.g. runs/encoder-tiny/final)")
+        raise ConfigError(
+            "--model.init_from is required: the pretrained encoder to adapt (e.g. runs/encoder-tiny/final)"
+        )
     if config.model.kind != "encoder":
         raise ConfigError("task-adaptive pretraining adapts an encoder; set --model.kind encoder")
     for key in ("data.data_files", "data.dataset_name", "data.prepared", "data.validation_files"):
         if key in given:
-            raise ConfigError(f"--{key} is not for finetune/adapt.py: the data is the task's training text "
-                              "(--task_config, --task_data.KEY)")  # fmt: skip
+            raise ConfigError(
+                f"--{key} is not for finetune/adapt.py: the data is the task's training text "
+                "(--task_config, --task_data.KEY)"
+            )
     # a --config YAML's corpus is replaced by the task text
     config.data.dataset_name = config.data.prepared = None
     config.data.validation_files = []

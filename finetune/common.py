@@ -206,8 +206,10 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
         wanted = " or ".join(expected)
         default_dir, command = PRETRAIN_COMMANDS.get(expected[0], (None, None))
         example = f", e.g. {default_dir} from `{command}`" if command else ""
-        converts = {"kiln_encoder": " (or a transformers BERT or ELECTRA one, converted on the way in)",
-                    "kiln_decoder": " (or a transformers GPT-2 one, converted on the way in)"}.get(expected[0], "")  # fmt: skip
+        converts = {
+            "kiln_encoder": " (or a transformers BERT or ELECTRA one, converted on the way in)",
+            "kiln_decoder": " (or a transformers GPT-2 one, converted on the way in)",
+        }.get(expected[0], "")
         what = f"a transformers {family[0]} ({family[1]})" if family else f"a {found_type}"
         raise ConfigError(
             f"{option} {spec} is {what} checkpoint, but a {wanted} checkpoint{converts} is needed here{example}"
@@ -549,7 +551,9 @@ def _evaluator(job: FinetuneJob):
     return evaluate
 
 
-def _score_split(training, accelerator, job: FinetuneJob, model, tokenized, raw) -> tuple[list, dict[str, float]]:
+def _score_split(
+    training, accelerator, job: FinetuneJob, model, tokenized, raw
+) -> tuple[list, dict[str, float]]:
     """Predictions for one split, and its metrics (with the loss) when it has references."""
     import torch
 
@@ -567,7 +571,9 @@ def _score_split(training, accelerator, job: FinetuneJob, model, tokenized, raw)
     return predictions, metrics
 
 
-def _predict_split(training, eval_cfg, accelerator, job: FinetuneJob, model) -> tuple[dict[str, float], Path | None]:
+def _predict_split(
+    training, eval_cfg, accelerator, job: FinetuneJob, model
+) -> tuple[dict[str, float], Path | None]:
     """Predictions file for the test split (and its metrics when it has references)."""
     if job.test_dataset is None:
         return {}, None
@@ -625,7 +631,9 @@ class FinalEvaluation(TrainerCallback):
         history = end.card_state.history
         metrics = {
             "validation": {
-                k.removeprefix("eval/"): v for k, v in latest_metrics(history).items() if k.startswith("eval/")
+                k.removeprefix("eval/"): v
+                for k, v in latest_metrics(history).items()
+                if k.startswith("eval/")
             }
         }
         for name, (tokenized, raw) in self.job.extra_eval.items():
@@ -646,7 +654,9 @@ def run_parts(job: FinetuneJob, model_cfg, training, eval_cfg) -> RunParts:
     from kiln.export import ModelCardFacts
     from kiln.job import RunParts
 
-    kind = getattr(model_cfg, "kind", None)  # the seq2seq model section names its kind, the encoder ones do not
+    kind = getattr(
+        model_cfg, "kind", None
+    )  # the seq2seq model section names its kind, the encoder ones do not
     card = ModelCardFacts(
         model_kind=kind,
         objective=model_cfg.objective if kind is not None else None,
@@ -688,7 +698,8 @@ def hub_base_models(model_config) -> list[str] | None:
     if getattr(model_config, "from_scratch", False):
         return None  # only the shapes and tokenizers came from there
     specs = [
-        getattr(model_config, name, None) for name in ("checkpoint", "encoder_checkpoint", "decoder_checkpoint")
+        getattr(model_config, name, None)
+        for name in ("checkpoint", "encoder_checkpoint", "decoder_checkpoint")
     ]
     ids = [s for s in specs if s and not Path(s).exists() and _HUB_ID.match(s) and "/" in s]
     return ids or None
@@ -709,6 +720,7 @@ def run_prediction(config, accelerator, job: FinetuneJob) -> FinetuneResult:
 
 def run_finetune_cli(main: Callable, argv: list[str] | None = None):
     """Run a script's main(); user errors print one line `error: ...` and exit with status 2."""
+
     def user_errors():
         from finetune.data import FinetuneDataError
         from pretrain.data import DataError

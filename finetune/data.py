@@ -440,14 +440,18 @@ def _unreachable_dataset(dataset_name: str, dataset_config: str | None, offline_
             + (f" (as --config {twin.relative_to(OFFLINE_CONFIGS.parents[2])} does)" if twin else "")
         )
         if dataset_name == "nyu-mll/glue" and dataset_config:  # the GLUE distribution's files, by task preset
-            offline_fix += f", or --data.glue_task {dataset_config} --data.glue_dir DIR (the task's GLUE folder)"
+            offline_fix += (
+                f", or --data.glue_task {dataset_config} --data.glue_dir DIR (the task's GLUE folder)"
+            )
     return (
         f"cannot load the Hub dataset {name}: {why} and the datasets cache does not hold it; run once with the "
         f"network to cache it (HF_HUB_OFFLINE=1 then reads the cache), or read local copies: {offline_fix}"
     )
 
 
-def _require_columns(dataset: DatasetDict, columns: Sequence[str], what: str, option: str, splits=None) -> None:
+def _require_columns(
+    dataset: DatasetDict, columns: Sequence[str], what: str, option: str, splits=None
+) -> None:
     """Every column in `columns` exists in each split (`splits`, default all); else one line naming the setting
     (`option`, e.g. "data.label_column") as its flag and the columns the split has."""
     for split_name in dataset if splits is None else splits:
@@ -462,7 +466,9 @@ def _require_columns(dataset: DatasetDict, columns: Sequence[str], what: str, op
             )
 
 
-def _require_text(dataset: DatasetDict, columns: Sequence[str], what: str, option: str, lists: bool = False) -> None:
+def _require_text(
+    dataset: DatasetDict, columns: Sequence[str], what: str, option: str, lists: bool = False
+) -> None:
     """Text columns must hold strings (or, with `lists`, lists of strings): numbers in a jsonl/csv column, say,
     would otherwise fail deep inside the tokenizer."""
     for split_name, split in dataset.items():
@@ -632,8 +638,15 @@ def load_classification_data(
     `unlabelled_test` drops the test split's labels (placeholders such as GLUE's -1); `offline_fix` names the
     local files to give when the Hub dataset cannot be loaded."""
     files = {"train": train_file, "validation": validation_file, "test": test_file, **(extra_files or {})}
-    dataset = _load_splits(dataset_name, dataset_config, files, hub_splits=hub_splits, column_names=column_names,
-                           revision=dataset_revision, offline_fix=offline_fix)  # fmt: skip
+    dataset = _load_splits(
+        dataset_name,
+        dataset_config,
+        files,
+        hub_splits=hub_splits,
+        column_names=column_names,
+        revision=dataset_revision,
+        offline_fix=offline_fix,
+    )
     columns = dataset["train"].column_names
     if text_columns is None:
         candidates = [("sentence1", "sentence2"), ("sentence",), ("text",)]
@@ -653,7 +666,13 @@ def load_classification_data(
     _require_text(dataset, text_columns, "text", "data.text_columns")
     if unlabelled_test and "test" in dataset and label_column in dataset["test"].column_names:
         dataset["test"] = dataset["test"].remove_columns(label_column)
-    _require_columns(dataset, [label_column], "label", "data.label_column", splits=[name for name in dataset if name != "test"])
+    _require_columns(
+        dataset,
+        [label_column],
+        "label",
+        "data.label_column",
+        splits=[name for name in dataset if name != "test"],
+    )
 
     renames = dict(zip(text_columns, ("text", "text_pair")))
     renames[label_column] = "label"
@@ -789,9 +808,15 @@ def load_seq2seq_data(
             dataset[split_name] = split.map(from_translation, batched=True, remove_columns=split.column_names)
     elif source_lang and target_lang and source_lang in columns and target_lang in columns:
         source_column, target_column = source_lang, target_lang
-    _require_columns(dataset, [source_column, target_column], "source/target", "data.source_column / --data.target_column")
+    _require_columns(
+        dataset, [source_column, target_column], "source/target", "data.source_column / --data.target_column"
+    )
     _require_text(
-        dataset, [source_column, target_column], "source/target", "data.source_column/target_column", lists=True
+        dataset,
+        [source_column, target_column],
+        "source/target",
+        "data.source_column/target_column",
+        lists=True,
     )
 
     def flatten(batch):

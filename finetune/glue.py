@@ -107,18 +107,35 @@ Guide: docs/finetuning.md; every option: docs/configuration.md."""
 
 def glue_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python finetune/glue.py", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python finetune/glue.py",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--checkpoint", default="runs/encoder-tiny/final",
-                        help="pretrained encoder: a local final/ folder or Hub id (default: runs/encoder-tiny/final, "
-                        "written by `accelerate launch pretrain/run.py`)")  # fmt: skip
-    parser.add_argument("--tasks", nargs="+", default=list(GLUE_TASKS), choices=list(GLUE_TASKS), metavar="TASK",
-                        help=f"tasks to run (default: all nine: {' '.join(GLUE_TASKS)})")  # fmt: skip
-    parser.add_argument("--glue-dir", help="folder of the GLUE data (CoLA/, SST-2/, ... or cola/, sst2/, ...; "
-                        "default: the Hub dataset nyu-mll/glue)")  # fmt: skip
+    parser.add_argument(
+        "--checkpoint",
+        default="runs/encoder-tiny/final",
+        help="pretrained encoder: a local final/ folder or Hub id (default: runs/encoder-tiny/final, "
+        "written by `accelerate launch pretrain/run.py`)",
+    )
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=list(GLUE_TASKS),
+        choices=list(GLUE_TASKS),
+        metavar="TASK",
+        help=f"tasks to run (default: all nine: {' '.join(GLUE_TASKS)})",
+    )
+    parser.add_argument(
+        "--glue-dir",
+        help="folder of the GLUE data (CoLA/, SST-2/, ... or cola/, sst2/, ...; "
+        "default: the Hub dataset nyu-mll/glue)",
+    )
     parser.add_argument("--output-dir", default="runs/glue", help="each task runs in OUTPUT_DIR/<task>")
-    parser.add_argument("--update-checkpoint-card", action="store_true",
-                        help="also put the results into the checkpoint's own README.md (a local folder)")  # fmt: skip
+    parser.add_argument(
+        "--update-checkpoint-card",
+        action="store_true",
+        help="also put the results into the checkpoint's own README.md (a local folder)",
+    )
     add_print_config(parser)
     return parser
 
@@ -166,9 +183,17 @@ def main(argv: list[str] | None = None) -> dict:
         task = GLUE_TASKS[name]
         source = ["--data.glue_dir", task_folder(args.glue_dir, task)] if args.glue_dir else []
         result = run_classify(
-            ["--data.glue_task", name, "--model.checkpoint", args.checkpoint,
-             "--training.output_dir", str(out / name), *source, *overrides]
-        )  # fmt: skip
+            [
+                "--data.glue_task",
+                name,
+                "--model.checkpoint",
+                args.checkpoint,
+                "--training.output_dir",
+                str(out / name),
+                *source,
+                *overrides,
+            ]
+        )
         if result.final_dir is None:  # stopped by a signal: its checkpoint is saved, the suite stops here
             break
         runs[name] = result.eval_metrics

@@ -71,23 +71,60 @@ NLI = ("entailment", "not_entailment")
 GLUE_TASKS = {
     task.name: task
     for task in (
-        GlueTask("cola", "CoLA", ("sentence",), ("sentence",), "label", ("unacceptable", "acceptable"),
-                 (("validation", "matthews_correlation"),),
-                 headerless=("source", "label", "original_label", "sentence")),
+        GlueTask(
+            "cola",
+            "CoLA",
+            ("sentence",),
+            ("sentence",),
+            "label",
+            ("unacceptable", "acceptable"),
+            (("validation", "matthews_correlation"),),
+            headerless=("source", "label", "original_label", "sentence"),
+        ),
         GlueTask("sst2", "SST-2", ("sentence",), ("sentence",), "label", ("negative", "positive"), ACCURACY),
-        GlueTask("mrpc", "MRPC", ("#1 String", "#2 String"), PAIR, "Quality", ("not_equivalent", "equivalent"),
-                 F1_ACCURACY),
-        GlueTask("qqp", "QQP", ("question1", "question2"), ("question1", "question2"), "is_duplicate",
-                 ("not_duplicate", "duplicate"), F1_ACCURACY),
-        GlueTask("stsb", "STS-B", PAIR, PAIR, "score", None, (("validation", "pearson"), ("validation", "spearmanr"))),
-        GlueTask("mnli", "MNLI", PAIR, ("premise", "hypothesis"), "gold_label", ("entailment", "neutral", "contradiction"),
-                 (("validation", "accuracy"), ("validation_mismatched", "accuracy")),
-                 files=MNLI_FILES, hub_splits=MNLI_HUB_SPLITS),
+        GlueTask(
+            "mrpc",
+            "MRPC",
+            ("#1 String", "#2 String"),
+            PAIR,
+            "Quality",
+            ("not_equivalent", "equivalent"),
+            F1_ACCURACY,
+        ),
+        GlueTask(
+            "qqp",
+            "QQP",
+            ("question1", "question2"),
+            ("question1", "question2"),
+            "is_duplicate",
+            ("not_duplicate", "duplicate"),
+            F1_ACCURACY,
+        ),
+        GlueTask(
+            "stsb",
+            "STS-B",
+            PAIR,
+            PAIR,
+            "score",
+            None,
+            (("validation", "pearson"), ("validation", "spearmanr")),
+        ),
+        GlueTask(
+            "mnli",
+            "MNLI",
+            PAIR,
+            ("premise", "hypothesis"),
+            "gold_label",
+            ("entailment", "neutral", "contradiction"),
+            (("validation", "accuracy"), ("validation_mismatched", "accuracy")),
+            files=MNLI_FILES,
+            hub_splits=MNLI_HUB_SPLITS,
+        ),
         GlueTask("qnli", "QNLI", ("question", "sentence"), ("question", "sentence"), "label", NLI, ACCURACY),
         GlueTask("rte", "RTE", PAIR, PAIR, "label", NLI, ACCURACY),
         GlueTask("wnli", "WNLI", PAIR, PAIR, "label", ("not_entailment", "entailment"), ACCURACY),
     )
-}  # fmt: skip
+}
 
 
 def glue_task(name: str) -> GlueTask:

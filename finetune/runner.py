@@ -258,7 +258,9 @@ def encoder_model(auto_class, path: str, model_cfg, new_head: dict | None, head_
         return scratch_model(auto_class, path, model_cfg, **kwargs)
     with quiet_transformers(), weight_file_errors(path, "--model.checkpoint"):
         # a Kiln type (resolve_start_model): Kiln's registered class, never the checkpoint's own code
-        model, info = auto_class.from_pretrained(path, output_loading_info=True, trust_remote_code=False, **kwargs)
+        model, info = auto_class.from_pretrained(
+            path, output_loading_info=True, trust_remote_code=False, **kwargs
+        )
     report_loading(info, model_cfg.checkpoint, allowed_missing=lambda key: key.startswith(head_prefixes))
     fine_tuned_before = not any(key.startswith("classifier.") for key in info["missing_keys"])
     # --model.reset_head on a fine-tuned checkpoint: a new head (ignore_mismatched_sizes only replaces it when the

@@ -243,8 +243,12 @@ def build_encoder_decoder(model_cfg, predict: bool):
                 is_decoder=True,
                 output_loading_info=True,
             )
-        report_loading(encoder_info, model_cfg.encoder_checkpoint, allowed_missing=lambda key: key.startswith("pooler."))
-        report_loading(decoder_info, model_cfg.decoder_checkpoint, allowed_missing=lambda key: ".cross_attention" in key)
+        report_loading(
+            encoder_info, model_cfg.encoder_checkpoint, allowed_missing=lambda key: key.startswith("pooler.")
+        )
+        report_loading(
+            decoder_info, model_cfg.decoder_checkpoint, allowed_missing=lambda key: ".cross_attention" in key
+        )
     freeze_pooler(encoder)
     with quiet_transformers():
         model = KilnEncoderDecoderModel(encoder=encoder, decoder=decoder)
@@ -450,7 +454,9 @@ def start(config) -> None:
     if data.task not in TASK_METRICS:
         raise ConfigError(f"--data.task must be summarization or translation, got {data.task!r}")
     if generation.num_beams < 1 or generation.max_new_tokens < 1 or generation.no_repeat_ngram_size < 0:
-        raise ConfigError("--generation.num_beams and --generation.max_new_tokens must be >= 1, --generation.no_repeat_ngram_size >= 0")
+        raise ConfigError(
+            "--generation.num_beams and --generation.max_new_tokens must be >= 1, --generation.no_repeat_ngram_size >= 0"
+        )
     choices, default_metric = TASK_METRICS[data.task]
     check_best_metric(config.training, choices, default=default_metric)
 

@@ -64,7 +64,9 @@ class RandomOrder(RandomSampler):
             return
         for chunk in torch.randperm(n, generator=self.generator).split(1 << 16):
             yield from chunk.tolist()
-        torch.randperm(n, generator=self.generator)  # RandomSampler draws a second, empty tail: the same state
+        torch.randperm(
+            n, generator=self.generator
+        )  # RandomSampler draws a second, empty tail: the same state
 
 
 def with_example_index(dataset, collator):

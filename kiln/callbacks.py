@@ -199,7 +199,11 @@ class BestModel(TrainerCallback):
             model.load_state_dict(best_state)
         acc.print(f"loaded the best model (step {state.best_step}) from {self.save_dir}")
         best_entry = next(
-            (entry for entry in reversed(state.history) if entry["step"] == state.best_step and _is_eval(entry)),
+            (
+                entry
+                for entry in reversed(state.history)
+                if entry["step"] == state.best_step and _is_eval(entry)
+            ),
             None,
         )
         if best_entry is None:
@@ -233,7 +237,9 @@ class FinalExport(TrainerCallback):
         if end.failure is not None:
             return  # the error says what happened and what was kept
         if state.stop_reason == "signal":
-            acc.print(f"stopped by signal at step {state.global_step}; checkpoint saved in {trainer.output_dir}/checkpoints")
+            acc.print(
+                f"stopped by signal at step {state.global_step}; checkpoint saved in {trainer.output_dir}/checkpoints"
+            )
             return
         card = dataclasses.replace(self.card, summary={**self.card.summary, **end.summary})
         end.final_dir = export.export_model(
@@ -260,7 +266,10 @@ class HubSync(TrainerCallback):
         set_request_timeout(self.hub.timeout_s)  # a stalled Hub fails a request instead of hanging the run
         hub = self.hub
         self.pusher = HubPusher(
-            hub.model_id, private=hub.private, revision=hub.revision, enabled=trainer.accelerator.is_main_process
+            hub.model_id,
+            private=hub.private,
+            revision=hub.revision,
+            enabled=trainer.accelerator.is_main_process,
         )
         self.pusher.exit_wait_s = hub.final_push_timeout_s
         self.pusher.exit_stall_s = hub.final_push_stall_s
@@ -313,7 +322,9 @@ class HubSync(TrainerCallback):
             refuse_link(local_dir)  # never downloaded through a link (kiln.safe_write)
             shutil.rmtree(local_dir, ignore_errors=True)
             try:
-                path = download_checkpoint(spec, local_dir, revision=self.hub.revision, timeout=self.hub.timeout_s)
+                path = download_checkpoint(
+                    spec, local_dir, revision=self.hub.revision, timeout=self.hub.timeout_s
+                )
                 from .run_folder import record_files
 
                 record_files(Path(local_dir).parent, Path(local_dir).name)  # on the run folder's record
@@ -324,7 +335,9 @@ class HubSync(TrainerCallback):
         if acc.num_processes > 1:  # any node's failure stops every process
             error = next((e for e in gather_object([error]) if e is not None), None)
         if error is not None:
-            raise ConfigError(f"{error}; check the repo id, your token and the network, or resume from a local checkpoint")
+            raise ConfigError(
+                f"{error}; check the repo id, your token and the network, or resume from a local checkpoint"
+            )
         if path is None:  # other processes: what their node's downloader wrote
             found = next(Path(local_dir).rglob("trainer_state.json"), None)
             if found is None:
@@ -345,11 +358,18 @@ class HubSync(TrainerCallback):
         # a stop signal (before or during the wait) hands the queued pushes to the user instead of waiting on
         # a stalled Hub: every pushed folder is complete on disk, so `hf upload` finishes the job by hand
         before = trainer.stop_signals
-        grace = min(SIGNAL_GRACE_S, self.hub.final_push_timeout_s) if before else self.hub.final_push_timeout_s
+        grace = (
+            min(SIGNAL_GRACE_S, self.hub.final_push_timeout_s) if before else self.hub.final_push_timeout_s
+        )
         stall = self.hub.final_push_stall_s
         if self.pusher.unpushed():
-            logger.info("waiting (at most %g s, or %g s without progress) for the pushes to %s; a stop signal "
-                        "hands them to you", grace, min(stall, grace), self.hub.model_id)
+            logger.info(
+                "waiting (at most %g s, or %g s without progress) for the pushes to %s; a stop signal "
+                "hands them to you",
+                grace,
+                min(stall, grace),
+                self.hub.model_id,
+            )
         ok = self.pusher.wait(timeout=grace, stop=lambda: trainer.stop_signals > before, stall_s=stall)
         self.pusher.close()  # waited for (and what did not land is reported below): the exit need not wait again
         if ok:
@@ -358,8 +378,10 @@ class HubSync(TrainerCallback):
         if trainer.stop_signals and unpushed:
             end.handed_off = [self._upload_command(source, path_in_repo) for source, path_in_repo in unpushed]
             for command in end.handed_off:
-                print(f"stopped by signal before the push to {self.hub.model_id} completed; finish it with `{command}`",
-                      flush=True)
+                print(
+                    f"stopped by signal before the push to {self.hub.model_id} completed; finish it with `{command}`",
+                    flush=True,
+                )
             return
         self._log_incomplete()
         if end.final_dir is not None and end.completed:
@@ -386,7 +408,9 @@ class HubSync(TrainerCallback):
 
     def _log_incomplete(self) -> None:
         logger.error(
-            "the push to %s did not complete (%s); the model is saved locally", self.hub.model_id, self._reason(True)
+            "the push to %s did not complete (%s); the model is saved locally",
+            self.hub.model_id,
+            self._reason(True),
         )
 
     def _push_error(self, final_dir: Path) -> Exception:

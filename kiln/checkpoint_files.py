@@ -28,7 +28,11 @@ def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and p.name[5:].isdigit()]
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and p.name[5:].isdigit()
+    ]
     return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
 
 
@@ -50,7 +54,9 @@ def write_checksums(folder: Path) -> dict[str, dict[str, int | str]]:
     """checksums.json into the checkpoint `folder`, last: each file's size and sha256 (`checkpoint_problem`).
     Returns them (the run folder's record takes them as they are, `kiln.run_folder.record_files`)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE)
-    manifest = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    manifest = {
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files
+    }
     from .safe_write import open_new_file, replace_into
 
     tmp = folder / f"{CHECKSUMS_FILE}.tmp"
@@ -107,7 +113,9 @@ def trainer_state_problem(state: Any) -> str | None:
             return f"{TRAINER_STATE_FILE}: {key} is {json.dumps(state.get(key))[:40]}, not a count"
     for key in LAYOUT_KEYS:
         if key in state and not (count(state[key]) and state[key] > 0):
-            return f"{TRAINER_STATE_FILE}: {key} is {json.dumps(state[key])[:40]}, not a positive whole number"
+            return (
+                f"{TRAINER_STATE_FILE}: {key} is {json.dumps(state[key])[:40]}, not a positive whole number"
+            )
     return None
 
 
@@ -156,7 +164,8 @@ def resolve_checkpoint(
                 if damaged and not quiet:
                     logger.warning(
                         "skipping damaged checkpoint(s) %s; resuming from %s, the newest valid one",
-                        "; ".join(damaged), candidate.name,
+                        "; ".join(damaged),
+                        candidate.name,
                     )
                 return candidate
             damaged.append(f"{candidate.name}: {problem}")
@@ -186,16 +195,32 @@ def resolve_checkpoint(
 
 # settings that may change between a run and its resume without changing what is trained
 _RESUME_FREE_KEYS = (
-    "training.output_dir", "training.resume_from_checkpoint", "training.overwrite_output_dir",
+    "training.output_dir",
+    "training.resume_from_checkpoint",
+    "training.overwrite_output_dir",
     "training.trust_checkpoint_pickles",
     "training.save_on_each_node",
-    "training.allow_config_change", "training.eval_steps", "training.save_steps", "training.save_total_limit",
-    "training.max_eval_batches", "training.per_device_eval_batch_size", "training.max_train_time_s",
-    "training.metric_for_best_model", "training.greater_is_better", "training.early_stopping_patience",
+    "training.allow_config_change",
+    "training.eval_steps",
+    "training.save_steps",
+    "training.save_total_limit",
+    "training.max_eval_batches",
+    "training.per_device_eval_batch_size",
+    "training.max_train_time_s",
+    "training.metric_for_best_model",
+    "training.greater_is_better",
+    "training.early_stopping_patience",
     "training.divergence_factor",
-    "data.num_workers", "data.num_proc", "data.cache_dir", "data.max_eval_documents",
-    "tokenizer.name_or_path", "predict", "logging.", "hub.", "eval.",
-)  # fmt: skip
+    "data.num_workers",
+    "data.num_proc",
+    "data.cache_dir",
+    "data.max_eval_documents",
+    "tokenizer.name_or_path",
+    "predict",
+    "logging.",
+    "hub.",
+    "eval.",
+)
 
 
 _LAYOUT_CONFIG_KEYS = {"training.per_device_train_batch_size", "training.gradient_accumulation_steps"}
@@ -225,9 +250,16 @@ def check_config_change(checkpoint: Path, config: Any, accelerator: Accelerator 
         changed = [
             key
             for key in sorted(set(old) | set(new))
-            if not key.startswith(_RESUME_FREE_KEYS) and key not in _RESUME_FREE_KEYS and key in old and key in new
+            if not key.startswith(_RESUME_FREE_KEYS)
+            and key not in _RESUME_FREE_KEYS
+            and key in old
+            and key in new
             and old[key] != new[key]
-            and not (isinstance(old[key], (int, float)) and isinstance(new[key], (int, float)) and old[key] == new[key])
+            and not (
+                isinstance(old[key], (int, float))
+                and isinstance(new[key], (int, float))
+                and old[key] == new[key]
+            )
         ]
         if changed and set(changed) <= _LAYOUT_CONFIG_KEYS:
             from .elastic import layout_change_is_elastic
@@ -235,7 +267,9 @@ def check_config_change(checkpoint: Path, config: Any, accelerator: Accelerator 
             if layout_change_is_elastic(checkpoint, config):
                 changed = []  # another number of processes at the same global batch: still an exact continuation
         if changed:
-            problems.append("changed settings: " + ", ".join(f"{key} {old[key]!r} -> {new[key]!r}" for key in changed))
+            problems.append(
+                "changed settings: " + ", ".join(f"{key} {old[key]!r} -> {new[key]!r}" for key in changed)
+            )
     data_diff = []
     if accelerator is None or accelerator.is_main_process:
         # hashed once, by the process that writes the fingerprint into checkpoints, not by every rank (a corpus of

@@ -120,8 +120,10 @@ def _optimizer_state(accelerator: Accelerator, model, optimizer, keep: bool) -> 
         state = get_optimizer_state_dict(model, inner, options=StateDictOptions(full_state_dict=False))
         return _full_cpu(state, keep), "name"
     state = optimizer.state_dict()
-    return {"state": _full_cpu({str(k): v for k, v in state["state"].items()}, keep),
-            "param_groups": state["param_groups"]}, "index"  # fmt: skip
+    return {
+        "state": _full_cpu({str(k): v for k, v in state["state"].items()}, keep),
+        "param_groups": state["param_groups"],
+    }, "index"
 
 
 def _json_value(value: Any, where: str) -> Any:
@@ -135,7 +137,13 @@ def _json_value(value: Any, where: str) -> Any:
 
 
 def save_training_state(
-    accelerator: Accelerator, model, optimizer, scheduler, state: TrainState, folder: Path, writer: bool,
+    accelerator: Accelerator,
+    model,
+    optimizer,
+    scheduler,
+    state: TrainState,
+    folder: Path,
+    writer: bool,
     log_window: dict[str, Any] | None = None,
 ) -> None:
     """Write the model, optimizer, schedule, counters and this process's random states into `folder`. Every
@@ -175,8 +183,11 @@ def save_training_state(
                         tensors[f"{param}/{name}"] = value.contiguous()
                     else:
                         settings[param][name] = _json_value(value, f"optimizer state {param}.{name}")
-            header = {"keys": keys, "param_groups": _json_value(opt_state["param_groups"], "optimizer param groups"),
-                      "state": settings}  # fmt: skip
+            header = {
+                "keys": keys,
+                "param_groups": _json_value(opt_state["param_groups"], "optimizer param groups"),
+                "state": settings,
+            }
             save_file(tensors, folder / OPTIMIZER_FILE, metadata={"kiln_optimizer": json.dumps(header)})
     if writer:
         loop = {
@@ -225,7 +236,6 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
         raise DamagedCheckpoint(
             f"{path.name} is not a complete safetensors file ({first_line(err)})"
         ) from None
-
 
 
 def _json_meta(meta: dict[str, str], key: str, path: Path) -> Any:
@@ -455,7 +465,9 @@ def check_log_window(saved: Any, global_step: int) -> dict[str, Any] | None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise DamagedCheckpoint(f"{where}.{name} is not a count")
     if saved["steps"] > global_step:
-        raise DamagedCheckpoint(f"{where} holds {saved['steps']} steps, more than the checkpoint's {global_step}")
+        raise DamagedCheckpoint(
+            f"{where} holds {saved['steps']} steps, more than the checkpoint's {global_step}"
+        )
     seconds = saved["seconds"]
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
         raise DamagedCheckpoint(f"{where}.seconds is not a duration")
@@ -469,8 +481,10 @@ def check_log_window(saved: Any, global_step: int) -> dict[str, Any] | None:
         if dtypes[name] not in LOG_WINDOW_DTYPES:
             raise DamagedCheckpoint(f"{where}: loss part {name!r} has no known dtype")
         # NaN and inf are sums too: a step skipped for a non-finite loss is logged as such in its window
-        if not isinstance(shares, list) or not shares or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in shares
+        if (
+            not isinstance(shares, list)
+            or not shares
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in shares)
         ):
             raise DamagedCheckpoint(f"{where}: loss part {name!r} does not hold one number per process")
         widths.add(len(shares))
@@ -504,7 +518,9 @@ def _check_schedule(saved: Any, scheduler, expected: Expected) -> dict[str, Any]
             zip(saved["base_lrs"], live["base_lrs"], saved["_last_lr"], lambdas, strict=True)
         ):
             if base != live_base:
-                raise DamagedCheckpoint(f"{where}.base_lrs[{index}] is {_shown(base)}, this run's is {live_base}")
+                raise DamagedCheckpoint(
+                    f"{where}.base_lrs[{index}] is {_shown(base)}, this run's is {live_base}"
+                )
             should = base * fn(saved["last_epoch"])
             if not math.isclose(rate, should, rel_tol=1e-9, abs_tol=1e-15):
                 raise DamagedCheckpoint(
@@ -532,7 +548,9 @@ def _check_grad_scaler(saved: Any, scaler) -> dict[str, Any] | None:
     if saved["scale"] <= 0:
         raise DamagedCheckpoint(f"{where}.scale is {_shown(saved['scale'])}, not positive")
     if not 0 <= saved["_growth_tracker"] < live["growth_interval"]:
-        raise DamagedCheckpoint(f"{where}._growth_tracker is {_shown(saved['_growth_tracker'])}, out of range")
+        raise DamagedCheckpoint(
+            f"{where}._growth_tracker is {_shown(saved['_growth_tracker'])}, out of range"
+        )
     return saved
 
 
@@ -554,7 +572,9 @@ def _check_loop_state(folder: Path, scheduler, scaler, expected: Expected) -> di
             f"{LOOP_STATE_FILE}: accelerator_step is {_shown(step)}, not a count of the checkpoint's micro-batches"
         )
     _check_grad_scaler(loop["grad_scaler"], scaler)
-    check_log_window(loop.get("log_window"), expected.global_step)  # absent in checkpoints of earlier versions
+    check_log_window(
+        loop.get("log_window"), expected.global_step
+    )  # absent in checkpoints of earlier versions
     return loop
 
 
@@ -571,7 +591,9 @@ def load_training_state(
     """Load what `save_training_state` wrote into the run's objects: `check_training_state`, then
     `apply_training_state`. `global_step`: the checkpoint's step, or all the run expects of it (`Expected`).
     Returns the logging window's saved sums (`check_log_window`), or None."""
-    checked = check_training_state(accelerator, model, optimizer, scheduler, folder, global_step, saved_processes)
+    checked = check_training_state(
+        accelerator, model, optimizer, scheduler, folder, global_step, saved_processes
+    )
     return apply_training_state(checked, accelerator, model, optimizer, scheduler, state)
 
 
@@ -616,7 +638,9 @@ def check_training_state(
     return CheckedState(folder, loop, random_states, weights, optimizer_state)
 
 
-def expected_of(folder: Path, training, total_steps: int, steps_per_epoch: int | None, compared: bool) -> Expected:
+def expected_of(
+    folder: Path, training, total_steps: int, steps_per_epoch: int | None, compared: bool
+) -> Expected:
     """What a run of `training` settings (`total_steps` steps, `steps_per_epoch` a stream's None) expects of the
     checkpoint `folder`'s state. `compared`: the run's config was compared with the checkpoint's (its own
     settings unless --training.allow_config_change)."""
@@ -640,8 +664,14 @@ def expected_of(folder: Path, training, total_steps: int, steps_per_epoch: int |
     )
 
 
-def check_on_every_process(accelerator: Accelerator, model, optimizer, scheduler, folder: Path, expected: Expected,
-                           ) -> tuple[CheckedState | None, tuple[str, str] | None]:  # fmt: skip
+def check_on_every_process(
+    accelerator: Accelerator,
+    model,
+    optimizer,
+    scheduler,
+    folder: Path,
+    expected: Expected,
+) -> tuple[CheckedState | None, tuple[str, str] | None]:
     """`check_training_state` on every process, and one verdict for all (a collective: every process calls it):
     (the checked state, None), or (None, (kind, why)) where any process found a fault: `damaged`, or `unfit`
     for weights of another model after a deliberate config change (or a checkpoint of another engine)."""
@@ -650,8 +680,9 @@ def check_on_every_process(accelerator: Accelerator, model, optimizer, scheduler
     checked, verdict = None, None
     try:
         saved = saved_layout(folder)
-        checked = check_training_state(accelerator, model, optimizer, scheduler, folder, expected,
-                                       saved.num_processes if saved else None)  # fmt: skip
+        checked = check_training_state(
+            accelerator, model, optimizer, scheduler, folder, expected, saved.num_processes if saved else None
+        )
     except ModelMismatch as err:  # another model shape: a changed config's doing, or a damaged file
         verdict = ("damaged" if expected.same_schedule else "unfit", str(err))
     except DamagedCheckpoint as err:
@@ -665,8 +696,9 @@ def check_on_every_process(accelerator: Accelerator, model, optimizer, scheduler
     return (checked, None) if verdict is None else (None, verdict)
 
 
-def apply_training_state(checked: CheckedState, accelerator: Accelerator, model, optimizer, scheduler,
-                         state: TrainState) -> dict[str, Any] | None:  # fmt: skip
+def apply_training_state(
+    checked: CheckedState, accelerator: Accelerator, model, optimizer, scheduler, state: TrainState
+) -> dict[str, Any] | None:
     """Load a checked state into the run's objects; returns the logging window's saved sums, or None."""
     loop = checked.loop
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
@@ -740,7 +772,9 @@ def _check_model(accelerator: Accelerator, model, folder: Path) -> dict[str, tor
     return weights
 
 
-def _live_parameters(accelerator: Accelerator, model, optimizer, keys: str) -> list[list[tuple[Any, str, Any]]]:
+def _live_parameters(
+    accelerator: Accelerator, model, optimizer, keys: str
+) -> list[list[tuple[Any, str, Any]]]:
     """Per param group of the optimizer, its parameters as (key in the saved state, name, parameter): key the
     index in torch's numbering (`index`) or the parameter's name (`name`, FSDP's)."""
     inner = getattr(optimizer, "optimizer", optimizer)
@@ -776,7 +810,9 @@ def _check_group(saved: Any, live: dict, index: int, where: str, schedule: dict,
         _same_shape(saved[key], value, f"{where}.{key}")
     for key in _ALGORITHM_FLAGS:
         if key in live and saved[key] != live[key]:
-            raise DamagedCheckpoint(f"{where}.{key} is {_shown(saved[key])}, this run's is {_shown(live[key])}")
+            raise DamagedCheckpoint(
+                f"{where}.{key} is {_shown(saved[key])}, this run's is {_shown(live[key])}"
+            )
     for key in ("lr", "initial_lr", "weight_decay"):
         if key in live and saved[key] < 0:
             raise DamagedCheckpoint(f"{where}.{key} is {_shown(saved[key])}, negative")
@@ -796,7 +832,12 @@ def _check_group(saved: Any, live: dict, index: int, where: str, schedule: dict,
             f"{where}.lr is {_shown(saved['lr'])} but the saved schedule's rate is {_shown(rates[index])}"
         )
     bases = schedule.get("base_lrs")
-    if "initial_lr" in live and bases is not None and index < len(bases) and saved["initial_lr"] != bases[index]:
+    if (
+        "initial_lr" in live
+        and bases is not None
+        and index < len(bases)
+        and saved["initial_lr"] != bases[index]
+    ):
         raise DamagedCheckpoint(
             f"{where}.initial_lr is {_shown(saved['initial_lr'])} but the saved schedule's is {_shown(bases[index])}"
         )
@@ -815,8 +856,9 @@ def _state_keys(optimizer, group: dict) -> set[str] | None:
     return {"step", "exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if group.get("amsgrad") else set())
 
 
-def _check_param_state(values: dict[str, Any], name: str, param, keys: set[str] | None, where: str,
-                       expected: Expected) -> None:  # fmt: skip
+def _check_param_state(
+    values: dict[str, Any], name: str, param, keys: set[str] | None, where: str, expected: Expected
+) -> None:
     """One parameter's optimizer state: the keys its optimizer keeps; its step a whole number from 0 to the
     checkpoint's step; every other tensor of the parameter's shape and dtype, finite (second moments not
     negative)."""
@@ -830,8 +872,14 @@ def _check_param_state(values: dict[str, Any], name: str, param, keys: set[str] 
                 raise DamagedCheckpoint(f"{where}: {key} is not a tensor")
             continue
         if key == "step":
-            if value.dim() != 0 or not value.is_floating_point() and value.dtype not in (torch.int64, torch.int32):
-                raise DamagedCheckpoint(f"{where}: step is a {value.dtype} {list(value.shape)}, not one number")
+            if (
+                value.dim() != 0
+                or not value.is_floating_point()
+                and value.dtype not in (torch.int64, torch.int32)
+            ):
+                raise DamagedCheckpoint(
+                    f"{where}: step is a {value.dtype} {list(value.shape)}, not one number"
+                )
             step = float(value)
             if not math.isfinite(step) or step != int(step) or not 0 <= step <= expected.global_step:
                 raise DamagedCheckpoint(
@@ -849,8 +897,9 @@ def _check_param_state(values: dict[str, Any], name: str, param, keys: set[str] 
                 raise DamagedCheckpoint(f"{where}: {key} holds negative values")
 
 
-def _check_optimizer(accelerator: Accelerator, model, optimizer, folder: Path, loop: dict,
-                     expected: Expected) -> dict[str, Any]:  # fmt: skip
+def _check_optimizer(
+    accelerator: Accelerator, model, optimizer, folder: Path, loop: dict, expected: Expected
+) -> dict[str, Any]:
     """optimizer.safetensors against the run's optimizer and model: its parameter groups this run's (the same
     parameters in each, settings of the same kinds and ranges, the learning rate the saved schedule's), and each
     parameter's state (`_check_param_state`) of that parameter. Returns the state dict to load."""
@@ -884,9 +933,15 @@ def _check_optimizer(accelerator: Accelerator, model, optimizer, folder: Path, l
         if not isinstance(listed, list) or not all(type(key) is kind for key in listed):
             raise DamagedCheckpoint(f"{path.name}: parameter group {index} does not list its parameters")
         keys = [key for key, _, _ in params]
-        same = listed == keys if expected_keys == "index" else len(listed) == len(keys) and set(listed) == set(keys)
+        same = (
+            listed == keys
+            if expected_keys == "index"
+            else len(listed) == len(keys) and set(listed) == set(keys)
+        )
         if not same:
-            first = next((i for i, (a, b) in enumerate(zip(listed, keys)) if a != b), min(len(listed), len(keys)))
+            first = next(
+                (i for i, (a, b) in enumerate(zip(listed, keys)) if a != b), min(len(listed), len(keys))
+            )
             shown = params[first][1] if first < len(params) else f"entry {first}"
             raise DamagedCheckpoint(
                 f"{path.name}: parameter group {index} lists {len(listed)} parameters, this run's {len(keys)}; the "
@@ -900,8 +955,10 @@ def _check_optimizer(accelerator: Accelerator, model, optimizer, folder: Path, l
     per_param: dict[str, dict[str, Any]] = {key: {} for key in owner if key in settings}
     for key, values in settings.items():
         if key not in owner:
-            raise DamagedCheckpoint(f"{path.name}: it holds the state of parameter {_shown(key)}, which this run's "
-                                    "optimizer does not have")  # fmt: skip
+            raise DamagedCheckpoint(
+                f"{path.name}: it holds the state of parameter {_shown(key)}, which this run's "
+                "optimizer does not have"
+            )
         per_param[key] = dict(values)
     for key, tensor in tensors.items():
         param, _, name = key.rpartition("/")
@@ -948,26 +1005,42 @@ def _read_random_states(path: Path) -> tuple[dict[str, torch.Tensor], list, list
     plain = _json_meta(meta, "kiln_random", path)
 
     def words(values, count):
-        return isinstance(values, list) and len(values) == count and all(_is_count(v) and v < 2**32 for v in values)
+        return (
+            isinstance(values, list)
+            and len(values) == count
+            and all(_is_count(v) and v < 2**32 for v in values)
+        )
 
     try:
         version, internal, gauss = plain["python"]
         name, keys, pos, has_gauss, cached = plain["numpy"]
         ok = (
-            set(plain) == {"python", "numpy"} and version == 3 and isinstance(internal, list)
-            and len(internal) == 625 and words(internal[:624], 624) and _is_count(internal[624])
-            and internal[624] <= 624 and (gauss is None or _is_number(gauss) and isinstance(gauss, float))
-            and name == "MT19937" and words(keys, 624) and _is_count(pos) and pos <= 624
-            and has_gauss in (0, 1) and not isinstance(has_gauss, bool) and _is_number(cached)
-        )  # fmt: skip
+            set(plain) == {"python", "numpy"}
+            and version == 3
+            and isinstance(internal, list)
+            and len(internal) == 625
+            and words(internal[:624], 624)
+            and _is_count(internal[624])
+            and internal[624] <= 624
+            and (gauss is None or _is_number(gauss) and isinstance(gauss, float))
+            and name == "MT19937"
+            and words(keys, 624)
+            and _is_count(pos)
+            and pos <= 624
+            and has_gauss in (0, 1)
+            and not isinstance(has_gauss, bool)
+            and _is_number(cached)
+        )
     except (KeyError, TypeError, ValueError):
         ok = False
     cpu = tensors.get("torch")
     cuda = {k: v for k, v in tensors.items() if k != "torch"}
     ok = ok and cpu is not None and cpu.dtype == torch.uint8 and cpu.dim() == 1
     ok = ok and cpu.numel() == torch.get_rng_state().numel()
-    ok = ok and all(k.startswith("cuda.") and k[5:].isdigit() and v.dtype == torch.uint8 and v.dim() == 1
-                    for k, v in cuda.items())  # fmt: skip
+    ok = ok and all(
+        k.startswith("cuda.") and k[5:].isdigit() and v.dtype == torch.uint8 and v.dim() == 1
+        for k, v in cuda.items()
+    )
     if ok and torch.cuda.is_available() and torch.cuda.is_initialized():
         size = torch.cuda.get_rng_state(0).numel()
         ok = all(v.numel() == size for v in cuda.values())

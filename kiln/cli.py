@@ -44,7 +44,9 @@ def run_cli(
             file=sys.stderr,
         )
         raise SystemExit(0) from None
-    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves a checkpoint and exits 0 instead)
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C outside the training loop (which saves a checkpoint and exits 0 instead)
         absorb_stop_signals()
         _close_progress_bars()
         print(
@@ -67,7 +69,9 @@ def run_cli(
             message, status = lost, 1
         else:
             message, status = None, 1
-        if not launcher.claim_failure():  # several processes, and another failed first (alike, or so that this
+        if (
+            not launcher.claim_failure()
+        ):  # several processes, and another failed first (alike, or so that this
             _close_progress_bars()  # one's collective failed): that one says why, this one ends quietly
             launcher.end_after_peer(launcher.failed_first() or "another process", status)
         if message is None:
@@ -76,13 +80,17 @@ def run_cli(
         name = launcher.process_name()
         print(f"error: {message}" + (f" ({name})" if name else ""), file=sys.stderr)
         if name:  # one of several processes: torch's teardown of the process group waits for the peers that
-            launcher.end_now(status)  # are stopping because of this failure (measured: 7-10 s); nothing is left to save
+            launcher.end_now(
+                status
+            )  # are stopping because of this failure (measured: 7-10 s); nothing is left to save
         raise SystemExit(status) from None
 
 
 def add_print_config(parser) -> None:
     """`--print_config` for a command whose options are an argparse parser (answered by `answer_print_config`)."""
-    parser.add_argument("--print_config", action="store_true", help="print the resolved options as YAML and exit")
+    parser.add_argument(
+        "--print_config", action="store_true", help="print the resolved options as YAML and exit"
+    )
 
 
 def answer_print_config(args, **extra) -> None:

@@ -256,12 +256,16 @@ def load_yaml(path: str | os.PathLike, _chain: tuple[Path, ...] = ()) -> dict[st
     (`_chain`: the files whose `_base_` led here, to name a loop instead of recursing forever.)"""
     path = Path(path)
     if path.resolve() in [p.resolve() for p in _chain]:
-        loop = " -> ".join(p.name for p in (*_chain[[p.resolve() for p in _chain].index(path.resolve()) :], path))
+        loop = " -> ".join(
+            p.name for p in (*_chain[[p.resolve() for p in _chain].index(path.resolve()) :], path)
+        )
         raise ConfigError(
             f"the _base_ chain of {_chain[0]} loops: {loop}; remove the _base_ entry that leads back"
         )
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}. Pick one of the YAML files under configs/ or fix the path.")
+        raise ConfigError(
+            f"config file not found: {path}. Pick one of the YAML files under configs/ or fix the path."
+        )
     try:
         text = path.read_text(encoding="utf-8")
         _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
@@ -327,7 +331,9 @@ def parse_overrides(argv: list[str], bool_keys: set[str]) -> tuple[str | None, d
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--"):
-            raise ConfigError(f"unexpected argument {arg!r}; options look like --section.key value (see --help)")
+            raise ConfigError(
+                f"unexpected argument {arg!r}; options look like --section.key value (see --help)"
+            )
         key, eq, value = arg[2:].partition("=")
         if not eq:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
@@ -399,7 +405,10 @@ def format_help(
         "Every option, for every command: docs/configuration.md.",
     ]
     if config_path is not None:
-        lines += ["", f"The defaults shown below are those of --config {config_path} (and the overrides given)."]
+        lines += [
+            "",
+            f"The defaults shown below are those of --config {config_path} (and the overrides given).",
+        ]
     lines += [
         "",
         "options:",
@@ -463,8 +472,17 @@ def build_config(
         _apply(config, load_yaml(config_path))
     _apply(config, overrides)
     if wants_help:
-        print(format_help(cls, prog, description, defaults=config, config_path=config_path, keys=keys,
-                          saves_config=saves_config))  # fmt: skip
+        print(
+            format_help(
+                cls,
+                prog,
+                description,
+                defaults=config,
+                config_path=config_path,
+                keys=keys,
+                saves_config=saves_config,
+            )
+        )
         raise SystemExit(0)
     if print_config:
         print(config_yaml(config, keys), end="")
@@ -492,9 +510,13 @@ def validate_run_sections(config: Any) -> None:
         raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
     for name in ("timeout_s", "final_push_timeout_s", "final_push_stall_s"):
         if not getattr(config.hub, name) > 0:
-            raise ConfigError(f"hub.{name} must be a positive number of seconds, got {getattr(config.hub, name)}")
+            raise ConfigError(
+                f"hub.{name} must be a positive number of seconds, got {getattr(config.hub, name)}"
+            )
     if config.hub.strategy not in ("end", "every_save", "checkpoint"):
-        raise ConfigError(f"--hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}")
+        raise ConfigError(
+            f"--hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}"
+        )
     if config.logging.report_to not in ("none", "wandb", "tensorboard", "all"):
         raise ConfigError(
             f"--logging.report_to must be wandb, tensorboard, all or none, got {config.logging.report_to!r}"
@@ -509,21 +531,31 @@ def check_training_values(training: Any) -> None:
     """Signs and ranges of the training section, each a one-line ConfigError naming the fix."""
     out = training.output_dir
     if not str(out).strip():
-        raise ConfigError("--training.output_dir is empty; name a folder, e.g. --training.output_dir runs/my-run")
+        raise ConfigError(
+            "--training.output_dir is empty; name a folder, e.g. --training.output_dir runs/my-run"
+        )
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"--training.output_dir {out} is a file, not a folder; remove it or pick another output_dir")
+        raise ConfigError(
+            f"--training.output_dir {out} is a file, not a folder; remove it or pick another output_dir"
+        )
     if training.max_steps < -1:
         raise ConfigError(
             f"--training.max_steps must be positive, or -1 to train by num_train_epochs; got {training.max_steps}"
         )
     if training.max_steps == 0:
-        raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
+        raise ConfigError(
+            "--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs"
+        )
     if training.max_steps == -1 and not training.num_train_epochs > 0:
         raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
     if not (training.lr >= 0 and training.lr < float("inf")):
         raise ConfigError(f"--training.lr must be a non-negative number, got {training.lr}")
-    if training.lr == 0:  # every step would leave the weights as they are, and the untrained model be exported
-        raise ConfigError(f"--training.lr must be a positive number (0 trains nothing), got {float(training.lr)}")
+    if (
+        training.lr == 0
+    ):  # every step would leave the weights as they are, and the untrained model be exported
+        raise ConfigError(
+            f"--training.lr must be a positive number (0 trains nothing), got {float(training.lr)}"
+        )
     if training.mixed_precision is not None and training.mixed_precision not in MIXED_PRECISIONS:
         raise ConfigError(
             f"--training.mixed_precision {training.mixed_precision!r} is unknown; use one of: {', '.join(MIXED_PRECISIONS)}"
@@ -533,8 +565,15 @@ def check_training_values(training: Any) -> None:
             f"--training.save_total_limit must be a positive number of checkpoints to keep (0 or none: keep all), "
             f"got {training.save_total_limit}"
         )
-    for name in ("eval_steps", "save_steps", "warmup_steps", "max_grad_norm", "weight_decay", "max_nonfinite_steps",
-                 "divergence_factor"):
+    for name in (
+        "eval_steps",
+        "save_steps",
+        "warmup_steps",
+        "max_grad_norm",
+        "weight_decay",
+        "max_nonfinite_steps",
+        "divergence_factor",
+    ):
         if getattr(training, name) < 0:
             raise ConfigError(f"training.{name} must not be negative, got {getattr(training, name)}")
     if not 0 <= training.warmup_ratio <= 1:
@@ -542,9 +581,13 @@ def check_training_values(training: Any) -> None:
     if not 0 <= training.decay_ratio <= 1:
         raise ConfigError(f"--training.decay_ratio must be in [0, 1], got {training.decay_ratio}")
     if training.decay_type not in ("linear", "cosine", "1-sqrt"):
-        raise ConfigError(f"--training.decay_type {training.decay_type!r} is unknown; use linear, cosine or 1-sqrt")
+        raise ConfigError(
+            f"--training.decay_type {training.decay_type!r} is unknown; use linear, cosine or 1-sqrt"
+        )
     if training.max_train_time_s is not None and training.max_train_time_s < 0:
-        raise ConfigError(f"--training.max_train_time_s must not be negative, got {training.max_train_time_s}")
+        raise ConfigError(
+            f"--training.max_train_time_s must not be negative, got {training.max_train_time_s}"
+        )
 
 
 def config_from_dict(cls: type, values: dict[str, Any]):
@@ -574,7 +617,12 @@ def save_config(config: Any, path: str | os.PathLike) -> None:
 
 def resolve_path(path: str) -> str:
     """Paths in the shipped configs are relative to the repo root; keep absolute and existing ones as they are."""
-    if os.path.isabs(path) or os.path.exists(path) or any(c in path for c in "*?[") and Path(path).parent.exists():
+    if (
+        os.path.isabs(path)
+        or os.path.exists(path)
+        or any(c in path for c in "*?[")
+        and Path(path).parent.exists()
+    ):
         return path
     candidate = REPO_ROOT / path
     return str(candidate) if candidate.exists() or any(c in path for c in "*?[") else path

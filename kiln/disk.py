@@ -15,7 +15,10 @@ def cache_error_message(err: OSError, cache_dir: str | None = None) -> str | Non
     (data.cache_dir). None when `err` is no such write."""
     import errno
 
-    if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT) or not err.filename:
+    if (
+        err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+        or not err.filename
+    ):
         return None
     path = Path(os.path.abspath(err.filename))
     if cache_dir and path.is_relative_to(os.path.abspath(cache_dir)):
@@ -24,10 +27,15 @@ def cache_error_message(err: OSError, cache_dir: str | None = None) -> str | Non
     # they are in use
     caches = []
     if "datasets" in sys.modules:
-        caches.append((sys.modules["datasets"].config.HF_DATASETS_CACHE, "datasets cache", "HF_DATASETS_CACHE"))
+        caches.append(
+            (sys.modules["datasets"].config.HF_DATASETS_CACHE, "datasets cache", "HF_DATASETS_CACHE")
+        )
     if "huggingface_hub" in sys.modules:
         constants = sys.modules["huggingface_hub"].constants
-        caches += [(constants.HF_HUB_CACHE, "Hub cache", "HF_HUB_CACHE"), (constants.HF_HOME, "HF_HOME", None)]
+        caches += [
+            (constants.HF_HUB_CACHE, "Hub cache", "HF_HUB_CACHE"),
+            (constants.HF_HOME, "HF_HOME", None),
+        ]
     for folder, name, variable in caches:
         if path.is_relative_to(os.path.abspath(folder)):
             alone = f"{variable} (this cache only) or " if variable else ""
@@ -79,7 +87,9 @@ def as_disk_fault(err: BaseException, folder: str | os.PathLike | None = None) -
         return err if disk_error_message(err) is not None else None
     found = _OS_ERROR_IN_TEXT.search(str(err))
     if found:
-        fault = OSError(int(found.group(1)), os.strerror(int(found.group(1))), str(folder) if folder else None)
+        fault = OSError(
+            int(found.group(1)), os.strerror(int(found.group(1))), str(folder) if folder else None
+        )
         return fault if disk_error_message(fault) is not None else None
     if folder is None:
         return None

@@ -69,7 +69,9 @@ def launched_processes() -> int:
 
 
 def layout_of(training: TrainingConfig, num_processes: int) -> BatchLayout:
-    return BatchLayout(num_processes, training.per_device_train_batch_size, training.gradient_accumulation_steps)
+    return BatchLayout(
+        num_processes, training.per_device_train_batch_size, training.gradient_accumulation_steps
+    )
 
 
 def saved_layout(checkpoint: str | Path) -> BatchLayout | None:
@@ -84,15 +86,22 @@ def saved_layout(checkpoint: str | Path) -> BatchLayout | None:
         return BatchLayout(*(state[key] for key in LAYOUT_KEYS))
     from .checkpoint_config import saved_run_config
 
-    processes = len(list(checkpoint.glob("rng_state_*.safetensors"))) or len(list(checkpoint.glob("random_states_*.pkl")))
+    processes = len(list(checkpoint.glob("rng_state_*.safetensors"))) or len(
+        list(checkpoint.glob("random_states_*.pkl"))
+    )
     training = (saved_run_config(checkpoint) or {}).get("training") or {}
-    batch, accumulation = training.get("per_device_train_batch_size"), training.get("gradient_accumulation_steps")
+    batch, accumulation = (
+        training.get("per_device_train_batch_size"),
+        training.get("gradient_accumulation_steps"),
+    )
     if not processes or not isinstance(batch, int) or not isinstance(accumulation, int):
         return None
     return BatchLayout(processes, batch, accumulation)
 
 
-def adapt_to_world_size(training: TrainingConfig, num_processes: int, checkpoint: str | Path | None) -> str | None:
+def adapt_to_world_size(
+    training: TrainingConfig, num_processes: int, checkpoint: str | Path | None
+) -> str | None:
     """Resuming `checkpoint` on `num_processes`: set the accumulation count that keeps its global batch (the
     per-device batch stays, so each device's memory does not change), or refuse in one line when none does.
     Returns what was changed (to log), or None when the checkpoint was written on as many processes."""

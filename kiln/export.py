@@ -235,7 +235,9 @@ def _write_run_files(config, state, save_dir: Path) -> None:
     """The resolved config (tokens redacted) and the training history next to the weights."""
     from .public import save_public_config, write_public_json
 
-    save_public_config(config, save_dir / "kiln_config.yaml")  # pushed with the model: no local paths, no tokens
+    save_public_config(
+        config, save_dir / "kiln_config.yaml"
+    )  # pushed with the model: no local paths, no tokens
     write_public_json(save_dir / "training_history.json", state.history, indent=1)
 
 
@@ -272,10 +274,14 @@ def _write_card(
 
     plot = None
     if any("train/loss" in entry for entry in state.history):
-        title = public_name(config.training.output_dir)  # the image is published: the run's name, not its path
+        title = public_name(
+            config.training.output_dir
+        )  # the image is published: the run's name, not its path
         plot = plot_loss_curve(state.history, str(save_dir / "loss_curve.png"), title=title)
     kind = card.model_kind or "encoder"
-    metrics = {k.removeprefix("eval/"): v for k, v in latest_metrics(state.history).items() if k.startswith("eval/")}
+    metrics = {
+        k.removeprefix("eval/"): v for k, v in latest_metrics(state.history).items() if k.startswith("eval/")
+    }
     write_model_card(
         str(save_dir),
         model_id=card.model_id,
@@ -291,7 +297,9 @@ def _write_card(
         final_dir=final_dir,
     )
     if card.usage:
-        replace_card_usage(save_dir / "README.md", card.usage.format(repo=card.model_id or local_usage_name(final_dir)))
+        replace_card_usage(
+            save_dir / "README.md", card.usage.format(repo=card.model_id or local_usage_name(final_dir))
+        )
 
 
 @contextlib.contextmanager

@@ -22,7 +22,16 @@ from .public import public_file_names, write_public_json
 FINGERPRINT_FILE = "data_fingerprint.json"
 """Written into every checkpoint next to its kiln_config.yaml."""
 
-_HUB_KEYS = ("dataset_name", "dataset_config", "dataset_config_name", "dataset_revision", "revision", "dataset_split")
+_HUB_KEYS = (
+    "dataset_name",
+    "dataset_config",
+    "dataset_config_name",
+    "dataset_revision",
+    "revision",
+    "dataset_split",
+)
+
+
 def _local_files(data: Any) -> list[str]:
     """Every local file the data section trains or evaluates on (fields ending in `_file` or `_files`, globs
     expanded; not `test_file`: the test split is only predicted at the end, it does not change what is trained)."""
@@ -64,7 +73,10 @@ def _prepared_fingerprint(folder: Path) -> dict[str, str]:
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError):  # not (yet) a complete prepared folder: its json files as they are
-        return {f"prepared {p.name}": f"{p.stat().st_size} bytes, sha256 {sha256_file(p)}" for p in folder.glob("*.json")}
+        return {
+            f"prepared {p.name}": f"{p.stat().st_size} bytes, sha256 {sha256_file(p)}"
+            for p in folder.glob("*.json")
+        }
     prints = {}
     for split, sources in sorted((manifest.get("sources") or {}).items()):
         for source, name in zip(sources, public_file_names([source["name"] for source in sources])):
@@ -118,9 +130,18 @@ def data_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
         else:
             old_size, new_size = before.split(" bytes")[0], after.split(" bytes")[0]
             changes.append(
-                f"{name} {old_size} -> {new_size} bytes" if old_size != new_size else f"{name} content changed"
+                f"{name} {old_size} -> {new_size} bytes"
+                if old_size != new_size
+                else f"{name} content changed"
             )
     return changes
 
 
-__all__ = ["FINGERPRINT_FILE", "data_changes", "data_fingerprint", "saved_fingerprint", "sha256_file", "write_fingerprint"]
+__all__ = [
+    "FINGERPRINT_FILE",
+    "data_changes",
+    "data_fingerprint",
+    "saved_fingerprint",
+    "sha256_file",
+    "write_fingerprint",
+]

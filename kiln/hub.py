@@ -41,13 +41,16 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_FOLDER = "last-checkpoint"
 """Folder of a Hub repo holding the resumable accelerate state (pushed with `--hub.strategy checkpoint`)."""
 
+
 # --------------------------------------------------------------------------------------------- pushing
 def check_push_settings(model_id: str | None, token: str | None = None) -> None:
     """Before a run starts: a repo id of the form user/name and a token to push with (no network)."""
     from .errors import ConfigError
 
     if not isinstance(model_id, str) or not _REPO_ID.match(model_id):
-        raise ConfigError(f"--hub.model_id must look like 'user/name' (letters, digits, '-', '_', '.'), got {model_id!r}")
+        raise ConfigError(
+            f"--hub.model_id must look like 'user/name' (letters, digits, '-', '_', '.'), got {model_id!r}"
+        )
     if token is None and huggingface_hub.get_token() is None:
         raise ConfigError("no Hugging Face token to push with: set HF_TOKEN or run `hf auth login` first")
 
@@ -70,7 +73,9 @@ class PushRights:
     unchecked: str | None = None
 
 
-def check_push_rights(model_id: str, *, private: bool = False, timeout_s: float = START_CHECK_S) -> PushRights:
+def check_push_rights(
+    model_id: str, *, private: bool = False, timeout_s: float = START_CHECK_S
+) -> PushRights:
     """Before step 1 of a run with --hub.push_to_hub: the token is valid (`whoami`), the repo exists or the
     token may create it (`create_repo(exist_ok=True)`, as transformers' Trainer does at its start) and the token
     may write to it (`auth_check(write=True)`). An HTTP 400/401/403/404 is a refusal, except a 404 of the write
@@ -99,7 +104,9 @@ def check_push_rights(model_id: str, *, private: bool = False, timeout_s: float 
             said = first_line(ValueError(err.server_message)) if getattr(err, "server_message", None) else ""
             said = f"HTTP {status}: {said}" if said else f"HTTP {status}"
             if status == 401 or (status == 403 and step == "whoami"):
-                done["rights"] = PushRights(refusal=f"the Hub does not accept the Hugging Face token ({said}); {login}")
+                done["rights"] = PushRights(
+                    refusal=f"the Hub does not accept the Hugging Face token ({said}); {login}"
+                )
             elif step == "create the repo" and status == 400:
                 done["rights"] = PushRights(
                     refusal=f"the Hub refuses the repo id {model_id} ({said}); name another with --hub.model_id"
@@ -107,7 +114,9 @@ def check_push_rights(model_id: str, *, private: bool = False, timeout_s: float 
             elif step == "write to it" and status == 404:
                 # create_repo just answered, so the repo is there: the server lacks the write-check route (older
                 # Hub-compatible servers); the first push tells whether the token may write
-                done["rights"] = PushRights(unchecked=f"the server has no write check ({said}) for {model_id}")
+                done["rights"] = PushRights(
+                    unchecked=f"the server has no write check ({said}) for {model_id}"
+                )
             elif step != "whoami" and status in (403, 404):
                 who = f"the token of {user['name']}" if user.get("name") else "the token"
                 done["rights"] = PushRights(
@@ -343,7 +352,10 @@ class HubPusher:
                 atexit.register(self._wait_at_exit)
 
     def wait(
-        self, timeout: float | None = None, stop: Callable[[], bool] | None = None, stall_s: float | None = None
+        self,
+        timeout: float | None = None,
+        stop: Callable[[], bool] | None = None,
+        stall_s: float | None = None,
     ) -> bool:
         """Block until every queued upload has landed, retrying failed ones a few times; True if all did.
         `stop`: polled a few times a second; when it returns True the wait ends at once (False). `stall_s`: the
@@ -387,7 +399,9 @@ class HubPusher:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._cond.wait(poll if remaining is None else (remaining if poll is None else min(remaining, poll)))
+                self._cond.wait(
+                    poll if remaining is None else (remaining if poll is None else min(remaining, poll))
+                )
             return True
 
     def unpushed(self) -> list[tuple[Path, str | None]]:
@@ -415,7 +429,11 @@ class HubPusher:
             for source, path_in_repo in self.unpushed():
                 logger.error(
                     "the push of %s to %s did not complete; push it with `hf upload %s %s%s`",
-                    source, self.model_id, self.model_id, source, f" {path_in_repo}" if path_in_repo else "",
+                    source,
+                    self.model_id,
+                    self.model_id,
+                    source,
+                    f" {path_in_repo}" if path_in_repo else "",
                 )
 
     # ------------------------------------------------------------------------------------------- worker
@@ -576,7 +594,9 @@ def write_model_card(
     `final_dir`: where the folder will live when it is written elsewhere first (the card names that path).
     """
     if task not in _AUTO_CLASS:
-        raise ValueError(f"No Kiln head serves the task {task!r}; a model card can claim one of {sorted(_AUTO_CLASS)}.")
+        raise ValueError(
+            f"No Kiln head serves the task {task!r}; a model card can claim one of {sorted(_AUTO_CLASS)}."
+        )
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     model_name = (model_id or _local_name(Path(final_dir or save_dir))).split("/")[-1]
@@ -586,7 +606,9 @@ def write_model_card(
     lines = [
         f"# {card_text(model_name)}",
         "",
-        _card_origin(model_kind, base_model, [corpus_name(d) for d in datasets], fine_tuned="fine-tuning" in tags),
+        _card_origin(
+            model_kind, base_model, [corpus_name(d) for d in datasets], fine_tuned="fine-tuning" in tags
+        ),
         *_data_section(local_data),
         *_training_section(facts),
         *_results_section(metrics),
@@ -673,9 +695,7 @@ def _place_plot(loss_plot: str | None, save_dir: Path) -> str | None:
         return None
     plot = Path(loss_plot)
     if not plot.is_file():
-        raise FileNotFoundError(
-            f"Loss plot {loss_plot} does not exist: plot it first with plot_loss_curve"
-        )
+        raise FileNotFoundError(f"Loss plot {loss_plot} does not exist: plot it first with plot_loss_curve")
     if save_dir.resolve() not in plot.resolve().parents:
         shutil.copyfile(plot, save_dir / plot.name)
         plot = save_dir / plot.name
@@ -689,7 +709,10 @@ def _card_origin(
     id is not named: it lies on the user's disk), what it was trained on."""
     bases = [base_model] if isinstance(base_model, str) else list(base_model or [])
     if bases:
-        links = (f"[{card_text(b)}](https://huggingface.co/{b})" if _HUB_ID.match(b) else card_text(b) for b in bases)
+        links = (
+            f"[{card_text(b)}](https://huggingface.co/{b})" if _HUB_ID.match(b) else card_text(b)
+            for b in bases
+        )
         origin = "fine-tuned from " + " and ".join(links)
     else:
         origin = "fine-tuned from a local checkpoint" if fine_tuned else "pretrained"
@@ -715,7 +738,9 @@ def _results_section(metrics: dict[str, float]) -> list[str]:
     if not metrics:
         return []
     lines = ["", "## Results", "", "| metric | value |", "|---|---|"]
-    return lines + [f"| {card_text(name)} | {_format_value(float(value))} |" for name, value in metrics.items()]
+    return lines + [
+        f"| {card_text(name)} | {_format_value(float(value))} |" for name, value in metrics.items()
+    ]
 
 
 def _loss_curve_section(plot_ref: str | None) -> list[str]:
@@ -734,10 +759,13 @@ def _usage_section(task: str, repo: str) -> list[str]:
     if task in _USAGE_TAIL:
         usage.append(_USAGE_TAIL[task])
     lines = [
-        "", "## Usage", "",
+        "",
+        "## Usage",
+        "",
         "The model code ships with the weights, hence `trust_remote_code=True` for the model; the tokenizer is a "
-        "plain `tokenizer.json` and needs none.", "",
-    ]  # fmt: skip
+        "plain `tokenizer.json` and needs none.",
+        "",
+    ]
     return lines + ["```python", *usage, "```", ""]
 
 

@@ -112,7 +112,9 @@ def run_job(job: TrainingJob) -> Trainer:
     if job.metadata and resume and not resume.startswith("hub:"):
         check_checkpoint_metadata(resolve_checkpoint(resume, training.output_dir, quiet=True), job.metadata)
     accelerator = start_run(training, config.logging)
-    check_output_folder(training, accelerator, config)  # a folder the run may not write into: refused before anything
+    check_output_folder(
+        training, accelerator, config
+    )  # a folder the run may not write into: refused before anything
     check_services(config, accelerator)  # W&B and the Hub take this run: said before anything is built
     # pretraining writes its tokenizer into the folder while building; the others prepare it after the build
     out = prepare_output(config, accelerator) if job.output_before_build else None
@@ -128,7 +130,9 @@ def run_job(job: TrainingJob) -> Trainer:
     if resume and resume.startswith("hub:"):
         # downloaded now, not when the trainer resumes: its layout decides the accumulation the trainer is built with
         local_dir = str(Path(training.output_dir) / "hub-checkpoint")
-        adapt_to_downloaded_checkpoint(accelerator, training, hub_sync.fetch(accelerator, training, resume, local_dir))
+        adapt_to_downloaded_checkpoint(
+            accelerator, training, hub_sync.fetch(accelerator, training, resume, local_dir)
+        )
     trainer = Trainer(
         accelerator,
         parts.model,

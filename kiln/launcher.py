@@ -85,12 +85,16 @@ def default_cpu_threads(environ=None, launcher_environ=None, launcher_argv=None)
         try:
             parent = os.getppid()
             with open(f"/proc/{parent}/environ", "rb") as fh:
-                launcher_environ = [entry.split(b"=", 1)[0].decode(errors="replace") for entry in fh.read().split(b"\0")]
+                launcher_environ = [
+                    entry.split(b"=", 1)[0].decode(errors="replace") for entry in fh.read().split(b"\0")
+                ]
             with open(f"/proc/{parent}/cmdline", "rb") as fh:
                 launcher_argv = [arg.decode(errors="replace") for arg in fh.read().split(b"\0")]
         except OSError:  # not Linux, or the launcher is gone: keep accelerate's value
             return None
-    if "OMP_NUM_THREADS" in launcher_environ or any(arg.split("=")[0] in THREAD_FLAGS for arg in launcher_argv):
+    if "OMP_NUM_THREADS" in launcher_environ or any(
+        arg.split("=")[0] in THREAD_FLAGS for arg in launcher_argv
+    ):
         return None
     if _accelerator_available():
         return None
@@ -117,7 +121,13 @@ def _accelerator_available() -> bool:
         return True
     import accelerate.utils
 
-    checks = ("is_npu_available", "is_mlu_available", "is_sdaa_available", "is_musa_available", "is_hpu_available")
+    checks = (
+        "is_npu_available",
+        "is_mlu_available",
+        "is_sdaa_available",
+        "is_musa_available",
+        "is_hpu_available",
+    )
     return any(getattr(accelerate.utils, name, lambda: False)() for name in checks)
 
 
@@ -232,7 +242,11 @@ def end_after_peer(who: str, status: int = PEER_STOP_STATUS) -> None:
     if _ending is not None and not _ending.acquire(blocking=True, timeout=30):
         return
     node = os.environ.get("GROUP_RANK", "0")
-    if os.environ.get("LOCAL_RANK", "0") == "0" and not who.startswith(f"node {node},") and who.startswith("node"):
+    if (
+        os.environ.get("LOCAL_RANK", "0") == "0"
+        and not who.startswith(f"node {node},")
+        and who.startswith("node")
+    ):
         print(f"stopped: {who} failed; its error is in that node's output", file=sys.stderr, flush=True)
     end_now(status)
 
@@ -258,7 +272,10 @@ def watch_for_failures(interval_s: float = 0.5) -> None:
 
     try:  # a connection of its own: the main thread's client may be in use when this one asks
         board = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=10)
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=10),
         )
     except Exception:  # noqa: BLE001
         return
@@ -320,7 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = launch_command_parser()
     parser.prog = "kiln-launch"
     accelerate_help = parser.format_help
-    parser.format_help = lambda: f"{HELP_HEADER}\n\nThe arguments, as accelerate launch has them:\n\n{accelerate_help()}"
+    parser.format_help = lambda: (
+        f"{HELP_HEADER}\n\nThe arguments, as accelerate launch has them:\n\n{accelerate_help()}"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     # torchrun's agent (several processes) would take SIGTERM/SIGINT itself: forward them to its workers, wait up
     # to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) and raise a SignalException. Left to the handler below (torchrun's
@@ -339,7 +358,9 @@ def main(argv: list[str] | None = None) -> None:
         if signal.getsignal(sig) is not signal.SIG_IGN:  # e.g. SIGINT of a background job: keep ignoring it
             signal.signal(sig, forward)
     if (args.num_machines or 1) > 1:
-        watch_rendezvous(args.machine_rank or 0, args.num_machines, args.main_process_ip, args.main_process_port)
+        watch_rendezvous(
+            args.machine_rank or 0, args.num_machines, args.main_process_ip, args.main_process_port
+        )
     # the agent's log lines repeat (as "exitcode: 2 ... of binary") what the processes said themselves
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     logging.getLogger("accelerate.commands.launch").addFilter(_defaults_in_one_line)
@@ -425,15 +446,22 @@ def watch_rendezvous(node: int, nodes: int, host: str | None, port: int | None) 
                 for signum in received:
                     if signum in (signal.SIGTERM, signal.SIGINT):
                         name = signal.Signals(signum).name
-                        print(f"stopped by {name} while node {node} of {nodes} waited {waited:.0f} s for {who} to "
-                              f"join at {where}; no training process had started", file=sys.stderr, flush=True)
+                        print(
+                            f"stopped by {name} while node {node} of {nodes} waited {waited:.0f} s for {who} to "
+                            f"join at {where}; no training process had started",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                         end_now(0 if signum == signal.SIGTERM else 130)
             if not said and waited >= RENDEZVOUS_NOTICE_S:
                 said = True
-                print(f"kiln-launch: node {node} of {nodes} has waited {waited:.0f} s for {who} to join at {where} "
-                      "(torch gives up after its rendezvous timeout, 900 s by default); start the other nodes with "
-                      "the same command and their --machine_rank, or stop this one with Ctrl-C", file=sys.stderr,
-                      flush=True)  # fmt: skip
+                print(
+                    f"kiln-launch: node {node} of {nodes} has waited {waited:.0f} s for {who} to join at {where} "
+                    "(torch gives up after its rendezvous timeout, 900 s by default); start the other nodes with "
+                    "the same command and their --machine_rank, or stop this one with Ctrl-C",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     threading.Thread(target=watch, name="kiln-rendezvous-watch", daemon=True).start()
 

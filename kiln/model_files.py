@@ -28,7 +28,9 @@ def read_model_config(spec: str, revision: str | None = None) -> dict:
 
         try:
             path = hf_hub_download(spec, "config.json", revision=revision)
-        except Exception as err:  # not found, no access, no network, invalid id: all mean "cannot read it here"
+        except (
+            Exception
+        ) as err:  # not found, no access, no network, invalid id: all mean "cannot read it here"
             raise OSError(first_line(err)) from None
     try:
         with open(path, encoding="utf-8") as f:
@@ -62,11 +64,15 @@ def safetensors_header(path: str | os.PathLike) -> dict:
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error) as err:
         raise OSError(f"{name} is damaged or truncated (not a safetensors file: {first_line(err)})") from None
     if size < 8 + length + end:
-        raise OSError(f"{name} is damaged or truncated ({size:,} bytes; its header needs {8 + length + end:,})")
+        raise OSError(
+            f"{name} is damaged or truncated ({size:,} bytes; its header needs {8 + length + end:,})"
+        )
     return header
 
 
-def weight_shapes(folder: str | os.PathLike, revision: str | None = None) -> dict[str, tuple[int, ...]] | None:
+def weight_shapes(
+    folder: str | os.PathLike, revision: str | None = None
+) -> dict[str, tuple[int, ...]] | None:
     """Tensor name -> shape of the safetensors weights of a saved model folder (model.safetensors, or the shards
     model.safetensors.index.json names), read from their headers: no tensor is loaded, nothing is built. None when
     the folder holds no safetensors weights; OSError (one line) when they cannot be read. A Hub id (`folder` no
@@ -177,7 +183,6 @@ def weight_file_errors(spec: str, option: str = "") -> Iterator[None]:
         raise ConfigError(
             f"{named}: its pytorch_model.bin is damaged or truncated ({first_line(err)}); copy or save it again"
         ) from None
-
 
 
 __all__ = [

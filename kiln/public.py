@@ -37,7 +37,9 @@ def is_local_path(value: Any) -> bool:
     from .config import REPO_ROOT
 
     # a file or pattern in a folder that exists here, or the same from the repo root (the shipped samples)
-    return any(os.path.exists(c) or os.path.isdir(os.path.dirname(c)) for c in (value, str(REPO_ROOT / value)))
+    return any(
+        os.path.exists(c) or os.path.isdir(os.path.dirname(c)) for c in (value, str(REPO_ROOT / value))
+    )
 
 
 # A path inside a longer text: absolute, home-relative, ./ or ../, not part of a word, a URL or another path. It
@@ -151,7 +153,8 @@ def describe_data_files(patterns: list[str]) -> list[str]:
             described.append(card_text(public_name(pattern)))
         files += [p for p in matched if p not in files]
     entries = recorded + [
-        (name, os.path.getsize(path), sha256_file(path)) for path, name in zip(files, public_file_names(files))
+        (name, os.path.getsize(path), sha256_file(path))
+        for path, name in zip(files, public_file_names(files))
     ]
     for name, size, digest in entries[:MAX_FILES_LISTED]:
         described.append(f"{card_text(name)} ({size:,} bytes, sha256 {card_text(digest[:16])})")

@@ -45,31 +45,77 @@ class Command:
 
 
 COMMANDS = (
-    Command("Pretraining", "accelerate launch pretrain/run.py", "pretrain.run:DESCRIPTION", "pretrain.config:RunConfig"),
-    Command("Preparing a corpus", "python -m pretrain.data prepare", "pretrain.data.__main__:PREPARE_DESCRIPTION",
-            "pretrain.config:RunConfig", keys="pretrain.data.__main__:PREPARE_KEYS",
-            extra="pretrain.data.__main__:PREPARE_OPTIONS"),
-    Command("Inspecting the data", "python -m pretrain.data", "pretrain.data.__main__:DESCRIPTION",
-            "pretrain.config:RunConfig", extra="pretrain.data.__main__:INSPECT_OPTIONS"),
-    Command("Classification", "accelerate launch finetune/classify.py", "finetune.classify:DESCRIPTION",
-            "finetune.classify:ClassifyConfig"),
-    Command("Token tagging", "accelerate launch finetune/tag.py", "finetune.tag:DESCRIPTION",
-            "finetune.tag:TagConfig"),
-    Command("Sequence to sequence", "accelerate launch finetune/seq2seq.py", "finetune.seq2seq:DESCRIPTION",
-            "finetune.seq2seq:Seq2SeqConfig"),
-    Command("Task-adaptive pretraining", "accelerate launch finetune/adapt.py", "finetune.adapt:DESCRIPTION",
-            "pretrain.config:RunConfig", extra="finetune.adapt:ADAPT_OPTIONS"),
-    Command("The GLUE suite", "python finetune/glue.py", "finetune.glue:DESCRIPTION",
-            parser="finetune.glue:glue_parser",
-            note="Options after `--` go to every `finetune/classify.py` run (see Classification)."),
-    Command("Converting checkpoints", "python -m pretrain.convert", "", parser="pretrain.convert:convert_parser"),
+    Command(
+        "Pretraining",
+        "accelerate launch pretrain/run.py",
+        "pretrain.run:DESCRIPTION",
+        "pretrain.config:RunConfig",
+    ),
+    Command(
+        "Preparing a corpus",
+        "python -m pretrain.data prepare",
+        "pretrain.data.__main__:PREPARE_DESCRIPTION",
+        "pretrain.config:RunConfig",
+        keys="pretrain.data.__main__:PREPARE_KEYS",
+        extra="pretrain.data.__main__:PREPARE_OPTIONS",
+    ),
+    Command(
+        "Inspecting the data",
+        "python -m pretrain.data",
+        "pretrain.data.__main__:DESCRIPTION",
+        "pretrain.config:RunConfig",
+        extra="pretrain.data.__main__:INSPECT_OPTIONS",
+    ),
+    Command(
+        "Classification",
+        "accelerate launch finetune/classify.py",
+        "finetune.classify:DESCRIPTION",
+        "finetune.classify:ClassifyConfig",
+    ),
+    Command(
+        "Token tagging",
+        "accelerate launch finetune/tag.py",
+        "finetune.tag:DESCRIPTION",
+        "finetune.tag:TagConfig",
+    ),
+    Command(
+        "Sequence to sequence",
+        "accelerate launch finetune/seq2seq.py",
+        "finetune.seq2seq:DESCRIPTION",
+        "finetune.seq2seq:Seq2SeqConfig",
+    ),
+    Command(
+        "Task-adaptive pretraining",
+        "accelerate launch finetune/adapt.py",
+        "finetune.adapt:DESCRIPTION",
+        "pretrain.config:RunConfig",
+        extra="finetune.adapt:ADAPT_OPTIONS",
+    ),
+    Command(
+        "The GLUE suite",
+        "python finetune/glue.py",
+        "finetune.glue:DESCRIPTION",
+        parser="finetune.glue:glue_parser",
+        note="Options after `--` go to every `finetune/classify.py` run (see Classification).",
+    ),
+    Command(
+        "Converting checkpoints", "python -m pretrain.convert", "", parser="pretrain.convert:convert_parser"
+    ),
     Command("ONNX export", "python -m pretrain.export_onnx", "", parser="pretrain.export_onnx:export_parser"),
-    Command("Zero-shot evaluation", "python -m pretrain.zero_shot blimp", "pretrain.zero_shot.__main__:BLIMP_DESCRIPTION",
-            parser="pretrain.zero_shot.__main__:blimp_parser"),
-    Command("kiln-launch", "kiln-launch", "kiln.launcher:HELP_HEADER",
-            note="kiln-launch adds no options: it takes `accelerate launch`'s (`accelerate launch --help`), and the "
-            "script after them takes its own, listed on this page."),
-)  # fmt: skip
+    Command(
+        "Zero-shot evaluation",
+        "python -m pretrain.zero_shot blimp",
+        "pretrain.zero_shot.__main__:BLIMP_DESCRIPTION",
+        parser="pretrain.zero_shot.__main__:blimp_parser",
+    ),
+    Command(
+        "kiln-launch",
+        "kiln-launch",
+        "kiln.launcher:HELP_HEADER",
+        note="kiln-launch adds no options: it takes `accelerate launch`'s (`accelerate launch --help`), and the "
+        "script after them takes its own, listed on this page.",
+    ),
+)
 """Every Kiln command, in the page's order."""
 
 
@@ -87,7 +133,10 @@ def config_options(command: Command) -> list[tuple[str, str, Any, str]]:
     if command.config is None:
         return []
     keys = load_spec(command.keys) if command.keys else None
-    return [(f"--{key}", kind, default, doc) for key, kind, default, doc in option_rows(load_spec(command.config), None, keys)]
+    return [
+        (f"--{key}", kind, default, doc)
+        for key, kind, default, doc in option_rows(load_spec(command.config), None, keys)
+    ]
 
 
 def own_options(command: Command) -> list[tuple[str, str, Any, str]]:
@@ -96,8 +145,15 @@ def own_options(command: Command) -> list[tuple[str, str, Any, str]]:
     if command.extra:
         rows += [(flag, kind, default, meaning) for flag, kind, default, meaning in load_spec(command.extra)]
     if command.config:
-        rows += [("--config FILE", "str", None, "YAML run config (see configs/); `_base_:` inherits from other files"),
-                 ("--print_config", "bool", False, "print the resolved config as YAML and exit")]  # fmt: skip
+        rows += [
+            (
+                "--config FILE",
+                "str",
+                None,
+                "YAML run config (see configs/); `_base_:` inherits from other files",
+            ),
+            ("--print_config", "bool", False, "print the resolved config as YAML and exit"),
+        ]
     if command.parser:
         for action in load_spec(command.parser)()._actions:
             if isinstance(action, argparse._HelpAction):
@@ -129,9 +185,13 @@ def _text(text: str) -> str:
     for part in parts:
         if part.startswith("`") and part.endswith("`") and len(part) > 1:
             inner = part[1:-1]
-            out.append(part if "|" not in inner else f"<code>{html.escape(inner).replace('|', '&#124;')}</code>")
+            out.append(
+                part if "|" not in inner else f"<code>{html.escape(inner).replace('|', '&#124;')}</code>"
+            )
         else:
-            out.append(html.escape(part, quote=False).replace("|", "&#124;").replace("*", r"\*").replace("_", r"\_"))
+            out.append(
+                html.escape(part, quote=False).replace("|", "&#124;").replace("*", r"\*").replace("_", r"\_")
+            )
     return "".join(out)
 
 
@@ -192,7 +252,9 @@ def render() -> str:
             lines += _description(load_spec(command.parser)().description or "")
         if command.note:
             lines += [_text(command.note), ""]
-        top = [row for row in config_options(command) if "." not in row[0]]  # top-level flags (e.g. --predict)
+        top = [
+            row for row in config_options(command) if "." not in row[0]
+        ]  # top-level flags (e.g. --predict)
         own = top + own_options(command)
         if own:
             lines += ["### Options of the command" if command.config else "### Options", "", *_table(own), ""]
@@ -224,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if not PAGE.is_file() or PAGE.read_text(encoding="utf-8") != text:
-            print(f"error: {PAGE.relative_to(REPO_ROOT)} is stale; run python -m kiln.reference", file=sys.stderr)
+            print(
+                f"error: {PAGE.relative_to(REPO_ROOT)} is stale; run python -m kiln.reference",
+                file=sys.stderr,
+            )
             return 1
         return 0
     PAGE.write_text(text, encoding="utf-8")

@@ -55,10 +55,23 @@ NODE_MARKER_PREFIX = ".kiln-node-"
 """Written and removed at start by every node's local main process to detect a shared folder (kiln.nodes)."""
 
 RUN_FILES = (
-    "checkpoints", "final", "final.tmp", "best", "best.tmp", "logs", "metrics.jsonl", "config.yaml", "tokenizer",
-    "hub-export", "hub-checkpoint", "wandb", "eval_results.json", "test_results.json", "predictions_test.jsonl",
+    "checkpoints",
+    "final",
+    "final.tmp",
+    "best",
+    "best.tmp",
+    "logs",
+    "metrics.jsonl",
+    "config.yaml",
+    "tokenizer",
+    "hub-export",
+    "hub-checkpoint",
+    "wandb",
+    "eval_results.json",
+    "test_results.json",
+    "predictions_test.jsonl",
     "predictions_test.tsv",
-)  # fmt: skip
+)
 """What a run writes into its output_dir: the only names under which `--training.overwrite_output_dir` removes
 files (those on the folder's record, unchanged)."""
 
@@ -77,12 +90,16 @@ _journal_lines: dict[str, int] = {}
 def _entries(out: Path) -> list[str]:
     """The folder's entries that are not Kiln's bookkeeping (record, lock, node-detection markers), sorted."""
     return sorted(
-        name for name in os.listdir(out) if name not in _BOOKKEEPING and not name.startswith(NODE_MARKER_PREFIX)
+        name
+        for name in os.listdir(out)
+        if name not in _BOOKKEEPING and not name.startswith(NODE_MARKER_PREFIX)
     )
 
 
 def _describe(out: Path, names: list[str]) -> str:
-    shown = [name + "/" if (out / name).is_dir() and not (out / name).is_symlink() else name for name in names]
+    shown = [
+        name + "/" if (out / name).is_dir() and not (out / name).is_symlink() else name for name in names
+    ]
     more = len(shown) - _SHOWN
     return ", ".join(shown[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
 
@@ -92,7 +109,11 @@ def _describe(out: Path, names: list[str]) -> str:
 
 
 def _header() -> dict[str, Any]:
-    return {"format": RECORD_FORMAT, "written_by": "kiln", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "format": RECORD_FORMAT,
+        "written_by": "kiln",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def read_record(out: Path) -> dict[str, dict[str, Any]] | None:
@@ -114,7 +135,11 @@ def read_record(out: Path) -> dict[str, dict[str, Any]] | None:
         header = json.loads(lines[0]) if lines else None
     except ValueError:
         return None
-    if not isinstance(header, dict) or header.get("format") != RECORD_FORMAT or header.get("written_by") != "kiln":
+    if (
+        not isinstance(header, dict)
+        or header.get("format") != RECORD_FORMAT
+        or header.get("written_by") != "kiln"
+    ):
         return None
     files: dict[str, dict[str, Any]] = {}
     for line in lines[1:]:
@@ -130,7 +155,11 @@ def read_record(out: Path) -> dict[str, dict[str, Any]] | None:
                 del files[key]
             continue
         name = entry.get("file")
-        if isinstance(name, str) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str):
+        if (
+            isinstance(name, str)
+            and isinstance(entry.get("size"), int)
+            and isinstance(entry.get("sha256"), str)
+        ):
             files[name] = {"size": entry["size"], "sha256": entry["sha256"]}
             continue
         name = entry.get("link")
@@ -155,7 +184,11 @@ def start_record(out: Path, files: dict[str, dict[str, Any]] | None = None) -> N
     """A new record in `out` (holding `files`, when a record is compacted), replacing any earlier one."""
     lines = [json.dumps(_header())]
     for name, entry in sorted((files or {}).items()):
-        lines.append(json.dumps({"link": name, "target": entry["link"]} if "link" in entry else {"file": name, **entry}))
+        lines.append(
+            json.dumps(
+                {"link": name, "target": entry["link"]} if "link" in entry else {"file": name, **entry}
+            )
+        )
     staging = Path(out) / (MARKER + ".tmp")
     write_new_file(staging, "\n".join(lines) + "\n")  # never through a link there (kiln.safe_write)
     replace_into(staging, Path(out) / MARKER)
@@ -217,7 +250,9 @@ def record_files(out: str | os.PathLike, *paths: str | os.PathLike, append: bool
     _journal(out, lines)
 
 
-def record_checkpoint(out: str | os.PathLike, name: str, staging: Path, checksums: dict[str, dict[str, Any]]) -> None:
+def record_checkpoint(
+    out: str | os.PathLike, name: str, staging: Path, checksums: dict[str, dict[str, Any]]
+) -> None:
     """Put the checkpoint written in `staging` on the record under `name` (its folder in `out`) before it is
     renamed into place: its files with the size and sha256 its writer just computed (`checksums`), and the
     checksums file itself. A kill in between leaves names on the record that are not on disk (harmless), never a
@@ -347,7 +382,11 @@ def set_aside_checkpoint(out: str | os.PathLike, folder: str) -> tuple[str, list
     more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
     logging.getLogger("kiln").warning(
         "%s held files Kiln did not write or that changed since (%s%s): kept, in %s; delete that folder once you no "
-        "longer need them", folder, ", ".join(kept[:3]), more, aside
+        "longer need them",
+        folder,
+        ", ".join(kept[:3]),
+        more,
+        aside,
     )
     return aside.relative_to(out).as_posix(), kept
 
@@ -392,7 +431,12 @@ def _kind_of_folder(out: Path) -> str | None:
     """What a folder Kiln must never write a run into is, by its files: a prepared corpus, a saved model."""
     if (out / "manifest.json").is_file() or (out / "plan.json").is_file():
         return "a prepared corpus"
-    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    weights = (
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "pytorch_model.bin.index.json",
+    )
     if (out / "config.json").is_file() and any((out / name).is_file() for name in weights):
         return "a saved model"
     return None
@@ -413,7 +457,9 @@ def links_where_kiln_writes(out: Path, *, run_names: bool = False) -> list[str]:
         if top.is_symlink() or not top.is_dir():
             continue
         for name in sorted(os.listdir(top)):
-            ours = name.endswith(".tmp") or (run_names and folder == "checkpoints" and name.startswith("step-"))
+            ours = name.endswith(".tmp") or (
+                run_names and folder == "checkpoints" and name.startswith("step-")
+            )
             if ours and os.path.islink(top / name):
                 found.append(f"{folder}/{name}")
     return found
@@ -436,7 +482,11 @@ def refusal(out: Path, *, resume: bool, overwrite: bool) -> str | None:
     if len(links) == 1:
         return link_refusal(out / links[0])
     more = f" where Kiln writes (as are {_listing(links[1:])})"
-    return link_refusal(out / links[0]).replace(" where Kiln writes", more, 1).replace("the link,", "the links,", 1)
+    return (
+        link_refusal(out / links[0])
+        .replace(" where Kiln writes", more, 1)
+        .replace("the link,", "the links,", 1)
+    )
 
 
 def _refusal(out: Path, *, resume: bool, overwrite: bool) -> str | None:
@@ -540,14 +590,21 @@ def _checkpoint_manifest(folder: Path, rel: str) -> dict[str, dict[str, Any]]:
         if manifest_path.is_symlink() or not manifest_path.is_file():
             return {}
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))["files"]
-        entries = {f"{rel}/{CHECKSUMS_FILE}": {"size": manifest_path.stat().st_size, "sha256": sha256_file(manifest_path)}}
+        entries = {
+            f"{rel}/{CHECKSUMS_FILE}": {
+                "size": manifest_path.stat().st_size,
+                "sha256": sha256_file(manifest_path),
+            }
+        }
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
         return {}
     if not isinstance(manifest, dict):
         return {}
     for name, entry in manifest.items():
         parts = name.split("/") if isinstance(name, str) else [".."]
-        if isinstance(entry, dict) and all(part not in ("", ".", "..") for part in parts):  # inside the folder only
+        if isinstance(entry, dict) and all(
+            part not in ("", ".", "..") for part in parts
+        ):  # inside the folder only
             entries[f"{rel}/{name}"] = {"size": entry.get("size"), "sha256": entry.get("sha256")}
     return entries
 

@@ -34,7 +34,9 @@ def build_accelerator(training: TrainingConfig, logging_cfg: LoggingConfig) -> A
     from accelerate import DataLoaderConfiguration
     from accelerate.utils import ProjectConfiguration
 
-    log_with = {"none": None, "all": ["wandb", "tensorboard"]}.get(logging_cfg.report_to, [logging_cfg.report_to])
+    log_with = {"none": None, "all": ["wandb", "tensorboard"]}.get(
+        logging_cfg.report_to, [logging_cfg.report_to]
+    )
     if log_with and "wandb" in log_with and not os.environ.get("WANDB_API_KEY"):
         # no key: keep everything on disk instead of failing or prompting; `wandb sync` uploads later
         os.environ.setdefault("WANDB_MODE", "offline")
@@ -82,7 +84,9 @@ def check_services(config: Any, accelerator: Accelerator) -> None:
             if rights.unchecked:
                 logger.warning(
                     "could not ask the Hub whether this run may push to %s (%s); training goes on, and the pushes "
-                    "are tried and retried as it saves", hub_cfg.model_id, redact(rights.unchecked),
+                    "are tried and retried as it saves",
+                    hub_cfg.model_id,
+                    redact(rights.unchecked),
                 )
     _agree(accelerator, message)
 
@@ -101,7 +105,11 @@ def wandb_problem(logging_cfg: LoggingConfig) -> str | None:
     if "WANDB_MODE" not in os.environ and not os.environ.get("WANDB_API_KEY"):
         return None  # build_accelerator logs offline (documented): nothing to reach
     mode = os.environ.get("WANDB_MODE", "online").strip().lower()
-    if mode in ("offline", "dryrun", "disabled") or os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes"):
+    if mode in ("offline", "dryrun", "disabled") or os.environ.get("WANDB_DISABLED", "").lower() in (
+        "1",
+        "true",
+        "yes",
+    ):
         return None
     offline = "or set WANDB_MODE=offline to log to disk (`wandb sync` uploads later)"
     base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
@@ -111,7 +119,9 @@ def wandb_problem(logging_cfg: LoggingConfig) -> str | None:
             f"--logging.report_to {logging_cfg.report_to} with WANDB_MODE={mode}, but no W&B API key is set "
             f"(WANDB_API_KEY, or `wandb login`); run `wandb login`, {offline}"
         )
-    answer = _ask_wandb(base_url, key or "")  # an identity token (no key): wandb exchanges it; the server answers
+    answer = _ask_wandb(
+        base_url, key or ""
+    )  # an identity token (no key): wandb exchanges it; the server answers
     if answer == 401 and key:
         return f"the W&B server {base_url} does not accept the API key (HTTP 401); run `wandb login --relogin`, {offline}"
     if isinstance(answer, str):
@@ -158,7 +168,9 @@ def _ask_wandb(base_url: str, key: str) -> int | str:
             answer.append(err.code)
         except Exception as err:  # refused, unresolvable, timed out
             reason = getattr(err, "reason", None) or err
-            answer.append(f"{type(reason).__name__}: {first_line(reason) if isinstance(reason, BaseException) else reason}")
+            answer.append(
+                f"{type(reason).__name__}: {first_line(reason) if isinstance(reason, BaseException) else reason}"
+            )
 
     thread = threading.Thread(target=ask, name="wandb-check", daemon=True)
     thread.start()
@@ -178,7 +190,10 @@ def configure_deepspeed(plugin: Any, training: TrainingConfig) -> None:
     wanted = {
         "gradient_accumulation_steps": ("gradient_accumulation_steps", training.gradient_accumulation_steps),
         "gradient_clipping": ("max_grad_norm", float(max(training.max_grad_norm, 0.0))),  # DeepSpeed: 0 = off
-        "train_micro_batch_size_per_gpu": ("per_device_train_batch_size", training.per_device_train_batch_size),
+        "train_micro_batch_size_per_gpu": (
+            "per_device_train_batch_size",
+            training.per_device_train_batch_size,
+        ),
     }
     mismatches = []
     for key, (kiln_name, value) in wanted.items():
@@ -189,8 +204,10 @@ def configure_deepspeed(plugin: Any, training: TrainingConfig) -> None:
             mismatches.append(f"DeepSpeed {key}={current} but --training.{kiln_name} {value}")
     if mismatches:
         raise ConfigError(
-            "the DeepSpeed config disagrees with Kiln's: " + "; ".join(mismatches) + ". Remove these keys from the "
-            "accelerate config (or set them to \"auto\" in a deepspeed_config_file): Kiln fills them from --training.*"
+            "the DeepSpeed config disagrees with Kiln's: "
+            + "; ".join(mismatches)
+            + ". Remove these keys from the "
+            'accelerate config (or set them to "auto" in a deepspeed_config_file): Kiln fills them from --training.*'
         )
     plugin.gradient_accumulation_steps = ds["gradient_accumulation_steps"]
     plugin.gradient_clipping = ds["gradient_clipping"]
@@ -272,7 +289,9 @@ def _refuse_elastic_deepspeed(accelerator: Accelerator, elastic: str | None) -> 
         )
 
 
-def adapt_to_downloaded_checkpoint(accelerator: Accelerator, training: TrainingConfig, checkpoint: Path | str) -> None:
+def adapt_to_downloaded_checkpoint(
+    accelerator: Accelerator, training: TrainingConfig, checkpoint: Path | str
+) -> None:
     """A `hub:` checkpoint, downloaded once the run has started: the elastic rules of a local one (the
     accumulation that keeps its global batch on this number of processes, or a one-line refusal), applied to the
     accelerator already built."""
@@ -498,7 +517,9 @@ def release_output_lock(out: str | os.PathLike) -> None:
 
 def check_step_counts(training: TrainingConfig) -> None:
     if training.max_steps == 0:
-        raise ConfigError("--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs")
+        raise ConfigError(
+            "--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs"
+        )
     if training.max_steps < 0 and training.num_train_epochs <= 0:
         raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
 

@@ -38,7 +38,9 @@ def stop_on_sigterm() -> None:
         from . import launcher
 
         failed = launcher.failed_first()
-        if failed:  # the launcher stops this process because another one failed, which says why: end quietly here,
+        if (
+            failed
+        ):  # the launcher stops this process because another one failed, which says why: end quietly here,
             # not through an exception that a finalizer running at this moment would swallow and print
             launcher.end_after_peer(failed)
         STOPPING = True

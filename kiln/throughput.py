@@ -48,8 +48,13 @@ class LogWindow:
             shares = accelerator.gather(local.to(accelerator.device).unsqueeze(0))
             shares = shares.reshape(accelerator.num_processes, len(names)).cpu()
             sums = {n: shares[:, i].tolist() for i, n in enumerate(names)}
-        return {"steps": self.steps, "tokens": self.tokens, "seconds": time.perf_counter() - self.start,
-                "sums": sums, "dtypes": {n: str(self.sums[n].dtype).removeprefix("torch.") for n in names}}  # fmt: skip
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "seconds": time.perf_counter() - self.start,
+            "sums": sums,
+            "dtypes": {n: str(self.sums[n].dtype).removeprefix("torch.") for n in names},
+        }
 
     @classmethod
     def restored(cls, saved: dict[str, Any] | None, accelerator) -> LogWindow:

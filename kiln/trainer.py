@@ -197,14 +197,18 @@ class Trainer:
         """Gradient checkpointing, AdamW, accelerate's prepare, the step count and the schedule."""
         training, accelerator = self.training, self.accelerator
         if training.gradient_checkpointing:
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable = (
+                getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            )
             enable()
         optimizer = build_optimizer(model, training, accelerator.device)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         self.total_steps = self._total_steps()
         warmup = training.warmup_steps or math.ceil(training.warmup_ratio * self.total_steps)
         specific = {}
-        if training.lr_scheduler_type == "warmup_stable_decay":  # the one schedule with its own required lengths
+        if (
+            training.lr_scheduler_type == "warmup_stable_decay"
+        ):  # the one schedule with its own required lengths
             decay = math.ceil(training.decay_ratio * self.total_steps)
             specific = {"num_decay_steps": decay, "decay_type": training.decay_type}
         self.scheduler = get_scheduler(
@@ -305,7 +309,9 @@ class Trainer:
             logger.warning("step %d: no checkpoint while the loss is not finite", self.state.global_step)
             return None
         if getattr(self, "_high_loss_steps", None):
-            logger.warning("step %d: no checkpoint while the loss is far above its lowest", self.state.global_step)
+            logger.warning(
+                "step %d: no checkpoint while the loss is far above its lowest", self.state.global_step
+            )
             return None
         root = self.output_dir / "checkpoints"
         final = root / f"{CHECKPOINT_PREFIX}{self.state.global_step:08d}"
@@ -317,15 +323,23 @@ class Trainer:
         try:
             with disk_writes(tmp):
                 window = self._window.state(acc) if self._window is not None else None
-                save_training_state(acc, self.model, self.optimizer, self.scheduler, self.state, tmp, writer, window)
+                save_training_state(
+                    acc, self.model, self.optimizer, self.scheduler, self.state, tmp, writer, window
+                )
                 acc.wait_for_everyone()
                 if writer:
                     follow_umask(tmp)  # safetensors writes model.safetensors owner-only
-                    meta = {"global_step": self.state.global_step, "epoch": self.state.epoch, **self.metadata,
-                            **layout_of(self.training, acc.num_processes).as_dict()}
+                    meta = {
+                        "global_step": self.state.global_step,
+                        "epoch": self.state.epoch,
+                        **self.metadata,
+                        **layout_of(self.training, acc.num_processes).as_dict(),
+                    }
                     write_public_json(tmp / TRAINER_STATE_FILE, meta, indent=2)
                     if self.run_config is not None:
-                        save_public_config(self.run_config, tmp / CONFIG_FILE)  # pushed by hub.strategy checkpoint
+                        save_public_config(
+                            self.run_config, tmp / CONFIG_FILE
+                        )  # pushed by hub.strategy checkpoint
                         write_fingerprint(self._data_fingerprint(), tmp)
                     checksums = write_checksums(tmp)
         except BaseException:
@@ -336,7 +350,9 @@ class Trainer:
             raise
         if writer:
             prefix = final.relative_to(self.output_dir).as_posix()
-            run_folder.set_aside_checkpoint(self.output_dir, prefix)  # a step saved again (resumed from an older one)
+            run_folder.set_aside_checkpoint(
+                self.output_dir, prefix
+            )  # a step saved again (resumed from an older one)
             run_folder.record_checkpoint(self.output_dir, prefix, tmp, checksums)  # before it is in place
             replace_into(tmp, final)
             if acc.is_main_process:
@@ -370,7 +386,9 @@ class Trainer:
         if not path.is_file():
             return
         lines = path.read_text().splitlines()
-        room = sum(1 for row in self.state.history if row.get("step") == step)  # rows of `step` before the save
+        room = sum(
+            1 for row in self.state.history if row.get("step") == step
+        )  # rows of `step` before the save
         kept = []
         for line in lines:
             row_step = json.loads(line).get("step", 0) if line.strip() else None
@@ -412,17 +430,23 @@ class Trainer:
             if problem is None:
                 break
             if spec != "latest":
-                raise ConfigError(f"checkpoint {shown} is damaged: {problem}; resume from an older checkpoint "
-                                  "(--training.resume_from_checkpoint latest picks the newest valid one)")  # fmt: skip
+                raise ConfigError(
+                    f"checkpoint {shown} is damaged: {problem}; resume from an older checkpoint "
+                    "(--training.resume_from_checkpoint latest picks the newest valid one)"
+                )
             skipped[path.name] = problem  # and the next older one is tried
         # why the saved run stopped (a signal, the time budget) is no reason for this one to stop
         self.state.stop_reason = None
         # written on another number of processes: the same examples of the epoch, counted in this run's batches
         self.state.batches_in_epoch = convert_position(
-            self.state.batches_in_epoch, saved_layout(path), layout_of(self.training, self.accelerator.num_processes)
+            self.state.batches_in_epoch,
+            saved_layout(path),
+            layout_of(self.training, self.accelerator.num_processes),
         )
         if self.run_config is not None and self.accelerator.is_main_process:
-            save_config(self.run_config, self.output_dir / "config.yaml")  # only now that the resume succeeded
+            save_config(
+                self.run_config, self.output_dir / "config.yaml"
+            )  # only now that the resume succeeded
             run_folder.record_files(self.output_dir, "config.yaml")
         if self.accelerator.is_main_process:
             self._forget_metrics_after(self.state.global_step)
@@ -437,18 +461,28 @@ class Trainer:
             try:
                 load_pickled_state(acc, self.scheduler, self.state, path)
             except DamagedCheckpoint as err:
-                raise ConfigError(f"checkpoint {shown} is damaged: {err}; resume from an older checkpoint") from None
+                raise ConfigError(
+                    f"checkpoint {shown} is damaged: {err}; resume from an older checkpoint"
+                ) from None
             return None
-        expected = expected_of(path, self.training, self.total_steps, self.steps_per_epoch, self.run_config is not None)
-        checked, verdict = check_on_every_process(acc, self.model, self.optimizer, self.scheduler, path, expected)
+        expected = expected_of(
+            path, self.training, self.total_steps, self.steps_per_epoch, self.run_config is not None
+        )
+        checked, verdict = check_on_every_process(
+            acc, self.model, self.optimizer, self.scheduler, path, expected
+        )
         if verdict is None:
-            window = apply_training_state(checked, acc, self.model, self.optimizer, self.scheduler, self.state)
+            window = apply_training_state(
+                checked, acc, self.model, self.optimizer, self.scheduler, self.state
+            )
             self._window = LogWindow.restored(window, acc)
             return None
         kind, problem = verdict
         if kind == "unfit":
-            raise ConfigError(f"checkpoint {path} does not fit this run ({problem}); resume it with the config it "
-                              "was written with")
+            raise ConfigError(
+                f"checkpoint {path} does not fit this run ({problem}); resume it with the config it "
+                "was written with"
+            )
         return problem
 
     def _check_same_checkpoint(self, path: Path) -> None:
@@ -482,7 +516,9 @@ class Trainer:
         reset = getattr(self.eval_collator, "set_epoch", None)
         if reset is not None and self.eval_collator is not self.collator:
             reset(0)  # the same masks at every evaluation, so numbers are comparable across steps
-        if self._eval_loader is None:  # prepared once: every evaluation reads the same shards in the same order
+        if (
+            self._eval_loader is None
+        ):  # prepared once: every evaluation reads the same shards in the same order
             dataset = with_example_index(self.eval_dataset, self.eval_collator)
             if self.training.max_eval_batches:
                 # a prefix of the eval set rather than breaking out of the loader: a loader left half-read stays
@@ -522,7 +558,9 @@ class Trainer:
             return False
         key = name if name.startswith("eval/") else f"eval/{name}"
         if key not in metrics:
-            raise ConfigError(f"metric_for_best_model '{name}' is not among the eval metrics: {sorted(metrics)}")
+            raise ConfigError(
+                f"metric_for_best_model '{name}' is not among the eval metrics: {sorted(metrics)}"
+            )
         value = metrics[key]
         best = self.state.best_metric
         better = best is None or (value > best if self.training.greater_is_better else value < best)
@@ -724,7 +762,9 @@ class Trainer:
                 callback.on_train_end(self, self.end)
             except BaseException as err:
                 if self.end.failure is not None:  # the first failure is the one reported
-                    logger.error("%s.on_train_end failed after the run had failed: %s", type(callback).__name__, err)
+                    logger.error(
+                        "%s.on_train_end failed after the run had failed: %s", type(callback).__name__, err
+                    )
                     continue
                 self.end.failure = err
         if failure is None and self.end.failure is not None:
@@ -763,7 +803,9 @@ class Trainer:
         real_tokens = sum(count_real_tokens(b) for b in micro_batches)
         window_counts = [sum(counts.get(name, 0.0) for counts in local) for name in names]
         # one small all-reduce per step: the items of the whole window on every process, and its real tokens
-        totals = acc.reduce(torch.tensor([*window_counts, float(real_tokens)], device=acc.device), reduction="sum")
+        totals = acc.reduce(
+            torch.tensor([*window_counts, float(real_tokens)], device=acc.device), reduction="sum"
+        )
         global_counts = dict(zip(names, totals[:-1].tolist()))
         # accelerate divides by its accumulation steps and DDP/FSDP/DeepSpeed average over processes: undo both,
         # so the gradient is that of the global per-item mean
@@ -881,13 +923,18 @@ class Trainer:
         limit = self.training.max_nonfinite_steps
         logger.warning(
             "step %d: the loss or gradient norm is not finite (%s); step skipped (%d in a row, limit %d)",
-            step, ", ".join(f"{n} {float(v):.4g}" for n, v in parts.items()), len(self._nonfinite_run), limit,
+            step,
+            ", ".join(f"{n} {float(v):.4g}" for n, v in parts.items()),
+            len(self._nonfinite_run),
+            limit,
         )
         if len(self._nonfinite_run) > limit:
             from .errors import RunError
 
             checkpoints = find_checkpoints(self.output_dir)
-            kept = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
+            kept = (
+                f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
+            )
             raise RunError(
                 f"training diverged: the loss or gradient norm was NaN/inf at steps "
                 f"{self._nonfinite_run[0]}-{step}; {kept}; no final model was exported; lower --training.lr, "
@@ -902,12 +949,16 @@ class Trainer:
         means = acc.reduce(torch.stack([window.sums[n] for n in names]), reduction="sum") / window.steps
         elapsed = max(time.perf_counter() - window.start, 1e-9)
         metrics = {f"train/{name}": value for name, value in zip(names, means.tolist())}
-        metrics.update({
-            "train/lr": self.scheduler.get_last_lr()[0],
-            "train/grad_norm": float(grad_norm),
-            "train/tokens_per_s": window.tokens / elapsed,
-            "train/epoch": state.epoch + state.batches_in_epoch / epoch_batches if epoch_batches else state.epoch,
-        })
+        metrics.update(
+            {
+                "train/lr": self.scheduler.get_last_lr()[0],
+                "train/grad_norm": float(grad_norm),
+                "train/tokens_per_s": window.tokens / elapsed,
+                "train/epoch": state.epoch + state.batches_in_epoch / epoch_batches
+                if epoch_batches
+                else state.epoch,
+            }
+        )
         mfu = self._mfu(metrics["train/tokens_per_s"])
         if mfu is not None:
             metrics["train/mfu"] = mfu
@@ -942,14 +993,19 @@ class Trainer:
         if not acc.is_main_process:
             return
         dataset = self.train_dataset(self.state.epoch)
-        examples = "streaming" if isinstance(dataset, torch.utils.data.IterableDataset) else f"{len(dataset):,}"
-        global_batch = training.per_device_train_batch_size * acc.num_processes * training.gradient_accumulation_steps
+        examples = (
+            "streaming" if isinstance(dataset, torch.utils.data.IterableDataset) else f"{len(dataset):,}"
+        )
+        global_batch = (
+            training.per_device_train_batch_size * acc.num_processes * training.gradient_accumulation_steps
+        )
         seq_len = getattr(dataset, "max_seq_length", None) or getattr(self, "max_seq_length", None)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         epochs = training.num_train_epochs if training.max_steps < 0 else "until max_steps"
         lines = [
             f"examples = {examples}",
-            f"epochs = {epochs}" + (f" ({self.steps_per_epoch} optimizer steps each)" if self.steps_per_epoch else ""),
+            f"epochs = {epochs}"
+            + (f" ({self.steps_per_epoch} optimizer steps each)" if self.steps_per_epoch else ""),
             f"per-device batch = {training.per_device_train_batch_size}",
             f"processes = {acc.num_processes} ({_distribution(acc)}, mixed precision {acc.mixed_precision})",
             f"device = {_device(acc)}",
@@ -963,7 +1019,9 @@ class Trainer:
         logger.info("training:\n  " + "\n  ".join(lines))
 
     def _mfu(self, tokens_per_s: float) -> float | None:
-        peak = self.logging_cfg.peak_flops or guess_peak_flops(self.accelerator.device, self.accelerator.mixed_precision)
+        peak = self.logging_cfg.peak_flops or guess_peak_flops(
+            self.accelerator.device, self.accelerator.mixed_precision
+        )
         if not peak or not self.flops_per_token:
             return None
         return tokens_per_s * self.flops_per_token / (peak * self.accelerator.num_processes)

@@ -51,7 +51,9 @@ class Walk:
         return len(self.stays) - len(self.rooms)
 
     def describe(self) -> str:
-        lines = [f"{len(self.stays)} stays in {len(self.rooms)} rooms, {self.returns} returns to a room already left"]
+        lines = [
+            f"{len(self.stays)} stays in {len(self.rooms)} rooms, {self.returns} returns to a room already left"
+        ]
         seen: set[str] = set()
         stay = -1
         for index, (room, function) in enumerate(self.calls):
@@ -106,7 +108,11 @@ def trace_walk(main: Callable[[], Any], sections: bool = False) -> tuple[Walk, A
         if room is None:
             return None
         if not config:
-            return on_build_config_return if room == "kiln/config.py" and code.co_name == "build_config" else None
+            return (
+                on_build_config_return
+                if room == "kiln/config.py" and code.co_name == "build_config"
+                else None
+            )
         count = code.co_argcount + code.co_kwonlyargcount
         count += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)  # *args, **kwargs
         arguments = frame.f_locals
@@ -114,7 +120,13 @@ def trace_walk(main: Callable[[], Any], sections: bool = False) -> tuple[Walk, A
             if name == "self":
                 continue
             value = arguments.get(name)
-            values = value if isinstance(value, (tuple, list)) else value.values() if isinstance(value, dict) else (value,)
+            values = (
+                value
+                if isinstance(value, (tuple, list))
+                else value.values()
+                if isinstance(value, dict)
+                else (value,)
+            )
             if any(carries_config(v) for v in values):
                 walk.calls.append((room, code.co_qualname))
                 break

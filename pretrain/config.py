@@ -81,14 +81,22 @@ class ModelConfig:
 # at None ("not given") takes its preset's, one given always wins (even one equal to a preset's value). The
 # encoders and the `gpt2` decoder take BERT's (configs/model/decoder-*.yaml give GPT-2's gelu_new and 1e-5,
 # encoder-modern-*.yaml ModernBERT's dropout 0 and 1e-5); `llama` takes Llama's, as KilnDecoderConfig's.
-_BERT_OPTIONS = {"hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
-                 "layer_norm_eps": 1e-12}  # fmt: skip
+_BERT_OPTIONS = {
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "layer_norm_eps": 1e-12,
+}
 PRESET_OPTIONS = {
     ("encoder", "bert"): _BERT_OPTIONS,
     ("encoder", "modernbert"): _BERT_OPTIONS,
     ("decoder", "gpt2"): _BERT_OPTIONS,
-    ("decoder", "llama"): {"hidden_act": "silu", "hidden_dropout_prob": 0.0,
-                           "attention_probs_dropout_prob": 0.0, "layer_norm_eps": 1e-5},  # fmt: skip
+    ("decoder", "llama"): {
+        "hidden_act": "silu",
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "layer_norm_eps": 1e-5,
+    },
 }
 DEFAULT_PRESETS = {"encoder": "bert", "decoder": "gpt2"}
 """The preset of a model kind whose `preset` is None."""
@@ -225,6 +233,13 @@ class RunConfig:
 
 
 __all__ = [
-    "DEFAULT_PRESETS", "PRESET_OPTIONS", "DataConfig", "ModelConfig", "PretrainEvalConfig", "RunConfig",
-    "TokenizerConfig", "model_options", "preset_options",
-]  # fmt: skip
+    "DEFAULT_PRESETS",
+    "PRESET_OPTIONS",
+    "DataConfig",
+    "ModelConfig",
+    "PretrainEvalConfig",
+    "RunConfig",
+    "TokenizerConfig",
+    "model_options",
+    "preset_options",
+]

@@ -41,7 +41,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-if __name__ == "__main__":  # `python -m pretrain.convert SRC_DIR DST_DIR`: a missing SRC_DIR said before torch loads
+if (
+    __name__ == "__main__"
+):  # `python -m pretrain.convert SRC_DIR DST_DIR`: a missing SRC_DIR said before torch loads
     from kiln.model_files import model_source_problem
 
     _named = [arg for arg in sys.argv[1:] if not arg.startswith("-")]
@@ -203,7 +205,9 @@ def encoder_config_from_electra(config: transformers.ElectraConfig) -> KilnEncod
 def electra_config_from_encoder(config: KilnEncoderConfig) -> transformers.ElectraConfig:
     """The transformers ElectraConfig of a KilnEncoderConfig (the inverse of `encoder_config_from_electra`)."""
     fields = {name: getattr(config, name) for name in ENCODER_FIELDS}
-    return transformers.ElectraConfig(embedding_size=embedding_width(config), **fields, **_task_fields(config))
+    return transformers.ElectraConfig(
+        embedding_size=embedding_width(config), **fields, **_task_fields(config)
+    )
 
 
 # Kiln encoder field -> ModernBERT field, same meaning
@@ -262,11 +266,15 @@ def encoder_config_from_modernbert(config: transformers.ModernBertConfig) -> Kil
     for kind in ("full_attention", "sliding_attention"):
         rope = (config.rope_parameters or {}).get(kind) or {}
         if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"ModernBERT rope_type={rope['rope_type']!r} is not supported by Kiln; only 'default'.")
+            raise ValueError(
+                f"ModernBERT rope_type={rope['rope_type']!r} is not supported by Kiln; only 'default'."
+            )
         thetas[kind] = rope.get("rope_theta")
     head_dim = getattr(config, "head_dim", None)
     if head_dim and head_dim != config.hidden_size // config.num_attention_heads:
-        raise ValueError(f"ModernBERT head_dim={head_dim} differs from hidden_size / heads; Kiln cannot hold it.")
+        raise ValueError(
+            f"ModernBERT head_dim={head_dim} differs from hidden_size / heads; Kiln cannot hold it."
+        )
     if not isinstance(config.hidden_activation, str) or not isinstance(config.classifier_activation, str):
         raise ValueError("Only string activations (e.g. 'gelu') can be converted.")
     fields = {kiln: getattr(config, theirs) for kiln, theirs in MODERNBERT_FIELDS.items()}
@@ -297,7 +305,11 @@ def modernbert_shaped(config) -> bool:
 def modernbert_config_from_encoder(config: KilnEncoderConfig) -> transformers.ModernBertConfig:
     """The transformers ModernBertConfig of a KilnEncoderConfig (the inverse of `encoder_config_from_modernbert`);
     an encoder without every ModernBERT piece (or with embeddings of another width) raises ValueError."""
-    wrong = {name: getattr(config, name) for name, value in MODERNBERT_PIECES.items() if getattr(config, name) != value}
+    wrong = {
+        name: getattr(config, name)
+        for name, value in MODERNBERT_PIECES.items()
+        if getattr(config, name) != value
+    }
     if wrong or embedding_width(config) != config.hidden_size:
         details = ", ".join(f"{name}={value!r}" for name, value in wrong.items()) or "embedding_size"
         raise ValueError(
@@ -374,7 +386,12 @@ LLAMA_FIELDS = {
     "use_cache": "use_cache",
 }
 # the pieces that make a Kiln decoder Llama's (attention/MLP biases and grouped-query attention map as they are)
-LLAMA_PIECES = {"position_embedding_type": "rotary", "norm_type": "rmsnorm", "mlp_type": "glu", "qk_norm": False}
+LLAMA_PIECES = {
+    "position_embedding_type": "rotary",
+    "norm_type": "rmsnorm",
+    "mlp_type": "glu",
+    "qk_norm": False,
+}
 GPT2_PIECES = {
     "position_embedding_type": "learned",
     "norm_type": "layernorm",
@@ -437,7 +454,9 @@ def decoder_family(config: KilnDecoderConfig) -> str:
         if getattr(config, "add_cross_attention", False):
             raise ValueError("Llama has no cross-attention; a llama-preset decoder with it does not convert.")
         return "llama"
-    differs = {name: getattr(config, name) for name, value in LLAMA_PIECES.items() if getattr(config, name) != value}
+    differs = {
+        name: getattr(config, name) for name, value in LLAMA_PIECES.items() if getattr(config, name) != value
+    }
     raise ValueError(
         f"This decoder mixes GPT-2's and Llama's pieces ({', '.join(f'{k}={v!r}' for k, v in differs.items())} "
         "differ from Llama's); transformers has no class computing it. Build it with preset='llama' or 'gpt2' "
@@ -478,13 +497,19 @@ MODERNBERT_NAMES = (
 # ... and each head's (ModernBERT's `head` transform sits in Kiln's pooler for the sequence heads)
 MODERNBERT_HEADS = {
     "ModernBertModel": (),
-    "ModernBertForMaskedLM": (("decoder.", "mlm_head.decoder."), ("head.norm.", "mlm_head.layer_norm."),
-                              ("head.", "mlm_head.")),
-    "ModernBertForSequenceClassification": (("head.norm.", "model.pooler.layer_norm."), ("head.", "model.pooler.")),
+    "ModernBertForMaskedLM": (
+        ("decoder.", "mlm_head.decoder."),
+        ("head.norm.", "mlm_head.layer_norm."),
+        ("head.", "mlm_head."),
+    ),
+    "ModernBertForSequenceClassification": (
+        ("head.norm.", "model.pooler.layer_norm."),
+        ("head.", "model.pooler."),
+    ),
     "ModernBertForMultipleChoice": (("head.norm.", "model.pooler.layer_norm."), ("head.", "model.pooler.")),
     "ModernBertForTokenClassification": (("head.norm.", "head.layer_norm."),),
     "ModernBertForQuestionAnswering": (("head.norm.", "head.layer_norm."), ("classifier.", "qa_outputs.")),
-}  # fmt: skip
+}
 
 
 def _rename(key: str, name: str, reverse: bool) -> str:
@@ -683,14 +708,20 @@ def kiln_to_gpt2_state(kiln: dict, num_layers: int, name: str) -> dict:
 
 
 LLAMA_HEADS = {"lm_head.weight": "lm_head.weight", "score.weight": "score.weight"}  # Llama name -> Kiln name
-LLAMA_TOKEN_HEAD = {"score.weight": "classifier.weight", "score.bias": "classifier.bias"}  # token classification
+LLAMA_TOKEN_HEAD = {
+    "score.weight": "classifier.weight",
+    "score.bias": "classifier.bias",
+}  # token classification
 
 
 def llama_to_kiln_state(llama: dict, num_layers: int, name: str) -> dict:
     """Llama's separate q/k/v and gate/up projections become Kiln's fused `qkv` and `gate_up` (concatenated
     along the output dimension, in that order)."""
     m, k = _prefixes(name)
-    out = {f"{k}word_embeddings.weight": llama[f"{m}embed_tokens.weight"], f"{k}final_norm.weight": llama[f"{m}norm.weight"]}
+    out = {
+        f"{k}word_embeddings.weight": llama[f"{m}embed_tokens.weight"],
+        f"{k}final_norm.weight": llama[f"{m}norm.weight"],
+    }
     for i in range(num_layers):
         src, dst = f"{m}layers.{i}.", f"{k}layers.{i}."
         for p in ("weight", "bias"):
@@ -701,7 +732,9 @@ def llama_to_kiln_state(llama: dict, num_layers: int, name: str) -> dict:
             if f"{src}self_attn.o_proj.{p}" in llama:
                 out[f"{dst}attention.out.{p}"] = llama[f"{src}self_attn.o_proj.{p}"]
             if f"{src}mlp.gate_proj.{p}" in llama:
-                out[f"{dst}mlp.gate_up.{p}"] = torch.cat([llama[f"{src}mlp.{proj}_proj.{p}"] for proj in ("gate", "up")])
+                out[f"{dst}mlp.gate_up.{p}"] = torch.cat(
+                    [llama[f"{src}mlp.{proj}_proj.{p}"] for proj in ("gate", "up")]
+                )
                 out[f"{dst}mlp.fc_out.{p}"] = llama[f"{src}mlp.down_proj.{p}"]
         out[f"{dst}attention_norm.weight"] = llama[f"{src}input_layernorm.weight"]
         out[f"{dst}mlp_norm.weight"] = llama[f"{src}post_attention_layernorm.weight"]
@@ -713,7 +746,10 @@ def llama_to_kiln_state(llama: dict, num_layers: int, name: str) -> dict:
 def kiln_to_llama_state(kiln: dict, config: KilnDecoderConfig, name: str) -> dict:
     """The inverse of `llama_to_kiln_state`: the fused projections split back into Llama's."""
     m, k = _prefixes(name)
-    out = {f"{m}embed_tokens.weight": kiln[f"{k}word_embeddings.weight"], f"{m}norm.weight": kiln[f"{k}final_norm.weight"]}
+    out = {
+        f"{m}embed_tokens.weight": kiln[f"{k}word_embeddings.weight"],
+        f"{m}norm.weight": kiln[f"{k}final_norm.weight"],
+    }
     head_size = config.hidden_size // config.num_attention_heads
     key_value_heads = config.num_key_value_heads or config.num_attention_heads
     qkv_sizes = [config.num_attention_heads * head_size] + [key_value_heads * head_size] * 2
@@ -807,13 +843,17 @@ def to_transformers(model: torch.nn.Module, family: str | None = None) -> torch.
             "ModernBERT (family='modernbert')."
         )
     if electra_shaped(model):
-        raise ValueError(f"{type(model).__name__} with these shapes has no BERT equivalent; convert it to ELECTRA.")
+        raise ValueError(
+            f"{type(model).__name__} with these shapes has no BERT equivalent; convert it to ELECTRA."
+        )
     if isinstance(model.config, KilnDecoderConfig) and type(model) in TO_LLAMA:
         if decoder_family(model.config) == "llama":
             name = TO_LLAMA[type(model)]
             state = {key: value.detach() for key, value in model.state_dict().items()}
             llama_state = kiln_to_llama_state(state, model.config, name)
-            return _build(getattr(transformers, name), llama_config_from_decoder(model.config), llama_state, model)
+            return _build(
+                getattr(transformers, name), llama_config_from_decoder(model.config), llama_state, model
+            )
     if type(model) not in TO_TRANSFORMERS:
         supported = ", ".join(kiln_class.__name__ for kiln_class in TO_TRANSFORMERS)
         raise ValueError(f"Cannot convert {type(model).__name__}; supported: {supported}.")
@@ -851,9 +891,13 @@ def _to_electra(model: torch.nn.Module) -> torch.nn.Module:
     name = TO_ELECTRA[type(model)]
     config = model.config
     if getattr(model, "pooler", None) is not None:
-        raise ValueError("ElectraModel has no pooler; convert a KilnEncoderModel built with add_pooling_layer=False.")
+        raise ValueError(
+            "ElectraModel has no pooler; convert a KilnEncoderModel built with add_pooling_layer=False."
+        )
     if config.position_embedding_type != "learned":
-        raise ValueError("ELECTRA has learned positions only; convert a model with position_embedding_type=learned.")
+        raise ValueError(
+            "ELECTRA has learned positions only; convert a model with position_embedding_type=learned."
+        )
     if name == "ElectraForMaskedLM" and config.hidden_act != "gelu":
         raise ValueError(
             f"ElectraForMaskedLM's head always uses gelu, but this model's hidden_act is {config.hidden_act!r}."
@@ -933,14 +977,35 @@ CONVERTIBLE = {
 }
 # the whole-number fields of each family's config.json whose values size the model: checked before anything is built
 SHAPE_FIELDS = {
-    "bert": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-             "max_position_embeddings", "type_vocab_size"),
-    "electra": ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "max_position_embeddings", "type_vocab_size"),
+    "bert": (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+    ),
+    "electra": (
+        "vocab_size",
+        "embedding_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+    ),
     "gpt2": ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"),
-    "llama": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-              "max_position_embeddings"),
-}  # fmt: skip
+    "llama": (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+    ),
+}
 # the names of a model type's block weights (group 1: the block's index, after any prefix) and its depth field
 BLOCK_NAMES = {
     "bert": (r"(?:^|\.)encoder\.layer\.(\d+)\.", "num_hidden_layers"),
@@ -1183,8 +1248,17 @@ def _start_sizes(spec: str, option: str, config: dict) -> dict:
     read by its own class (its defaults filled in) and checks itself (`check_values`)."""
     model_type = config["model_type"]
     if model_type in ("kiln_encoder", "kiln_decoder"):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "embedding_size", "num_key_value_heads", "type_vocab_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "embedding_size",
+            "num_key_value_heads",
+            "type_vocab_size",
+        ):
             if isinstance(config.get(name), int) and config[name] > 10**7:  # checked before any loop over it
                 raise ConfigError(
                     f"{option} {spec}: its config.json's {name} is {config[name]}, not a size a Kiln model has; "
@@ -1199,8 +1273,16 @@ def _start_sizes(spec: str, option: str, config: dict) -> dict:
                 f"{option} {spec}: its config.json: {first_line(err)[:300].rstrip('.')}; point it at a folder "
                 "written by save_pretrained"
             ) from None
-        names = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                 "max_position_embeddings", "position_embedding_type", "mlp_type"]  # fmt: skip
+        names = [
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "position_embedding_type",
+            "mlp_type",
+        ]
         if model_type == "kiln_encoder":
             names += ["type_vocab_size"]
         sizes = {name: getattr(kiln, name) for name in names}
@@ -1257,19 +1339,41 @@ def _expected_tensors(model_type: str, s: dict) -> list[tuple[str, str, tuple[in
         width_field = "embedding_size" if model_type == "electra" else "hidden_size"
         width = s[width_field]
         tensors = [
-            ("word embeddings", "embeddings.word_embeddings.weight", (s["vocab_size"], width),
-             f"vocab_size, {width_field}"),
-            ("segment embeddings", "embeddings.token_type_embeddings.weight", (s["type_vocab_size"], width),
-             f"type_vocab_size, {width_field}"),
-            ("first block's query projection", "encoder.layer.0.attention.self.query.weight", (h, h),
-             "hidden_size"),
-            ("first block's feed-forward projection", "encoder.layer.0.intermediate.dense.weight", (i, h),
-             "intermediate_size, hidden_size"),
-        ]  # fmt: skip
+            (
+                "word embeddings",
+                "embeddings.word_embeddings.weight",
+                (s["vocab_size"], width),
+                f"vocab_size, {width_field}",
+            ),
+            (
+                "segment embeddings",
+                "embeddings.token_type_embeddings.weight",
+                (s["type_vocab_size"], width),
+                f"type_vocab_size, {width_field}",
+            ),
+            (
+                "first block's query projection",
+                "encoder.layer.0.attention.self.query.weight",
+                (h, h),
+                "hidden_size",
+            ),
+            (
+                "first block's feed-forward projection",
+                "encoder.layer.0.intermediate.dense.weight",
+                (i, h),
+                "intermediate_size, hidden_size",
+            ),
+        ]
         if s.get("position_embedding_type", "absolute") == "absolute":
             positions = (s["max_position_embeddings"], width)
-            tensors.append(("position embeddings", "embeddings.position_embeddings.weight", positions,
-                            f"max_position_embeddings, {width_field}"))  # fmt: skip
+            tensors.append(
+                (
+                    "position embeddings",
+                    "embeddings.position_embeddings.weight",
+                    positions,
+                    f"max_position_embeddings, {width_field}",
+                )
+            )
         return tensors
     if model_type == "gpt2":
         h = s["n_embd"]
@@ -1277,40 +1381,80 @@ def _expected_tensors(model_type: str, s: dict) -> list[tuple[str, str, tuple[in
             ("word embeddings", "wte.weight", (s["vocab_size"], h), "vocab_size, n_embd"),
             ("position embeddings", "wpe.weight", (s["n_positions"], h), "n_positions, n_embd"),
             ("first block's query-key-value projection", "h.0.attn.c_attn.weight", (h, 3 * h), "n_embd"),
-            ("first block's feed-forward projection", "h.0.mlp.c_fc.weight", (h, s["n_inner"]),
-             "n_embd, n_inner"),
-        ]  # fmt: skip
+            (
+                "first block's feed-forward projection",
+                "h.0.mlp.c_fc.weight",
+                (h, s["n_inner"]),
+                "n_embd, n_inner",
+            ),
+        ]
     h, heads = s["hidden_size"], s["num_attention_heads"]
     if model_type == "llama":
         head = s["head_dim"]
         return [
             ("word embeddings", "embed_tokens.weight", (s["vocab_size"], h), "vocab_size, hidden_size"),
-            ("first block's query projection", "layers.0.self_attn.q_proj.weight", (heads * head, h),
-             "num_attention_heads, head_dim, hidden_size"),
-            ("first block's key projection", "layers.0.self_attn.k_proj.weight",
-             (s["num_key_value_heads"] * head, h), "num_key_value_heads, head_dim, hidden_size"),
-            ("first block's feed-forward projection", "layers.0.mlp.gate_proj.weight",
-             (s["intermediate_size"], h), "intermediate_size, hidden_size"),
-        ]  # fmt: skip
+            (
+                "first block's query projection",
+                "layers.0.self_attn.q_proj.weight",
+                (heads * head, h),
+                "num_attention_heads, head_dim, hidden_size",
+            ),
+            (
+                "first block's key projection",
+                "layers.0.self_attn.k_proj.weight",
+                (s["num_key_value_heads"] * head, h),
+                "num_key_value_heads, head_dim, hidden_size",
+            ),
+            (
+                "first block's feed-forward projection",
+                "layers.0.mlp.gate_proj.weight",
+                (s["intermediate_size"], h),
+                "intermediate_size, hidden_size",
+            ),
+        ]
     # Kiln's own: one fused query-key-value projection, a plain or gated (gate and up fused) feed-forward
     head, kv_heads, glu = h // heads, s.get("num_key_value_heads", heads), s["mlp_type"] == "glu"
     encoder = model_type == "kiln_encoder"
     width = s["embedding_size"] if encoder else h
     prefix = "embeddings." if encoder else ""
     tensors = [
-        ("word embeddings", f"{prefix}word_embeddings.weight", (s["vocab_size"], width),
-         "vocab_size, embedding_size or hidden_size" if encoder else "vocab_size, hidden_size"),
-        ("first block's query-key-value projection", "layers.0.attention.qkv.weight",
-         ((heads + 2 * kv_heads) * head, h), "hidden_size, num_attention_heads, num_key_value_heads"),
-        ("first block's feed-forward projection", f"layers.0.mlp.{'gate_up' if glu else 'fc_in'}.weight",
-         ((2 if glu else 1) * s["intermediate_size"], h), "intermediate_size, hidden_size"),
-    ]  # fmt: skip
+        (
+            "word embeddings",
+            f"{prefix}word_embeddings.weight",
+            (s["vocab_size"], width),
+            "vocab_size, embedding_size or hidden_size" if encoder else "vocab_size, hidden_size",
+        ),
+        (
+            "first block's query-key-value projection",
+            "layers.0.attention.qkv.weight",
+            ((heads + 2 * kv_heads) * head, h),
+            "hidden_size, num_attention_heads, num_key_value_heads",
+        ),
+        (
+            "first block's feed-forward projection",
+            f"layers.0.mlp.{'gate_up' if glu else 'fc_in'}.weight",
+            ((2 if glu else 1) * s["intermediate_size"], h),
+            "intermediate_size, hidden_size",
+        ),
+    ]
     if encoder and s["type_vocab_size"]:
-        tensors.append(("segment embeddings", "embeddings.token_type_embeddings.weight",
-                        (s["type_vocab_size"], width), "type_vocab_size"))  # fmt: skip
+        tensors.append(
+            (
+                "segment embeddings",
+                "embeddings.token_type_embeddings.weight",
+                (s["type_vocab_size"], width),
+                "type_vocab_size",
+            )
+        )
     if s["position_embedding_type"] == "learned":
-        tensors.append(("position embeddings", f"{prefix}position_embeddings.weight",
-                        (s["max_position_embeddings"], width), "max_position_embeddings"))  # fmt: skip
+        tensors.append(
+            (
+                "position embeddings",
+                f"{prefix}position_embeddings.weight",
+                (s["max_position_embeddings"], width),
+                "max_position_embeddings",
+            )
+        )
     return tensors
 
 
@@ -1325,7 +1469,9 @@ def _start_class(model_type: str, config: dict, keys: set[str]) -> str:
     }
     prefix = {"bert": "Bert", "electra": "Electra", "gpt2": "GPT2", "llama": "Llama"}[model_type]
     architecture = (config.get("architectures") or [None])[0]
-    name = architecture if architecture in TO_KILN and architecture.startswith(prefix) else default[model_type]
+    name = (
+        architecture if architecture in TO_KILN and architecture.startswith(prefix) else default[model_type]
+    )
     if model_type == "bert" and name in ("BertForPreTraining", "BertForMaskedLM"):
         if "cls.predictions.bias" in keys:
             name = "BertForPreTraining" if "cls.seq_relationship.weight" in keys else "BertForMaskedLM"

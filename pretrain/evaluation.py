@@ -15,14 +15,18 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 
-def _sum_gathered(accelerator: Accelerator, sums: dict[str, list[torch.Tensor]], per_seq: dict[str, torch.Tensor]):
+def _sum_gathered(
+    accelerator: Accelerator, sums: dict[str, list[torch.Tensor]], per_seq: dict[str, torch.Tensor]
+):
     gathered = accelerator.gather_for_metrics(per_seq)
     for key, value in gathered.items():
         sums.setdefault(key, []).append(value.double().sum().cpu())
 
 
 def _progress(loader, accelerator: Accelerator):
-    return tqdm(loader, desc="eval", leave=False, disable=not accelerator.is_local_main_process, dynamic_ncols=True)
+    return tqdm(
+        loader, desc="eval", leave=False, disable=not accelerator.is_local_main_process, dynamic_ncols=True
+    )
 
 
 @torch.no_grad()
@@ -41,7 +45,9 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
         targets = labels[selected]
         token_loss = F.cross_entropy(logits.float(), targets, reduction="none")
         token_correct = (logits.argmax(-1) == targets).double()
-        seq_index = selected.nonzero()[:, 0]  # row order of the sparse logits is the order of labels[selected]
+        seq_index = selected.nonzero()[
+            :, 0
+        ]  # row order of the sparse logits is the order of labels[selected]
         batch_size = labels.shape[0]
         per_seq = {
             "mlm_loss_sum": torch.zeros(batch_size, device=labels.device, dtype=torch.float64).index_add_(
@@ -55,7 +61,9 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
         if "next_sentence_label" in batch and outputs.get("seq_relationship_logits") is not None:
             nsp_logits, nsp_labels = outputs.seq_relationship_logits, batch["next_sentence_label"]
             per_seq["nsp_correct"] = (nsp_logits.argmax(-1) == nsp_labels).double()
-            per_seq["nsp_loss_sum"] = F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="none").double()
+            per_seq["nsp_loss_sum"] = F.cross_entropy(
+                nsp_logits.float(), nsp_labels, reduction="none"
+            ).double()
             per_seq["nsp_count"] = torch.ones(batch_size, device=labels.device, dtype=torch.float64)
         if getattr(outputs, "replaced", None) is not None:  # ELECTRA's discriminator
             per_seq.update(_replaced_token_sums(outputs, batch["attention_mask"].bool()))
@@ -76,7 +84,9 @@ def evaluate_encoder(model, loader, accelerator: Accelerator) -> dict[str, float
     # the same definition as the training loss (MLM + NSP/SOP, or MLM + lambda * RTD), so the curves compare
     weight = getattr(accelerator.unwrap_model(model), "discriminator_weight", 1.0)
     metrics["loss"] = (
-        metrics.get("mlm_loss", float("nan")) + metrics.get("nsp_loss", 0.0) + weight * metrics.get("rtd_loss", 0.0)
+        metrics.get("mlm_loss", float("nan"))
+        + metrics.get("nsp_loss", 0.0)
+        + weight * metrics.get("rtd_loss", 0.0)
     )
     return metrics
 
@@ -118,7 +128,10 @@ def evaluate_decoder(model, loader, accelerator: Accelerator) -> dict[str, float
         labels = batch["labels"][:, 1:]
         logits = logits[:, :-1]
         token_loss = F.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
+            logits.float().reshape(-1, logits.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=-100,
+            reduction="none",
         ).view(labels.shape)
         valid = labels != -100
         per_seq = {
@@ -131,7 +144,11 @@ def evaluate_decoder(model, loader, accelerator: Accelerator) -> dict[str, float
     if not total.get("tokens"):
         return {}
     loss = total["loss_sum"] / total["tokens"]
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "accuracy": total["correct"] / total["tokens"]}
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        "accuracy": total["correct"] / total["tokens"],
+    }
 
 
 def with_blimp(evaluator, blimp):

@@ -38,8 +38,16 @@ OUTPUTS = {
     "KilnDecoderForSequenceClassification": ("logits",),
     "KilnDecoderForTokenClassification": ("logits",),
 }
-COPIED = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-          "vocab.json", "merges.txt", "generation_config.json")  # fmt: skip
+COPIED = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
 ATOL = 1e-4
 
 
@@ -60,7 +68,9 @@ def example_inputs(model, batch_size: int, seq_len: int, seed: int) -> dict[str,
     config = model.config
     generator = torch.Generator().manual_seed(seed)
     low = 3 if config.vocab_size > 3 else 0
-    shape = (batch_size, 2, seq_len) if type(model).__name__.endswith("MultipleChoice") else (batch_size, seq_len)
+    shape = (
+        (batch_size, 2, seq_len) if type(model).__name__.endswith("MultipleChoice") else (batch_size, seq_len)
+    )
     input_ids = torch.randint(low, config.vocab_size, shape, generator=generator)
     pad = getattr(config, "pad_token_id", None)
     input_ids[input_ids == pad] = low  # padding only where the mask says so
@@ -86,7 +96,9 @@ def load(folder: Path):
     architecture = (config.get("architectures") or [None])[0]
     if architecture not in OUTPUTS:
         supported = ", ".join(OUTPUTS)
-        raise ValueError(f"{folder} holds a {architecture or config.get('model_type')} model; ONNX export supports {supported}.")
+        raise ValueError(
+            f"{folder} holds a {architecture or config.get('model_type')} model; ONNX export supports {supported}."
+        )
     verbosity = transformers.logging.get_verbosity()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -103,14 +115,18 @@ def export(folder: str | Path, out: str | Path, opset: int = 17) -> dict[str, fl
     """Export FOLDER's model to OUT/model.onnx; returns the largest |ONNX - PyTorch| per output (checked)."""
     folder, out = Path(folder), Path(out)
     model = load(folder)
-    output_names = [name for name in OUTPUTS[type(model).__name__] if not (
-        name == "pooler_output" and getattr(model, "pooler", None) is None
-    )]  # fmt: skip
+    output_names = [
+        name
+        for name in OUTPUTS[type(model).__name__]
+        if not (name == "pooler_output" and getattr(model, "pooler", None) is None)
+    ]
     traced = example_inputs(model, batch_size=2, seq_len=8, seed=0)
     input_names = list(traced)
-    sequence_axis = {0: "batch", 1: "choices", 2: "sequence"} if traced["input_ids"].dim() == 3 else {
-        0: "batch", 1: "sequence"
-    }  # fmt: skip
+    sequence_axis = (
+        {0: "batch", 1: "choices", 2: "sequence"}
+        if traced["input_ids"].dim() == 3
+        else {0: "batch", 1: "sequence"}
+    )
     out.mkdir(parents=True, exist_ok=True)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's notes on Python-side checks (sizes, vocabulary range)
@@ -143,12 +159,14 @@ def check(model, onnx_path: Path, output_names) -> dict[str, float]:
     real = inputs["attention_mask"].bool()
     for name, value in zip(output_names, got):
         reference, actual = expected[name], torch.from_numpy(value)
-        if reference.shape[:real.dim()] == real.shape:  # per token: padded positions carry no meaning
+        if reference.shape[: real.dim()] == real.shape:  # per token: padded positions carry no meaning
             reference, actual = reference[real], actual[real]
         differences[name] = float((actual - reference).abs().max())
     worst = max(differences.values())
     if not worst <= ATOL:
-        raise ValueError(f"the ONNX graph differs from PyTorch by {worst:.2e} (> {ATOL}); please report this model.")
+        raise ValueError(
+            f"the ONNX graph differs from PyTorch by {worst:.2e} (> {ATOL}); please report this model."
+        )
     return differences
 
 

@@ -1,7 +1,7 @@
 """Pretrain a Kiln encoder (MLM + NSP/SOP) or decoder (causal LM).
 
-    accelerate launch pretrain/run.py                                   # the default tiny encoder run
-    accelerate launch pretrain/run.py --config configs/pretrain/decoder-tiny.yaml --training.lr 3e-4
+accelerate launch pretrain/run.py                                   # the default tiny encoder run
+accelerate launch pretrain/run.py --config configs/pretrain/decoder-tiny.yaml --training.lr 3e-4
 """
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
-if __package__ in (None, ""):  # run as a script (accelerate launch pretrain/run.py): import the package, not siblings
+if __package__ in (
+    None,
+    "",
+):  # run as a script (accelerate launch pretrain/run.py): import the package, not siblings
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import dataclasses  # noqa: E402
@@ -49,7 +52,9 @@ def check_pieces(model) -> None:
             )
         return
     if model.num_key_value_heads is not None:
-        raise ConfigError("--model.num_key_value_heads is a decoder option; remove it for --model.kind encoder")
+        raise ConfigError(
+            "--model.num_key_value_heads is a decoder option; remove it for --model.kind encoder"
+        )
     try:
         KilnEncoderConfig(**encoder_pieces(model))
     except ValueError as error:
@@ -74,7 +79,9 @@ def validate(config: RunConfig) -> None:
     if model.kind == "decoder":
         model.objective = "clm"
     elif model.objective not in ENCODER_OBJECTIVES:
-        raise ConfigError(f"--model.objective for an encoder must be one of {ENCODER_OBJECTIVES}, got {model.objective!r}")
+        raise ConfigError(
+            f"--model.objective for an encoder must be one of {ENCODER_OBJECTIVES}, got {model.objective!r}"
+        )
     check_pieces(model)
     if model.num_attention_heads > 0 and model.hidden_size % model.num_attention_heads:
         raise ConfigError(
@@ -93,7 +100,9 @@ def validate(config: RunConfig) -> None:
     if model.init_from:
         check_init_from(model)
     if config.eval.blimp < 0:
-        raise ConfigError(f"eval.blimp must be a number of pairs per paradigm (0: off), got {config.eval.blimp}")
+        raise ConfigError(
+            f"eval.blimp must be a number of pairs per paradigm (0: off), got {config.eval.blimp}"
+        )
     if config.eval.blimp and model.objective == "electra":
         raise ConfigError(
             "eval.blimp scores sentences with a masked LM, and ELECTRA's discriminator has none; drop --eval.blimp "
@@ -230,7 +239,10 @@ def check_prepared_sources(data, given: set[str]) -> None:
             files += [p for p in matched if p not in files]
         recorded = sources.get(split) or []
         prepared = Counter(
-            zip(public_file_names([os.path.basename(str(s.get("name"))) for s in recorded]), [s.get("bytes") for s in recorded])
+            zip(
+                public_file_names([os.path.basename(str(s.get("name"))) for s in recorded]),
+                [s.get("bytes") for s in recorded],
+            )
         )
         named = Counter(zip(public_file_names(files), [os.path.getsize(p) for p in files]))
         extra, missing = named - prepared, Counter() if unmatched else prepared - named
@@ -256,7 +268,9 @@ def validate_electra(model) -> None:
             "the paper's 0.25)"
         )
     if model.discriminator_weight <= 0:
-        raise ConfigError(f"--model.discriminator_weight {model.discriminator_weight} must be > 0 (the paper's 50)")
+        raise ConfigError(
+            f"--model.discriminator_weight {model.discriminator_weight} must be > 0 (the paper's 50)"
+        )
     hidden, heads, _ = electra_generator_shape(
         model.hidden_size, model.num_attention_heads, model.intermediate_size, model.generator_size
     )
@@ -432,7 +446,9 @@ def build_model(config: RunConfig, tokenizer, vocab_size: int):
             auto = AutoModelForCausalLM
             if m.kind == "encoder":
                 auto = AutoModelForMaskedLM if m.objective == "mlm" else AutoModelForPreTraining
-            model = auto.from_pretrained(m.init_from, attn_implementation=m.attn_implementation, trust_remote_code=True)
+            model = auto.from_pretrained(
+                m.init_from, attn_implementation=m.attn_implementation, trust_remote_code=True
+            )
         else:
             kiln_class = KilnDecoderForCausalLM
             if m.kind == "encoder":
@@ -479,7 +495,9 @@ def given_options(argv: list[str]) -> set[str]:
     from kiln.config import _walk_fields, parse_overrides
 
     _, nested = parse_overrides(argv, {key for key, tp, _, _ in _walk_fields(RunConfig) if tp is bool})
-    return {f"{section}.{key}" for section, values in nested.items() if isinstance(values, dict) for key in values}
+    return {
+        f"{section}.{key}" for section, values in nested.items() if isinstance(values, dict) for key in values
+    }
 
 
 def run_pretraining(config: RunConfig, card_summary: dict | None = None):
@@ -518,8 +536,10 @@ def build_run(config: RunConfig, accelerator, card_summary: dict | None = None):
             objective=model_cfg.objective,
             datasets=card_datasets(data_cfg),
             usage=ELECTRA_USAGE if electra else None,
-            summary={**({"initialised from": start_name(model_cfg.init_from)} if model_cfg.init_from else {}),
-                     **(card_summary or {})},  # fmt: skip
+            summary={
+                **({"initialised from": start_name(model_cfg.init_from)} if model_cfg.init_from else {}),
+                **(card_summary or {}),
+            },
         ),
         train_dataset=data.train_dataset,
         collator=data.collator,
@@ -530,7 +550,9 @@ def build_run(config: RunConfig, accelerator, card_summary: dict | None = None):
         flops_per_token=electra_flops_per_token(model, data_cfg)
         if electra
         else count_flops_per_token(
-            model.config, data_cfg.max_seq_length, lm_head_fraction=data_cfg.mlm_probability if encoder else 1.0
+            model.config,
+            data_cfg.max_seq_length,
+            lm_head_fraction=data_cfg.mlm_probability if encoder else 1.0,
         ),
         # ELECTRA: lambda on the discriminator's loss; its accuracy is logged beside the losses
         loss_weights={"rtd_loss": model_cfg.discriminator_weight, "rtd_accuracy": 0.0} if electra else None,
@@ -552,7 +574,9 @@ def blimp_evaluation(config: RunConfig, tokenizer, model, accelerator):
         raise ConfigError(f"eval.blimp: {err} (eval.blimp_data {source})") from None
     if accelerator.is_main_process:
         paradigms = len({pair.paradigm for pair in pairs})
-        logger.info("BLiMP at every evaluation: %d pairs of %d paradigms from %s", len(pairs), paradigms, source)
+        logger.info(
+            "BLiMP at every evaluation: %d pairs of %d paradigms from %s", len(pairs), paradigms, source
+        )
     return evaluation
 
 
@@ -650,7 +674,11 @@ def start_name(init_from: str) -> str:
     if not is_local_path(init_from):
         return init_from
     path = Path(init_from.rstrip("/"))
-    return f"{path.parent.name}/{path.name}" if path.name in ("final", "best") and path.parent.name else public_name(init_from)
+    return (
+        f"{path.parent.name}/{path.name}"
+        if path.name in ("final", "best") and path.parent.name
+        else public_name(init_from)
+    )
 
 
 def card_datasets(data) -> list[str]:

@@ -60,9 +60,15 @@ os.environ.update(
 # endpoint is a loopback port, so nothing reaches the real Hub anyway. Xet stays on (the default) unless a
 # test turns it off.
 for _name in (
-    "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE",
-    "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_XET", "HUGGINGFACE_CO_STAGING",
-):  # fmt: skip
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_TOKEN_PATH",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HUB_DISABLE_XET",
+    "HUGGINGFACE_CO_STAGING",
+):
     os.environ.pop(_name, None)
 
 
@@ -130,8 +136,19 @@ def kiln_checkpoints(tmp_path_factory):
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "kiln-finetune-checkpoints"
     with FileLock(str(root) + ".lock"), one_torch_thread():
         if not (root / "done").is_file():
-            common = ["--config", DEBUG, "--training.max_steps", "16", "--training.lr", "3e-3",
-                      "--training.save_steps", "0", "--training.eval_steps", "0", "--training.overwrite_output_dir"]  # fmt: skip
+            common = [
+                "--config",
+                DEBUG,
+                "--training.max_steps",
+                "16",
+                "--training.lr",
+                "3e-3",
+                "--training.save_steps",
+                "0",
+                "--training.eval_steps",
+                "0",
+                "--training.overwrite_output_dir",
+            ]
             run_main(pretrain, *common, "--training.output_dir", root / "enc")
             run_main(pretrain, *common, *DECODER, "--training.output_dir", root / "dec")
             (root / "done").touch()

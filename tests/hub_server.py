@@ -36,9 +36,18 @@ from urllib.parse import parse_qs, unquote, urlsplit
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 URL_PREFIXES = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 REPO_ACTIONS = {
-    "revision", "tree", "paths-info", "preupload", "commit", "branch", "refs", "commits",
-    "xet-write-token", "xet-read-token", "auth-check",
-}  # fmt: skip
+    "revision",
+    "tree",
+    "paths-info",
+    "preupload",
+    "commit",
+    "branch",
+    "refs",
+    "commits",
+    "xet-write-token",
+    "xet-read-token",
+    "auth-check",
+}
 GITATTRIBUTES = (
     b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.bin filter=lfs diff=lfs merge=lfs -text\n"
 )
@@ -315,8 +324,9 @@ class HubServer:
             repo.branches["main"] = next(iter(repo.commits))
             return repo
 
-    def add_convert_ref(self, repo_id: str, files: dict[str, bytes], repo_type: str = "dataset",
-                        name: str = "parquet") -> Commit:  # fmt: skip
+    def add_convert_ref(
+        self, repo_id: str, files: dict[str, bytes], repo_type: str = "dataset", name: str = "parquet"
+    ) -> Commit:
         """`refs/convert/<name>`, which only the Hub itself writes (its Parquet export of a dataset, beside the
         repo's own branches): a commit of its own holding `files`, resolvable as the revision `refs/convert/<name>`
         and listed under the repo's `converts`."""
@@ -579,12 +589,24 @@ class _Handler(BaseHTTPRequestHandler):
     def _do_whoami(self, **_):
         if self._token_state() != "valid":
             raise HubError(401, "Invalid credentials in Authorization header")
-        self._json({
-            "type": "user", "id": "0" * 24, "name": USER, "fullname": "Kiln Test", "email": None,
-            "isPro": False, "canPay": False,
-            "orgs": [{"type": "org", "name": name} for name in sorted((self.hub.namespaces or set()) - {USER})],
-            "auth": {"type": "access_token", "accessToken": {"displayName": "kiln-tests", "role": self.hub.token_role}},
-        })  # fmt: skip
+        self._json(
+            {
+                "type": "user",
+                "id": "0" * 24,
+                "name": USER,
+                "fullname": "Kiln Test",
+                "email": None,
+                "isPro": False,
+                "canPay": False,
+                "orgs": [
+                    {"type": "org", "name": name} for name in sorted((self.hub.namespaces or set()) - {USER})
+                ],
+                "auth": {
+                    "type": "access_token",
+                    "accessToken": {"displayName": "kiln-tests", "role": self.hub.token_role},
+                },
+            }
+        )
 
     def _do_agent_harnesses(self, **_):
         self._json({"standardEnvVars": [], "harnesses": {}})  # fetched once a day by huggingface_hub
@@ -600,7 +622,10 @@ class _Handler(BaseHTTPRequestHandler):
         repo_id = f"{organization}/{name}"
         url = f"{self.hub.url}/{URL_PREFIXES[repo_type]}{repo_id}"
         if not self._may_write(organization):  # the Hub answers so whether or not the repo exists
-            raise HubError(403, f'You don\'t have the rights to create a {repo_type} under the namespace "{organization}"')
+            raise HubError(
+                403,
+                f'You don\'t have the rights to create a {repo_type} under the namespace "{organization}"',
+            )
         with self.hub._lock:
             if (repo_type, repo_id) in self.hub.repos:
                 # `create_repo(exist_ok=True)` reads the url from this 409 answer
@@ -648,12 +673,24 @@ class _Handler(BaseHTTPRequestHandler):
                     sibling["lfs"] = {"size": blob.size, "sha256": blob.sha256, "pointerSize": len(pointer)}
             siblings.append(sibling)
         author = repo_id.split("/")[0] if "/" in repo_id else None
-        self._json({
-            "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24], "id": repo_id, "modelId": repo_id,
-            "author": author, "sha": commit.oid, "lastModified": commit.date, "createdAt": repo.created_at,
-            "private": repo.private, "disabled": False, "gated": False, "downloads": 0, "likes": 0,
-            "tags": [], "siblings": siblings,
-        })  # fmt: skip
+        self._json(
+            {
+                "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24],
+                "id": repo_id,
+                "modelId": repo_id,
+                "author": author,
+                "sha": commit.oid,
+                "lastModified": commit.date,
+                "createdAt": repo.created_at,
+                "private": repo.private,
+                "disabled": False,
+                "gated": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": [],
+                "siblings": siblings,
+            }
+        )
 
     def _do_tree(self, repo_type, repo_id, revision, path, query, **_):
         repo = self._repo(repo_type, repo_id)
@@ -715,10 +752,18 @@ class _Handler(BaseHTTPRequestHandler):
             history = self.hub.commits(repo_id, revision, repo_type)
         except AssertionError:
             raise HubError(404, f"Invalid rev id: {revision}", "RevisionNotFound") from None
-        self._json([
-            {"id": c.oid, "title": c.title, "message": c.message, "date": c.date, "authors": [{"user": USER}]}
-            for c in history
-        ])  # fmt: skip
+        self._json(
+            [
+                {
+                    "id": c.oid,
+                    "title": c.title,
+                    "message": c.message,
+                    "date": c.date,
+                    "authors": [{"user": USER}],
+                }
+                for c in history
+            ]
+        )
 
     def _do_branch(self, repo_type, repo_id, revision, body, **_):
         repo = self._repo(repo_type, repo_id, write=True)
@@ -754,12 +799,14 @@ class _Handler(BaseHTTPRequestHandler):
             path = item["path"]
             sample = base64.b64decode(item.get("sample") or "")
             existing = commit.files.get(path)
-            answers.append({
-                "path": path,
-                "uploadMode": self._upload_mode(int(item.get("size", 0)), sample),
-                "shouldIgnore": any(fnmatch.fnmatch(path, g) for g in self.hub.ignore_globs),
-                "oid": existing.upload_oid if existing is not None else None,
-            })  # fmt: skip
+            answers.append(
+                {
+                    "path": path,
+                    "uploadMode": self._upload_mode(int(item.get("size", 0)), sample),
+                    "shouldIgnore": any(fnmatch.fnmatch(path, g) for g in self.hub.ignore_globs),
+                    "oid": existing.upload_oid if existing is not None else None,
+                }
+            )
         self._json({"files": answers, "commitOid": commit.oid})
 
     def _do_lfs_batch(self, repo_type, repo_id, body, **_):
@@ -845,11 +892,16 @@ class _Handler(BaseHTTPRequestHandler):
                 repo, parent.oid, header.get("summary") or "update", header.get("description") or "", files
             )
             repo.branches[revision] = commit.oid
-        self._json({
-            "success": True, "commitOid": commit.oid, "commitMessage": commit.title, "hookOutput": "",
-            "commitUrl": f"{self.hub.url}/{URL_PREFIXES[repo_type]}{repo_id}/commit/{commit.oid}",
-            "pullRequestUrl": None,
-        })  # fmt: skip
+        self._json(
+            {
+                "success": True,
+                "commitOid": commit.oid,
+                "commitMessage": commit.title,
+                "hookOutput": "",
+                "commitUrl": f"{self.hub.url}/{URL_PREFIXES[repo_type]}{repo_id}/commit/{commit.oid}",
+                "pullRequestUrl": None,
+            }
+        )
 
     def _do_resolve(self, repo_type, repo_id, revision, path, **_):
         repo = self._repo(repo_type, repo_id)

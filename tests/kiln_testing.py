@@ -13,9 +13,15 @@ DEBUG = str(REPO / "configs/pretrain/debug.yaml")
 FSDP_YAML = REPO / "configs/accelerate/fsdp.yaml"
 DEEPSPEED_YAML = REPO / "configs/accelerate/deepspeed-zero2.yaml"
 DECODER = [
-    "--model.kind", "decoder", "--model.hidden_act", "gelu_new", "--model.layer_norm_eps", "1e-5",
-    "--data.data_files", str(REPO / "data/tinystories/*.txt"),
-]  # fmt: skip
+    "--model.kind",
+    "decoder",
+    "--model.hidden_act",
+    "gelu_new",
+    "--model.layer_norm_eps",
+    "1e-5",
+    "--data.data_files",
+    str(REPO / "data/tinystories/*.txt"),
+]
 
 
 def free_port() -> int:
@@ -90,11 +96,28 @@ def launch_two_processes(output_dir, *overrides, config=DEBUG, timeout=600) -> s
     debug config or `config`; waited for, it must succeed."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--main_process_port", "0", str(REPO / "pretrain/run.py"), "--config", str(config),
-         "--training.output_dir", str(output_dir), *map(str, overrides)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            "0",
+            str(REPO / "pretrain/run.py"),
+            "--config",
+            str(config),
+            "--training.output_dir",
+            str(output_dir),
+            *map(str, overrides),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -125,8 +148,14 @@ def run_under_fsdp(script, *args, timeout=300) -> subprocess.CompletedProcess:
     env = {**keep, **launch_env(FSDP_YAML), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     port = str(free_port())
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
-    done = subprocess.run([*command, str(script), *map(str, args)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    done = subprocess.run(
+        [*command, str(script), *map(str, args)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

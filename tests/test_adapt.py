@@ -26,8 +26,9 @@ def _env() -> dict:
 def _launch(*argv, processes: int = 1) -> subprocess.CompletedProcess:
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
     launch += ["--multi_gpu"] if processes > 1 else ["--cpu"]
-    done = subprocess.run([*launch, *map(str, argv)], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [*launch, *map(str, argv)], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -42,11 +43,16 @@ def task_config(tmp_path):
     """A classification task whose training file is a few movie-review-like sentences with nonsense labels, and
     whose validation and test files do not exist."""
     sentences = [
-        "a gripping , funny and humane film", "the plot is thin and the acting wooden",
-        "an unforgettable performance by the lead", "dull , overlong and predictable",
-        "a small triumph of tone and timing", "the jokes fall flat every time",
-    ]  # fmt: skip
-    rows = ["sentence,label"] + [f'"{s} {i}",label-{i % 5}' for i in range(48) for s in sentences[i % 6: i % 6 + 1]]
+        "a gripping , funny and humane film",
+        "the plot is thin and the acting wooden",
+        "an unforgettable performance by the lead",
+        "dull , overlong and predictable",
+        "a small triumph of tone and timing",
+        "the jokes fall flat every time",
+    ]
+    rows = ["sentence,label"] + [
+        f'"{s} {i}",label-{i % 5}' for i in range(48) for s in sentences[i % 6 : i % 6 + 1]
+    ]
     (tmp_path / "reviews.csv").write_text("\n".join(rows) + "\n")
     config = tmp_path / "task.yaml"
     config.write_text(
@@ -56,19 +62,43 @@ def task_config(tmp_path):
     return config
 
 
-def test_adapt_on_the_task_text_resumes_exactly_and_feeds_the_task_script(kiln_checkpoints, task_config, tmp_path):
+def test_adapt_on_the_task_text_resumes_exactly_and_feeds_the_task_script(
+    kiln_checkpoints, task_config, tmp_path
+):
     encoder, _ = kiln_checkpoints
     out = tmp_path / "adapted"
-    common = ["finetune/adapt.py", "--task", "classify", "--task_config", task_config, "--model.init_from", encoder,
-              "--training.output_dir", out, "--training.max_steps", 6, "--training.save_steps", 3,
-              "--training.per_device_train_batch_size", 4, "--training.eval_steps", 0, "--logging.logging_steps", 2,
-              "--data.max_seq_length", 32]  # fmt: skip
+    common = [
+        "finetune/adapt.py",
+        "--task",
+        "classify",
+        "--task_config",
+        task_config,
+        "--model.init_from",
+        encoder,
+        "--training.output_dir",
+        out,
+        "--training.max_steps",
+        6,
+        "--training.save_steps",
+        3,
+        "--training.per_device_train_batch_size",
+        4,
+        "--training.eval_steps",
+        0,
+        "--logging.logging_steps",
+        2,
+        "--data.max_seq_length",
+        32,
+    ]
     _launch(*common, processes=2)
     first = _rows(out)
     assert sorted(first) == [2, 4, 6] and all(v == v for v in first.values())
     card = (out / "final" / "README.md").read_text()
     assert "| initialised from | enc/final |" in card, card
-    assert "| task-adaptive pretraining | classify training split of reviews.csv (48 examples, labels unused) |" in card
+    assert (
+        "| task-adaptive pretraining | classify training split of reviews.csv (48 examples, labels unused) |"
+        in card
+    )
     assert str(tmp_path) not in card
     saved = (out / "config.yaml").read_text()
     assert "objective: mlm\n" in saved and "document_separator: line" in saved
@@ -82,9 +112,23 @@ def test_adapt_on_the_task_text_resumes_exactly_and_feeds_the_task_script(kiln_c
 
     # the task script fine-tunes the adapted encoder, and its card names it
     tuned = tmp_path / "tuned"
-    _launch("finetune/classify.py", "--model.checkpoint", out / "final", "--training.output_dir", tuned,
-            "--training.max_steps", 2, "--data.max_train_samples", 16, "--data.max_eval_samples", 8,
-            "--data.max_predict_samples", 4, "--training.per_device_train_batch_size", 8)  # fmt: skip
+    _launch(
+        "finetune/classify.py",
+        "--model.checkpoint",
+        out / "final",
+        "--training.output_dir",
+        tuned,
+        "--training.max_steps",
+        2,
+        "--data.max_train_samples",
+        16,
+        "--data.max_eval_samples",
+        8,
+        "--data.max_predict_samples",
+        4,
+        "--training.per_device_train_batch_size",
+        8,
+    )
     assert "| initialisation | pretrained (" in (tuned / "final" / "README.md").read_text()
 
 

@@ -48,8 +48,18 @@ def tiny_presets(throughput, monkeypatch):
 def test_throughput_times_every_variant_of_the_same_function(throughput, tiny_presets, tmp_path, capsys):
     out = tmp_path / "result.json"
     throughput.main(
-        ["--preset", "encoder-test", "--preset", "decoder-test", "--preset", "llama-test", "--ablate", "--no-memory",
-         "--json", str(out)]  # fmt: skip
+        [
+            "--preset",
+            "encoder-test",
+            "--preset",
+            "decoder-test",
+            "--preset",
+            "llama-test",
+            "--ablate",
+            "--no-memory",
+            "--json",
+            str(out),
+        ]
     )
     results = json.loads(out.read_text())
     assert [r["preset"] for r in results] == ["encoder-test", "decoder-test", "llama-test"]
@@ -68,7 +78,12 @@ def test_throughput_times_every_variant_of_the_same_function(throughput, tiny_pr
                 assert model["speedup"] == pytest.approx(statistics.median(paired))
         assert result["flops_per_token"] > 0 and result["machine"]["device"] == "cpu"
     table = capsys.readouterr().out
-    assert "encoder-test" in table and "decoder-test" in table and "llama-test" in table and "transformers" in table
+    assert (
+        "encoder-test" in table
+        and "decoder-test" in table
+        and "llama-test" in table
+        and "transformers" in table
+    )
 
 
 @pytest.mark.parametrize("kind", ["encoder", "decoder", "modernbert", "llama"])
@@ -111,21 +126,32 @@ def test_vocab_padding_pads_the_reference_and_kiln_alike(throughput, tiny_preset
 def test_throughput_measures_the_matmul_peak_and_a_cpu_mfu(throughput, tiny_presets, tmp_path):
     out = tmp_path / "result.json"
     throughput.main(
-        ["--preset", "encoder-test", "--no-memory", "--matmul-size", "64", "--matmul-repeats", "2",
-         "--json", str(out)]
-    )  # fmt: skip
+        [
+            "--preset",
+            "encoder-test",
+            "--no-memory",
+            "--matmul-size",
+            "64",
+            "--matmul-repeats",
+            "2",
+            "--json",
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     rates = result["matmul_flops_per_round"]
     assert len(rates) == 2 and all(rate > 0 for rate in rates)
     assert result["peak_flops"] == max(rates) and result["peak_source"].startswith("measured")
     for model in result["models"].values():
         per_round = [
-            result["flops_per_token"] * 4 * 32 / time / rate for time, rate in zip(model["step_times_s"], rates)
+            result["flops_per_token"] * 4 * 32 / time / rate
+            for time, rate in zip(model["step_times_s"], rates)
         ]
         assert model["mfu_rounds"] == pytest.approx(per_round)
         assert model["mfu"] == pytest.approx(statistics.median(per_round))
         assert model["mfu_cpu_time"] > 0
     assert len(result["matmul_flops_per_cpu_s"]) == 2
+
 
 # ------------------------------------------------------------------------------------------------- inference
 SST2 = REPO_ROOT.parent / "shared" / "data" / "sst2"  # not shipped: ../shared/data beside the repository
@@ -149,9 +175,27 @@ def tiny_sst2(tmp_path):
 def test_inference_checks_equal_outputs_and_times_both_models(inference, tiny_sst2, tmp_path, capsys):
     out = tmp_path / "inference.json"
     report = inference.main(
-        ["--shape", "tiny", "--rounds", "2", "--latency-inputs", "2", "--batch", "1", "--batch", "3",
-         "--new-tokens", "5", "--vocab-size", "300", "--sst2", str(tiny_sst2), "--json", str(out)]
-    )  # fmt: skip
+        [
+            "--shape",
+            "tiny",
+            "--rounds",
+            "2",
+            "--latency-inputs",
+            "2",
+            "--batch",
+            "1",
+            "--batch",
+            "3",
+            "--new-tokens",
+            "5",
+            "--vocab-size",
+            "300",
+            "--sst2",
+            str(tiny_sst2),
+            "--json",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     cases = {(r["task"], r["batch"]) for r in report["results"]}
     assert cases == {(t, b) for t in ("fill-mask", "text-classification", "generate") for b in (1, 3)}
@@ -170,7 +214,9 @@ def test_inference_pairs_are_the_same_function_and_a_different_one_is_refused(in
     sentences = inference.read_sentences(tiny_sst2, "dev")
     wordpiece, bpe = inference.build_tokenizers(sentences, 300)
     tokenizer = bpe if kind == "generate" else wordpiece
-    reference, kiln = inference.build_pair(kind, inference.SHAPES["tiny"], len(tokenizer), 0, tokenizer.pad_token_id)
+    reference, kiln = inference.build_pair(
+        kind, inference.SHAPES["tiny"], len(tokenizer), 0, tokenizer.pad_token_id
+    )
     assert type(kiln).__name__.startswith("Kiln") and not type(reference).__name__.startswith("Kiln")
     inputs = sentences[:3]
     if kind == "fill-mask":
@@ -196,23 +242,45 @@ def test_finetune_bench_trains_both_from_the_same_start_and_passes_kiln_options(
 ):
     out = tmp_path / "finetune.json"
     report = finetune_bench.main(
-        ["--shape", "test", "--train-samples", "12", "--batch-size", "4", "--eval-batch-size", "8",
-         "--vocab-size", "300", "--rounds", "2", "--sst2", str(tiny_sst2), "--json", str(out),
-         "--", "--training.max_steps", "2"]
-    )  # fmt: skip
+        [
+            "--shape",
+            "test",
+            "--train-samples",
+            "12",
+            "--batch-size",
+            "4",
+            "--eval-batch-size",
+            "8",
+            "--vocab-size",
+            "300",
+            "--rounds",
+            "2",
+            "--sst2",
+            str(tiny_sst2),
+            "--json",
+            str(out),
+            "--",
+            "--training.max_steps",
+            "2",
+        ]
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["check"]["max_logit_diff"] <= 1e-4
     assert report["settings"]["kiln_options"] == ["--training.max_steps", "2"]
     assert len(report["kiln"]) == len(report["reference"]) == 2
     for kiln, reference in zip(report["kiln"], report["reference"]):
-        assert kiln["optimizer_steps"] == 2 and kiln["examples_trained"] == 8  # the option reached classify.py
+        assert (
+            kiln["optimizer_steps"] == 2 and kiln["examples_trained"] == 8
+        )  # the option reached classify.py
         assert reference["optimizer_steps"] == 3 and reference["examples_trained"] == 12
         assert "--training.max_steps" in kiln["argv"]
     # each side is seeded: the same start, data and seed give the same dev scores in every round, so a round's
     # differences are timing only
     for side in ("kiln", "reference"):
         first, second = report[side]
-        assert (first["dev_accuracy"], first["dev_loss"]) == (second["dev_accuracy"], second["dev_loss"]), side
+        assert (first["dev_accuracy"], first["dev_loss"]) == (second["dev_accuracy"], second["dev_loss"]), (
+            side
+        )
     # the record names no machine folder: the repository's config relative to it, the temporary files as $WORK
     argv = report["kiln"][0]["argv"]
     assert argv[argv.index("--config") + 1] == "configs/finetune/offline/classify-sst2.yaml"
@@ -229,7 +297,14 @@ def tiny_conll(tmp_path):
         [("Anna", "B-PER"), ("visited", "O"), ("Paris", "B-LOC"), ("in", "O"), ("May", "O")],
         [("The", "O"), ("United", "B-ORG"), ("Nations", "I-ORG"), ("met", "O"), ("today", "O"), (".", "O")],
         [("Berlin", "B-LOC"), ("won", "O")],
-        [("John", "B-PER"), ("Smith", "I-PER"), ("likes", "O"), ("French", "B-MISC"), ("wine", "O"), (".", "O")],
+        [
+            ("John", "B-PER"),
+            ("Smith", "I-PER"),
+            ("likes", "O"),
+            ("French", "B-MISC"),
+            ("wine", "O"),
+            (".", "O"),
+        ],
     ]
     lines = ["-DOCSTART- -X- -X- O", ""]
     for index in range(8):
@@ -241,12 +316,31 @@ def tiny_conll(tmp_path):
     return tmp_path
 
 
-def test_finetune_bench_tagging_mode_trains_both_and_scores_the_same_way(finetune_bench, tiny_conll, tmp_path):
+def test_finetune_bench_tagging_mode_trains_both_and_scores_the_same_way(
+    finetune_bench, tiny_conll, tmp_path
+):
     report = finetune_bench.main(
-        ["--task", "conll2003", "--shape", "test", "--train-samples", "8", "--batch-size", "4",
-         "--eval-batch-size", "4", "--vocab-size", "120", "--conll2003", str(tiny_conll),
-         "--variant", "padded=--model.unpad_inputs false", "--json", str(tmp_path / "tag.json")]
-    )  # fmt: skip
+        [
+            "--task",
+            "conll2003",
+            "--shape",
+            "test",
+            "--train-samples",
+            "8",
+            "--batch-size",
+            "4",
+            "--eval-batch-size",
+            "4",
+            "--vocab-size",
+            "120",
+            "--conll2003",
+            str(tiny_conll),
+            "--variant",
+            "padded=--model.unpad_inputs false",
+            "--json",
+            str(tmp_path / "tag.json"),
+        ]
+    )
     assert report["task"] == "conll2003" and report["check"]["max_logit_diff"] <= 1e-4
     for run in report["kiln"] + report["reference"] + report["variants"]["padded"]["runs"]:
         assert 0 <= run["dev_f1"] <= 1 and run["examples_trained"] == 8
@@ -263,9 +357,13 @@ def test_finetune_bench_refuses_a_start_that_is_not_the_same_function(finetune_b
     sentences = [row["sentence"] for row in finetune_bench.read_tsv(tiny_sst2 / "dev.tsv")]
     tokenizer = train_tokenizer(sentences, "wordpiece", 300)
     config = transformers.BertConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=64, num_labels=2,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=2,
+    )
     reference = transformers.BertForSequenceClassification(config).eval()
     kiln = from_transformers(reference).eval()
     assert finetune_bench.same_start(reference, kiln, tokenizer, sentences)["max_logit_diff"] <= 1e-4
@@ -294,13 +392,35 @@ def test_padding_bench_counts_real_tokens_and_profiles_the_runs_step(tmp_path, m
 
     padding = load_bench("padding")
     threshold = encoder.UNPAD_MIN_PADDING
-    monkeypatch.chdir(REPO_ROOT)  # main() moves to the repository (the run's relative data paths); undone after
+    monkeypatch.chdir(
+        REPO_ROOT
+    )  # main() moves to the repository (the run's relative data paths); undone after
     report = padding.main(
-        ["--profile", "2", "--time", "3", "--json", str(tmp_path / "padding.json"), "--",
-         "--model.hidden_size", "32", "--model.num_hidden_layers", "1", "--model.num_attention_heads", "2",
-         "--model.intermediate_size", "64", "--training.max_steps", "4", "--training.per_device_train_batch_size", "8"]
-    )  # fmt: skip
-    assert encoder.UNPAD_MIN_PADDING == threshold > 0  # --time unpads every batch, then puts the threshold back
+        [
+            "--profile",
+            "2",
+            "--time",
+            "3",
+            "--json",
+            str(tmp_path / "padding.json"),
+            "--",
+            "--model.hidden_size",
+            "32",
+            "--model.num_hidden_layers",
+            "1",
+            "--model.num_attention_heads",
+            "2",
+            "--model.intermediate_size",
+            "64",
+            "--training.max_steps",
+            "4",
+            "--training.per_device_train_batch_size",
+            "8",
+        ]
+    )
+    assert (
+        encoder.UNPAD_MIN_PADDING == threshold > 0
+    )  # --time unpads every batch, then puts the threshold back
     assert report == json.loads((tmp_path / "padding.json").read_text())
     assert 0 < report["real"] <= report["unrounded"] <= report["padded"]
     assert report["padding_fraction"] == pytest.approx(1 - report["real"] / report["padded"])
@@ -324,9 +444,24 @@ def test_data_scale_bench_prepares_its_corpus_and_writes_the_measurements(tmp_pa
     for layout, files in (("big", 1), ("files", 2)):
         written = data_scale.write_corpus(tmp_path / layout, 3.0, layout)
         assert 2_999_990 < written <= 3_000_000 and len(list((tmp_path / layout).glob("*.txt"))) == files
-    results = data_scale.main(["--sizes", "0.3", "--layouts", "files", "--num_proc", "2", "--no-first-step",
-                               "--workdir", str(tmp_path / "work"), "--json", str(tmp_path / "scale.json"),
-                               "--", "--tokenizer.vocab_size", "512"])  # fmt: skip
+    results = data_scale.main(
+        [
+            "--sizes",
+            "0.3",
+            "--layouts",
+            "files",
+            "--num_proc",
+            "2",
+            "--no-first-step",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--json",
+            str(tmp_path / "scale.json"),
+            "--",
+            "--tokenizer.vocab_size",
+            "512",
+        ]
+    )
     row = json.loads((tmp_path / "scale.json").read_text())["rows"][0]
     assert results["rows"] == [row]
     assert row["corpus_mb"] == 0.3 and row["num_proc"] == 2 and row["cpu_s"] > 0 and row["disk_mb"] > 0
@@ -353,14 +488,18 @@ def test_gpu_bench_runs_every_stage_and_makes_its_tables_from_the_record(tiny_ss
     for name, stage in stages.items():
         assert stage["status"] == "ok", (name, stage.get("log_tail"))
         assert stage["record"], name
-    assert stages["pretrain-encoder"]["record"]["check"] and stages["pretrain-decoder"]["record"]["shape"][
-        "kind"] == "decoder"  # fmt: skip
+    assert (
+        stages["pretrain-encoder"]["record"]["check"]
+        and stages["pretrain-decoder"]["record"]["shape"]["kind"] == "decoder"
+    )
     (engine_row,) = stages["engines"]["record"]
     assert engine_row["resume_max_abs_diff"] == 0.0 and "error" not in engine_row["final"]
     # docs/multi-node.md's `python bench/engines.py` in its CPU smoke form (`--engine none --small`), the stage's
     # command: it trains, resumes from its step-2 checkpoint and loads final/
     assert engine_row["run1_exit"] == 0 and engine_row["run2_exit"] == 0 and engine_row["resumed_from"] == 2
-    assert engine_row["resume_max_abs_diff"] == 0  # step 3 re-trained from the step-2 checkpoint: the same loss
+    assert (
+        engine_row["resume_max_abs_diff"] == 0
+    )  # step 3 re-trained from the step-2 checkpoint: the same loss
     final = engine_row["final"]
     assert math.isfinite(final["heldout_mlm_loss"]) and len(final["fill_mask"]) == 5
     assert final["auto_map"]["AutoModelForPreTraining"].endswith("KilnEncoderForPreTraining")
@@ -374,18 +513,33 @@ def test_gpu_bench_runs_every_stage_and_makes_its_tables_from_the_record(tiny_ss
     gpu.main(["--tables", str(record), "--md", str(again)])
     assert again.read_text() == text
     # a stage whose data is missing is recorded as skipped and its table row says so
-    skipped = gpu.main(["--smoke", "--stage", "inference", "--sst2", str(tmp_path / "none"), "--json",
-                        str(tmp_path / "s.json"), "--md", str(tmp_path / "s.md")])  # fmt: skip
+    skipped = gpu.main(
+        [
+            "--smoke",
+            "--stage",
+            "inference",
+            "--sst2",
+            str(tmp_path / "none"),
+            "--json",
+            str(tmp_path / "s.json"),
+            "--md",
+            str(tmp_path / "s.md"),
+        ]
+    )
     assert skipped["stages"]["inference"]["status"] == "skipped"
     assert "not measured (skipped" in (tmp_path / "s.md").read_text()
-    full = gpu.stage_commands(gpu.main.__globals__["argparse"].Namespace(smoke=False, sst2=tiny_sst2), tmp_path)
+    full = gpu.stage_commands(
+        gpu.main.__globals__["argparse"].Namespace(smoke=False, sst2=tiny_sst2), tmp_path
+    )
     assert sum(stage["limit_s"] for stage in full.values()) <= 480
     assert any("deepspeed-zero2" in stage["argv"] for stage in full.values())
     assert any("fsdp" in stage["argv"] for stage in full.values())
 
 
 @pytest.mark.parametrize("sparse_reference", [False, True])
-def test_the_modernbert_presets_time_the_preset_against_modernbert(throughput, tiny_presets, sparse_reference, tmp_path):
+def test_the_modernbert_presets_time_the_preset_against_modernbert(
+    throughput, tiny_presets, sparse_reference, tmp_path
+):
     """Kiln's modernbert preset against transformers' ModernBertForMaskedLM, from the same weights, with a local
     window shorter than the batch (48 tokens, ModernBERT's 128-token window cut to 16 by the test)."""
     out = tmp_path / "modernbert.json"

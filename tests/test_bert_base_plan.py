@@ -14,18 +14,39 @@ CONFIG = REPO / "configs/pretrain/bert-base-wiki-books.yaml"
 TINY_CORPUS = ["--data.data_files", str(REPO / "data/pretrain/the_time_machine.txt")]  # one shipped book
 MUST_SHRINK = [
     # BERT-base is 90M parameters with this corpus's vocabulary: minutes a step pair on CI's 2 cores
-    "--model.num_hidden_layers", "2", "--model.hidden_size", "64", "--model.num_attention_heads", "2",
-    "--model.intermediate_size", "256",
+    "--model.num_hidden_layers",
+    "2",
+    "--model.hidden_size",
+    "64",
+    "--model.num_attention_heads",
+    "2",
+    "--model.intermediate_size",
+    "256",
     # 1,024 sequences a step; 8 keeps 2 processes x 4 (the per-device batch is derived from the total as on GPUs)
-    "--training.total_train_batch_size", "8",
+    "--training.total_train_batch_size",
+    "8",
     # 250k steps, 10k of warm-up, an evaluation every 10k, a checkpoint every 25k: 3 steps, each kind once
-    "--training.max_steps", "3", "--training.warmup_steps", "1", "--training.eval_steps", "2",
-    "--training.save_steps", "2", "--training.max_eval_batches", "1",
+    "--training.max_steps",
+    "3",
+    "--training.warmup_steps",
+    "1",
+    "--training.eval_steps",
+    "2",
+    "--training.save_steps",
+    "2",
+    "--training.max_eval_batches",
+    "1",
     # bf16 is the GPUs' precision; on CPU the accelerate config's (none) applies
-    "--training.mixed_precision", "null",
+    "--training.mixed_precision",
+    "null",
     # no tracker to write to in CI; DataLoader workers would compete for the 2 cores
-    "--logging.report_to", "none", "--logging.logging_steps", "1", "--data.num_workers", "0",
-]  # fmt: skip
+    "--logging.report_to",
+    "none",
+    "--logging.logging_steps",
+    "1",
+    "--data.num_workers",
+    "0",
+]
 
 
 def test_bert_base_config_dry_run_on_two_processes(tmp_path):
@@ -45,4 +66,6 @@ def test_bert_base_config_dry_run_on_two_processes(tmp_path):
     assert saved["model"]["objective"] == "mlm+nsp" and saved["tokenizer"]["vocab_size"] == 30522
     assert saved["data"]["max_seq_length"] == 128 and saved["training"]["lr"] == shipped["training"]["lr"]
     assert saved["training"]["per_device_train_batch_size"] == 4
-    assert (out / "checkpoints" / "step-00000002").is_dir() and (out / "final" / "model.safetensors").is_file()
+    assert (out / "checkpoints" / "step-00000002").is_dir() and (
+        out / "final" / "model.safetensors"
+    ).is_file()

@@ -33,8 +33,9 @@ from kiln.checkpoint_state import (
 from kiln.config import TrainingConfig
 from kiln.train_state import TrainState
 
-EXPECTED = Expected(global_step=2, folder_step=None, total_steps=10, steps_per_epoch=5, accumulation=1,
-                    same_schedule=True)  # fmt: skip
+EXPECTED = Expected(
+    global_step=2, folder_step=None, total_steps=10, steps_per_epoch=5, accumulation=1, same_schedule=True
+)
 
 
 def build(hidden: int = 32):
@@ -66,9 +67,15 @@ def train(model, optimizer, scheduler, steps: int) -> None:
 def write_checkpoint(folder: Path, hidden: int = 32) -> None:
     accelerator, model, optimizer, scheduler = build(hidden)
     train(model, optimizer, scheduler, 2)
-    state = TrainState(global_step=2, batches_in_epoch=2, tokens_seen=128, train_time_s=0.5,
-                       history=[{"step": 1, "train/loss": 6.0}, {"step": 2, "train/loss": 5.9}],
-                       lowest_loss=5.9, lowest_loss_step=2)  # fmt: skip
+    state = TrainState(
+        global_step=2,
+        batches_in_epoch=2,
+        tokens_seen=128,
+        train_time_s=0.5,
+        history=[{"step": 1, "train/loss": 6.0}, {"step": 2, "train/loss": 5.9}],
+        lowest_loss=5.9,
+        lowest_loss_step=2,
+    )
     save_training_state(accelerator, model, optimizer, scheduler, state, folder, writer=True)
 
 
@@ -148,89 +155,172 @@ POSITIONS = "model.embeddings.position_embeddings.weight"  # a weight tied to no
 
 CASES = {
     # the optimizer's tensors against the model's parameters
-    "smaller-run": (from_run("smaller"), f"optimizer.safetensors: the state of {FIRST_WEIGHT}: exp_avg is "
-                    "torch.float32 [256, 16], the parameter is torch.float32 [256, 32]"),
-    "larger-run": (from_run("larger"), f"optimizer.safetensors: the state of {FIRST_WEIGHT}: exp_avg is "
-                   "torch.float32 [256, 48], the parameter is torch.float32 [256, 32]"),
-    "float64": (set_tensor("0/exp_avg_sq", lambda t: t.double()), f"the state of {FIRST_WEIGHT}: exp_avg_sq is "
-                "torch.float64 [256, 32], the parameter is torch.float32 [256, 32]"),
-    "nan-moment": (set_tensor("0/exp_avg", lambda t: t * float("nan")),
-                   f"the state of {FIRST_WEIGHT}: exp_avg holds NaN or infinite values"),
-    "negative-second-moment": (set_tensor("0/exp_avg_sq", lambda t: -t - 1),
-                               f"the state of {FIRST_WEIGHT}: exp_avg_sq holds negative values"),
-    "step-10**18": (set_tensor("0/step", lambda t: torch.tensor(1e18)),
-                    f"the state of {FIRST_WEIGHT}: step is 1e+18, not a count from 0 to the checkpoint's 2"),
-    "step-vector": (set_tensor("0/step", lambda t: torch.zeros(3)), "step is a torch.float32 [3], not one number"),
-    "missing-moment": (optimizer_tensors(lambda t: t.pop("0/exp_avg")),
-                       f"the state of {FIRST_WEIGHT} holds ['exp_avg_sq', 'step'], not"),
-    "stranger-parameter": (optimizer_tensors(lambda t: t.__setitem__("9999/exp_avg", torch.zeros(1))),
-                           "tensor 9999/exp_avg belongs to no parameter"),
-    "group-layout": (optimizer_groups(lambda g: g[0]["params"].reverse()),
-                     f"parameter group 0 lists 14 parameters, this run's 14; the first that differs is {FIRST_WEIGHT}"),
-    "group-count": (optimizer_groups(lambda g: g.pop()), "the optimizer's parameter groups differ from this run's"),
-    "lr-not-the-schedule": (optimizer_groups(lambda g: g[0].update(lr=0.5)),
-                            "parameter group 0.lr is 0.5 but the saved schedule's rate is"),
-    "lr-NaN-string": (optimizer_groups(lambda g: g[0].update(lr="NaN")),
-                      'parameter group 0.lr is "NaN", not a finite number'),
-    "betas": (optimizer_groups(lambda g: g[0].update(betas=[0.9, 1.5])), "betas is [0.9, 1.5], not two numbers"),
-    "weight-decay": (optimizer_groups(lambda g: g[0].update(weight_decay=0.5)),
-                     "parameter group 0.weight_decay is 0.5, this run's is 0.0"),
+    "smaller-run": (
+        from_run("smaller"),
+        f"optimizer.safetensors: the state of {FIRST_WEIGHT}: exp_avg is "
+        "torch.float32 [256, 16], the parameter is torch.float32 [256, 32]",
+    ),
+    "larger-run": (
+        from_run("larger"),
+        f"optimizer.safetensors: the state of {FIRST_WEIGHT}: exp_avg is "
+        "torch.float32 [256, 48], the parameter is torch.float32 [256, 32]",
+    ),
+    "float64": (
+        set_tensor("0/exp_avg_sq", lambda t: t.double()),
+        f"the state of {FIRST_WEIGHT}: exp_avg_sq is "
+        "torch.float64 [256, 32], the parameter is torch.float32 [256, 32]",
+    ),
+    "nan-moment": (
+        set_tensor("0/exp_avg", lambda t: t * float("nan")),
+        f"the state of {FIRST_WEIGHT}: exp_avg holds NaN or infinite values",
+    ),
+    "negative-second-moment": (
+        set_tensor("0/exp_avg_sq", lambda t: -t - 1),
+        f"the state of {FIRST_WEIGHT}: exp_avg_sq holds negative values",
+    ),
+    "step-10**18": (
+        set_tensor("0/step", lambda t: torch.tensor(1e18)),
+        f"the state of {FIRST_WEIGHT}: step is 1e+18, not a count from 0 to the checkpoint's 2",
+    ),
+    "step-vector": (
+        set_tensor("0/step", lambda t: torch.zeros(3)),
+        "step is a torch.float32 [3], not one number",
+    ),
+    "missing-moment": (
+        optimizer_tensors(lambda t: t.pop("0/exp_avg")),
+        f"the state of {FIRST_WEIGHT} holds ['exp_avg_sq', 'step'], not",
+    ),
+    "stranger-parameter": (
+        optimizer_tensors(lambda t: t.__setitem__("9999/exp_avg", torch.zeros(1))),
+        "tensor 9999/exp_avg belongs to no parameter",
+    ),
+    "group-layout": (
+        optimizer_groups(lambda g: g[0]["params"].reverse()),
+        f"parameter group 0 lists 14 parameters, this run's 14; the first that differs is {FIRST_WEIGHT}",
+    ),
+    "group-count": (
+        optimizer_groups(lambda g: g.pop()),
+        "the optimizer's parameter groups differ from this run's",
+    ),
+    "lr-not-the-schedule": (
+        optimizer_groups(lambda g: g[0].update(lr=0.5)),
+        "parameter group 0.lr is 0.5 but the saved schedule's rate is",
+    ),
+    "lr-NaN-string": (
+        optimizer_groups(lambda g: g[0].update(lr="NaN")),
+        'parameter group 0.lr is "NaN", not a finite number',
+    ),
+    "betas": (
+        optimizer_groups(lambda g: g[0].update(betas=[0.9, 1.5])),
+        "betas is [0.9, 1.5], not two numbers",
+    ),
+    "weight-decay": (
+        optimizer_groups(lambda g: g[0].update(weight_decay=0.5)),
+        "parameter group 0.weight_decay is 0.5, this run's is 0.0",
+    ),
     "amsgrad": (optimizer_groups(lambda g: g[1].update(amsgrad=True)), "parameter group 1.amsgrad is true"),
     # the model's weights
-    "weights-shape": (edit_safetensors("model.safetensors", None, lambda t: t.update(
-        {POSITIONS: t[POSITIONS][:, :16].contiguous()})),
-        f"model.safetensors: {POSITIONS} is torch.float32 [40, 16], the model's is torch.float32 [40, 32]"),
-    "weights-nan": (edit_safetensors("model.safetensors", None, lambda t: t[POSITIONS].fill_(float("nan"))),
-                    f"model.safetensors: {POSITIONS} holds NaN or infinite values"),
+    "weights-shape": (
+        edit_safetensors(
+            "model.safetensors", None, lambda t: t.update({POSITIONS: t[POSITIONS][:, :16].contiguous()})
+        ),
+        f"model.safetensors: {POSITIONS} is torch.float32 [40, 16], the model's is torch.float32 [40, 32]",
+    ),
+    "weights-nan": (
+        edit_safetensors("model.safetensors", None, lambda t: t[POSITIONS].fill_(float("nan"))),
+        f"model.safetensors: {POSITIONS} holds NaN or infinite values",
+    ),
     # the loop's counters
-    "step-beyond-the-run": (counters(global_step=10**18), "counters.global_step is 1000000000000000000 but the "
-                            "checkpoint's trainer_state.json says step 2"),
+    "step-beyond-the-run": (
+        counters(global_step=10**18),
+        "counters.global_step is 1000000000000000000 but the checkpoint's trainer_state.json says step 2",
+    ),
     "step-string": (counters(global_step="2"), 'counters.global_step is "2", not a count'),
     "epoch": (counters(epoch=-1), "counters.epoch is -1, not a count"),
-    "position": (counters(batches_in_epoch=1), "counters.batches_in_epoch is 1 in epoch 0, which is not the "
-                 "checkpoint's step 2"),
-    "position-beyond": (counters(batches_in_epoch=7), "counters.batches_in_epoch is 7 in epoch 0, more micro-batches "
-                        "than the checkpoint's 2 steps leave"),
+    "position": (
+        counters(batches_in_epoch=1),
+        "counters.batches_in_epoch is 1 in epoch 0, which is not the checkpoint's step 2",
+    ),
+    "position-beyond": (
+        counters(batches_in_epoch=7),
+        "counters.batches_in_epoch is 7 in epoch 0, more micro-batches than the checkpoint's 2 steps leave",
+    ),
     "epoch-beyond": (counters(epoch=3), "counters.epoch is 3, more epochs than the checkpoint's 2 steps"),
-    "group-params-floats": (optimizer_groups(lambda g: g[1].update(params=[float(i) for i in g[1]["params"]])),
-                            "parameter group 1 does not list its parameters"),
-    "lambda-none": (scheduler(lr_lambdas=[None, 3]), "scheduler.lr_lambdas[0] does not hold the expected fields"),
+    "group-params-floats": (
+        optimizer_groups(lambda g: g[1].update(params=[float(i) for i in g[1]["params"]])),
+        "parameter group 1 does not list its parameters",
+    ),
+    "lambda-none": (
+        scheduler(lr_lambdas=[None, 3]),
+        "scheduler.lr_lambdas[0] does not hold the expected fields",
+    ),
     "tokens": (counters(tokens_seen=1.5), "counters.tokens_seen is 1.5, not a count"),
-    "time": (counters(train_time_s=float("inf")), "counters.train_time_s is inf, not a finite number of seconds"),
-    "best-metric": (counters(best_metric="NaN", best_step=1), 'counters.best_metric is "NaN", not a finite number'),
-    "best-step": (counters(best_metric=1.0, best_step=3), "counters.best_step is 3, beyond the checkpoint's step 2"),
+    "time": (
+        counters(train_time_s=float("inf")),
+        "counters.train_time_s is inf, not a finite number of seconds",
+    ),
+    "best-metric": (
+        counters(best_metric="NaN", best_step=1),
+        'counters.best_metric is "NaN", not a finite number',
+    ),
+    "best-step": (
+        counters(best_metric=1.0, best_step=3),
+        "counters.best_step is 3, beyond the checkpoint's step 2",
+    ),
     "best-pair": (counters(best_metric=1.0), "counters.best_metric and counters.best_step disagree"),
-    "patience": (counters(evals_without_improvement=10**18), "counters.evals_without_improvement is "
-                 "1000000000000000000, beyond the checkpoint's step 2"),
+    "patience": (
+        counters(evals_without_improvement=10**18),
+        "counters.evals_without_improvement is 1000000000000000000, beyond the checkpoint's step 2",
+    ),
     "history": (counters(history=[{"step": 7, "train/loss": 1.0}]), "counters.history row 0 is at step 7"),
-    "history-value": (counters(history=[{"step": 1, "train/loss": "low"}]),
-                      'counters.history row 0: train/loss is "low", not a number'),
+    "history-value": (
+        counters(history=[{"step": 1, "train/loss": "low"}]),
+        'counters.history row 0: train/loss is "low", not a number',
+    ),
     "stop-reason": (counters(stop_reason="rm -rf"), 'counters.stop_reason is "rm -rf", not one of'),
     "lowest-loss": (counters(lowest_loss=float("nan")), "counters.lowest_loss is nan, not a finite number"),
     "unknown-field": (counters(surprise=1), "loop_state.json does not hold the loop's counters"),
     # the schedule
     "nan-lr": (edit_json("loop_state.json", nan_lr), "scheduler._last_lr[0] is nan, not a finite number"),
     "string-lr": (scheduler(_last_lr=["NaN", "NaN"]), 'scheduler._last_lr[0] is "NaN", not a finite number'),
-    "negative-lr": (scheduler(_last_lr=[-1.0, -1.0]), "scheduler._last_lr[0] is -1.0, a negative learning rate"),
-    "lr-off-the-schedule": (scheduler(_last_lr=[0.5, 0.5]),
-                            "scheduler._last_lr[0] is 0.5, but the schedule gives 0.000888889 at step 2"),
-    "schedule-step": (scheduler(last_epoch=10**18, _step_count=10**18 + 1),
-                      "scheduler.last_epoch is 1000000000000000000, not a step from 0 to the checkpoint's 2"),
+    "negative-lr": (
+        scheduler(_last_lr=[-1.0, -1.0]),
+        "scheduler._last_lr[0] is -1.0, a negative learning rate",
+    ),
+    "lr-off-the-schedule": (
+        scheduler(_last_lr=[0.5, 0.5]),
+        "scheduler._last_lr[0] is 0.5, but the schedule gives 0.000888889 at step 2",
+    ),
+    "schedule-step": (
+        scheduler(last_epoch=10**18, _step_count=10**18 + 1),
+        "scheduler.last_epoch is 1000000000000000000, not a step from 0 to the checkpoint's 2",
+    ),
     "schedule-base": (scheduler(base_lrs=[1.0, 1.0]), "scheduler.base_lrs[0] is 1.0, this run's is 0.001"),
-    "schedule-lambda-state": (scheduler(lr_lambdas=[{"__call__": 1}, {}]),
-                              "scheduler.lr_lambdas[0] does not hold the expected fields"),
-    "accelerator-step": (edit_json("loop_state.json", lambda loop: loop.update(accelerator_step=-3)),
-                         "accelerator_step is -3, not a count of the checkpoint's micro-batches"),
-    "loop-extra-key": (edit_json("loop_state.json", lambda loop: loop.update(more=1)),
-                       "loop_state.json does not hold the loop state"),
+    "schedule-lambda-state": (
+        scheduler(lr_lambdas=[{"__call__": 1}, {}]),
+        "scheduler.lr_lambdas[0] does not hold the expected fields",
+    ),
+    "accelerator-step": (
+        edit_json("loop_state.json", lambda loop: loop.update(accelerator_step=-3)),
+        "accelerator_step is -3, not a count of the checkpoint's micro-batches",
+    ),
+    "loop-extra-key": (
+        edit_json("loop_state.json", lambda loop: loop.update(more=1)),
+        "loop_state.json does not hold the loop state",
+    ),
     # the random states
-    "python-random-version": (python_random(lambda p: p.__setitem__(0, 2)),
-                              "rng_state_0.safetensors does not hold the random states of a process"),
-    "python-random-word": (python_random(lambda p: p[1].__setitem__(3, 2**40)),
-                           "rng_state_0.safetensors does not hold the random states of a process"),
-    "torch-random-length": (edit_safetensors("rng_state_0.safetensors", None,
-                                             lambda t: t.update(torch=t["torch"][:100].clone())),
-                            "rng_state_0.safetensors does not hold the random states of a process"),
+    "python-random-version": (
+        python_random(lambda p: p.__setitem__(0, 2)),
+        "rng_state_0.safetensors does not hold the random states of a process",
+    ),
+    "python-random-word": (
+        python_random(lambda p: p[1].__setitem__(3, 2**40)),
+        "rng_state_0.safetensors does not hold the random states of a process",
+    ),
+    "torch-random-length": (
+        edit_safetensors("rng_state_0.safetensors", None, lambda t: t.update(torch=t["torch"][:100].clone())),
+        "rng_state_0.safetensors does not hold the random states of a process",
+    ),
 }
 
 
@@ -270,9 +360,14 @@ def test_the_checkpoint_must_agree_with_its_folder_name_and_the_run(saved, tmp_p
     accelerator, model, optimizer, scheduler_ = build()
     folder = saved / "checkpoint"
     for expected, message in [
-        (dataclasses.replace(EXPECTED, folder_step=3), "counters.global_step is 2 but the checkpoint's folder is "
-         "named for step 3"),
-        (dataclasses.replace(EXPECTED, total_steps=1), "counters.global_step is 2, beyond this run's 1 steps"),
+        (
+            dataclasses.replace(EXPECTED, folder_step=3),
+            "counters.global_step is 2 but the checkpoint's folder is named for step 3",
+        ),
+        (
+            dataclasses.replace(EXPECTED, total_steps=1),
+            "counters.global_step is 2, beyond this run's 1 steps",
+        ),
         (dataclasses.replace(EXPECTED, folder_step=2), None),
     ]:
         if message is None:
@@ -287,6 +382,8 @@ def test_the_checkpoint_must_agree_with_its_folder_name_and_the_run(saved, tmp_p
     scheduler(_last_lr=[0.5, 0.5])(other)
     optimizer_groups(lambda groups: [g.update(lr=0.5) for g in groups])(other)
     assert math.isclose(
-        check_training_state(accelerator, model, optimizer, scheduler_, other, loose, 1).loop["scheduler"]["_last_lr"][0],
+        check_training_state(accelerator, model, optimizer, scheduler_, other, loose, 1).loop["scheduler"][
+            "_last_lr"
+        ][0],
         0.5,
     )

@@ -23,8 +23,20 @@ from test_trust import error_line, finish, launch, run_in_process
 
 from kiln.checkpoint_files import find_checkpoints, write_checksums
 
-RUN = ["--config", DEBUG, "--training.max_steps", 4, "--training.eval_steps", 0, "--training.save_steps", 2,
-       "--training.save_total_limit", 0, "--logging.logging_steps", 1]  # fmt: skip
+RUN = [
+    "--config",
+    DEBUG,
+    "--training.max_steps",
+    4,
+    "--training.eval_steps",
+    0,
+    "--training.save_steps",
+    2,
+    "--training.save_total_limit",
+    0,
+    "--logging.logging_steps",
+    1,
+]
 TRUST = "--training.trust_checkpoint_pickles"
 
 
@@ -39,10 +51,21 @@ class Payload:
 
 
 # every name under which torch, accelerate, FSDP's distributed checkpoint or DeepSpeed keep pickles
-PICKLE_NAMES = ["optimizer.bin", "scheduler.bin", "custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl",
-                "random_states_0.pkl", "pytorch_model.bin", "scaler.pt", "sampler.bin", "dl_state_dict.bin",
-                "pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp_0/__0_0.distcp", "optimizer_0/.metadata",
-                "pytorch_model/mp_rank_00_model_states.pt"]  # fmt: skip
+PICKLE_NAMES = [
+    "optimizer.bin",
+    "scheduler.bin",
+    "custom_checkpoint_0.pkl",
+    "custom_checkpoint_1.pkl",
+    "random_states_0.pkl",
+    "pytorch_model.bin",
+    "scaler.pt",
+    "sampler.bin",
+    "dl_state_dict.bin",
+    "pytorch_model_fsdp_0/.metadata",
+    "pytorch_model_fsdp_0/__0_0.distcp",
+    "optimizer_0/.metadata",
+    "pytorch_model/mp_rank_00_model_states.pt",
+]
 
 
 def plant(folder: Path, marker: Path, names=PICKLE_NAMES) -> None:
@@ -76,14 +99,30 @@ def step2_copy(reference, folder: Path) -> Path:
 def resume_in_process(capsys, out: Path, spec, *extra) -> tuple[int, str]:
     """`resume` through the same command line in this process (a refusal whose fresh-process way another case
     proves)."""
-    return run_in_process(capsys, "pretrain/run.py", *RUN, "--training.output_dir", out,
-                          "--training.resume_from_checkpoint", spec, *extra)  # fmt: skip
+    return run_in_process(
+        capsys,
+        "pretrain/run.py",
+        *RUN,
+        "--training.output_dir",
+        out,
+        "--training.resume_from_checkpoint",
+        spec,
+        *extra,
+    )
 
 
 def resume(out: Path, spec, *extra, env_extra=None) -> tuple[int, str]:
     ((code, output),) = finish(
-        launch("pretrain/run.py", *RUN, "--training.output_dir", out, "--training.resume_from_checkpoint", spec,
-               *extra, env_extra=env_extra)  # fmt: skip
+        launch(
+            "pretrain/run.py",
+            *RUN,
+            "--training.output_dir",
+            out,
+            "--training.resume_from_checkpoint",
+            spec,
+            *extra,
+            env_extra=env_extra,
+        )
     )
     return code, output
 
@@ -91,8 +130,16 @@ def resume(out: Path, spec, *extra, env_extra=None) -> tuple[int, str]:
 def test_a_checkpoint_is_safetensors_and_json_only(reference):
     checkpoint = find_checkpoints(reference[0])[0]
     names = sorted(p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file())
-    assert names == ["checksums.json", "data_fingerprint.json", "kiln_config.yaml", "loop_state.json",
-                     "model.safetensors", "optimizer.safetensors", "rng_state_0.safetensors", "trainer_state.json"]
+    assert names == [
+        "checksums.json",
+        "data_fingerprint.json",
+        "kiln_config.yaml",
+        "loop_state.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "rng_state_0.safetensors",
+        "trainer_state.json",
+    ]
     for name in names:
         head = (checkpoint / name).read_bytes()[:4]
         assert not head.startswith((b"\x80", b"PK")), f"{name} is a pickle or a torch zip archive"
@@ -108,7 +155,9 @@ def test_planted_pickles_are_refused_in_one_line_and_never_run(tmp_path, referen
     assert not marker.exists(), "a checkpoint's pickle ran"
     assert code != 0, output[-3000:]
     line = error_line(output)
-    assert line.startswith(f"error: checkpoint {planted} holds files loaded by unpickling (custom_checkpoint_0.pkl")
+    assert line.startswith(
+        f"error: checkpoint {planted} holds files loaded by unpickling (custom_checkpoint_0.pkl"
+    )
     assert line.endswith(f"pass {TRUST}")
 
     # only the files earlier versions unpickled without restriction (weights_only=False), the others pure data
@@ -121,12 +170,17 @@ def test_planted_pickles_are_refused_in_one_line_and_never_run(tmp_path, referen
 
     # the same files on the Hub, resumed on a fresh machine
     hub.create_repo("stranger/state")
-    HfApi().upload_folder(repo_id="stranger/state", folder_path=planted, path_in_repo="last-checkpoint",
-                          commit_message="state")  # fmt: skip
-    code, output = resume(tmp_path / "from-hub", "hub:stranger/state", env_extra={"HF_HOME": str(tmp_path / "hf")})
+    HfApi().upload_folder(
+        repo_id="stranger/state", folder_path=planted, path_in_repo="last-checkpoint", commit_message="state"
+    )
+    code, output = resume(
+        tmp_path / "from-hub", "hub:stranger/state", env_extra={"HF_HOME": str(tmp_path / "hf")}
+    )
     assert not marker.exists(), "a checkpoint's pickle ran"
     assert code != 0, output[-3000:]
-    assert error_line(output).startswith("error: checkpoint hub:stranger/state holds files loaded by unpickling")
+    assert error_line(output).startswith(
+        "error: checkpoint hub:stranger/state holds files loaded by unpickling"
+    )
 
     # with the opt-in, Kiln's own files are read and the planted ones still never are: the run continues exactly
     code, output = resume(tmp_path / "trusted", planted, TRUST)
@@ -159,9 +213,15 @@ def to_pickled_format(folder: Path) -> None:
         cpu = f.get_tensor("torch")
     version, internal, gauss = plain["python"]
     name, keys, pos, has_gauss, cached = plain["numpy"]
-    torch.save({"step": loop["accelerator_step"], "random_state": (version, tuple(internal), gauss),
-                "numpy_random_seed": (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
-                "torch_manual_seed": cpu}, folder / "random_states_0.pkl")  # fmt: skip
+    torch.save(
+        {
+            "step": loop["accelerator_step"],
+            "random_state": (version, tuple(internal), gauss),
+            "numpy_random_seed": (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
+            "torch_manual_seed": cpu,
+        },
+        folder / "random_states_0.pkl",
+    )
     for name in ("loop_state.json", "optimizer.safetensors", "rng_state_0.safetensors"):
         (folder / name).unlink()
     write_checksums(folder)
@@ -170,7 +230,9 @@ def to_pickled_format(folder: Path) -> None:
 def test_a_pickled_checkpoint_resumes_only_with_the_opt_in(tmp_path, reference, capsys):
     old = step2_copy(reference, tmp_path / "old")
     to_pickled_format(old)
-    code, output = resume_in_process(capsys, tmp_path / "refused", old)  # planted pickles' refusal: a fresh process
+    code, output = resume_in_process(
+        capsys, tmp_path / "refused", old
+    )  # planted pickles' refusal: a fresh process
     assert code != 0, output[-3000:]
     assert error_line(output) == (
         f"error: checkpoint {old} holds files loaded by unpickling (custom_checkpoint_0.pkl, "
@@ -279,8 +341,13 @@ def test_fsdp2_state_round_trips_through_plain_files_on_two_processes(tmp_path):
         assert r["worst"] == 0.0
         assert r["step"] == 2 and r["accelerator_step"] == 2 and r["lr"] == r["reference_lr"]
         assert r["same_keys"]
-        assert r["files"] == ["loop_state.json", "model.safetensors", "optimizer.safetensors",
-                              "rng_state_0.safetensors", "rng_state_1.safetensors"]  # fmt: skip
+        assert r["files"] == [
+            "loop_state.json",
+            "model.safetensors",
+            "optimizer.safetensors",
+            "rng_state_0.safetensors",
+            "rng_state_1.safetensors",
+        ]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -301,8 +368,14 @@ def test_damaged_state_files_are_one_line_errors(tmp_path, reference, capsys):
         folder = step2_copy(reference, tmp_path / name)
         damage(folder)
         write_checksums(folder)
-        args = [*RUN, "--training.output_dir", tmp_path / f"{name}-run", "--training.resume_from_checkpoint",
-                folder, *extra]  # fmt: skip
+        args = [
+            *RUN,
+            "--training.output_dir",
+            tmp_path / f"{name}-run",
+            "--training.resume_from_checkpoint",
+            folder,
+            *extra,
+        ]
         cases[name] = (folder, launch("pretrain/run.py", *args) if fresh else args)
 
     def garbage_random_states(folder):
@@ -338,8 +411,11 @@ def test_damaged_state_files_are_one_line_errors(tmp_path, reference, capsys):
         "pickled": "one of its pickled files (custom_checkpoint_0.pkl, custom_checkpoint_1.pkl, optimizer.bin, "
         "random_states_0.pkl) is not a plain tensor file (UnpicklingError)",
     }
-    done = {name: run_in_process(capsys, "pretrain/run.py", *args)
-            for name, (_, args) in cases.items() if isinstance(args, list)}  # fmt: skip
+    done = {
+        name: run_in_process(capsys, "pretrain/run.py", *args)
+        for name, (_, args) in cases.items()
+        if isinstance(args, list)
+    }
     for name, (folder, proc) in cases.items():
         if name not in done:
             try:
@@ -359,7 +435,9 @@ def test_damaged_state_files_are_one_line_errors(tmp_path, reference, capsys):
 # model folders given to fine-tuning, conversion and ONNX export
 
 
-def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_errors(tmp_path, kiln_checkpoints, capsys):
+def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_errors(
+    tmp_path, kiln_checkpoints, capsys
+):
     """Fine-tuning, conversion and ONNX export, each given a folder whose weights are a pickle (in a fresh
     process, as users run them) and one whose weights are truncated (the same command lines in this process)."""
     import subprocess
@@ -380,23 +458,39 @@ def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_error
     (truncated / "model.safetensors").write_bytes(weights[: len(weights) // 2])
 
     env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
-    procs = {("pickled", "classify"): launch("finetune/classify.py", *classify_args(tmp_path, pickled, "f-pickled"))}
+    procs = {
+        ("pickled", "classify"): launch(
+            "finetune/classify.py", *classify_args(tmp_path, pickled, "f-pickled")
+        )
+    }
     for module in ("pretrain.convert", "pretrain.export_onnx"):
         procs[("pickled", module)] = subprocess.Popen(
-            [sys.executable, "-m", module, str(pickled), str(tmp_path / f"{module}-pickled")], cwd=REPO,
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-    done = {("truncated", "classify"): run_in_process(capsys, "finetune/classify.py",
-                                                      *classify_args(tmp_path, truncated, "f-truncated"))}  # fmt: skip
+            [sys.executable, "-m", module, str(pickled), str(tmp_path / f"{module}-pickled")],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    done = {
+        ("truncated", "classify"): run_in_process(
+            capsys, "finetune/classify.py", *classify_args(tmp_path, truncated, "f-truncated")
+        )
+    }
     for module in ("pretrain.convert", "pretrain.export_onnx"):
-        done[("truncated", module)] = run_in_process(capsys, module, truncated, tmp_path / f"{module}-truncated")
+        done[("truncated", module)] = run_in_process(
+            capsys, module, truncated, tmp_path / f"{module}-truncated"
+        )
     for key, proc in procs.items():
         done[key] = proc.wait(timeout=300), proc.stdout.read()
     for (name, command), (code, output) in done.items():
         assert code != 0, (name, command, output[-3000:])
         line = error_line(output)
-        problem = ("its pytorch_model.bin is not a plain tensor file" if name == "pickled"
-                   else "its model.safetensors is damaged or truncated")  # fmt: skip
+        problem = (
+            "its pytorch_model.bin is not a plain tensor file"
+            if name == "pickled"
+            else "its model.safetensors is damaged or truncated"
+        )
         option = "--model.checkpoint " if command == "classify" else ""
         assert line.startswith(f"error: {option}{tmp_path / name}: {problem}"), (command, line)
         # (accelerate launch adds its own traceback of the failed child after the line)
@@ -416,8 +510,15 @@ def plain_python(script: str, *args) -> subprocess.Popen:
     from kiln_testing import REPO
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(REPO / script), *map(str, args)],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def wait_all(procs: dict) -> dict:
@@ -456,7 +557,10 @@ def foreign_optimizers(reference, tmp_path_factory):
     from the reference's (its moments resized), not by two more trainings: the check reads shapes only."""
     root = tmp_path_factory.mktemp("sizes")
     source = find_checkpoints(reference[0])[0] / "optimizer.safetensors"
-    return {size: resized_optimizer_state(source, root / f"optimizer-{size}.safetensors", size) for size in (16, 48)}
+    return {
+        size: resized_optimizer_state(source, root / f"optimizer-{size}.safetensors", size)
+        for size in (16, 48)
+    }
 
 
 def with_optimizer(folder: Path, optimizer: Path) -> Path:
@@ -466,8 +570,10 @@ def with_optimizer(folder: Path, optimizer: Path) -> Path:
 
 
 def optimizer_line(size: int) -> str:
-    return (f"optimizer.safetensors: the state of model.embeddings.word_embeddings.weight: exp_avg is torch.float32 "
-            f"[512, {size}], the parameter is torch.float32 [512, 32]")  # fmt: skip
+    return (
+        f"optimizer.safetensors: the state of model.embeddings.word_embeddings.weight: exp_avg is torch.float32 "
+        f"[512, {size}], the parameter is torch.float32 [512, 32]"
+    )
 
 
 def test_an_optimizer_state_of_another_model_is_refused_before_any_step(
@@ -486,21 +592,38 @@ def test_an_optimizer_state_of_another_model_is_refused_before_any_step(
     shutil.copytree(reference[0], run_copy)
     with_optimizer(find_checkpoints(run_copy)[-1], foreign_optimizers[16])
     hub.create_repo("stranger/optimizer")
-    HfApi().upload_folder(repo_id="stranger/optimizer", folder_path=larger, path_in_repo="last-checkpoint",
-                          commit_message="state")  # fmt: skip
+    HfApi().upload_folder(
+        repo_id="stranger/optimizer",
+        folder_path=larger,
+        path_in_repo="last-checkpoint",
+        commit_message="state",
+    )
     resume_args = [*RUN, "--training.resume_from_checkpoint"]
     procs = {
-        "larger": plain_python("pretrain/run.py", *resume_args, larger, "--training.output_dir", tmp_path / "r2"),
+        "larger": plain_python(
+            "pretrain/run.py", *resume_args, larger, "--training.output_dir", tmp_path / "r2"
+        ),
         "latest": launch("pretrain/run.py", *resume_args, "latest", "--training.output_dir", run_copy),
     }
     here = {  # (planted pickles on the Hub are refused in a fresh process with a fresh Hugging Face cache)
-        "smaller": run_in_process(capsys, "pretrain/run.py", *resume_args, smaller, "--training.output_dir",
-                                  tmp_path / "r1"),
-        "hub": run_in_process(capsys, "pretrain/run.py", *resume_args, "hub:stranger/optimizer",
-                              "--training.output_dir", tmp_path / "r3"),
-    }  # fmt: skip
+        "smaller": run_in_process(
+            capsys, "pretrain/run.py", *resume_args, smaller, "--training.output_dir", tmp_path / "r1"
+        ),
+        "hub": run_in_process(
+            capsys,
+            "pretrain/run.py",
+            *resume_args,
+            "hub:stranger/optimizer",
+            "--training.output_dir",
+            tmp_path / "r3",
+        ),
+    }
     done = {**here, **wait_all(procs)}
-    for name, folder, size in (("smaller", smaller, 16), ("larger", larger, 48), ("hub", "hub:stranger/optimizer", 48)):
+    for name, folder, size in (
+        ("smaller", smaller, 16),
+        ("larger", larger, 48),
+        ("hub", "hub:stranger/optimizer", 48),
+    ):
         code, output = done[name]
         assert code != 0 and code > 0, (name, code, output[-3000:])  # an error, not a signal (SIGSEGV)
         assert error_line(output) == (
@@ -510,7 +633,10 @@ def test_an_optimizer_state_of_another_model_is_refused_before_any_step(
         assert "Traceback (most recent call last)" not in output.split("error: ")[0], (name, output[-3000:])
     code, output = done["latest"]
     assert code == 0, output[-3000:]
-    assert f"skipping damaged checkpoint(s) step-00000004: {optimizer_line(16)}; resuming from step-00000002" in output
+    assert (
+        f"skipping damaged checkpoint(s) step-00000004: {optimizer_line(16)}; resuming from step-00000002"
+        in output
+    )
     again = losses(run_copy)
     assert all(again[step] == reference[1][step] for step in (3, 4)), (again, reference[1])
 
@@ -543,28 +669,70 @@ def test_fine_tuning_refuses_an_optimizer_state_of_another_model(tmp_path, kiln_
     encoder, _ = kiln_checkpoints
     task = tmp_path / "task.yaml"
     files = write_sentiment(tmp_path, sizes=(16, 8, 8))
-    task.write_text(f"data:\n  train_file: {files['train']}\n  validation_file: {files['validation']}\n"
-                    f"  test_file: {files['test']}\n  text_columns: [sentence]\n")  # fmt: skip
+    task.write_text(
+        f"data:\n  train_file: {files['train']}\n  validation_file: {files['validation']}\n"
+        f"  test_file: {files['test']}\n  text_columns: [sentence]\n"
+    )
     steps = ["--training.max_steps", 2, "--training.save_steps", 1, "--training.eval_steps", 0]
     commands = {  # (how the first run starts, how the resume starts, the script, its arguments)
-        "classify": (launch, run_in_process, "finetune/classify.py", ["--model.checkpoint", encoder, "--training.output_dir",
-                                                      tmp_path / "classify", "--data.train_file", files["train"],
-                                                      "--data.validation_file", files["validation"],
-                                                      "--data.test_file", files["test"],
-                                                      "--training.per_device_train_batch_size", 8, *steps]),
-        "adapt": (run_in_process, plain_python, "finetune/adapt.py", ["--task", "classify", "--task_config", task,
-                                                      "--model.init_from", encoder, "--training.output_dir",
-                                                      tmp_path / "adapt", "--data.max_seq_length", 32,
-                                                      "--training.per_device_train_batch_size", 4, *steps]),
-    }  # fmt: skip
+        "classify": (
+            launch,
+            run_in_process,
+            "finetune/classify.py",
+            [
+                "--model.checkpoint",
+                encoder,
+                "--training.output_dir",
+                tmp_path / "classify",
+                "--data.train_file",
+                files["train"],
+                "--data.validation_file",
+                files["validation"],
+                "--data.test_file",
+                files["test"],
+                "--training.per_device_train_batch_size",
+                8,
+                *steps,
+            ],
+        ),
+        "adapt": (
+            run_in_process,
+            plain_python,
+            "finetune/adapt.py",
+            [
+                "--task",
+                "classify",
+                "--task_config",
+                task,
+                "--model.init_from",
+                encoder,
+                "--training.output_dir",
+                tmp_path / "adapt",
+                "--data.max_seq_length",
+                32,
+                "--training.per_device_train_batch_size",
+                4,
+                *steps,
+            ],
+        ),
+    }
 
     def start_all(which: int, extra=lambda name: []) -> dict:
         """Each script's run started the way `which` picks, the fresh processes first: {name: (exit status,
         output)} once all ended."""
-        starts = {name: (entry[which], entry[2], [*entry[3], *extra(name)]) for name, entry in commands.items()}
-        fresh = {name: start(script, *args) for name, (start, script, args) in starts.items() if start is not run_in_process}
-        here = {name: run_in_process(capsys, script, *args)
-                for name, (start, script, args) in starts.items() if start is run_in_process}  # fmt: skip
+        starts = {
+            name: (entry[which], entry[2], [*entry[3], *extra(name)]) for name, entry in commands.items()
+        }
+        fresh = {
+            name: start(script, *args)
+            for name, (start, script, args) in starts.items()
+            if start is not run_in_process
+        }
+        here = {
+            name: run_in_process(capsys, script, *args)
+            for name, (start, script, args) in starts.items()
+            if start is run_in_process
+        }
         return here | wait_all(fresh)
 
     for name, (code, output) in start_all(0).items():
@@ -581,7 +749,9 @@ def test_fine_tuning_refuses_an_optimizer_state_of_another_model(tmp_path, kiln_
         assert re.fullmatch(
             rf"error: checkpoint {re.escape(str(checkpoint))} is damaged: optimizer\.safetensors: the state of \S+: "
             r"exp_avg is torch\.float32 \[\d+, 16\], the parameter is torch\.float32 \[\d+, 32\]; resume from an "
-            r"older checkpoint \(.*\)", line), (name, line)  # fmt: skip
+            r"older checkpoint \(.*\)",
+            line,
+        ), (name, line)
         assert "diverged" not in output and "train/loss" not in output, (name, output[-3000:])
         assert (tmp_path / name / "metrics.jsonl").read_text() == rows[name], name  # no step logged
 
@@ -619,33 +789,70 @@ def test_a_loop_state_out_of_range_is_refused_in_one_line(tmp_path, reference, c
     a refusal of `latest` names the folder it resolved to."""
     marker = tmp_path / "MARKER"
     cases = {
-        "huge": (edit_state(step2_copy(reference, tmp_path / "huge"), counters={"global_step": 10**18}),
-                 "loop_state.json: counters.global_step is 1000000000000000000, beyond this run's 4 steps"),
-        "ahead": (edit_state(step2_copy(reference, tmp_path / "ahead" / "step-00000002"), counters={"global_step": 3}),
-                  "loop_state.json: counters.global_step is 3 but the checkpoint's folder is named for step 2"),
-        "nan": (edit_state(step2_copy(reference, tmp_path / "nan"), scheduler={"_last_lr": [float("nan")] * 2},
-                           lr=float("nan")),
-                "loop_state.json: scheduler._last_lr[0] is nan, not a finite number"),
-        "nan-string": (edit_state(step2_copy(reference, tmp_path / "nan-string"), scheduler={"_last_lr": ["NaN"] * 2}),
-                       'loop_state.json: scheduler._last_lr[0] is "NaN", not a finite number'),
-    }  # fmt: skip
+        "huge": (
+            edit_state(step2_copy(reference, tmp_path / "huge"), counters={"global_step": 10**18}),
+            "loop_state.json: counters.global_step is 1000000000000000000, beyond this run's 4 steps",
+        ),
+        "ahead": (
+            edit_state(
+                step2_copy(reference, tmp_path / "ahead" / "step-00000002"), counters={"global_step": 3}
+            ),
+            "loop_state.json: counters.global_step is 3 but the checkpoint's folder is named for step 2",
+        ),
+        "nan": (
+            edit_state(
+                step2_copy(reference, tmp_path / "nan"),
+                scheduler={"_last_lr": [float("nan")] * 2},
+                lr=float("nan"),
+            ),
+            "loop_state.json: scheduler._last_lr[0] is nan, not a finite number",
+        ),
+        "nan-string": (
+            edit_state(step2_copy(reference, tmp_path / "nan-string"), scheduler={"_last_lr": ["NaN"] * 2}),
+            'loop_state.json: scheduler._last_lr[0] is "NaN", not a finite number',
+        ),
+    }
     starts = {"huge": launch, "ahead": plain_python, "nan": run_in_process, "nan-string": run_in_process}
-    args = {name: [*RUN, "--training.output_dir", tmp_path / f"run-{name}", "--training.resume_from_checkpoint",
-                   folder] for name, (folder, _) in cases.items()}  # fmt: skip
-    procs = {name: start("pretrain/run.py", *args[name]) for name, start in starts.items() if start is not run_in_process}
+    args = {
+        name: [
+            *RUN,
+            "--training.output_dir",
+            tmp_path / f"run-{name}",
+            "--training.resume_from_checkpoint",
+            folder,
+        ]
+        for name, (folder, _) in cases.items()
+    }
+    procs = {
+        name: start("pretrain/run.py", *args[name])
+        for name, start in starts.items()
+        if start is not run_in_process
+    }
     run_copy = tmp_path / "pickled-latest"
     shutil.copytree(reference[0], run_copy)
     plant(find_checkpoints(run_copy)[-1], marker, ["custom_checkpoint_0.pkl"])
-    done = {name: run_in_process(capsys, "pretrain/run.py", *args[name])
-            for name, start in starts.items() if start is run_in_process}  # fmt: skip
+    done = {
+        name: run_in_process(capsys, "pretrain/run.py", *args[name])
+        for name, start in starts.items()
+        if start is run_in_process
+    }
     # planted pickles are refused in a fresh process (above); here the refusal names the folder `latest` picked
-    done["latest"] = run_in_process(capsys, "pretrain/run.py", *RUN, "--training.output_dir", run_copy,
-                                    "--training.resume_from_checkpoint", "latest")  # fmt: skip
+    done["latest"] = run_in_process(
+        capsys,
+        "pretrain/run.py",
+        *RUN,
+        "--training.output_dir",
+        run_copy,
+        "--training.resume_from_checkpoint",
+        "latest",
+    )
     done |= wait_all(procs)
     for name, (folder, message) in cases.items():
         code, output = done[name]
         assert code > 0, (name, code, output[-3000:])
-        assert error_line(output).startswith(f"error: checkpoint {folder} is damaged: {message}; resume from"), name
+        assert error_line(output).startswith(
+            f"error: checkpoint {folder} is damaged: {message}; resume from"
+        ), name
         assert "Traceback (most recent call last)" not in output.split("error: ")[0], (name, output[-3000:])
         assert "train/loss" not in output and not (tmp_path / f"run-{name}" / "final").exists(), name
         assert not (tmp_path / f"run-{name}" / "metrics.jsonl").exists(), name  # no step logged

@@ -31,15 +31,24 @@ OTHER_COMMANDS = {
     "zero_shot": ["-m", "pretrain.zero_shot", "blimp"],
 }
 TITLES = {
-    "pretrain": "Pretraining", "prepare": "Preparing a corpus", "inspect": "Inspecting the data",
-    "classify": "Classification", "tag": "Token tagging", "seq2seq": "Sequence to sequence",
-    "adapt": "Task-adaptive pretraining", "glue": "The GLUE suite", "convert": "Converting checkpoints", "export_onnx": "ONNX export",
+    "pretrain": "Pretraining",
+    "prepare": "Preparing a corpus",
+    "inspect": "Inspecting the data",
+    "classify": "Classification",
+    "tag": "Token tagging",
+    "seq2seq": "Sequence to sequence",
+    "adapt": "Task-adaptive pretraining",
+    "glue": "The GLUE suite",
+    "convert": "Converting checkpoints",
+    "export_onnx": "ONNX export",
     "zero_shot": "Zero-shot evaluation",
-}  # fmt: skip
+}
 
 
 def python(*argv, check=True) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, *map(str, argv)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, *map(str, argv)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -55,7 +64,9 @@ def section(title: str) -> str:
 
 @pytest.fixture(scope="module")
 def helps() -> dict[str, str]:
-    return {name: python(*argv, "--help").stdout for name, argv in {**CONFIG_COMMANDS, **OTHER_COMMANDS}.items()}
+    return {
+        name: python(*argv, "--help").stdout for name, argv in {**CONFIG_COMMANDS, **OTHER_COMMANDS}.items()
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -63,7 +74,9 @@ def helps() -> dict[str, str]:
 
 
 def test_the_configuration_reference_is_what_the_code_gives():
-    assert PAGE.read_text(encoding="utf-8") == render(), "docs/configuration.md is stale: python -m kiln.reference"
+    assert PAGE.read_text(encoding="utf-8") == render(), (
+        "docs/configuration.md is stale: python -m kiln.reference"
+    )
     assert python("-m", "kiln.reference", "--check").returncode == 0
 
 
@@ -85,7 +98,9 @@ def test_every_command_is_in_the_reference_with_documented_options():
             assert f"`{flag}" in page, (command.title, flag)
         for line in page.splitlines():
             if line.startswith("| `"):
-                assert line.rstrip(" |").split("|")[-1].strip(), f"{command.title}: an option without a meaning: {line}"
+                assert line.rstrip(" |").split("|")[-1].strip(), (
+                    f"{command.title}: an option without a meaning: {line}"
+                )
     assert "kiln-launch adds no options" in section("kiln-launch")
 
 
@@ -100,8 +115,9 @@ def test_the_reference_is_in_the_site_navigation():
 
 
 def test_help_shows_the_values_of_the_config_file_as_defaults():
-    text = python("pretrain/run.py", "--config", "configs/pretrain/decoder-tiny.yaml", "--training.lr", "7e-4",
-                  "--help").stdout  # fmt: skip
+    text = python(
+        "pretrain/run.py", "--config", "configs/pretrain/decoder-tiny.yaml", "--training.lr", "7e-4", "--help"
+    ).stdout
     assert "--model.kind (str, default: 'decoder')" in text
     assert "--training.lr (float, default: 0.0007)" in text
     assert "those of --config configs/pretrain/decoder-tiny.yaml" in text
@@ -146,12 +162,21 @@ def test_every_help_says_what_the_command_does_and_names_pages_that_exist(helps,
 
 
 def test_kiln_launch_help_says_first_what_kiln_launch_changes():
-    done = subprocess.run([sys.executable, "-m", "kiln.launcher", "--help"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "kiln.launcher", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     head, _, accelerate_part = done.stdout.partition("usage: kiln-launch")
     assert head.startswith("kiln-launch: `accelerate launch` for Kiln's scripts")
-    assert "SIGTERM" in head and "exit status" in head.replace("exits with", "exit status") and "docs/launching.md" in head
+    assert (
+        "SIGTERM" in head
+        and "exit status" in head.replace("exits with", "exit status")
+        and "docs/launching.md" in head
+    )
     assert (REPO / "docs/launching.md").is_file()
     assert "--num_processes" in accelerate_part  # accelerate's own options follow, unchanged
 
@@ -162,19 +187,31 @@ def test_kiln_launch_help_says_first_what_kiln_launch_changes():
 
 @pytest.mark.parametrize("name", sorted(CONFIG_COMMANDS))
 def test_print_config_prints_the_resolved_config_and_reads_back_the_same(name, tmp_path):
-    config = {"pretrain": "configs/pretrain/decoder-tiny.yaml", "prepare": "configs/pretrain/decoder-tiny.yaml",
-              "inspect": "configs/pretrain/encoder-small.yaml", "classify": "configs/finetune/classify-sst2.yaml",
-              "tag": "configs/finetune/tag-conll2003.yaml",
-              "seq2seq": "configs/finetune/seq2seq-multi30k.yaml",
-              "adapt": "configs/pretrain/encoder-tiny.yaml"}[name]  # fmt: skip
+    config = {
+        "pretrain": "configs/pretrain/decoder-tiny.yaml",
+        "prepare": "configs/pretrain/decoder-tiny.yaml",
+        "inspect": "configs/pretrain/encoder-small.yaml",
+        "classify": "configs/finetune/classify-sst2.yaml",
+        "tag": "configs/finetune/tag-conll2003.yaml",
+        "seq2seq": "configs/finetune/seq2seq-multi30k.yaml",
+        "adapt": "configs/pretrain/encoder-tiny.yaml",
+    }[name]
     override = ["--training.seed", "7"]
     printed = python(*CONFIG_COMMANDS[name], "--config", config, *override, "--print_config").stdout
     values = yaml.safe_load(printed)
     assert values["training"]["seed"] == 7
     file_values = yaml.safe_load((REPO / config).read_text())
     # finetune/adapt.py sets its own data, objective and tokenizer over the file's (they are not options there)
-    own = {("data", "data_files"), ("data", "document_separator"), ("model", "objective"),
-           ("tokenizer", "name_or_path")} if name == "adapt" else set()  # fmt: skip
+    own = (
+        {
+            ("data", "data_files"),
+            ("data", "document_separator"),
+            ("model", "objective"),
+            ("tokenizer", "name_or_path"),
+        }
+        if name == "adapt"
+        else set()
+    )
     for section_name, entries in file_values.items():
         for key, value in entries.items() if isinstance(entries, dict) and name != "prepare" else ():
             if (section_name, key) not in own:
@@ -182,7 +219,9 @@ def test_print_config_prints_the_resolved_config_and_reads_back_the_same(name, t
     if name == "adapt":
         assert values["model"]["objective"] == "mlm" and values["data"]["document_separator"] == "line"
     if name == "prepare":  # only what prepare reads
-        assert set(values) == {"model", "tokenizer", "data", "training"} and set(values["training"]) == {"seed"}
+        assert set(values) == {"model", "tokenizer", "data", "training"} and set(values["training"]) == {
+            "seed"
+        }
     else:
         assert {"training", "logging", "hub"} <= set(values) and "lr" in values["training"]
     saved = tmp_path / "printed.yaml"
@@ -192,17 +231,36 @@ def test_print_config_prints_the_resolved_config_and_reads_back_the_same(name, t
 
 @pytest.mark.parametrize("name", sorted(OTHER_COMMANDS))
 def test_print_config_of_the_other_commands(name):
-    argv = {"glue": ["--tasks", "sst2", "rte", "--print_config", "--", "--training.lr", "1e-4"],
-            "convert": ["a", "b", "--print_config"], "export_onnx": ["a", "b", "--opset", "18", "--print_config"],
-            "zero_shot": ["--model", "m", "--pairs", "5", "--print_config"]}[name]  # fmt: skip
+    argv = {
+        "glue": ["--tasks", "sst2", "rte", "--print_config", "--", "--training.lr", "1e-4"],
+        "convert": ["a", "b", "--print_config"],
+        "export_onnx": ["a", "b", "--opset", "18", "--print_config"],
+        "zero_shot": ["--model", "m", "--pairs", "5", "--print_config"],
+    }[name]
     values = yaml.safe_load(python(*OTHER_COMMANDS[name], *argv).stdout)
     expected = {
-        "glue": {"checkpoint": "runs/encoder-tiny/final", "tasks": ["sst2", "rte"], "glue_dir": None,
-                 "output_dir": "runs/glue", "update_checkpoint_card": False,
-                 "classify_options": ["--training.lr", "1e-4"]},
+        "glue": {
+            "checkpoint": "runs/encoder-tiny/final",
+            "tasks": ["sst2", "rte"],
+            "glue_dir": None,
+            "output_dir": "runs/glue",
+            "update_checkpoint_card": False,
+            "classify_options": ["--training.lr", "1e-4"],
+        },
         "convert": {"src_dir": "a", "dst_dir": "b"},
         "export_onnx": {"folder": "a", "out": "b", "opset": 18},
-        "zero_shot": {"model": "m", "data": None, "pairs": 5, "paradigms": None, "json": None, "kind": None,
-                      "revision": None, "from_scratch": False, "seed": 0, "pll": "original", "batch_tokens": None},
-    }[name]  # fmt: skip
+        "zero_shot": {
+            "model": "m",
+            "data": None,
+            "pairs": 5,
+            "paradigms": None,
+            "json": None,
+            "kind": None,
+            "revision": None,
+            "from_scratch": False,
+            "seed": 0,
+            "pll": "original",
+            "batch_tokens": None,
+        },
+    }[name]
     assert values == expected

@@ -34,12 +34,19 @@ def tokenizer():
     backend = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
-        mask_token="[MASK]", model_max_length=32,
-    )  # fmt: skip
+        tokenizer_object=backend,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=32,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +63,9 @@ def folders(tmp_path_factory):
         "encoder": KilnEncoderForPreTraining(tiny_encoder_config(**settings)),
         "decoder": KilnDecoderForCausalLM(tiny_decoder_config(**settings, bos_token_id=2, eos_token_id=3)),
         "decoder-llama": KilnDecoderForCausalLM(  # the llama preset, grouped-query attention
-            tiny_decoder_config(**settings, bos_token_id=2, eos_token_id=3, preset="llama", num_key_value_heads=2)
+            tiny_decoder_config(
+                **settings, bos_token_id=2, eos_token_id=3, preset="llama", num_key_value_heads=2
+            )
         ),
     }
     for name, model in models.items():
@@ -70,15 +79,32 @@ def run_child(script: str, tmp_path, *args, timeout=600):
     """`script` in a fresh interpreter without the project; returns what it wrote to tmp_path/out.json."""
     environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("HF_")}
     environment.update(
-        HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
-        OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", WANDB_DISABLED="true",
-    )  # fmt: skip
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        WANDB_DISABLED="true",
+    )
     out = tmp_path / "out.json"
-    command = [sys.executable, "-c", WITHOUT_THE_PROJECT + CHILD_COMMON + script, str(REPO), str(out), *map(str, args)]
+    command = [
+        sys.executable,
+        "-c",
+        WITHOUT_THE_PROJECT + CHILD_COMMON + script,
+        str(REPO),
+        str(out),
+        *map(str, args),
+    ]
     done = subprocess.run(
-        command, cwd=tmp_path, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        command,
+        cwd=tmp_path,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(out.read_text())
     assert result.pop("kiln_importable") is False
@@ -324,7 +350,9 @@ def test_the_no_trainer_mlm_loop_runs_under_accelerate_without_kiln(folders, tmp
     assert len(results["train_losses"]) == 4 and all(math.isfinite(x) for x in results["train_losses"])
     assert math.isfinite(results["eval_loss"]) and math.isfinite(results["perplexity"])
     assert results["saved_auto_map"]["AutoModelForMaskedLM"].endswith("KilnEncoderForMaskedLM")
-    assert (tmp_path / "saved" / "modeling_kiln_encoder.py").is_file()  # the saved folder still carries its code
+    assert (
+        tmp_path / "saved" / "modeling_kiln_encoder.py"
+    ).is_file()  # the saved folder still carries its code
 
 
 # ------------------------------------------------------------------------------------------------------- PEFT

@@ -57,7 +57,9 @@ def test_bad_value_type_names_the_key():
 
 def test_yaml_base_inheritance_and_cli_precedence(tmp_path):
     (tmp_path / "base.yaml").write_text("model:\n  hidden_size: 48\n  num_hidden_layers: 3\n")
-    (tmp_path / "run.yaml").write_text("_base_: base.yaml\nmodel:\n  num_hidden_layers: 5\ntraining:\n  lr: 0.5\n")
+    (tmp_path / "run.yaml").write_text(
+        "_base_: base.yaml\nmodel:\n  num_hidden_layers: 5\ntraining:\n  lr: 0.5\n"
+    )
     config = build_config(RunConfig, ["--config", str(tmp_path / "run.yaml"), "--training.lr", "0.25"])
     assert config.model.hidden_size == 48
     assert config.model.num_hidden_layers == 5
@@ -95,7 +97,20 @@ def test_saved_config_round_trips(tmp_path):
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["training"]["lr"] == 0.01
 
 
-@pytest.mark.parametrize("name", ["encoder-tiny", "encoder-mini", "encoder-small", "encoder-base", "encoder-modern-tiny", "encoder-modern-base", "decoder-tiny", "decoder-small", "debug"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "encoder-tiny",
+        "encoder-mini",
+        "encoder-small",
+        "encoder-base",
+        "encoder-modern-tiny",
+        "encoder-modern-base",
+        "decoder-tiny",
+        "decoder-small",
+        "debug",
+    ],
+)
 def test_shipped_run_configs_load(name):
     config = build_config(RunConfig, ["--config", f"configs/pretrain/{name}.yaml"])
     assert config.model.hidden_size % config.model.num_attention_heads == 0
@@ -112,7 +127,10 @@ def test_default_run_equals_encoder_tiny_config():
 @pytest.mark.parametrize(
     "override, message",
     [
-        (["--training.per_device_eval_batch_size", "0"], "per_device_eval_batch_size .* must be positive, got 32, 0, 1"),
+        (
+            ["--training.per_device_eval_batch_size", "0"],
+            "per_device_eval_batch_size .* must be positive, got 32, 0, 1",
+        ),
         (["--training.gradient_accumulation_steps", "-1"], "must be positive, got 32, 64, -1"),
         (["--hub.push_to_hub"], "needs --hub.model_id"),
         (["--hub.strategy", "always"], "hub.strategy must be end, every_save or checkpoint, got 'always'"),
@@ -130,7 +148,11 @@ def test_run_cli_prints_user_errors_on_one_line_and_lets_bugs_through(capsys):
         pass
 
     def main(argv):
-        raise {"config": ConfigError("bad key; use --x"), "task": TaskError("bad data"), "bug": KeyError("k")}[argv[0]]
+        raise {
+            "config": ConfigError("bad key; use --x"),
+            "task": TaskError("bad data"),
+            "bug": KeyError("k"),
+        }[argv[0]]
 
     for kind, line in (("config", "error: bad key; use --x"), ("task", "error: bad data")):
         with pytest.raises(SystemExit) as exit_info:

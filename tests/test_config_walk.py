@@ -22,11 +22,25 @@ def test_a_runs_config_enters_the_engine_once_and_a_fine_tuning_walk_returns_at_
     from finetune.classify import main as classify
     from pretrain.run import main as pretrain
 
-    pretraining, _ = trace_walk(lambda: run_main(
-        pretrain, "--config", DEBUG, "--training.output_dir", tmp_path / "encoder", "--training.max_steps", 1,
-        "--training.eval_steps", 0, "--training.save_steps", 0, "--data.max_train_documents", 100,
-        "--tokenizer.max_training_texts", 500,
-    ))  # fmt: skip
+    pretraining, _ = trace_walk(
+        lambda: run_main(
+            pretrain,
+            "--config",
+            DEBUG,
+            "--training.output_dir",
+            tmp_path / "encoder",
+            "--training.max_steps",
+            1,
+            "--training.eval_steps",
+            0,
+            "--training.save_steps",
+            0,
+            "--data.max_train_documents",
+            100,
+            "--tokenizer.max_training_texts",
+            500,
+        )
+    )
     print(pretraining.describe())
     # pretraining checks its own sections, then hands the engine the job, which comes back to the app once: to build
     stays = pretraining.stays
@@ -35,11 +49,24 @@ def test_a_runs_config_enters_the_engine_once_and_a_fine_tuning_walk_returns_at_
 
     reset_accelerate()
     try:
-        walk, result = trace_walk(lambda: classify([
-            "--model.checkpoint", str(tmp_path / "encoder" / "final"), "--training.output_dir", str(tmp_path / "run"),
-            "--training.max_steps", "2", "--data.max_train_samples", "32", "--data.max_eval_samples", "16",
-            "--data.max_predict_samples", "8",
-        ]))  # fmt: skip
+        walk, result = trace_walk(
+            lambda: classify(
+                [
+                    "--model.checkpoint",
+                    str(tmp_path / "encoder" / "final"),
+                    "--training.output_dir",
+                    str(tmp_path / "run"),
+                    "--training.max_steps",
+                    "2",
+                    "--data.max_train_samples",
+                    "32",
+                    "--data.max_eval_samples",
+                    "16",
+                    "--data.max_predict_samples",
+                    "8",
+                ]
+            )
+        )
     finally:
         reset_accelerate()
     assert result.state.global_step == 2 and (tmp_path / "run" / "final" / "model.safetensors").is_file()

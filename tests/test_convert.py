@@ -227,7 +227,9 @@ def test_kiln_decoder_to_gpt2_and_back():
 
 def test_unsupported_models_are_refused():
     with pytest.raises(ValueError, match="Cannot convert BertLMHeadModel; supported: BertModel"):
-        from_transformers(transformers.BertLMHeadModel(transformers.BertConfig(is_decoder=True, **ENCODER_SHAPES[1])))
+        from_transformers(
+            transformers.BertLMHeadModel(transformers.BertConfig(is_decoder=True, **ENCODER_SHAPES[1]))
+        )
     config = transformers.GPT2Config(
         n_positions=32, scale_attn_by_inverse_layer_idx=True, **DECODER_SHAPES[1]
     )
@@ -265,7 +267,9 @@ def test_cli_converts_a_bert_checkpoint_to_kiln_and_back(tmp_path):
 def test_cli_refuses_an_unknown_model_type(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(SystemExit, match="`t5` model; only bert, electra, modernbert, gpt2, llama, kiln_encoder"):
+    with pytest.raises(
+        SystemExit, match="`t5` model; only bert, electra, modernbert, gpt2, llama, kiln_encoder"
+    ):
         main([str(tmp_path / "src"), str(tmp_path / "dst")])
 
 
@@ -277,11 +281,16 @@ def test_cli_names_a_missing_source_folder_in_one_line_without_the_hub(tmp_path,
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
     for spec in ("runs/decoder-tiny/final", str(tmp_path / "nothing"), "./nothing", "a/b/c"):
-        with pytest.raises(SystemExit, match=f"^error: no model folder {spec}; train one first .* or give a Hub id"):
+        with pytest.raises(
+            SystemExit, match=f"^error: no model folder {spec}; train one first .* or give a Hub id"
+        ):
             main([spec, str(tmp_path / "dst")])
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(SystemExit, match="SRC_DIR nobody-kiln/never-cached is not in the Hugging Face cache and "
-                       "HF_HUB_OFFLINE is set; unset HF_HUB_OFFLINE"):  # fmt: skip
+    with pytest.raises(
+        SystemExit,
+        match="SRC_DIR nobody-kiln/never-cached is not in the Hugging Face cache and "
+        "HF_HUB_OFFLINE is set; unset HF_HUB_OFFLINE",
+    ):
         main(["nobody-kiln/never-cached", str(tmp_path / "dst")])
     assert not (tmp_path / "dst").exists()
 
@@ -297,8 +306,10 @@ def head_inputs(model_class_name, vocab_size, num_labels=3, seed=5):
         return batch, dict(labels=torch.tensor([1, 0])), ("logits",)
     if "QuestionAnswering" in model_class_name:
         # one start beyond the sequence: ignored, as BERT clamps it
-        return batch, dict(start_positions=torch.tensor([2, 5, 40]), end_positions=torch.tensor([4, 9, 13])), (
-            "start_logits", "end_logits"
+        return (
+            batch,
+            dict(start_positions=torch.tensor([2, 5, 40]), end_positions=torch.tensor([4, 9, 13])),
+            ("start_logits", "end_logits"),
         )
     if "NextSentence" in model_class_name:
         return batch, dict(labels=torch.tensor([1, 0, 1])), ("logits",)
@@ -320,7 +331,9 @@ NEW_HEADS = [
 
 @pytest.mark.parametrize("hf_class, config_class, shape", NEW_HEADS, ids=lambda v: getattr(v, "__name__", ""))
 @pytest.mark.parametrize("direction", ["from_transformers", "to_transformers"])
-def test_every_bert_and_gpt2_head_converts_with_equal_logits_and_loss(hf_class, config_class, shape, direction):
+def test_every_bert_and_gpt2_head_converts_with_equal_logits_and_loss(
+    hf_class, config_class, shape, direction
+):
     extra = dict(pad_token_id=0) if config_class is transformers.GPT2Config else {}
     num_labels = 2 if hf_class is transformers.BertForQuestionAnswering else 3  # QA: start and end
     config = config_class(num_labels=num_labels, **extra, **shape)
@@ -335,7 +348,9 @@ def test_every_bert_and_gpt2_head_converts_with_equal_logits_and_loss(hf_class, 
         kiln_model = kiln_class(kiln_config).eval()
         hf_model = to_transformers(kiln_model)
     assert type(hf_model) is hf_class and type(kiln_model).__name__.startswith("Kiln")
-    assert type(kiln_model).__name__.removeprefix("KilnEncoder").removeprefix("KilnDecoder") in hf_class.__name__
+    assert (
+        type(kiln_model).__name__.removeprefix("KilnEncoder").removeprefix("KilnDecoder") in hf_class.__name__
+    )
     vocab_size = shape["vocab_size"]
     batch, labels, fields = head_inputs(hf_class.__name__, vocab_size)
     hf_out, kiln_out = hf_model(**batch, **labels), kiln_model(**batch, **labels)

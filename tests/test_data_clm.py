@@ -66,7 +66,8 @@ def test_decoder_pipeline_packs_the_whole_training_split(tmp_path):
     assert sorted(training_texts + eval_texts) == sorted(stories)  # every story exactly once, nothing lost
     batch = data.collator([train[i] for i in range(4)])
     assert (
-        set(batch) == {"input_ids", "labels", "position_ids"}  # packed: no padding mask, as transformers packs
+        set(batch)
+        == {"input_ids", "labels", "position_ids"}  # packed: no padding mask, as transformers packs
         and (batch["labels"] == batch["input_ids"]).all()
     )
     # document masking, on by default: positions restart after every EOS (each document counted on its own)

@@ -203,12 +203,18 @@ def test_non_utf8_bytes_name_file_and_line(tmp_path):
     path = tmp_path / "latin.txt"
     path.write_bytes("line one\nline two\ncaf\u00e9 ok\n".encode() + b"na\xefve\n")
     assert find_invalid_utf8(str(path)) == (4, b"\xef")
-    with pytest.raises(DataError, match=r"latin\.txt is UTF-8 with one invalid byte sequence at byte offset 29 "
-                                        r"\(line 4: bytes ef\); do not re-encode"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"latin\.txt is UTF-8 with one invalid byte sequence at byte offset 29 "
+        r"\(line 4: bytes ef\); do not re-encode",
+    ):
         load_documents(config(tmp_path, [path]))
     path.write_bytes(b"line one\nna\xefve\n")  # nothing but ASCII beside it: an 8-bit encoding
-    with pytest.raises(DataError, match=r"latin\.txt, line 2: bytes ef at byte offset 11 are not valid UTF-8.*"
-                                        r"re-encode the file as UTF-8 \(e\.g\. `iconv -f latin1"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"latin\.txt, line 2: bytes ef at byte offset 11 are not valid UTF-8.*"
+        r"re-encode the file as UTF-8 \(e\.g\. `iconv -f latin1",
+    ):
         load_documents(config(tmp_path, [path]))
 
 

@@ -182,8 +182,9 @@ def test_notnext_segments_come_from_across_a_corpus_sorted_by_source(monkeypatch
                 book_of[token] = book
             documents.append([ids[i : i + 6] for i in range(0, 60, 6)])  # 10 sentences of 6 tokens
     tokens = Dataset.from_dict({"sentence_ids": documents})
-    shaper = pipeline._PairShaper(DataConfig(max_seq_length=32), SimpleNamespace(cls_token_id=1, sep_token_id=2),
-                                  "nsp", seed=0)  # fmt: skip
+    shaper = pipeline._PairShaper(
+        DataConfig(max_seq_length=32), SimpleNamespace(cls_token_id=1, sep_token_id=2), "nsp", seed=0
+    )
     same_book = not_next = 0
     orders = []
     for epoch in (0, 1):

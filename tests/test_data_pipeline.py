@@ -173,10 +173,14 @@ def test_streamed_examples_are_masked_alike_on_any_number_of_processes(tmp_path,
             for start in range(0, len(examples) - 7, 8):
                 rows = examples[start : start + 8]
                 batch = data.collator(rows)
-                for row, ids, labels, attention in zip(rows, batch["input_ids"], batch["labels"],
-                                                       batch["attention_mask"]):  # fmt: skip
+                for row, ids, labels, attention in zip(
+                    rows, batch["input_ids"], batch["labels"], batch["attention_mask"]
+                ):
                     length = int(attention.sum())
-                    found[tuple(row["input_ids"].tolist())] = (ids[:length].tolist(), labels[:length].tolist())
+                    found[tuple(row["input_ids"].tolist())] = (
+                        ids[:length].tolist(),
+                        labels[:length].tolist(),
+                    )
         masks.append(found)
     common = masks[0].keys() & masks[1].keys()
     assert len(common) > 100
@@ -189,15 +193,25 @@ def test_pair_examples_are_the_same_for_any_num_proc(tmp_path, tokenizer, object
     """2,500 documents are 3 pools of 834: with datasets' own sharding, 2 or 3 processes cut the pools at other
     places (834/833/833 rows per process) and drew other pairs; every num_proc must give the one-process examples,
     in every epoch, so a run may also resume with another data.num_proc."""
-    lines = [line.strip() for path in sorted((REPO_ROOT / "data/pretrain").glob("*.txt"))
-             for line in path.read_text(encoding="utf-8").splitlines() if len(line.split()) > 3]  # fmt: skip
+    lines = [
+        line.strip()
+        for path in sorted((REPO_ROOT / "data/pretrain").glob("*.txt"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if len(line.split()) > 3
+    ]
     corpus = tmp_path / "paragraphs.txt"
     corpus.write_text("\n\n".join(lines[:2500]) + "\n", encoding="utf-8")
     examples = {}
     for num_proc in (1, 2, 3):
-        cfg = config(tmp_path / f"p{num_proc}", data_files=[str(corpus)], num_proc=num_proc,
-                     validation_split_percentage=0)  # fmt: skip
-        data = build_pretraining_data(cfg, tokenizer, "encoder", objective, seed=5, max_position_embeddings=64)
+        cfg = config(
+            tmp_path / f"p{num_proc}",
+            data_files=[str(corpus)],
+            num_proc=num_proc,
+            validation_split_percentage=0,
+        )
+        data = build_pretraining_data(
+            cfg, tokenizer, "encoder", objective, seed=5, max_position_embeddings=64
+        )
         assert data.num_train_documents == 2500
         examples[num_proc] = [as_lists(data.train_dataset(epoch)) for epoch in (0, 1)]
         examples[num_proc].append(data.train_dataset(0)["next_sentence_label"])

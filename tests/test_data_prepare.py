@@ -30,7 +30,9 @@ def _corpus(folder: Path) -> list[str]:
     DOCUMENT_POOL documents, so the per-epoch shuffle and several NSP pools are exercised)."""
     lines = []
     for path in sorted(glob.glob(str(REPO / "data/pretrain/*.txt"))):
-        lines += [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines += [
+            line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
     lines = lines[:1300]
     folder.mkdir(parents=True)
     parts = {"a.txt": lines[:500], "b.txt": lines[500:1280], "c.txt": lines[1280:]}
@@ -83,7 +85,11 @@ def test_shards_hold_every_document_of_the_files_read_whole(prepared):
     corpus = PreparedCorpus.open(str(out))
     manifest = corpus.manifest
     assert len(manifest["shards"]["train"]) >= 4  # the two larger files were split into byte ranges
-    assert [s["name"] for s in manifest["sources"]["train"]] == ["a.txt", "b.txt", "c.txt"]  # no absolute paths
+    assert [s["name"] for s in manifest["sources"]["train"]] == [
+        "a.txt",
+        "b.txt",
+        "c.txt",
+    ]  # no absolute paths
     assert str(out.parent) not in (out / "manifest.json").read_text()
     whole = load_documents(_config(config_path, "--data.validation_split_percentage", 0).data).train
     assert manifest["totals"]["documents"] == len(whole) == 1300
@@ -111,7 +117,8 @@ def test_prepared_examples_and_masks_equal_the_in_memory_path(prepared, objectiv
         data.collator.set_epoch(1)
     rows = [5, 17, 300, 2]
     batches = [
-        data.collator([{**data.train_dataset(1)[i], "example_index": i} for i in rows]) for data in (memory, mapped)
+        data.collator([{**data.train_dataset(1)[i], "example_index": i} for i in rows])
+        for data in (memory, mapped)
     ]
     assert batches[0].keys() == batches[1].keys()
     for key in batches[0]:
@@ -174,8 +181,22 @@ def test_the_piece_cache_gives_the_tokenizers_ids(prepared):
     tokenizer = PreparedCorpus.open(str(prepared[2])).load_tokenizer()
     text = Path(REPO / "data/pretrain/frankenstein.txt").read_text(encoding="utf-8")[:100_000]
     texts = [s for doc in split_documents(text, "blank_line") for s in split_sentences(doc)]
-    texts += ["Héllo wörld café", "a [MASK] b", "x[SEP]y", "tab\there", "ctrl\x01char", "naïve ÀÉÎ", "中文 mixed",
-              "e\u0301 combining", "a  b", "\xa0nbsp\xa0", "İstanbul ΣΑΣ", "", "Ａ全角", "“Well,” he said."]  # fmt: skip
+    texts += [
+        "Héllo wörld café",
+        "a [MASK] b",
+        "x[SEP]y",
+        "tab\there",
+        "ctrl\x01char",
+        "naïve ÀÉÎ",
+        "中文 mixed",
+        "e\u0301 combining",
+        "a  b",
+        "\xa0nbsp\xa0",
+        "İstanbul ΣΑΣ",
+        "",
+        "Ａ全角",
+        "“Well,” he said.",
+    ]
     encoder = TokenEncoder(tokenizer)
     assert encoder.piece_cache_usable
     expected = tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -186,10 +207,25 @@ def test_the_piece_cache_gives_the_tokenizers_ids(prepared):
 def _prepare_cli(config_path, output, *extra):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "pretrain.data", "prepare", "--config", str(config_path), "--output", str(output),
-         "--shard_size_mb", "0.1", *extra],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pretrain.data",
+            "prepare",
+            "--config",
+            str(config_path),
+            "--output",
+            str(output),
+            "--shard_size_mb",
+            "0.1",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _same_folder(a: Path, b: Path):
@@ -238,20 +274,34 @@ def test_shard_parts_equal_the_single_machine_prepare(prepared, tmp_path):
 def test_a_run_that_disagrees_with_the_manifest_is_one_line(prepared, tmp_path, capsys):
     _, _, out = prepared
     cases = [
-        (["--tokenizer.vocab_size", 1024], "was prepared with tokenizer.vocab_size=512 but this run has 1024"),
+        (
+            ["--tokenizer.vocab_size", 1024],
+            "was prepared with tokenizer.vocab_size=512 but this run has 1024",
+        ),
         (["--model.kind", "decoder"], "was prepared with model.kind='encoder' but this run has 'decoder'"),
-        (["--data.sentence_split", "line"], "was prepared with data.sentence_split='rule' but this run has 'line'"),
+        (
+            ["--data.sentence_split", "line"],
+            "was prepared with data.sentence_split='rule' but this run has 'line'",
+        ),
         (["--tokenizer.name_or_path", REPO / "tests"], "could not load tokenizer"),
     ]
     for extra, message in cases:
         code, lines = cli_in_process(
-            capsys, "--training.output_dir", tmp_path / "run", "--data.prepared", out, "--tokenizer.vocab_size", 512,
+            capsys,
+            "--training.output_dir",
+            tmp_path / "run",
+            "--data.prepared",
+            out,
+            "--tokenizer.vocab_size",
+            512,
             *extra,
         )
         assert code == 2 and len(lines) == 1 and message in lines[0], lines
     code, lines = cli_in_process(capsys, "--training.output_dir", tmp_path / "x", "--data.prepared", tmp_path)
-    assert code == 2 and lines == [f"error: --data.prepared {tmp_path} is not a prepared folder (no manifest.json); "
-                                   "make one with `python -m pretrain.data prepare --config X --output DIR`"]
+    assert code == 2 and lines == [
+        f"error: --data.prepared {tmp_path} is not a prepared folder (no manifest.json); "
+        "make one with `python -m pretrain.data prepare --config X --output DIR`"
+    ]
 
 
 def test_training_from_a_prepared_folder_on_1_process_and_through_accelerate_launch_on_2(prepared, tmp_path):
@@ -259,28 +309,85 @@ def test_training_from_a_prepared_folder_on_1_process_and_through_accelerate_lau
     process, as the in-memory one), and `accelerate launch` on the prepared folder with 2 processes (half the
     per-device batch) log the same losses."""
     config_path, corpus, out = prepared
-    common = ["--training.max_steps", 4, "--training.save_steps", 0, "--training.eval_steps", 0,
-              "--model.hidden_dropout_prob", 0, "--model.attention_probs_dropout_prob", 0]  # fmt: skip
+    common = [
+        "--training.max_steps",
+        4,
+        "--training.save_steps",
+        0,
+        "--training.eval_steps",
+        0,
+        "--model.hidden_dropout_prob",
+        0,
+        "--model.attention_probs_dropout_prob",
+        0,
+    ]
     memory = tmp_path / "memory"
-    run(memory, *common, "--data.data_files", str(corpus / "*.txt"), "--data.max_train_documents", 100000,
-        "--tokenizer.name_or_path", out / "tokenizer")  # fmt: skip
+    run(
+        memory,
+        *common,
+        "--data.data_files",
+        str(corpus / "*.txt"),
+        "--data.max_train_documents",
+        100000,
+        "--tokenizer.name_or_path",
+        out / "tokenizer",
+    )
     from pretrain.run import main as run_script
 
     results = {}
     one = tmp_path / "prepared-1"
-    run_main(run_script, "--config", config_path, "--training.output_dir", one, "--data.prepared", out, *common,
-             "--training.per_device_train_batch_size", 8)  # fmt: skip
+    run_main(
+        run_script,
+        "--config",
+        config_path,
+        "--training.output_dir",
+        one,
+        "--data.prepared",
+        out,
+        *common,
+        "--training.per_device_train_batch_size",
+        8,
+    )
     results[1] = losses(one)
     env = {**os.environ, "PYTHONPATH": str(REPO), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     folder = tmp_path / "launch-2"
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", "--main_process_port", "0"]  # fmt: skip
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--multi_gpu",
+        "--main_process_port",
+        "0",
+    ]
     # 0: accelerate picks a free port
     result = subprocess.run(
-        [*launcher, str(REPO / "pretrain/run.py"), "--config", str(config_path), "--training.output_dir",
-         str(folder), "--data.prepared", str(out), *map(str, common), "--training.per_device_train_batch_size", "4"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            *launcher,
+            str(REPO / "pretrain/run.py"),
+            "--config",
+            str(config_path),
+            "--training.output_dir",
+            str(folder),
+            "--data.prepared",
+            str(out),
+            *map(str, common),
+            "--training.per_device_train_batch_size",
+            "4",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results[2] = losses(folder)
     reference = losses(memory)
@@ -297,7 +404,9 @@ def test_the_spaced_sentence_rule_gives_the_general_rules_sentences(monkeypatch)
 
     text = Path(REPO / "data/pretrain/pride_and_prejudice.txt").read_text(encoding="utf-8")[:200_000]
     documents = corpus.split_documents(text, "blank_line") + [
-        "Mr. Smith went. He said “Hi.” Then (A. B. Wells) left!  Yes?\nNo. x.  Y", " lead. Trail ", "a.\nB",
+        "Mr. Smith went. He said “Hi.” Then (A. B. Wells) left!  Yes?\nNo. x.  Y",
+        " lead. Trail ",
+        "a.\nB",
         "Dr.\nWho. The end… And “So.” ‘Ok’ (Yes.) [No.] Z",
     ]
     fast = [corpus.split_sentences(doc) for doc in documents]

@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parent.parent
 def _book_corpus(folder: Path, documents: int = 400) -> None:
     lines = []
     for path in sorted(glob.glob(str(REPO / "data/pretrain/*.txt"))):
-        lines += [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines += [
+            line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
     lines = lines[:documents]
     folder.mkdir(parents=True)
     half = len(lines) // 2
@@ -31,7 +33,9 @@ def _book_corpus(folder: Path, documents: int = 400) -> None:
 
 def _write_config(root: Path, corpus: Path, *, kind: str = "encoder") -> Path:
     config = yaml.safe_load((REPO / "configs/pretrain/debug.yaml").read_text())
-    config["data"].update(data_files=[str(corpus / "*.txt")], max_train_documents=None, max_eval_documents=None)
+    config["data"].update(
+        data_files=[str(corpus / "*.txt")], max_train_documents=None, max_eval_documents=None
+    )
     config["tokenizer"].update(input_sentence_size=2000)
     config["model"]["kind"] = kind
     path = root / f"config-{kind}.yaml"
@@ -59,10 +63,25 @@ def _prepare_with_cache_limit(config: Path, output: Path, limit: int | None, *ex
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-c", code, "prepare", "--config", str(config), "--output", str(output),
-         "--shard_size_mb", "0.05", *extra],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            code,
+            "prepare",
+            "--config",
+            str(config),
+            "--output",
+            str(output),
+            "--shard_size_mb",
+            "0.05",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_wide_corpus_has_a_growing_vocabulary_and_is_the_same_in_both_layouts(tmp_path):
@@ -106,8 +125,9 @@ def test_the_piece_cache_gives_the_tokenizers_ids_across_resets(tmp_path):
 
     text = Path(REPO / "data/pretrain/frankenstein.txt").read_text(encoding="utf-8")[:60_000]
     texts = [s for doc in split_documents(text, "blank_line") for s in split_sentences(doc)]
-    tokenizer = train_tokenizer(texts, kind="wordpiece", vocab_size=400, lowercase=True, min_frequency=2,
-                                model_max_length=64)  # fmt: skip
+    tokenizer = train_tokenizer(
+        texts, kind="wordpiece", vocab_size=400, lowercase=True, min_frequency=2, model_max_length=64
+    )
     resets = []
 
     class Small(TokenEncoder):
@@ -171,8 +191,12 @@ def prepared_books(tmp_path_factory):
     root = tmp_path_factory.mktemp("books")
     _book_corpus(root / "corpus")
     config = _write_config(root, root / "corpus")
-    prepare(build_config(RunConfig, ["--config", str(config)]), str(root / "out"), shard_size_mb=0.05,
-            say=lambda *_: None)  # fmt: skip
+    prepare(
+        build_config(RunConfig, ["--config", str(config)]),
+        str(root / "out"),
+        shard_size_mb=0.05,
+        say=lambda *_: None,
+    )
     return config, root / "out"
 
 
@@ -184,26 +208,51 @@ def test_prepared_examples_know_their_lengths(prepared_books, tmp_path):
 
     config, out = prepared_books
     decoder = ["--model.kind", "decoder", "--model.objective", "clm"]
-    prepare(build_config(RunConfig, ["--config", str(config), *decoder]), str(tmp_path / "decoder"),
-            shard_size_mb=0.05, say=lambda *_: None)  # fmt: skip
+    prepare(
+        build_config(RunConfig, ["--config", str(config), *decoder]),
+        str(tmp_path / "decoder"),
+        shard_size_mb=0.05,
+        say=lambda *_: None,
+    )
     for folder, extra in ((out, []), (tmp_path / "decoder", decoder)):
         cfg = build_config(RunConfig, ["--config", str(config), *extra])
         corpus = PreparedCorpus.open(str(folder))
-        data = build_prepared_data(corpus, cfg.data, corpus.load_tokenizer(cfg.data.max_seq_length),
-                                   cfg.model.kind, cfg.model.objective, 42, 64)  # fmt: skip
+        data = build_prepared_data(
+            corpus,
+            cfg.data,
+            corpus.load_tokenizer(cfg.data.max_seq_length),
+            cfg.model.kind,
+            cfg.model.objective,
+            42,
+            64,
+        )
         for dataset in (data.train_dataset(0), data.train_dataset(1), data.eval_dataset):
             assert len(dataset) > 10
             assert dataset.lengths().tolist() == [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
 
 
-def test_group_by_length_on_a_prepared_corpus_reads_no_example_to_order_them(prepared_books, tmp_path, monkeypatch):
+def test_group_by_length_on_a_prepared_corpus_reads_no_example_to_order_them(
+    prepared_books, tmp_path, monkeypatch
+):
     from kiln_testing import losses, run
 
     from pretrain.data.prepared import PairExamples
 
     config, out = prepared_books
-    common = ["--config", str(config), "--data.prepared", str(out), "--training.group_by_length", "true",
-              "--training.max_steps", 3, "--training.save_steps", 0, "--training.eval_steps", 0]  # fmt: skip
+    common = [
+        "--config",
+        str(config),
+        "--data.prepared",
+        str(out),
+        "--training.group_by_length",
+        "true",
+        "--training.max_steps",
+        3,
+        "--training.save_steps",
+        0,
+        "--training.eval_steps",
+        0,
+    ]
     reads: dict[int, list[int]] = {}  # per dataset: [its size, rows read]
     getitem = PairExamples.__getitem__
 
@@ -269,8 +318,17 @@ def test_offsets_and_pair_plans_are_mapped_from_a_cache_written_once(prepared_bo
     # the mapped plan is the one planned in memory (the validation pairs: one pool, epoch "eval")
     _, validation = split_documents_like_memory(again_train.index, cfg.data, False)
     task = "nsp" if cfg.model.objective == "mlm+nsp" else "sop"
-    memory = plan_pairs(again_train.index, validation, 64, cfg.data.short_seq_prob, cfg.data.nsp_probability, 42,
-                        EVAL_EPOCH, task, len(validation))  # fmt: skip
+    memory = plan_pairs(
+        again_train.index,
+        validation,
+        64,
+        cfg.data.short_seq_prob,
+        cfg.data.nsp_probability,
+        42,
+        EVAL_EPOCH,
+        task,
+        len(validation),
+    )
     for name in ("a_start", "a_end", "b_start", "b_end", "label"):
         assert np.array_equal(getattr(memory, name), getattr(again.eval_dataset.plan, name)), name
     assert len(memory.label) > 10
@@ -293,6 +351,9 @@ def test_a_cache_folder_that_cannot_be_written_is_one_line(prepared_books, tmp_p
     blocked.write_text("not a folder")
     cfg = build_config(RunConfig, ["--config", str(config), "--data.cache_dir", str(blocked)])
     corpus = PreparedCorpus.open(str(out))
-    with pytest.raises(DataError, match=r"^cannot write the prepared corpus's offset arrays to .*a-file/kiln-prepared/"
-                       r"[0-9a-f]+ \(Not a directory\); set --data.cache_dir to a writable folder with free space$"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"^cannot write the prepared corpus's offset arrays to .*a-file/kiln-prepared/"
+        r"[0-9a-f]+ \(Not a directory\); set --data.cache_dir to a writable folder with free space$",
+    ):
         build_prepared_data(corpus, cfg.data, corpus.load_tokenizer(64), "encoder", "mlm+nsp", 42, 64)

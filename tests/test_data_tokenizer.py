@@ -153,18 +153,40 @@ def test_the_same_command_twice_gives_the_same_tokenizer_and_losses(tmp_path):
     for attempt in range(2):
         out = tmp_path / f"run{attempt}"
         result = subprocess.run(
-            [sys.executable, str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(out),
-             "--data.data_files", str(corpus / "*.txt"), "--tokenizer.vocab_size", "600",
-             "--training.max_steps", "3", "--training.save_steps", "0", "--training.eval_steps", "0"],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(REPO / "pretrain/run.py"),
+                "--config",
+                DEBUG,
+                "--training.output_dir",
+                str(out),
+                "--data.data_files",
+                str(corpus / "*.txt"),
+                "--tokenizer.vocab_size",
+                "600",
+                "--training.max_steps",
+                "3",
+                "--training.save_steps",
+                "0",
+                "--training.eval_steps",
+                "0",
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
         outputs.append(out)
     first, second = ((out / "tokenizer" / "tokenizer.json").read_bytes() for out in outputs)
     assert first == second
     rows = [
-        [json.loads(line)["train/loss"] for line in (out / "metrics.jsonl").read_text().splitlines()
-         if "train/loss" in line]
+        [
+            json.loads(line)["train/loss"]
+            for line in (out / "metrics.jsonl").read_text().splitlines()
+            if "train/loss" in line
+        ]
         for out in outputs
-    ]  # fmt: skip
+    ]
     assert len(rows[0]) == 3 and rows[0] == rows[1]

@@ -17,8 +17,19 @@ from kiln_testing import DEBUG, REPO, with_terminal_signals
 
 from kiln.config import HubConfig
 
-KILN_LAUNCH = (sys.executable, "-m", "kiln.launcher", "--num_processes", "1", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no")  # fmt: skip
+KILN_LAUNCH = (
+    sys.executable,
+    "-m",
+    "kiln.launcher",
+    "--num_processes",
+    "1",
+    "--num_machines",
+    "1",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
+)
 QUICK = ["--training.max_steps", 2, "--training.save_steps", 0, "--training.eval_steps", 0]
 
 
@@ -51,18 +62,38 @@ class SilentServer:
 def test_the_final_push_gives_up_on_a_silent_hub_after_its_no_progress_limit(tmp_path):
     server = SilentServer()
     out = tmp_path / "silent"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "HF_ENDPOINT": f"http://127.0.0.1:{server.port}"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "HF_ENDPOINT": f"http://127.0.0.1:{server.port}",
+    }
     started = time.monotonic()
     try:
         # hub.timeout_s and hub.final_push_timeout_s keep their defaults (60 s a request, 1800 s in all): the
         # no-progress limit (5 s, well under a request's 60 s) is what ends the wait
         done = subprocess.run(
-            [*KILN_LAUNCH, str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(out),
-             *map(str, QUICK), "--hub.push_to_hub", "--hub.model_id", "kiln-test/silent",
-             "--hub.final_push_stall_s", "5"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [
+                *KILN_LAUNCH,
+                str(REPO / "pretrain/run.py"),
+                "--config",
+                DEBUG,
+                "--training.output_dir",
+                str(out),
+                *map(str, QUICK),
+                "--hub.push_to_hub",
+                "--hub.model_id",
+                "kiln-test/silent",
+                "--hub.final_push_stall_s",
+                "5",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     finally:
         server.close()
     took = time.monotonic() - started
@@ -135,12 +166,38 @@ CPU = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO
 
 def _node(rank: int, port: int, out, *args, nodes: int = 2) -> subprocess.Popen:
     """`kiln-launch --num_machines NODES --machine_rank RANK` of one process, on loopback."""
-    command = [*KILN_LAUNCH[:3], "--multi_gpu", "--num_machines", str(nodes), "--num_processes", str(nodes),
-               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-               "--rdzv_backend", "static", *KILN_LAUNCH[7:], str(REPO / "pretrain/run.py"), "--config", DEBUG,
-               "--training.output_dir", str(out), *map(str, args)]  # fmt: skip
-    return subprocess.Popen(command, cwd=REPO, env={**os.environ, **CPU}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, preexec_fn=with_terminal_signals)  # fmt: skip
+    command = [
+        *KILN_LAUNCH[:3],
+        "--multi_gpu",
+        "--num_machines",
+        str(nodes),
+        "--num_processes",
+        str(nodes),
+        "--machine_rank",
+        str(rank),
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        str(port),
+        "--rdzv_backend",
+        "static",
+        *KILN_LAUNCH[7:],
+        str(REPO / "pretrain/run.py"),
+        "--config",
+        DEBUG,
+        "--training.output_dir",
+        str(out),
+        *map(str, args),
+    ]
+    return subprocess.Popen(
+        command,
+        cwd=REPO,
+        env={**os.environ, **CPU},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=with_terminal_signals,
+    )
 
 
 @pytest.mark.parametrize("sig,status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
@@ -156,10 +213,14 @@ def test_node_0_waiting_for_a_node_that_never_starts_says_so_and_ends_on_a_stop_
             if line.startswith("kiln-launch: node 0 of 2 has waited"):
                 break
         assert lines and lines[-1].startswith("kiln-launch: node 0 of 2 has waited"), "".join(lines)[-3000:]
-        assert lines[-1].rstrip().endswith(
-            f"s for node 1 to join at 127.0.0.1:{port} (torch gives up after its rendezvous timeout, 900 s by "
-            "default); start the other nodes with the same command and their --machine_rank, or stop this one "
-            "with Ctrl-C"
+        assert (
+            lines[-1]
+            .rstrip()
+            .endswith(
+                f"s for node 1 to join at 127.0.0.1:{port} (torch gives up after its rendezvous timeout, 900 s by "
+                "default); start the other nodes with the same command and their --machine_rank, or stop this one "
+                "with Ctrl-C"
+            )
         )
         node0.send_signal(sig)
         rest, _ = node0.communicate(timeout=30)
@@ -178,8 +239,18 @@ def test_a_node_killed_outright_leaves_one_line_on_the_surviving_node(tmp_path):
     from kiln.launcher import _children
 
     port, out = free_port(), tmp_path / "run"
-    args = ["--training.max_steps", 100000, "--training.save_steps", 0, "--training.eval_steps", 0,
-            "--data.max_train_documents", 40, "--training.per_device_train_batch_size", 4]  # fmt: skip
+    args = [
+        "--training.max_steps",
+        100000,
+        "--training.save_steps",
+        0,
+        "--training.eval_steps",
+        0,
+        "--data.max_train_documents",
+        40,
+        "--training.per_device_train_batch_size",
+        4,
+    ]
     nodes = [_node(rank, port, out, *args) for rank in (0, 1)]
     try:
         metrics = out / "metrics.jsonl"
@@ -188,7 +259,9 @@ def test_a_node_killed_outright_leaves_one_line_on_the_surviving_node(tmp_path):
             time.sleep(0.5)
         assert metrics.exists(), "the two nodes never trained"
         (trainer,) = _children(nodes[1].pid)
-        os.kill(trainer, signal.SIGKILL)  # node 1's training process, as the OOM killer or a lost machine would
+        os.kill(
+            trainer, signal.SIGKILL
+        )  # node 1's training process, as the OOM killer or a lost machine would
         started = time.monotonic()
         output, _ = nodes[0].communicate(timeout=120)
         took = time.monotonic() - started
@@ -197,7 +270,9 @@ def test_a_node_killed_outright_leaves_one_line_on_the_surviving_node(tmp_path):
         for node in nodes:
             node.kill()
     assert nodes[0].returncode == 1, output[-3000:]
-    assert "Traceback" not in output and "frame #" not in output and "Connection reset" not in output, output[-4000:]
+    assert "Traceback" not in output and "frame #" not in output and "Connection reset" not in output, output[
+        -4000:
+    ]
     last = output.strip().splitlines()[-1]
     assert last == (
         "error: lost contact with another process of the run (at 127.0.0.1: it was killed, or its machine or network "
@@ -216,15 +291,33 @@ def test_two_processes_launched_without_cpu_on_a_machine_without_gpus_are_told_w
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("needs a machine where torch sees no GPU (there, --multi_gpu without --cpu runs on the GPUs)")
+        pytest.skip(
+            "needs a machine where torch sees no GPU (there, --multi_gpu without --cpu runs on the GPUs)"
+        )
     out = tmp_path / "run"
     env = {key: value for key, value in os.environ.items() if key != "ACCELERATE_USE_CPU"}
     done = subprocess.run(
-        [*KILN_LAUNCH[:3], "--multi_gpu", "--num_processes", "2", "--main_process_port", "0", *KILN_LAUNCH[5:],
-         str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(out), *map(str, QUICK)],
-        cwd=REPO, env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        [
+            *KILN_LAUNCH[:3],
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            "0",
+            *KILN_LAUNCH[5:],
+            str(REPO / "pretrain/run.py"),
+            "--config",
+            DEBUG,
+            "--training.output_dir",
+            str(out),
+            *map(str, QUICK),
+        ],
+        cwd=REPO,
+        env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
         timeout=600,
-    )  # fmt: skip
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "in use by another run" not in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]

@@ -21,14 +21,18 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 def build_site(config, site_dir):
     return subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site_dir)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def heading_anchors(markdown_file):
     """The anchors MkDocs gives a page's headings (Python-Markdown's toc slugify), code blocks left out."""
     text = re.sub(r"```.*?```", "", markdown_file.read_text(), flags=re.S)
-    return {slugify(line.lstrip("#").strip(), "-") for line in text.splitlines() if re.match(r"#{1,6} ", line)}
+    return {
+        slugify(line.lstrip("#").strip(), "-") for line in text.splitlines() if re.match(r"#{1,6} ", line)
+    }
 
 
 def test_readme_is_a_short_front_door():
@@ -74,8 +78,16 @@ def test_docs_build_fails_on_a_broken_anchor_or_link(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the built site, as a reader sees it
-SITE_PAGES = ["index", "performance", "results", "results/finetune", "finetuning", "results/compute-curve", "installation",
-              "troubleshooting"]
+SITE_PAGES = [
+    "index",
+    "performance",
+    "results",
+    "results/finetune",
+    "finetuning",
+    "results/compute-curve",
+    "installation",
+    "troubleshooting",
+]
 WIDTH = 1280
 # after the page's own scripts ran: where each table ends against the content column, and whether the page scrolls
 # sideways; written into the DOM, which `chromium --dump-dom` prints
@@ -116,11 +128,22 @@ def chromium():
 def browse(browser, tmp_path, page_html, *args):
     profile = tmp_path / "chromium-profile"
     return subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-         f"--user-data-dir={profile}",
-         f"--window-size={WIDTH},1600", *args, page_html.as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--window-size={WIDTH},1600",
+            *args,
+            page_html.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def measure(browser, tmp_path, site, page):
@@ -136,12 +159,17 @@ def measure(browser, tmp_path, site, page):
 
 
 def overflowing(report) -> list[str]:
-    wide = [f"page scrolls sideways: {report['page']} px at a {report['width']} px window"] if (
-        report["page"] > report["width"]) else []  # fmt: skip
+    wide = (
+        [f"page scrolls sideways: {report['page']} px at a {report['width']} px window"]
+        if (report["page"] > report["width"])
+        else []
+    )
     for table in report["tables"]:
         if table["right"] > table["column"] + 1 or table["hidden"] > 1:
-            wide.append(f"table {table['head']!r}: ends at {table['right']:.0f} px, column at {table['column']:.0f} px, "
-                        f"{table['hidden']} px behind sideways scrolling")  # fmt: skip
+            wide.append(
+                f"table {table['head']!r}: ends at {table['right']:.0f} px, column at {table['column']:.0f} px, "
+                f"{table['hidden']} px behind sideways scrolling"
+            )
     return wide
 
 
@@ -220,8 +248,12 @@ def test_lists_render_as_lists():
             if line.startswith("```"):
                 code = not code
             previous = lines[number - 2]
-            if not code and re.match(r"([-*]|\d+\.) ", line) and previous.strip() and not re.match(
-                    r"\s*([-*]|\d+\.) |  |\|", previous):  # fmt: skip
+            if (
+                not code
+                and re.match(r"([-*]|\d+\.) ", line)
+                and previous.strip()
+                and not re.match(r"\s*([-*]|\d+\.) |  |\|", previous)
+            ):
                 glued.append(f"{page.relative_to(REPO)}:{number}")
     assert not glued, glued
 
@@ -238,18 +270,31 @@ def test_single_runs_show_no_spread():
 def test_the_installation_page_states_what_pyproject_declares():
     """Python version and extras on docs/installation.md are pyproject.toml's: a dependency added to an extra, or a
     new minimum Python, fails here until the page says so."""
-    pyproject = (REPO / "pyproject.toml").read_text()  # read as text: tomllib is Python 3.11+, Kiln supports 3.10
+    pyproject = (
+        REPO / "pyproject.toml"
+    ).read_text()  # read as text: tomllib is Python 3.11+, Kiln supports 3.10
     requires = re.search(r'^requires-python = "([^"]+)"', pyproject, flags=re.M).group(1)
-    extras = {"(none)": re.findall(r'"([^"]+)"', pyproject.split("\ndependencies = [", 1)[1].split("]", 1)[0])}
+    extras = {
+        "(none)": re.findall(r'"([^"]+)"', pyproject.split("\ndependencies = [", 1)[1].split("]", 1)[0])
+    }
     section = pyproject.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
     # each extra's list to its closing bracket at the end of its line: a requirement's own extras
     # (`mkdocstrings[python]`) hold a `]` too
-    extras.update({name: re.findall(r'"([^"]+)"', value) for name, value in re.findall(r"^(\w+) = \[(.*)\]\s*$", section,
-                                                                                          flags=re.M)})  # fmt: skip
+    extras.update(
+        {
+            name: re.findall(r'"([^"]+)"', value)
+            for name, value in re.findall(r"^(\w+) = \[(.*)\]\s*$", section, flags=re.M)
+        }
+    )
     assert "dev" in extras, extras
     text = (REPO / "docs/installation.md").read_text()
-    assert f"Python {requires.removeprefix('>=')} or newer" in text and f'`requires-python = "{requires}"`' in text
-    rows = {line.split("|")[1].strip(): line.split("|")[2] for line in text.splitlines() if line.startswith("| ")}
+    assert (
+        f"Python {requires.removeprefix('>=')} or newer" in text
+        and f'`requires-python = "{requires}"`' in text
+    )
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2] for line in text.splitlines() if line.startswith("| ")
+    }
     for extra, requirements in extras.items():
         named = {name.strip() for name in rows[f"`{extra}`" if extra != "(none)" else extra].split(",")}
         wanted = {re.split(r"[<>=!~\[ ]", requirement)[0] for requirement in requirements}

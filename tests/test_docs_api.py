@@ -20,7 +20,13 @@ REQUIRED = {
     "kiln.callbacks": ["TrainerCallback", "RunEnd", "BestModel", "FinalExport", "HubSync", "Trackers"],
     "kiln.config": ["TrainingConfig", "LoggingConfig", "HubConfig", "build_config"],
     "pretrain.config": ["RunConfig", "ModelConfig", "TokenizerConfig", "DataConfig", "PretrainEvalConfig"],
-    "pretrain.zero_shot": ["score_sentences", "SentenceScorer", "read_blimp", "BlimpEvaluation", "blimp_accuracies"],
+    "pretrain.zero_shot": [
+        "score_sentences",
+        "SentenceScorer",
+        "read_blimp",
+        "BlimpEvaluation",
+        "blimp_accuracies",
+    ],
     "pretrain.convert": ["from_transformers", "to_transformers", "convert_checkpoint"],
     "pretrain.export_onnx": ["export"],
 }
@@ -58,7 +64,9 @@ def test_the_api_pages_are_in_the_navigation_and_the_plugin_in_the_dev_extra():
     for page in API.glob("*.md"):
         assert f"api/{page.name}" in nav, page.name
     assert "- mkdocstrings:" in text
-    dev = ast.literal_eval(re.search(r"^dev = (\[.*\])$", (REPO / "pyproject.toml").read_text(), flags=re.M)[1])
+    dev = ast.literal_eval(
+        re.search(r"^dev = (\[.*\])$", (REPO / "pyproject.toml").read_text(), flags=re.M)[1]
+    )
     assert any(requirement.startswith("mkdocstrings[python]") for requirement in dev)
 
 
@@ -69,8 +77,22 @@ def plain(text: str) -> str:
 
 def test_the_built_site_shows_the_docstrings(tmp_path):
     pytest.importorskip("mkdocstrings")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
-                           "-d", str(tmp_path)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(REPO / "mkdocs.yml"),
+            "-d",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
     def shown(page: str) -> str:

@@ -41,8 +41,16 @@ def page(path: str) -> str:
 
 
 GENERATED = {
-    "docs/performance.md": {"throughput", "mfu", "llama", "finetune-sst2", "finetune-conll2003", "padding", "inference",
-                            "modernbert"},
+    "docs/performance.md": {
+        "throughput",
+        "mfu",
+        "llama",
+        "finetune-sst2",
+        "finetune-conll2003",
+        "padding",
+        "inference",
+        "modernbert",
+    },
     "README.md": {"data-scale", "num-proc", "default-run", "default-run-time"},
     "docs/getting-started.md": {"default-run", "default-run-time"},
     "docs/data-and-scale.md": {"data-scale"},
@@ -61,14 +69,21 @@ def test_the_benchmark_tables_are_the_ones_the_records_give(where):
     for name, text in blocks.items():
         if name in AWAITING and not (REPO / "bench/results" / f"{name}.json").is_file():
             continue  # the last hand-written table stands until `AWAITING[name]` has written the record
-        assert text == report.TABLES[name](), f"{where}'s {name} table: run `python bench/report.py --update {where}`"
+        assert text == report.TABLES[name](), (
+            f"{where}'s {name} table: run `python bench/report.py --update {where}`"
+        )
 
 
 def test_the_report_command_rewrites_a_stale_table(tmp_path):
     stale = tmp_path / "page.md"
     stale.write_text(f"Intro.\n\n{report.BEGIN}padding -->\n| old |\n{report.END}\n\nAfter.\n")
-    done = subprocess.run([sys.executable, "bench/report.py", "--update", str(stale)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "bench/report.py", "--update", str(stale)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert report.generated_blocks(stale) == {"padding": report.padding_table()}
     assert stale.read_text().startswith("Intro.\n\n") and stale.read_text().endswith("\n\nAfter.\n")
@@ -78,8 +93,11 @@ def test_the_report_command_names_the_measurement_a_missing_record_needs(tmp_pat
     page = tmp_path / "page.md"
     page.write_text(f"{report.BEGIN}threads -->\n| old |\n{report.END}\n")
     monkeypatch.setattr(report, "RESULTS", tmp_path / "no-records")
-    with pytest.raises(SystemExit, match=r"threads table needs .*threads\.json, which is not there: run "
-                                         r"`python bench/threads\.py` first"):  # fmt: skip
+    with pytest.raises(
+        SystemExit,
+        match=r"threads table needs .*threads\.json, which is not there: run "
+        r"`python bench/threads\.py` first",
+    ):
         report.update(page)
     assert page.read_text() == f"{report.BEGIN}threads -->\n| old |\n{report.END}\n"
 
@@ -89,14 +107,18 @@ def test_the_default_run_record_is_the_documented_command_at_the_table_s_steps()
     process, as on a machine without a GPU), and holds a training row at every step of the table and an evaluation
     at every step but the first."""
     record = bench("default-run")
-    assert record["command"].startswith("accelerate launch") and record["command"].endswith(" pretrain/run.py")
+    assert record["command"].startswith("accelerate launch") and record["command"].endswith(
+        " pretrain/run.py"
+    )
     assert "--config" not in record["command"] and "--training." not in record["command"]
     for step in record["steps"]:
         logged = [row for row in record["rows"] if row["step"] == step]
         assert any("train/loss" in row for row in logged), step
         assert any("eval/mlm_loss" in row for row in logged) == (step != record["steps"][0]), step
     assert record["wall_s"] > 0 and record["torch"] and record["date_utc"] and record["machine"]["cores"]
-    assert 0 < record["cpu_s"] and len(record["load_average_before"]) == len(record["load_average_after"]) == 3
+    assert (
+        0 < record["cpu_s"] and len(record["load_average_before"]) == len(record["load_average_after"]) == 3
+    )
 
 
 def test_the_default_run_has_one_time_on_every_page():
@@ -104,7 +126,10 @@ def test_the_default_run_has_one_time_on_every_page():
     CPU-seconds, load), and no other duration for it: no "2-4 minutes", no time in the shipped-commands table."""
     sentence = report.default_run_time()
     record = bench("default-run")
-    assert f"**{record['cpu_s']:,.0f} CPU-seconds**" in sentence and f"{record['load_average_before'][0]:.1f}" in sentence
+    assert (
+        f"**{record['cpu_s']:,.0f} CPU-seconds**" in sentence
+        and f"{record['load_average_before'][0]:.1f}" in sentence
+    )
     pages = [where for where, names in GENERATED.items() if "default-run-time" in names]
     assert len(pages) == 4
     for where in pages:
@@ -126,52 +151,83 @@ def speed_quotes() -> list[tuple[str, str]]:
     padded_rate = statistics.median(r["examples_per_s"] for r in sst2_tiny["variants"]["padded"]["runs"])
     unpad = tiny_rate / padded_rate
     padding = bench("padding-encoder-tiny")
-    base_range = f"**{base['models']['kiln']['speedup']:.2f}–{mfu['models']['kiln']['speedup']:.2f}×** at BERT-base"
+    base_range = (
+        f"**{base['models']['kiln']['speedup']:.2f}–{mfu['models']['kiln']['speedup']:.2f}×** at BERT-base"
+    )
     mfu_pair = f"≈ {100 * kiln_mfu:.0f}% of the CPU's matmul peak against ≈ {100 * ref_mfu:.0f}%"
     return [
-        ("README.md", f"**{l4['encoder-l4']['models']['kiln']['speedup']:.2f}×** transformers' `BertForPreTraining` at BERT-mini"),
+        (
+            "README.md",
+            f"**{l4['encoder-l4']['models']['kiln']['speedup']:.2f}×** transformers' `BertForPreTraining` at BERT-mini",
+        ),
         ("README.md", base_range),
         ("README.md", mfu_pair),
         ("README.md", f"**{sst2_mini['speedup']:.2f}×** transformers' `Trainer` when fine-tuning on SST-2"),
-        ("docs/performance.md", f"Kiln runs at ≈ {100 * kiln_mfu:.0f}% of this CPU's best matmul rate, and transformers at "
-                                f"≈ {100 * ref_mfu:.0f}%"),
-        ("docs/performance.md", f"The speed-up in this run ({mfu['models']['kiln']['speedup']:.2f}×) is higher than in the "
-                                f"first table's BERT-base row ({base['models']['kiln']['speedup']:.2f}×)"),
-        ("docs/performance.md", f"Kiln fine-tunes {sst2_mini['speedup']:.2f}× faster at BERT-mini shape and "
-                                f"{sst2_tiny['speedup']:.2f}× at BERT-tiny"),
-        ("docs/performance.md", f"{padded_rate:,.0f} → {tiny_rate:,.0f} examples/s ({unpad:.2f}×) on SST-2 at BERT-tiny"),
+        (
+            "docs/performance.md",
+            f"Kiln runs at ≈ {100 * kiln_mfu:.0f}% of this CPU's best matmul rate, and transformers at "
+            f"≈ {100 * ref_mfu:.0f}%",
+        ),
+        (
+            "docs/performance.md",
+            f"The speed-up in this run ({mfu['models']['kiln']['speedup']:.2f}×) is higher than in the "
+            f"first table's BERT-base row ({base['models']['kiln']['speedup']:.2f}×)",
+        ),
+        (
+            "docs/performance.md",
+            f"Kiln fine-tunes {sst2_mini['speedup']:.2f}× faster at BERT-mini shape and "
+            f"{sst2_tiny['speedup']:.2f}× at BERT-tiny",
+        ),
+        (
+            "docs/performance.md",
+            f"{padded_rate:,.0f} → {tiny_rate:,.0f} examples/s ({unpad:.2f}×) on SST-2 at BERT-tiny",
+        ),
         ("docs/performance.md", f"SST-2's 67% gave {unpad:.2f}×"),
-        ("docs/performance.md", f"{conll_mini['speedup']:.2f}× (rounds {conll_mini['speedup_rounds'][0]:.2f}× and "
-                                f"{conll_mini['speedup_rounds'][1]:.2f}×); at BERT-tiny it is {conll_tiny['speedup']:.2f}×"),
-        ("docs/performance.md", f"**The default run's batches are {100 * padding['padding_fraction']:.1f}% padding**"),
+        (
+            "docs/performance.md",
+            f"{conll_mini['speedup']:.2f}× (rounds {conll_mini['speedup_rounds'][0]:.2f}× and "
+            f"{conll_mini['speedup_rounds'][1]:.2f}×); at BERT-tiny it is {conll_tiny['speedup']:.2f}×",
+        ),
+        (
+            "docs/performance.md",
+            f"**The default run's batches are {100 * padding['padding_fraction']:.1f}% padding**",
+        ),
         ("docs/performance.md", f"at most {padding['unpadding_upper_bound']:.3f}× faster"),
-    ]  # fmt: skip
+    ]
 
 
 def results_quotes() -> list[tuple[str, str]]:
     """(page, text) for the recipe's gains the README and docs/results.md quote from docs/results/runs.jsonl."""
     entries = experiments.summary()
-    declarations = [experiments.load_declaration(REPO / f"experiments/{name}.yaml") for name in ("recipe", "multi30k-de")]
+    declarations = [
+        experiments.load_declaration(REPO / f"experiments/{name}.yaml") for name in ("recipe", "multi30k-de")
+    ]
     rows = {}
     for declaration in declarations:
         for row in declaration["table"]:
             pre = experiments._one_group(entries, row["task"], {**row["pretrained"]}, "table")
             scr = experiments._one_group(entries, row["task"], {**row["scratch"]}, "table")
             k = experiments.PERCENT[row["task"]]
-            rows[row["task"]] = {"delta": k * (pre["dev_mean"] - scr["dev_mean"]), "pre": k * pre["dev_mean"],
-                                 "test_delta": k * (pre["test_mean"] - scr["test_mean"])}  # fmt: skip
+            rows[row["task"]] = {
+                "delta": k * (pre["dev_mean"] - scr["dev_mean"]),
+                "pre": k * pre["dev_mean"],
+                "test_delta": k * (pre["test_mean"] - scr["test_mean"]),
+            }
     conll, ud, mt = rows["conll2003"], rows["ud-pos"], rows["multi30k"]
     return [
         ("README.md", f"**{conll['delta']:+.2f} entity F1 on CoNLL-2003**"),
         ("README.md", f"**{ud['delta']:+.2f} points on UD POS** ({ud['pre']:.2f}%)"),
         ("README.md", f"**{mt['delta']:+.2f} BLEU on Multi30k**"),
-        ("docs/results.md", f"**{conll['delta']:+.2f} entity F1 on CoNLL-2003** (75.45 vs 62.50 on dev, "
-                            f"{conll['test_delta']:+.2f} on test) and **{ud['delta']:+.2f} points on UD POS**"),
+        (
+            "docs/results.md",
+            f"**{conll['delta']:+.2f} entity F1 on CoNLL-2003** (75.45 vs 62.50 on dev, "
+            f"{conll['test_delta']:+.2f} on test) and **{ud['delta']:+.2f} points on UD POS**",
+        ),
         ("docs/results.md", f"*CoNLL-2003 against scratch*: {conll['delta']:+.2f} entity F1 on dev"),
         ("docs/results.md", f"and {conll['test_delta']:+.2f} on test"),
         ("docs/results.md", f"**{mt['delta']:+.2f} BLEU** on dev"),
         ("docs/results.md", f"**{mt['test_delta']:+.2f} on `test_2016_flickr`**"),
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize("where, text", speed_quotes() + results_quotes())
@@ -199,12 +255,31 @@ def test_the_stated_test_count_is_the_collected_one():
     """getting-started.md says how many tests CI runs; `pytest --collect-only` counts them (within 10%)."""
     text = page("docs/getting-started.md")
     stated = int(text.split("about ", 1)[1].split(" tests", 1)[0].replace(",", ""))
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:randomly",
-                           "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     last = done.stdout.strip().splitlines()[-1]
     assert " tests collected" in last or " test collected" in last, done.stdout[-2000:]
     collected = int(last.split()[0])
-    assert abs(collected - stated) <= 0.1 * collected, f"getting-started.md says about {stated} tests; {collected} collected"
+    assert abs(collected - stated) <= 0.1 * collected, (
+        f"getting-started.md says about {stated} tests; {collected} collected"
+    )
 
 
 def table_rows(where: str) -> dict[str, list[str]]:
@@ -218,8 +293,14 @@ def table_rows(where: str) -> dict[str, list[str]]:
 
 
 def pretraining_record(tag: str) -> dict:
-    rows = [json.loads(line) for line in (REPO / "docs/results/runs.jsonl").read_text().splitlines() if line.strip()]
-    return next(row for row in rows if row["tag"] == tag)  # the first record of that run (a rebuild comes later)
+    rows = [
+        json.loads(line)
+        for line in (REPO / "docs/results/runs.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    return next(
+        row for row in rows if row["tag"] == tag
+    )  # the first record of that run (a rebuild comes later)
 
 
 def test_the_compute_curve_table_of_results_md_is_the_records():
@@ -231,11 +312,16 @@ def test_the_compute_curve_table_of_results_md_is_the_records():
     for init, minutes in curve["minutes"].items():
         cells = rows[labels[minutes]]
         record = pretraining_record(init)
-        assert cells[0] == f"{record['steps']:,}" and cells[2] == f"{record['eval_last']['eval/mlm_loss']:.2f}", cells
+        assert (
+            cells[0] == f"{record['steps']:,}" and cells[2] == f"{record['eval_last']['eval/mlm_loss']:.2f}"
+        ), cells
         assert cells[1] == f"{record['steps'] * 32 * 64 / 1e6:.1f}M", cells  # batch 32 x 64 tokens
         for cell, point in zip(cells[3:], [p for p in points if p["x"] == minutes]):
             spread = f" ± {100 * point['std']:.2f}" if point["n"] > 1 else ""
-            assert cell.replace(" seeds)", ")") == f"{100 * point['mean']:+.2f}{spread} ({point['n']})", (minutes, cell)
+            assert cell.replace(" seeds)", ")") == f"{100 * point['mean']:+.2f}{spread} ({point['n']})", (
+                minutes,
+                cell,
+            )
 
 
 def test_the_label_curve_table_of_results_md_is_the_records():
@@ -262,7 +348,8 @@ def test_the_sst2_levers_table_of_results_md_is_the_records():
     declaration = experiments.load_declaration(REPO / "experiments/sst2-levers.yaml")
     wanted = experiments.levers_table(declaration, where="experiments/sst2-levers.yaml")
     assert experiments.generated_block(where, experiments.LEVERS_BEGIN) == wanted, (
-        "run `python experiments/run.py levers experiments/sst2-levers.yaml --update docs/results.md`")
+        "run `python experiments/run.py levers experiments/sst2-levers.yaml --update docs/results.md`"
+    )
     assert experiments.generated_block(where).startswith("| task (metric) | pretrained | scratch |")
     rows = table_rows("docs/results.md")
     assert rows["the recipe: BERT-Tiny MLM+SOP, 30 min"][3] == f"{page_delta('sst2'):+.2f}"
@@ -271,7 +358,11 @@ def test_the_sst2_levers_table_of_results_md_is_the_records():
 def page_delta(task: str) -> float:
     """The recipe table's dev difference for `task` (recipe.yaml), from the records."""
     entries = experiments.summary()
-    (row,) = [row for row in experiments.load_declaration(REPO / "experiments/recipe.yaml")["table"] if row["task"] == task]
+    (row,) = [
+        row
+        for row in experiments.load_declaration(REPO / "experiments/recipe.yaml")["table"]
+        if row["task"] == task
+    ]
     pre = experiments._one_group(entries, task, row["pretrained"], "table")
     scr = experiments._one_group(entries, task, row["scratch"], "table")
     return experiments.PERCENT[task] * (pre["dev_mean"] - scr["dev_mean"])
@@ -294,6 +385,8 @@ def test_every_levers_block_of_the_docs_is_its_declaration_s_records():
             declaration = experiments.load_declaration(REPO / name)
             wanted = experiments.levers_table(declaration, where=name)
             found = experiments.generated_block(page, f"{experiments.LEVERS_BEGIN} {name} ")
-            assert found == wanted, f"run `python experiments/run.py levers {name} --update {page.relative_to(REPO)}`"
+            assert found == wanted, (
+                f"run `python experiments/run.py levers {name} --update {page.relative_to(REPO)}`"
+            )
             blocks += 1
     assert blocks >= 2

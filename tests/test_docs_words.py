@@ -49,20 +49,36 @@ def test_user_facing_text_says_nothing_about_how_kiln_was_built():
 
 @pytest.mark.parametrize(
     "line",
-    ["# Issue 12 recipe search", "# Issue 26 (item 3): what more compute buys", "measured for issue 14:",
-     "(second session, docs/results.md)", "no GPU was lent to the later sessions", "the device tool answered",
-     "## Stop 3: the default run", "shared with four other developers running test suites", "## The fix (#31)",
-     "while test suites of other sessions ran", "when a GPU is lent again"],
-)  # fmt: skip
+    [
+        "# Issue 12 recipe search",
+        "# Issue 26 (item 3): what more compute buys",
+        "measured for issue 14:",
+        "(second session, docs/results.md)",
+        "no GPU was lent to the later sessions",
+        "the device tool answered",
+        "## Stop 3: the default run",
+        "shared with four other developers running test suites",
+        "## The fix (#31)",
+        "while test suites of other sessions ran",
+        "when a GPU is lent again",
+    ],
+)
 def test_each_kind_of_workshop_word_is_caught(line):
     assert workshop_words(line), line
 
 
 @pytest.mark.parametrize(
     "line",
-    ["declined upstream in transformers#3294", "| `mrpc` | `#1 String`, `#2 String` |", "(huggingface/tokenizers#1794)",
-     "accelerate's grace period", "a lent tokenizer", "stop the run at step 400", "requests.Session"],
-)  # fmt: skip
+    [
+        "declined upstream in transformers#3294",
+        "| `mrpc` | `#1 String`, `#2 String` |",
+        "(huggingface/tokenizers#1794)",
+        "accelerate's grace period",
+        "a lent tokenizer",
+        "stop the run at step 400",
+        "requests.Session",
+    ],
+)
 def test_ordinary_words_pass(line):
     assert not workshop_words(line), line
 
@@ -105,27 +121,46 @@ def test_the_pages_say_what_was_measured_not_what_was_aimed_at_or_where():
 
 @pytest.mark.parametrize(
     "line",
-    ["The CoNLL (≥ +10), UD (≥ 93%) and Multi30k (above scratch) targets are met;", "that target is missed",
-     "SST-2 ≥ 82 and ≥ +4 (**missed**), Multi30k above scratch (**met**", "The goals were SST-2 test ≥ 83.2",
-     "(680 to 737 MB; target 1.25x)", "19 s on the 1 GB corpus (target 30 s)", "at 1 GB (target 1.7x):",
-     "yes, by the targets set for them", "## Targets: met and missed", "Measured on this project's CI-class machine",
-     "Measured on the 2-core development machine", "the one H100 run (`bench/results/engines-h100.json`)",
-     "not varied (no CPU time).", "Not run, for lack of CPU time:", "## Not measured (no CPU time left)",
-     "by default from `../shared/data` beside the repository", "optimizer step 76 → 21 ms at 5M parameters",
-     "broadcasting its files from rank 0 over gloo took 17 ms", "the training process 5-8 s after the signal",
-     "5 min 5 s of wall clock on this 2-core machine"],
-)  # fmt: skip
+    [
+        "The CoNLL (≥ +10), UD (≥ 93%) and Multi30k (above scratch) targets are met;",
+        "that target is missed",
+        "SST-2 ≥ 82 and ≥ +4 (**missed**), Multi30k above scratch (**met**",
+        "The goals were SST-2 test ≥ 83.2",
+        "(680 to 737 MB; target 1.25x)",
+        "19 s on the 1 GB corpus (target 30 s)",
+        "at 1 GB (target 1.7x):",
+        "yes, by the targets set for them",
+        "## Targets: met and missed",
+        "Measured on this project's CI-class machine",
+        "Measured on the 2-core development machine",
+        "the one H100 run (`bench/results/engines-h100.json`)",
+        "not varied (no CPU time).",
+        "Not run, for lack of CPU time:",
+        "## Not measured (no CPU time left)",
+        "by default from `../shared/data` beside the repository",
+        "optimizer step 76 → 21 ms at 5M parameters",
+        "broadcasting its files from rank 0 over gloo took 17 ms",
+        "the training process 5-8 s after the signal",
+        "5 min 5 s of wall clock on this 2-core machine",
+    ],
+)
 def test_each_kind_of_internal_word_is_caught(line):
     assert internal_words(line), line
 
 
 @pytest.mark.parametrize(
     "line",
-    ["| PEFT LoRA with its default targets (only adapters train; merged = adapted) |", "### PEFT LoRA: target modules",
-     "fills each example to the target length except", "source/target jsonl/csv", "reads the target sentences",
-     "81.46 against 81.35 on dev, below Google's BERT-Tiny (83.2 on test", "the shared loop (`kiln/trainer.py`)",
-     "the pretraining run's shared corpus"],
-)  # fmt: skip
+    [
+        "| PEFT LoRA with its default targets (only adapters train; merged = adapted) |",
+        "### PEFT LoRA: target modules",
+        "fills each example to the target length except",
+        "source/target jsonl/csv",
+        "reads the target sentences",
+        "81.46 against 81.35 on dev, below Google's BERT-Tiny (83.2 on test",
+        "the shared loop (`kiln/trainer.py`)",
+        "the pretraining run's shared corpus",
+    ],
+)
 def test_ordinary_measurement_words_pass(line):
     assert not internal_words(line), line
 
@@ -143,13 +178,21 @@ AUTHORS_ONLY = {
 
 def guide_pages() -> list[Path]:
     skipped = {"docs/configuration.md", "docs/changelog.md"}
-    return [path for path in pages() if str(path.relative_to(REPO)) not in skipped
-            and not path.relative_to(REPO).as_posix().startswith("docs/results")]  # fmt: skip
+    return [
+        path
+        for path in pages()
+        if str(path.relative_to(REPO)) not in skipped
+        and not path.relative_to(REPO).as_posix().startswith("docs/results")
+    ]
 
 
 def authors_words(text: str) -> list[str]:
-    return [f"{number}: {what}: {match.group(0)!r}" for number, line in enumerate(text.splitlines(), 1)
-            for what, pattern in AUTHORS_ONLY.items() if (match := re.search(pattern, line, flags=re.I))]  # fmt: skip
+    return [
+        f"{number}: {what}: {match.group(0)!r}"
+        for number, line in enumerate(text.splitlines(), 1)
+        for what, pattern in AUTHORS_ONLY.items()
+        if (match := re.search(pattern, line, flags=re.I))
+    ]
 
 
 def test_the_readme_and_guides_name_no_test_file_ci_command_or_test_server():
@@ -161,16 +204,22 @@ def test_the_readme_and_guides_name_no_test_file_ci_command_or_test_server():
 
 @pytest.mark.parametrize(
     "line",
-    ["(tests: `tests/test_faults.py`)", "`.ci/run` pins `torch==2.13.0`", "against the offline server",
-     "# the tests (the CI command; about 20 minutes)"],
-)  # fmt: skip
+    [
+        "(tests: `tests/test_faults.py`)",
+        "`.ci/run` pins `torch==2.13.0`",
+        "against the offline server",
+        "# the tests (the CI command; about 20 minutes)",
+    ],
+)
 def test_each_kind_of_authors_word_is_caught(line):
     assert authors_words(line), line
 
 
 def test_the_documented_login_command_is_the_installed_one():
     """`huggingface-cli` is gone from the huggingface_hub Kiln installs; the pages name `hf auth login`, which runs."""
-    stale = [str(path.relative_to(REPO)) for path in user_facing_files() if "huggingface-cli" in path.read_text()]
+    stale = [
+        str(path.relative_to(REPO)) for path in user_facing_files() if "huggingface-cli" in path.read_text()
+    ]
     assert not stale, stale
     for page in ("README.md", "docs/hub.md"):
         assert "hf auth login" in (REPO / page).read_text(), page

@@ -30,7 +30,9 @@ def test_collator_writes_position_ids_only_with_document_masking():
     masked = CLMCollator(_Tokenizer(), pad_to_multiple_of=None, document_masking=True)(features)
     assert masked["position_ids"].tolist() == [[0, 1, 2, 0, 1], [0, 1, 0, 1, 2]]
     assert masked["labels"].tolist()[1] == [9, EOS, 3, -100, -100]
-    assert "attention_mask" not in masked  # packed rows carry no padding mask: their padding is where labels are -100
+    assert (
+        "attention_mask" not in masked
+    )  # packed rows carry no padding mask: their padding is where labels are -100
     assert real_tokens(masked).tolist()[1] == [True, True, True, False, False]
     plain = CLMCollator(_Tokenizer(), pad_to_multiple_of=None)(features)
     assert "position_ids" not in plain and plain["attention_mask"].tolist()[1] == [1, 1, 1, 0, 0]
@@ -83,8 +85,14 @@ def test_packed_rows_equal_llama_reading_the_same_position_ids():
     """transformers reads restarting position ids (without a padding mask) as packed sequences too."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=32, initializer_range=0.2,
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        initializer_range=0.2,
     )
     llama = transformers.LlamaForCausalLM(config).eval()
     kiln = from_transformers(llama).eval()
@@ -98,21 +106,36 @@ def test_packed_rows_equal_llama_reading_the_same_position_ids():
 def test_document_masking_needs_a_kernel_whose_masks_kiln_builds():
     model = MODELS["gpt2"]()
     assert masks_documents(model)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)
+    )
     assert not masks_documents(gpt2)  # code Kiln does not know (trust_remote_code, other classes)
 
 
 def reference_decoder(family: str):
     if family == "gpt2":
         config = transformers.GPT2Config(
-            vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, initializer_range=0.2,
-        )  # fmt: skip
+            vocab_size=97,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            initializer_range=0.2,
+        )
         return transformers.GPT2LMHeadModel(config).eval()
     config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2,
-    )  # fmt: skip
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+    )
     return transformers.LlamaForCausalLM(config).eval()
 
 

@@ -17,12 +17,19 @@ import sys
 import yaml
 from kiln_testing import REPO
 
-ACCELERATE_LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # = `accelerate launch`
+ACCELERATE_LAUNCH = (
+    sys.executable,
+    "-m",
+    "accelerate.commands.accelerate_cli",
+    "launch",
+)  # = `accelerate launch`
 
 
 def command(*args, env_extra=None, timeout=300):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    done = subprocess.run([*map(str, args)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [*map(str, args)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -51,13 +58,27 @@ def metrics(output_dir) -> list[dict]:
 def test_data_bench_measures_every_stage(tmp_path):
     """docs/performance.md's `python bench/data.py`, on one shipped book and a small vocabulary."""
     result = tmp_path / "data.json"
-    command(sys.executable, "bench/data.py", "--data-files", "data/pretrain/alice_in_wonderland.txt",
-            "--vocab-size", 600, "--repeats", 1, "--train-tokens-per-s", 1000, "--json", result)  # fmt: skip
+    command(
+        sys.executable,
+        "bench/data.py",
+        "--data-files",
+        "data/pretrain/alice_in_wonderland.txt",
+        "--vocab-size",
+        600,
+        "--repeats",
+        1,
+        "--train-tokens-per-s",
+        1000,
+        "--json",
+        result,
+    )
     report = json.loads(result.read_text())
     assert set(report["stages_tokens_per_s"]) == {
-        "create_nsp_examples (tokenize + pairs)", "MLMCollator", "build_pair_instances (pairs only)",
+        "create_nsp_examples (tokenize + pairs)",
+        "MLMCollator",
+        "build_pair_instances (pairs only)",
         "train_dataset(epoch) + DataLoader + collator",
-    }  # fmt: skip
+    }
     assert all(rate > 0 for rate in report["stages_tokens_per_s"].values())
     assert report["training_tokens_per_s"] == {"kiln": 1000} and 0 <= report["padding_share"] < 0.5
     assert report["examples_per_epoch"] > 10
@@ -66,8 +87,15 @@ def test_data_bench_measures_every_stage(tmp_path):
 def test_throughput_plot_draws_the_committed_results(tmp_path):
     """docs/performance.md's `python bench/throughput.py --plot ... --png docs/throughput.png`."""
     png = tmp_path / "throughput.png"
-    command(sys.executable, "bench/throughput.py", "--plot", "bench/results/l4.json", "bench/results/encoder-l12.json",
-            "--png", png)  # fmt: skip
+    command(
+        sys.executable,
+        "bench/throughput.py",
+        "--plot",
+        "bench/results/l4.json",
+        "bench/results/encoder-l12.json",
+        "--png",
+        png,
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
@@ -75,8 +103,10 @@ def test_make_corpus_builds_every_source_folder(tmp_path):
     """docs/results.md's `python experiments/make_corpus.py`, on a made-up miniature of ../shared/data."""
     shared, out = tmp_path / "shared", tmp_path / "corpus"
     (shared / "gutenberg").mkdir(parents=True)
-    book = ("The Project Gutenberg eBook of X\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\nIt was a dark\n"
-            "and stormy night.\n\nThe end came.\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\nLicense text.\n")
+    book = (
+        "The Project Gutenberg eBook of X\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\nIt was a dark\n"
+        "and stormy night.\n\nThe end came.\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\nLicense text.\n"
+    )
     with gzip.open(shared / "gutenberg" / "pg1_x.txt.gz", "wt", encoding="utf-8") as file:
         file.write(book)
     (shared / "wikitext-2-raw").mkdir()
@@ -86,10 +116,12 @@ def test_make_corpus_builds_every_source_folder(tmp_path):
         )
     stories = shared / "tinystories"
     stories.mkdir()
-    for name, text in (("tinystories_sample3000.json.gz", json.dumps({"texts": ["Tom ran.\nHe fell."]})),
-                       ("tinystoriesV2_gpt4_train_head10k.txt.gz", "Ann sang.<|endoftext|>Bob hid."),
-                       ("tinystories_train_first1000.one_per_line.txt.gz", "Cat sat.\nDog dug."),
-                       ("tinystories_valid_head.txt.gz", "Sun rose.\n\nMoon set.")):  # fmt: skip
+    for name, text in (
+        ("tinystories_sample3000.json.gz", json.dumps({"texts": ["Tom ran.\nHe fell."]})),
+        ("tinystoriesV2_gpt4_train_head10k.txt.gz", "Ann sang.<|endoftext|>Bob hid."),
+        ("tinystories_train_first1000.one_per_line.txt.gz", "Cat sat.\nDog dug."),
+        ("tinystories_valid_head.txt.gz", "Sun rose.\n\nMoon set."),
+    ):
         with gzip.open(stories / name, "wt", encoding="utf-8") as file:
             file.write(text)
     (shared / "multi30k").mkdir()
@@ -97,10 +129,18 @@ def test_make_corpus_builds_every_source_folder(tmp_path):
     (shared / "multi30k" / "val.de").write_text("Ein Mann.\n")
     done = command(sys.executable, "experiments/make_corpus.py", "--shared", shared, "--out", out)
     words = json.loads(done.stdout.strip().splitlines()[-1])["words"]
-    assert set(words) == {"gutenberg", "wikitext", "tinystories", "tinystories-valid", "multi30k-de",
-                          "multi30k-de-valid"}  # fmt: skip
+    assert set(words) == {
+        "gutenberg",
+        "wikitext",
+        "tinystories",
+        "tinystories-valid",
+        "multi30k-de",
+        "multi30k-de-valid",
+    }
     book_text = (out / "gutenberg" / "pg1_x.txt").read_text()
-    assert "It was a dark and stormy night." in book_text and "Gutenberg" not in book_text  # header, footer gone
+    assert (
+        "It was a dark and stormy night." in book_text and "Gutenberg" not in book_text
+    )  # header, footer gone
     assert "well-known fact, 1,000 times" in (out / "wikitext" / "valid.txt").read_text().replace(" ,", ",")
     assert (out / "multi30k-de" / "train.txt").read_text().split("\n\n")[0].strip() == "Ein Hund läuft."
 
@@ -116,7 +156,13 @@ def test_summarize_rebuilds_the_committed_fine_tuning_table(tmp_path):
 def test_the_results_tables_are_the_ones_the_records_give():
     """The README's and docs/results.md's pretrained-vs-scratch table is `experiments/run.py table` of the recipe's
     declarations, not numbers typed by hand."""
-    done = command(sys.executable, "experiments/run.py", "table", "experiments/recipe.yaml", "experiments/multi30k-de.yaml")
+    done = command(
+        sys.executable,
+        "experiments/run.py",
+        "table",
+        "experiments/recipe.yaml",
+        "experiments/multi30k-de.yaml",
+    )
     assert done.stdout.count("\n") == 2 + 4  # header and the four tasks
     assert "| CoNLL-2003 NER (entity F1) | 75.45 ± 0.17 | 62.50 ± 0.48 |" in done.stdout
     for page in ("README.md", "docs/results.md"):
@@ -130,31 +176,60 @@ def test_every_experiment_declaration_plans_its_runs():
     assert len(declarations) >= 8
     planned = {}
     for declaration in declarations:
-        if set(yaml.safe_load(declaration.read_text())) <= {"description", "levers", "levers_reference"}:  # tables
-            failed = subprocess.run([sys.executable, "experiments/run.py", "run", declaration.relative_to(REPO),
-                                     "--dry-run"], cwd=REPO, capture_output=True, text=True)  # fmt: skip
-            assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and "declares no runs" in failed.stderr
+        if set(yaml.safe_load(declaration.read_text())) <= {
+            "description",
+            "levers",
+            "levers_reference",
+        }:  # tables
+            failed = subprocess.run(
+                [sys.executable, "experiments/run.py", "run", declaration.relative_to(REPO), "--dry-run"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+            )
+            assert (
+                failed.returncode == 1
+                and failed.stderr.count("\n") == 1
+                and "declares no runs" in failed.stderr
+            )
             continue
-        done = command(sys.executable, "experiments/run.py", "run", declaration.relative_to(REPO), "--dry-run")
+        done = command(
+            sys.executable, "experiments/run.py", "run", declaration.relative_to(REPO), "--dry-run"
+        )
         assert "accelerate launch" in done.stdout, declaration.name
         planned[declaration.name] = done.stdout
     recipe = planned["recipe.yaml"]  # `experiments/run.py run experiments/recipe.yaml --dry-run`, run above
     phases = [block.strip().splitlines()[1:] for block in recipe.split("# phase ")[1:]]
-    assert [len(commands) for commands in phases] == [1, 1, 18]  # corpus; the encoder; 3 tasks x 2 inits x 3 seeds
-    assert phases[1] == ["accelerate launch pretrain/run.py --config configs/experiments/encoder-30min.yaml "
-                         "--training.output_dir runs/encoder-30min-sop13k"]  # fmt: skip
-    assert ("accelerate launch finetune/classify.py --config configs/experiments/sst2.yaml --model.checkpoint "
-            "runs/encoder-30min-sop13k/final --model.from_scratch --training.lr 2.5e-4 --training.seed 3 "
-            "--training.output_dir runs/ft/sst2-scratch-lr2.5e-4-s3 --training.overwrite_output_dir "
-            "--logging.logging_steps 100 --data.test_file ../shared/data/sst2/test-labeled.tsv") in phases[2]
+    assert [len(commands) for commands in phases] == [
+        1,
+        1,
+        18,
+    ]  # corpus; the encoder; 3 tasks x 2 inits x 3 seeds
+    assert phases[1] == [
+        "accelerate launch pretrain/run.py --config configs/experiments/encoder-30min.yaml "
+        "--training.output_dir runs/encoder-30min-sop13k"
+    ]
+    assert (
+        "accelerate launch finetune/classify.py --config configs/experiments/sst2.yaml --model.checkpoint "
+        "runs/encoder-30min-sop13k/final --model.from_scratch --training.lr 2.5e-4 --training.seed 3 "
+        "--training.output_dir runs/ft/sst2-scratch-lr2.5e-4-s3 --training.overwrite_output_dir "
+        "--logging.logging_steps 100 --data.test_file ../shared/data/sst2/test-labeled.tsv"
+    ) in phases[2]
 
 
 def _record(task: str, init: str, lr: str, seed: int, dev: float, ckpt: str, samples=None, epochs=1) -> dict:
     note = f"{task} {init} lr={lr} seed={seed} ckpt={ckpt}"
     config = {"training": {"num_train_epochs": epochs}, "data": {"max_train_samples": samples}}
     metric = "eval/f1" if task == "conll2003" else "eval/accuracy"
-    return {"tag": task, "run": "x", "note": note, "wall_s": 1.0, "commit": "abc", "eval_last": {metric: dev},
-            "config": config}  # fmt: skip
+    return {
+        "tag": task,
+        "run": "x",
+        "note": note,
+        "wall_s": 1.0,
+        "commit": "abc",
+        "eval_last": {metric: dev},
+        "config": config,
+    }
 
 
 def test_plot_draws_the_declared_curves_from_the_records(tmp_path):
@@ -165,8 +240,12 @@ def test_plot_draws_the_declared_curves_from_the_records(tmp_path):
     for seed, noise in ((1, 0.0), (2, 0.01), (3, -0.01)):
         for samples, pre, scr in ((500, 0.60, 0.55), (None, 0.82, 0.80)):
             epochs = 4 if samples else 1
-            records.append(_record("sst2", "pretrained", "2e-3", seed, pre + noise, "runs/enc-30/final", samples, epochs))
-            records.append(_record("sst2", "scratch", "2.5e-4", seed, scr + noise, "runs/enc-30/final", samples, epochs))
+            records.append(
+                _record("sst2", "pretrained", "2e-3", seed, pre + noise, "runs/enc-30/final", samples, epochs)
+            )
+            records.append(
+                _record("sst2", "scratch", "2.5e-4", seed, scr + noise, "runs/enc-30/final", samples, epochs)
+            )
         records.append(_record("sst2", "pretrained", "5e-4", seed, 0.66 + noise, "runs/enc-30/final", 500, 4))
         for init, dev in (("runs/enc-7/final", 0.70), ("runs/enc-30/final", 0.75)):
             records.append(_record("conll2003", "pretrained", "2e-3", seed, dev, init, epochs=3))
@@ -175,33 +254,81 @@ def test_plot_draws_the_declared_curves_from_the_records(tmp_path):
     declaration = {
         "description": "test",
         "curves": [
-            {"kind": "labels", "png": "labels.png", "task": "sst2", "sizes": [500, 67349], "full": 67349,
-             "lines": [{"label": "pretrained", "group": {"init": "enc-30", "lr": "2e-3"}},
-                       {"label": "scratch", "group": {"init": "scratch (enc-30)", "lr": "2.5e-4"}},
-                       {"label": "pretrained, rate per size", "group": {"init": "enc-30", "lr": "2e-3"},
-                        "lr_by_size": {500: "5e-4"}}]},
-            {"kind": "compute", "png": "compute.png", "minutes": {"enc-7": 7.5, "enc-30": 30},
-             "tasks": [{"task": "conll2003", "label": "CoNLL", "pretrained": {"lr": "2e-3"},
-                        "scratch": {"init": "scratch (enc-30)", "lr": "4e-3"}}]},
+            {
+                "kind": "labels",
+                "png": "labels.png",
+                "task": "sst2",
+                "sizes": [500, 67349],
+                "full": 67349,
+                "lines": [
+                    {"label": "pretrained", "group": {"init": "enc-30", "lr": "2e-3"}},
+                    {"label": "scratch", "group": {"init": "scratch (enc-30)", "lr": "2.5e-4"}},
+                    {
+                        "label": "pretrained, rate per size",
+                        "group": {"init": "enc-30", "lr": "2e-3"},
+                        "lr_by_size": {500: "5e-4"},
+                    },
+                ],
+            },
+            {
+                "kind": "compute",
+                "png": "compute.png",
+                "minutes": {"enc-7": 7.5, "enc-30": 30},
+                "tasks": [
+                    {
+                        "task": "conll2003",
+                        "label": "CoNLL",
+                        "pretrained": {"lr": "2e-3"},
+                        "scratch": {"init": "scratch (enc-30)", "lr": "4e-3"},
+                    }
+                ],
+            },
         ],
-    }  # fmt: skip
+    }
     (tmp_path / "x.yaml").write_text(yaml.safe_dump(declaration))
-    done = command(sys.executable, "experiments/run.py", "plot", tmp_path / "x.yaml", "--records",
-                   tmp_path / "runs.jsonl", "--root", tmp_path)  # fmt: skip
+    done = command(
+        sys.executable,
+        "experiments/run.py",
+        "plot",
+        tmp_path / "x.yaml",
+        "--records",
+        tmp_path / "runs.jsonl",
+        "--root",
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     for name in ("labels", "compute"):
         assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     labels = (tmp_path / "labels.md").read_text()
     assert "| 500 | 60.00 ± 1.00 (n=3) | 55.00 ± 1.00 (n=3) | 66.00 ± 1.00 (n=3, lr 5e-4) |" in labels, labels
-    assert "| 67,349 | 82.00 ± 1.00 (n=3) | 80.00 ± 1.00 (n=3) | 82.00 ± 1.00 (n=3, lr 2e-3) |" in labels, labels
+    assert "| 67,349 | 82.00 ± 1.00 (n=3) | 80.00 ± 1.00 (n=3) | 82.00 ± 1.00 (n=3, lr 2e-3) |" in labels, (
+        labels
+    )
     compute = (tmp_path / "compute.md").read_text()
     assert "| 7.5 | +8.00 ± 0.00 (n=3) |" in compute and "| 30 | +13.00 ± 0.00 (n=3) |" in compute, compute
 
     declaration["curves"][0]["sizes"] = [2000, 67349]  # no records at 2,000 examples
     (tmp_path / "x.yaml").write_text(yaml.safe_dump(declaration))
-    failed = subprocess.run([sys.executable, "experiments/run.py", "plot", tmp_path / "x.yaml", "--records",
-                             tmp_path / "runs.jsonl", "--root", tmp_path], cwd=REPO, capture_output=True, text=True)  # fmt: skip
-    assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and "0 record groups for sst2" in failed.stderr
+    failed = subprocess.run(
+        [
+            sys.executable,
+            "experiments/run.py",
+            "plot",
+            tmp_path / "x.yaml",
+            "--records",
+            tmp_path / "runs.jsonl",
+            "--root",
+            tmp_path,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        failed.returncode == 1
+        and failed.stderr.count("\n") == 1
+        and "0 record groups for sst2" in failed.stderr
+    )
 
 
 def test_levers_renders_record_groups_against_their_baseline_and_keeps_the_page_s_other_block(tmp_path):
@@ -214,7 +341,9 @@ def test_levers_renders_record_groups_against_their_baseline_and_keeps_the_page_
         records.append(_record("sst2", "scratch", "2.5e-4", seed, 0.80 + noise, "runs/enc-30/final"))
         records.append(_record("sst2", "pretrained", "2e-3", seed, 0.83 + noise, "runs/enc-30/final"))
         records.append(_record("sst2", "scratch", "5e-5", seed, 0.60 + noise, "runs/enc-30/final", 500, 64))
-        records.append(_record("sst2", "pretrained", "1e-3", seed, 0.65 + noise, "runs/enc-30/final", 500, 64))
+        records.append(
+            _record("sst2", "pretrained", "1e-3", seed, 0.65 + noise, "runs/enc-30/final", 500, 64)
+        )
     records[0]["test"] = {"accuracy": 0.79}
     records[1]["test"] = {"accuracy": 0.81}
     records.append(_record("sst2", "pretrained", "2e-3", 1, 0.78, "runs/enc-7/final"))
@@ -223,31 +352,68 @@ def test_levers_renders_record_groups_against_their_baseline_and_keeps_the_page_
     declaration = {
         "description": "test",
         "levers": [
-            {"label": "scratch", "task": "sst2", "group": {"init": "scratch (enc-30)", **full},
-             "experiment": "experiments/recipe.yaml", "baseline": True},
-            {"label": "recipe", "task": "sst2", "group": {"init": "enc-30", "lr": "2e-3", "train_samples": ""},
-             "experiment": "experiments/recipe.yaml", "note": "pretraining 30 min"},
-            {"label": "7.5 min", "task": "sst2", "group": {"init": "enc-7", "lr": "2e-3"},
-             "experiment": ["experiments/compute-curve.yaml", "experiments/recipe.yaml"]},
-            {"label": "scratch, 500", "task": "sst2", "group": {"init": "scratch (enc-30)", "lr": "5e-5"},
-             "experiment": "experiments/sst2-labels.yaml", "baseline": True},
-            {"label": "recipe, 500", "task": "sst2", "group": {"init": "enc-30", "lr": "1e-3", "train_samples": "500"},
-             "experiment": "experiments/sst2-labels.yaml", "versus": "scratch, 500"},
+            {
+                "label": "scratch",
+                "task": "sst2",
+                "group": {"init": "scratch (enc-30)", **full},
+                "experiment": "experiments/recipe.yaml",
+                "baseline": True,
+            },
+            {
+                "label": "recipe",
+                "task": "sst2",
+                "group": {"init": "enc-30", "lr": "2e-3", "train_samples": ""},
+                "experiment": "experiments/recipe.yaml",
+                "note": "pretraining 30 min",
+            },
+            {
+                "label": "7.5 min",
+                "task": "sst2",
+                "group": {"init": "enc-7", "lr": "2e-3"},
+                "experiment": ["experiments/compute-curve.yaml", "experiments/recipe.yaml"],
+            },
+            {
+                "label": "scratch, 500",
+                "task": "sst2",
+                "group": {"init": "scratch (enc-30)", "lr": "5e-5"},
+                "experiment": "experiments/sst2-labels.yaml",
+                "baseline": True,
+            },
+            {
+                "label": "recipe, 500",
+                "task": "sst2",
+                "group": {"init": "enc-30", "lr": "1e-3", "train_samples": "500"},
+                "experiment": "experiments/sst2-labels.yaml",
+                "versus": "scratch, 500",
+            },
         ],
-        "table": [{"task": "sst2", "label": "SST-2", "pretrained": {"init": "enc-30", "lr": "2e-3", "epochs": "1"},
-                   "scratch": {"init": "scratch (enc-30)", **full}}],
-    }  # fmt: skip
+        "table": [
+            {
+                "task": "sst2",
+                "label": "SST-2",
+                "pretrained": {"init": "enc-30", "lr": "2e-3", "epochs": "1"},
+                "scratch": {"init": "scratch (enc-30)", **full},
+            }
+        ],
+    }
     (tmp_path / "x.yaml").write_text(yaml.safe_dump(declaration))
     page = tmp_path / "page.md"
-    page.write_text("# Page\n\n<!-- generated by experiments/run.py table old -->\n| old table |\n"
-                    "<!-- end of generated table -->\n\n<!-- generated by experiments/run.py levers other.yaml -->\n"
-                    "| other levers |\n<!-- end of generated table -->\n\nBetween.\n\n"
-                    f"<!-- generated by experiments/run.py levers {tmp_path / 'x.yaml'} -->\n"
-                    "| old levers |\n<!-- end of generated table -->\n\nAfter.\n")  # fmt: skip
+    page.write_text(
+        "# Page\n\n<!-- generated by experiments/run.py table old -->\n| old table |\n"
+        "<!-- end of generated table -->\n\n<!-- generated by experiments/run.py levers other.yaml -->\n"
+        "| other levers |\n<!-- end of generated table -->\n\nBetween.\n\n"
+        f"<!-- generated by experiments/run.py levers {tmp_path / 'x.yaml'} -->\n"
+        "| old levers |\n<!-- end of generated table -->\n\nAfter.\n"
+    )
     run = (sys.executable, "experiments/run.py")
-    done = command(*run, "levers", tmp_path / "x.yaml", "--records", tmp_path / "runs.jsonl", "--update", page)
+    done = command(
+        *run, "levers", tmp_path / "x.yaml", "--records", tmp_path / "runs.jsonl", "--update", page
+    )
     lines = done.stdout.splitlines()
-    assert lines[0] == "| lever | budget and settings | dev (mean ± std) | test (mean ± std) | dev over scratch | command |"
+    assert (
+        lines[0]
+        == "| lever | budget and settings | dev (mean ± std) | test (mean ± std) | dev over scratch | command |"
+    )
     assert lines[2:] == [
         "| scratch |  | 80.00 ± 1.00 (n=3) | 79.00 (n=1) | baseline | `python experiments/run.py run experiments/recipe.yaml` |",
         "| recipe | pretraining 30 min | 83.00 ± 1.00 (n=3) | 81.00 (n=1) | +3.00 | "
@@ -257,27 +423,40 @@ def test_levers_renders_record_groups_against_their_baseline_and_keeps_the_page_
         "| scratch, 500 |  | 60.00 ± 1.00 (n=3) |  | baseline | `python experiments/run.py run experiments/sst2-labels.yaml` |",
         "| recipe, 500 |  | 65.00 ± 1.00 (n=3) |  | +5.00 (vs scratch, 500) | "
         "`python experiments/run.py run experiments/sst2-labels.yaml` |",
-    ]  # fmt: skip
+    ]
     text = page.read_text()
     assert "| old table |" in text and "| old levers |" not in text and text.endswith("\n\nAfter.\n")
     assert "| other levers |" in text  # another declaration's levers block on the same page: left alone
     assert f"<!-- generated by experiments/run.py levers {tmp_path / 'x.yaml'} -->\n{done.stdout}" in text
 
-    table = command(*run, "table", tmp_path / "x.yaml", "--records", tmp_path / "runs.jsonl", "--update", page)
+    table = command(
+        *run, "table", tmp_path / "x.yaml", "--records", tmp_path / "runs.jsonl", "--update", page
+    )
     assert "| SST-2 | 83.00 ± 1.00 | 80.00 ± 1.00 | +3.00 | 81.00 vs 79.00 (+2.00) | 3 |" in table.stdout
     spec = importlib.util.spec_from_file_location("kiln_run_levers", REPO / "experiments/run.py")
     runner = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = runner  # dataclasses look their module up there
     spec.loader.exec_module(runner)
     assert runner.generated_block(page) == table.stdout
-    assert runner.generated_block(page, f"{runner.LEVERS_BEGIN} {tmp_path / 'x.yaml'}") == done.stdout  # untouched
+    assert (
+        runner.generated_block(page, f"{runner.LEVERS_BEGIN} {tmp_path / 'x.yaml'}") == done.stdout
+    )  # untouched
     assert page.read_text().startswith("# Page\n\n") and page.read_text().endswith("\n\nAfter.\n")
 
-    for broken, message in (({"lr": "4e-3"}, "0 record groups for sst2"), ({"lr": None}, "2 record groups for sst2")):
+    for broken, message in (
+        ({"lr": "4e-3"}, "0 record groups for sst2"),
+        ({"lr": None}, "2 record groups for sst2"),
+    ):
         group = {"init": "enc-30", "lr": "2e-3", **broken}
         declaration["levers"][1]["group"] = {k: v for k, v in group.items() if v is not None}
         (tmp_path / "x.yaml").write_text(yaml.safe_dump(declaration))
-        failed = subprocess.run([*run, "levers", tmp_path / "x.yaml", "--records", tmp_path / "runs.jsonl"], cwd=REPO,
-                                capture_output=True, text=True)  # fmt: skip
-        assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and message in failed.stderr, failed.stderr
+        failed = subprocess.run(
+            [*run, "levers", tmp_path / "x.yaml", "--records", tmp_path / "runs.jsonl"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and message in failed.stderr, (
+            failed.stderr
+        )
         assert "lever 'recipe'" in failed.stderr

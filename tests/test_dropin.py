@@ -24,13 +24,29 @@ from pretrain.modeling import (
 
 ATOL = 1e-5
 BERT = dict(
-    vocab_size=211, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-    max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, initializer_range=0.2,
-)  # fmt: skip
+    vocab_size=211,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=32,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    initializer_range=0.2,
+)
 GPT2 = dict(
-    vocab_size=211, n_embd=32, n_layer=2, n_head=4, n_positions=32, bos_token_id=1, eos_token_id=2,
-    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.2,
-)  # fmt: skip
+    vocab_size=211,
+    n_embd=32,
+    n_layer=2,
+    n_head=4,
+    n_positions=32,
+    bos_token_id=1,
+    eos_token_id=2,
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+    initializer_range=0.2,
+)
 ENCODER_CLASSES = [
     KilnEncoderModel,
     KilnEncoderForPreTraining,
@@ -64,7 +80,11 @@ def test_mlm_logits_with_labels_have_berts_shape_and_values_by_default(hf_class)
     kiln_model = from_transformers(hf_model)
     assert not kiln_model.config.sparse_prediction and not KilnEncoderConfig().sparse_prediction
     input_ids, attention_mask, labels = mlm_batch()
-    extra = {"next_sentence_label": torch.tensor([0, 1, 1])} if hf_class is transformers.BertForPreTraining else {}
+    extra = (
+        {"next_sentence_label": torch.tensor([0, 1, 1])}
+        if hf_class is transformers.BertForPreTraining
+        else {}
+    )
     hf_out = hf_model(input_ids, attention_mask=attention_mask, labels=labels, **extra)
     kiln_out = kiln_model(input_ids, attention_mask=attention_mask, labels=labels, **extra)
     name = "prediction_logits" if hf_class is transformers.BertForPreTraining else "logits"
@@ -88,7 +108,9 @@ def test_pretraining_turns_the_sparse_path_on_and_saved_folders_have_it_off(tmp_
     assert model.config.sparse_prediction and model.config.chunked_mlm_loss  # the run itself keeps them
     reloaded = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "saved").train()
     input_ids, attention_mask, labels = mlm_batch()
-    out = reloaded(input_ids, attention_mask=attention_mask, labels=labels, next_sentence_label=torch.tensor([0, 1, 0]))
+    out = reloaded(
+        input_ids, attention_mask=attention_mask, labels=labels, next_sentence_label=torch.tensor([0, 1, 0])
+    )
     assert out.prediction_logits.shape == (3, 10, reloaded.config.vocab_size)  # like BERT, in train mode too
 
 
@@ -101,7 +123,9 @@ def test_the_runner_builds_encoders_with_the_sparse_path():
 
     config = build_config(RunConfig, ["--config", DEBUG], prog="run")
     tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=__import__("tokenizers").Tokenizer(__import__("tokenizers").models.WordLevel({"[PAD]": 0}, "[PAD]")),
+        tokenizer_object=__import__("tokenizers").Tokenizer(
+            __import__("tokenizers").models.WordLevel({"[PAD]": 0}, "[PAD]")
+        ),
         pad_token="[PAD]",
     )
     kwargs = model_config_kwargs(config, 64, tokenizer)
@@ -117,7 +141,9 @@ def test_the_runner_builds_encoders_with_the_sparse_path():
 def test_a_config_takes_any_one_field_and_the_model_build_checks_heads(config_class, model_class):
     config = config_class(hidden_size=32, num_hidden_layers=1, intermediate_size=64)  # default 12 heads
     assert config.hidden_size == 32 and config.num_attention_heads == 12
-    with pytest.raises(ValueError, match="hidden_size=32 is not divisible by num_attention_heads=12.*e.g. 8 or 16"):
+    with pytest.raises(
+        ValueError, match="hidden_size=32 is not divisible by num_attention_heads=12.*e.g. 8 or 16"
+    ):
         model_class(config)
     config.num_attention_heads = 8
     assert model_class(config).config.num_attention_heads == 8
@@ -170,7 +196,9 @@ def test_a_mistyped_keyword_argument_is_an_error(model_class):
     config = tiny_encoder_config() if model_class in ENCODER_CLASSES else tiny_decoder_config()
     model = model_class(config).eval()
     input_ids = torch.randint(3, 200, (2, 6))
-    with pytest.raises(TypeError, match=f"{model_class.__name__}.forward\\(\\) got unexpected keyword argument.*labls"):
+    with pytest.raises(
+        TypeError, match=f"{model_class.__name__}.forward\\(\\) got unexpected keyword argument.*labls"
+    ):
         model(input_ids, labls=input_ids)
     # what transformers' Trainer and generate pass to every model is accepted, and without labels changes nothing
     with torch.no_grad():
@@ -230,7 +258,9 @@ def every_head():
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa", "flex_attention"])
 @pytest.mark.parametrize("model_class", list(every_head()), ids=lambda c: c.__name__)
-def test_every_head_loaded_with_each_kernel_runs_without_an_attention_mask(model_class, implementation, tmp_path):
+def test_every_head_loaded_with_each_kernel_runs_without_an_attention_mask(
+    model_class, implementation, tmp_path
+):
     """A client's call with no `attention_mask` (BERT's and GPT-2's classes take it) gives what an all-ones mask
     gives, for every head and kernel a folder can be loaded with (the encoder's heads under flex attention once
     failed in the unpadding check)."""
@@ -249,8 +279,12 @@ def test_every_head_loaded_with_each_kernel_runs_without_an_attention_mask(model
     else:
         model_class(config).save_pretrained(tmp_path)
         if model_class.__name__.startswith("KilnEncoderDecoder") and implementation == "flex_attention":
-            with pytest.raises(ValueError, match="does not support an attention implementation through torch's flex"):
-                model_class.from_pretrained(tmp_path, attn_implementation=implementation)  # transformers refuses it
+            with pytest.raises(
+                ValueError, match="does not support an attention implementation through torch's flex"
+            ):
+                model_class.from_pretrained(
+                    tmp_path, attn_implementation=implementation
+                )  # transformers refuses it
             return
         model = model_class.from_pretrained(tmp_path, attn_implementation=implementation).eval()
     assert model.config._attn_implementation == implementation
@@ -274,8 +308,16 @@ def test_model_cards_claim_only_tasks_a_kiln_head_serves(tmp_path):
     assert set(_AUTO_CLASS.values()) <= registered
     for auto_name in ("AutoModelForQuestionAnswering", "AutoModelForMultipleChoice"):
         assert auto_name in ENCODER_AUTO_CLASSES
-    card = dict(model_id=None, model_kind="encoder", summary={}, metrics={}, datasets=[], license="mit", tags=[],
-                loss_plot=None)  # fmt: skip
+    card = dict(
+        model_id=None,
+        model_kind="encoder",
+        summary={},
+        metrics={},
+        datasets=[],
+        license="mit",
+        tags=[],
+        loss_plot=None,
+    )
     readme = write_model_card(tmp_path / "qa", task="question-answering", **card)
     assert "AutoModelForQuestionAnswering.from_pretrained(" in open(readme).read()
     with pytest.raises(ValueError, match="No Kiln head serves the task 'image-classification'"):
@@ -283,7 +325,9 @@ def test_model_cards_claim_only_tasks_a_kiln_head_serves(tmp_path):
 
 
 # ------------------------------------------------------------------------------ seq2seq folder, remote code
-REMOTE_CHILD = WITHOUT_THE_PROJECT + r"""
+REMOTE_CHILD = (
+    WITHOUT_THE_PROJECT
+    + r"""
 import torch, transformers
 
 folder, out_file = sys.argv[2:4]
@@ -294,6 +338,7 @@ with torch.no_grad():
 torch.save({"class": type(model).__module__ + "." + type(model).__name__, "generated": generated,
             "imported_pretrain": "pretrain" in sys.modules}, out_file)
 """
+)
 
 
 def test_the_seq2seq_folder_carries_its_code_and_loads_with_trust_remote_code_in_a_fresh_process(tmp_path):
@@ -309,7 +354,9 @@ def test_the_seq2seq_folder_carries_its_code_and_loads_with_trust_remote_code_in
         tiny_decoder_config(vocab_size=97, add_cross_attention=True, bos_token_id=1, eos_token_id=2)
     )
     model = KilnEncoderDecoderModel(encoder=encoder, decoder=decoder).eval()
-    assert isinstance(model.config, KilnEncoderDecoderConfig) and isinstance(model, transformers.EncoderDecoderModel)
+    assert isinstance(model.config, KilnEncoderDecoderConfig) and isinstance(
+        model, transformers.EncoderDecoderModel
+    )
     model.config.decoder_start_token_id, model.config.pad_token_id = 1, 0
     model.save_pretrained(tmp_path / "s2s")
     saved = json.loads((tmp_path / "s2s" / "config.json").read_text())
@@ -327,14 +374,19 @@ def test_the_seq2seq_folder_carries_its_code_and_loads_with_trust_remote_code_in
     subprocess.run(command, cwd=tmp_path, env=environment, check=True, timeout=120, stdin=subprocess.DEVNULL)
     result = torch.load(tmp_path / "out.pt")
     assert result["imported_pretrain"] is False
-    assert result["class"].startswith("transformers_modules.") and result["class"].endswith("KilnEncoderDecoderModel")
+    assert result["class"].startswith("transformers_modules.") and result["class"].endswith(
+        "KilnEncoderDecoderModel"
+    )
     input_ids = (torch.arange(12).view(2, 6) * 7 + 3) % 97
     with torch.no_grad():
         expected = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=5)
     assert torch.equal(result["generated"], expected)
     # an older plain EncoderDecoderModel folder (Kiln halves) still loads through the same Auto class
     transformers.EncoderDecoderModel(encoder=encoder, decoder=decoder).save_pretrained(tmp_path / "plain")
-    assert type(transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "plain")).__name__ == "EncoderDecoderModel"
+    assert (
+        type(transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "plain")).__name__
+        == "EncoderDecoderModel"
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ noise
@@ -344,7 +396,15 @@ def test_checkpoints_do_not_warn_about_the_tied_output_projection(tmp_path, capl
     from kiln_testing import run
 
     with caplog.at_level(logging.WARNING):
-        run(tmp_path / "run", "--training.max_steps", 4, "--training.save_steps", 2, "--training.eval_steps", 0)
+        run(
+            tmp_path / "run",
+            "--training.max_steps",
+            4,
+            "--training.save_steps",
+            2,
+            "--training.eval_steps",
+            0,
+        )
     assert len(list((tmp_path / "run" / "checkpoints").iterdir())) >= 1
     assert not [r for r in caplog.records if "Removed shared tensor" in r.getMessage()]
 

@@ -19,7 +19,22 @@ from pretrain.modeling import (
     KilnEncoderForSequenceClassification,
 )
 
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "dog", "sat", "ran", "on", "mat", "away", "a"]
+WORDS = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "the",
+    "cat",
+    "dog",
+    "sat",
+    "ran",
+    "on",
+    "mat",
+    "away",
+    "a",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,15 +42,24 @@ def tokenizer():
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+        tokenizer_object=backend,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
         mask_token="[MASK]",
     )
 
 
 def _encoder_config(**kwargs):
     return KilnEncoderConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=32, **kwargs,
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        **kwargs,
     )
 
 
@@ -76,8 +100,15 @@ def test_transformers_trainer_fits_a_kiln_classifier(tokenizer, tmp_path):
         lambda b: tokenizer(b["text"], padding="max_length", max_length=8), batched=True
     )
     args = TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, num_train_epochs=8, seed=0, learning_rate=5e-3,
-        report_to=[], use_cpu=True, save_strategy="no", logging_steps=1,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_train_epochs=8,
+        seed=0,
+        learning_rate=5e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
     )
     trainer = Trainer(model=model, args=args, train_dataset=data.remove_columns("text"))
     result = trainer.train()
@@ -90,10 +121,18 @@ def test_transformers_trainer_fits_a_kiln_classifier(tokenizer, tmp_path):
 
 def test_peft_lora_trains_only_adapters_and_merges_exactly():
     import peft
+
     torch.manual_seed(0)
     base = KilnDecoderForCausalLM(
-        KilnDecoderConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          max_position_embeddings=32, bos_token_id=1, eos_token_id=1)
+        KilnDecoderConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=32,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
     )
     lora = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["qkv", "fc_in"]))
     trainable = [name for name, p in lora.named_parameters() if p.requires_grad]
@@ -121,8 +160,9 @@ def test_peft_lora_defaults_target_the_fused_attention_projections(kind):
     from pretrain.modeling import KilnEncoderDecoderModel, KilnEncoderModel
     from pretrain.modeling.configuration_kiln import LORA_TARGET_MODULES
 
-    decoder_config = KilnDecoderConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                       max_position_embeddings=32)  # fmt: skip
+    decoder_config = KilnDecoderConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=32
+    )
     if kind == "encoder":
         model, task = KilnEncoderForSequenceClassification(_encoder_config(num_labels=2)), "SEQ_CLS"
     elif kind == "decoder":
@@ -143,9 +183,17 @@ def test_peft_lora_defaults_target_the_fused_attention_projections(kind):
 def test_text_generation_pipeline_matches_greedy_generate(tokenizer):
     torch.manual_seed(0)
     model = KilnDecoderForCausalLM(
-        KilnDecoderConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          max_position_embeddings=32, bos_token_id=2, eos_token_id=3, pad_token_id=0)
-    ).eval()  # fmt: skip
+        KilnDecoderConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=32,
+            bos_token_id=2,
+            eos_token_id=3,
+            pad_token_id=0,
+        )
+    ).eval()
     generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
     out = generator("the cat sat", max_new_tokens=6, do_sample=False, return_tensors=True)
     ids = tokenizer("the cat sat", return_tensors="pt", add_special_tokens=False)["input_ids"]

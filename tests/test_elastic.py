@@ -35,9 +35,24 @@ BOOK = str(REPO / "data/pretrain/the_time_machine.txt")
 # an epoch on 1 and 2 processes and 5 (9) on 3. Dropout at its default (0.1): the resumed run must draw the masks
 # the uninterrupted one drew.
 EXAMPLES = {"map-style": (2, 97), "prepared": (3, 173)}
-COMMON = ["--data.data_files", BOOK, "--training.max_steps", -1,
-          "--training.num_train_epochs", 3, "--training.per_device_train_batch_size", 3, "--training.eval_steps", 0,
-          "--training.max_eval_batches", 1, "--training.save_total_limit", 10, "--training.save_steps", 3]  # fmt: skip
+COMMON = [
+    "--data.data_files",
+    BOOK,
+    "--training.max_steps",
+    -1,
+    "--training.num_train_epochs",
+    3,
+    "--training.per_device_train_batch_size",
+    3,
+    "--training.eval_steps",
+    0,
+    "--training.max_eval_batches",
+    1,
+    "--training.save_total_limit",
+    10,
+    "--training.save_steps",
+    3,
+]
 ACCUMULATION = {1: 6, 2: 3, 3: 2}
 RESUME_AT = 3  # inside the first epoch: the resumed run crosses the ends of the first and second epochs
 
@@ -57,11 +72,26 @@ def launch(output_dir, processes: int, *overrides, caplog=None) -> str:
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     devices = ["--multi_gpu", "--num_processes", str(processes)]
     result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", *devices, "--main_process_port", "0",
-         str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(output_dir),
-         *map(str, overrides)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            *devices,
+            "--main_process_port",
+            "0",
+            str(REPO / "pretrain/run.py"),
+            "--config",
+            DEBUG,
+            "--training.output_dir",
+            str(output_dir),
+            *map(str, overrides),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout + result.stderr
 
@@ -90,15 +120,27 @@ def test_a_resume_on_another_number_of_processes_continues_the_same_run(tmp_path
     runs on 1 and 2 processes are the same run. (The 2- and 3-process runs are launched; the 1-process ones run
     in this process.)"""
     documents, examples = EXAMPLES[data]
-    common = [*COMMON, "--data.max_train_documents", documents,
-              *(prepared_corpus(tmp_path / "prepared") if data == "prepared" else [])]  # fmt: skip
+    common = [
+        *COMMON,
+        "--data.max_train_documents",
+        documents,
+        *(prepared_corpus(tmp_path / "prepared") if data == "prepared" else []),
+    ]
     full = {}
     for processes in (2, 1):
         full[processes] = tmp_path / f"full-{processes}"
-        printed = launch(full[processes], processes, *common, "--training.gradient_accumulation_steps",
-                         ACCUMULATION[processes], caplog=caplog)  # fmt: skip
+        printed = launch(
+            full[processes],
+            processes,
+            *common,
+            "--training.gradient_accumulation_steps",
+            ACCUMULATION[processes],
+            caplog=caplog,
+        )
         steps = examples // 18
-        assert f"examples = {examples}\n" in printed and f"({steps} optimizer steps each)" in printed, printed[-3000:]
+        assert f"examples = {examples}\n" in printed and f"({steps} optimizer steps each)" in printed, (
+            printed[-3000:]
+        )
         assert saved_layout(full[processes] / "checkpoints" / f"step-{RESUME_AT:08d}") == BatchLayout(
             processes, 3, ACCUMULATION[processes]
         )
@@ -108,9 +150,18 @@ def test_a_resume_on_another_number_of_processes_continues_the_same_run(tmp_path
         out = tmp_path / f"{before}-to-{after}"
         checkpoint = full[before] / "checkpoints" / f"step-{RESUME_AT:08d}"
         # the same command on another number of processes: the accumulation that keeps the global batch is set
-        printed = launch(out, after, *common, "--training.gradient_accumulation_steps", ACCUMULATION[before],
-                         "--training.save_steps", 0, "--training.resume_from_checkpoint", checkpoint,
-                         caplog=caplog)  # fmt: skip
+        printed = launch(
+            out,
+            after,
+            *common,
+            "--training.gradient_accumulation_steps",
+            ACCUMULATION[before],
+            "--training.save_steps",
+            0,
+            "--training.resume_from_checkpoint",
+            checkpoint,
+            caplog=caplog,
+        )
         expected = f"gradient accumulation {ACCUMULATION[before]} -> {ACCUMULATION[after]} keeps the global batch of 18"
         assert expected in printed, printed[-3000:]
         assert f"gradient_accumulation_steps: {ACCUMULATION[after]}" in (out / "config.yaml").read_text()
@@ -120,17 +171,26 @@ def test_a_resume_on_another_number_of_processes_continues_the_same_run(tmp_path
 def test_a_global_batch_the_new_layout_cannot_form_is_refused_in_one_line(tmp_path, capsys):
     """A checkpoint of global batch 18 resumed with a per-device batch of 4: no accumulation count keeps it."""
     checkpoint = _checkpoint(tmp_path / "step-00000003", processes=2, batch=3, accumulation=3)
-    status, lines = cli_in_process(capsys, "--training.output_dir", tmp_path / "out",
-                                   "--training.per_device_train_batch_size", 4,
-                                   "--training.resume_from_checkpoint", checkpoint)  # fmt: skip
+    status, lines = cli_in_process(
+        capsys,
+        "--training.output_dir",
+        tmp_path / "out",
+        "--training.per_device_train_batch_size",
+        4,
+        "--training.resume_from_checkpoint",
+        checkpoint,
+    )
     assert status == 2 and len(lines) == 1, lines
     assert "global batch of 18 sequences" in lines[0] and "cannot keep" in lines[0], lines
 
 
 def _checkpoint(folder: Path, processes: int, batch: int, accumulation: int) -> Path:
     folder.mkdir(parents=True)
-    layout = {"num_processes": processes, "per_device_train_batch_size": batch,
-              "gradient_accumulation_steps": accumulation}  # fmt: skip
+    layout = {
+        "num_processes": processes,
+        "per_device_train_batch_size": batch,
+        "gradient_accumulation_steps": accumulation,
+    }
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": 3, "epoch": 0, **layout}))
     return folder
 
@@ -142,9 +202,13 @@ def test_a_global_batch_no_layout_keeps_is_one_line(tmp_path):
         adapt_to_world_size(training, 5, checkpoint)
     message = str(err.value)
     assert "\n" not in message and "global batch of 24 sequences" in message and "1, 2, 3, 6" in message
-    assert adapt_to_world_size(training, 3, checkpoint) is not None and training.gradient_accumulation_steps == 2
+    assert (
+        adapt_to_world_size(training, 3, checkpoint) is not None and training.gradient_accumulation_steps == 2
+    )
     # the per-device batch a total_train_batch_size would derive is the saved one
-    training = TrainingConfig(total_train_batch_size=24, per_device_train_batch_size=6, gradient_accumulation_steps=3)
+    training = TrainingConfig(
+        total_train_batch_size=24, per_device_train_batch_size=6, gradient_accumulation_steps=3
+    )
     adapt_to_world_size(training, 1, checkpoint)
     assert (training.per_device_train_batch_size, training.gradient_accumulation_steps) == (4, 6)
 
@@ -161,7 +225,9 @@ def _eval_rows(output_dir) -> list[dict]:
     return [row for row in rows if "eval/loss" in row]
 
 
-def test_a_hub_resume_reaches_every_node_and_a_truncated_evaluation_reads_the_same_examples_anywhere(hub, tmp_path):
+def test_a_hub_resume_reaches_every_node_and_a_truncated_evaluation_reads_the_same_examples_anywhere(
+    hub, tmp_path
+):
     """A checkpoint of 2 processes, pushed to the (loopback) Hub mid-run and resumed with `hub:`: on 1 process the
     accumulation keeps its global batch, and on two nodes with node-local disks every node downloads it (node 1
     does not see node 0's disk); both continue the uninterrupted run, dropout on.
@@ -173,9 +239,20 @@ def test_a_hub_resume_reaches_every_node_and_a_truncated_evaluation_reads_the_sa
 
     from kiln.hub import CHECKPOINT_FOLDER, HubPusher
 
-    args = ["--data.max_train_documents", 2, "--training.max_steps", 4, "--training.eval_steps", 0,
-            "--training.per_device_train_batch_size", 4, "--training.per_device_eval_batch_size", 4,
-            "--training.max_eval_batches", 2]  # fmt: skip
+    args = [
+        "--data.max_train_documents",
+        2,
+        "--training.max_steps",
+        4,
+        "--training.eval_steps",
+        0,
+        "--training.per_device_train_batch_size",
+        4,
+        "--training.per_device_eval_batch_size",
+        4,
+        "--training.max_eval_batches",
+        2,
+    ]
     full = tmp_path / "full"
     launch_two_processes(full, *args, "--training.save_steps", 2)
 
@@ -185,7 +262,11 @@ def test_a_hub_resume_reaches_every_node_and_a_truncated_evaluation_reads_the_sa
     (evaluated_on_two,), (evaluated_on_one,) = _eval_rows(full), _eval_rows(evaluated)
     assert evaluated_on_two["step"] == evaluated_on_one["step"] == 4
     for key in ("eval/loss", "eval/mlm_loss", "eval/mlm_accuracy", "eval/nsp_accuracy"):
-        assert abs(evaluated_on_two[key] - evaluated_on_one[key]) < 1e-6, (key, evaluated_on_two, evaluated_on_one)
+        assert abs(evaluated_on_two[key] - evaluated_on_one[key]) < 1e-6, (
+            key,
+            evaluated_on_two,
+            evaluated_on_one,
+        )
 
     pusher = HubPusher(f"{TEST_USER}/elastic")
     pusher.push(full / "checkpoints/step-00000002", path_in_repo=CHECKPOINT_FOLDER, commit_message="state")
@@ -196,7 +277,10 @@ def test_a_hub_resume_reaches_every_node_and_a_truncated_evaluation_reads_the_sa
     state = run(one, *args, *resume)
     assert state.global_step == 4 and "gradient_accumulation_steps: 2" in (one / "config.yaml").read_text()
     assert sorted(losses(one)) == [3, 4]
-    assert all(abs(losses(one)[step] - losses(full)[step]) < 1e-5 for step in (3, 4)), (losses(one), losses(full))
+    assert all(abs(losses(one)[step] - losses(full)[step]) < 1e-5 for step in (3, 4)), (
+        losses(one),
+        losses(full),
+    )
 
     reason = _can_unshare()
     if reason:
@@ -204,4 +288,7 @@ def test_a_hub_resume_reaches_every_node_and_a_truncated_evaluation_reads_the_sa
     nodes = tmp_path / "nodes"
     two_nodes(nodes, free_port(), True, *args, *resume)  # both nodes end with status 0
     assert (tmp_path / "nodes-node1-disk" / "hub-checkpoint").is_dir()  # node 1 downloaded it to its own disk
-    assert all(abs(losses(nodes)[step] - losses(full)[step]) < 1e-5 for step in (3, 4)), (losses(nodes), losses(full))
+    assert all(abs(losses(nodes)[step] - losses(full)[step]) < 1e-5 for step in (3, 4)), (
+        losses(nodes),
+        losses(full),
+    )

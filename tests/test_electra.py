@@ -59,7 +59,9 @@ def single_segments(tokenizer, count: int, frequent: range, seed: int = 0) -> li
         ids = torch.randint(5, len(tokenizer), (length,), generator=g)
         common = torch.rand(length, generator=g) < 1 / 3
         ids[common] = torch.randint(frequent.start, frequent.stop, (int(common.sum()),), generator=g)
-        body = torch.cat([torch.tensor([tokenizer.cls_token_id]), ids, torch.tensor([tokenizer.sep_token_id])])
+        body = torch.cat(
+            [torch.tensor([tokenizer.cls_token_id]), ids, torch.tensor([tokenizer.sep_token_id])]
+        )
         features.append({"input_ids": body, "example_index": index})
     return features
 
@@ -77,8 +79,19 @@ def test_replaced_labels_masking_rates_and_samples_over_thousands_of_tokens(toke
         model.generator.mlm_head.decoder.bias[frequent.start : frequent.stop] = 8.0
     collator = ElectraCollator(tokenizer, seed=3)
     special = torch.tensor(tokenizer.all_special_ids)
-    counts = dict.fromkeys(("maskable", "selected", "mask", "random", "kept", "replaced", "expected_replaced",
-                            "variance_replaced"), 0.0)  # fmt: skip
+    counts = dict.fromkeys(
+        (
+            "maskable",
+            "selected",
+            "mask",
+            "random",
+            "kept",
+            "replaced",
+            "expected_replaced",
+            "variance_replaced",
+        ),
+        0.0,
+    )
     sampled_frequent = torch.zeros(len(frequent))
     expected_frequent = torch.zeros(len(frequent))
     variance_frequent = torch.zeros(len(frequent))
@@ -96,8 +109,13 @@ def test_replaced_labels_masking_rates_and_samples_over_thousands_of_tokens(toke
         assert torch.equal(seen[~selected], original[~selected]), "an unmasked token changed"
         assert not (out.replaced.bool() & ~selected).any()
         assert out.rtd_loss == pytest.approx(
-            float(torch.nn.functional.binary_cross_entropy_with_logits(
-                out.discriminator_logits[real], out.replaced[real].float())), rel=1e-6)  # fmt: skip
+            float(
+                torch.nn.functional.binary_cross_entropy_with_logits(
+                    out.discriminator_logits[real], out.replaced[real].float()
+                )
+            ),
+            rel=1e-6,
+        )
         counts["maskable"] += int((real & ~torch.isin(original, special)).sum())
         counts["selected"] += int(selected.sum())
         counts["mask"] += int((selected & (ids == tokenizer.mask_token_id)).sum())
@@ -128,7 +146,11 @@ def test_replaced_labels_masking_rates_and_samples_over_thousands_of_tokens(toke
     assert counts["expected_replaced"] < 0.9 * k
     assert within(counts["replaced"], counts["expected_replaced"], counts["variance_replaced"])
     for j in range(len(frequent)):
-        assert within(sampled_frequent[j], expected_frequent[j], variance_frequent[j]), (j, sampled_frequent, expected_frequent)  # noqa: E501
+        assert within(sampled_frequent[j], expected_frequent[j], variance_frequent[j]), (
+            j,
+            sampled_frequent,
+            expected_frequent,
+        )  # noqa: E501
 
 
 def test_samples_are_a_function_of_the_uniforms_and_follow_the_softmax():
@@ -144,7 +166,9 @@ def test_samples_are_a_function_of_the_uniforms_and_follow_the_softmax():
 
 def test_generator_shares_the_embeddings_and_takes_no_gradient_through_sampling():
     torch.manual_seed(0)
-    model = KilnEncoderForElectraPreTraining(tiny_encoder_config(generator_size=0.5, discriminator_weight=7.0))
+    model = KilnEncoderForElectraPreTraining(
+        tiny_encoder_config(generator_size=0.5, discriminator_weight=7.0)
+    )
     generator, discriminator = model.generator, model.discriminator
     assert generator.model.embeddings is discriminator.model.embeddings
     assert generator.mlm_head.decoder.weight is discriminator.model.embeddings.word_embeddings.weight
@@ -169,8 +193,18 @@ def test_generator_shares_the_embeddings_and_takes_no_gradient_through_sampling(
 @pytest.fixture(scope="module")
 def electra_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("electra") / "run"
-    state = run(out, *ELECTRA, "--training.max_steps", 40, "--training.lr", 3e-3, "--training.save_steps", 0,
-                "--training.eval_steps", 20)  # fmt: skip
+    state = run(
+        out,
+        *ELECTRA,
+        "--training.max_steps",
+        40,
+        "--training.lr",
+        3e-3,
+        "--training.save_steps",
+        0,
+        "--training.eval_steps",
+        20,
+    )
     return out, state
 
 
@@ -223,7 +257,9 @@ def detectable_corpus(folder) -> tuple:
     documents = []
     for _ in range(400):
         start = rng.randrange(len(words))
-        documents.append(" ".join(words[(start + i) % len(words)] for i in range(rng.randrange(20, 50))) + ".")
+        documents.append(
+            " ".join(words[(start + i) % len(words)] for i in range(rng.randrange(20, 50))) + "."
+        )
     corpus = folder / "cycle.txt"
     corpus.write_text("\n\n".join(documents) + "\n", encoding="utf-8")
     return corpus, folder / "tokenizer"
@@ -232,8 +268,22 @@ def detectable_corpus(folder) -> tuple:
 def test_the_discriminator_finds_replaced_tokens_where_they_can_be_told(tmp_path):
     corpus, tokenizer = detectable_corpus(tmp_path)
     out = tmp_path / "run"
-    run(out, *ELECTRA, "--data.data_files", corpus, "--tokenizer.name_or_path", tokenizer,
-        "--training.max_steps", 80, "--training.lr", 3e-3, "--training.save_steps", 0, "--training.eval_steps", 40)  # fmt: skip
+    run(
+        out,
+        *ELECTRA,
+        "--data.data_files",
+        corpus,
+        "--tokenizer.name_or_path",
+        tokenizer,
+        "--training.max_steps",
+        80,
+        "--training.lr",
+        3e-3,
+        "--training.save_steps",
+        0,
+        "--training.eval_steps",
+        40,
+    )
     evals = {r["step"]: r for r in rows(out) if "eval/replaced_recall" in r}
     scores = {key.removeprefix("eval/"): value for key, value in evals[40].items()}
     assert 0.1 < scores["replaced_fraction"] < 0.2
@@ -248,14 +298,21 @@ def test_the_replaced_token_check_fails_for_a_discriminator_that_answers_origina
     g = torch.Generator().manual_seed(0)
     real = torch.arange(64).expand(32, 64) < torch.randint(8, 64, (32, 1), generator=g)  # padded rows
     replaced = (torch.rand(real.shape, generator=g) < 0.14) & real
-    for logits in (torch.full(real.shape, -5.0), torch.full(real.shape, 5.0)):  # "original" / "replaced" everywhere
+    for logits in (
+        torch.full(real.shape, -5.0),
+        torch.full(real.shape, 5.0),
+    ):  # "original" / "replaced" everywhere
         sums = _replaced_token_sums(SimpleNamespace(discriminator_logits=logits, replaced=replaced), real)
         scores = replaced_token_scores({key: float(value.sum()) for key, value in sums.items()})
         with pytest.raises(AssertionError):
             assert_finds_replaced_tokens(scores)
     # the right answers pass
-    sums = _replaced_token_sums(SimpleNamespace(discriminator_logits=replaced * 10.0 - 5.0, replaced=replaced), real)
-    assert_finds_replaced_tokens(replaced_token_scores({key: float(value.sum()) for key, value in sums.items()}))
+    sums = _replaced_token_sums(
+        SimpleNamespace(discriminator_logits=replaced * 10.0 - 5.0, replaced=replaced), real
+    )
+    assert_finds_replaced_tokens(
+        replaced_token_scores({key: float(value.sum()) for key, value in sums.items()})
+    )
 
 
 def test_final_is_the_discriminator_with_the_generator_beside_it(electra_run, tmp_path):
@@ -264,11 +321,18 @@ def test_final_is_the_discriminator_with_the_generator_beside_it(electra_run, tm
     out, _ = electra_run
     final = out / "final"
     config = json.loads((final / "config.json").read_text())
-    assert config["model_type"] == "kiln_encoder" and config["architectures"] == ["KilnEncoderForReplacedTokenDetection"]
+    assert config["model_type"] == "kiln_encoder" and config["architectures"] == [
+        "KilnEncoderForReplacedTokenDetection"
+    ]
     assert "generator_size" not in config and not config["sparse_prediction"]
     encoder, info = AutoModel.from_pretrained(final, output_loading_info=True)
-    assert type(encoder) is KilnEncoderModel and set(info["missing_keys"]) == {"pooler.dense.weight", "pooler.dense.bias"}
-    discriminator, info = KilnEncoderForReplacedTokenDetection.from_pretrained(final, output_loading_info=True)
+    assert type(encoder) is KilnEncoderModel and set(info["missing_keys"]) == {
+        "pooler.dense.weight",
+        "pooler.dense.bias",
+    }
+    discriminator, info = KilnEncoderForReplacedTokenDetection.from_pretrained(
+        final, output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"]
     generator, info = AutoModelForMaskedLM.from_pretrained(final / "generator", output_loading_info=True)
     assert type(generator) is KilnEncoderForMaskedLM and not info["missing_keys"]
@@ -292,7 +356,9 @@ def test_final_is_the_discriminator_with_the_generator_beside_it(electra_run, tm
 
 
 # a fresh interpreter that cannot import Kiln: what a Hub user of the pushed folder has
-REMOTE_CHILD = WITHOUT_THE_PROJECT + r"""
+REMOTE_CHILD = (
+    WITHOUT_THE_PROJECT
+    + r"""
 import torch, transformers
 
 final, out_file = sys.argv[2:4]
@@ -307,6 +373,7 @@ with torch.no_grad():
     }
 torch.save(results, out_file)
 """
+)
 
 
 def test_final_loads_with_remote_code_where_kiln_is_not_installed(electra_run, tmp_path):
@@ -314,8 +381,14 @@ def test_final_loads_with_remote_code_where_kiln_is_not_installed(electra_run, t
     final = out / "final"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", REMOTE_CHILD, str(REPO), str(final), str(tmp_path / "r.pt")],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", REMOTE_CHILD, str(REPO), str(final), str(tmp_path / "r.pt")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     remote = torch.load(tmp_path / "r.pt")
     ids = torch.tensor([[2, 40, 41, 42, 43, 3]])
@@ -334,10 +407,22 @@ def test_a_fine_tuning_script_runs_from_final(electra_run, tmp_path):
     out, _ = electra_run
     files = write_sentiment(tmp_path)
     result = classify(
-        "--model.checkpoint", out / "final", "--training.output_dir", tmp_path / "cls", *FAST,
-        "--data.train_file", files["train"], "--data.validation_file", files["validation"],
-        "--data.test_file", files["test"], "--training.max_steps", 4, "--training.per_device_train_batch_size", 16,
-    )  # fmt: skip
+        "--model.checkpoint",
+        out / "final",
+        "--training.output_dir",
+        tmp_path / "cls",
+        *FAST,
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        "--data.test_file",
+        files["test"],
+        "--training.max_steps",
+        4,
+        "--training.per_device_train_batch_size",
+        16,
+    )
     assert result.state.global_step == 4
     assert (tmp_path / "cls" / "final" / "model.safetensors").is_file()
 
@@ -345,44 +430,94 @@ def test_a_fine_tuning_script_runs_from_final(electra_run, tmp_path):
 def test_resume_is_bit_identical(tmp_path):
     """Stop at step 4 of 8 (accumulation 2, evaluations every 3 steps), resume: the same losses, accuracies,
     evaluations and final weights of both models as the uninterrupted run."""
-    common = [*ELECTRA, "--training.gradient_accumulation_steps", 2, "--training.max_steps", 8,
-              "--training.eval_steps", 3, "--training.save_total_limit", 3, "--data.max_train_documents", 40]  # fmt: skip
+    common = [
+        *ELECTRA,
+        "--training.gradient_accumulation_steps",
+        2,
+        "--training.max_steps",
+        8,
+        "--training.eval_steps",
+        3,
+        "--training.save_total_limit",
+        3,
+        "--data.max_train_documents",
+        40,
+    ]
     full = tmp_path / "full"
     run(full, *common, "--training.save_steps", 4)
     resumed = tmp_path / "resumed"
-    run(resumed, *common, "--training.save_steps", 0, "--tokenizer.name_or_path", full / "tokenizer",
-        "--training.resume_from_checkpoint", full / "checkpoints" / "step-00000004")  # fmt: skip
+    run(
+        resumed,
+        *common,
+        "--training.save_steps",
+        0,
+        "--tokenizer.name_or_path",
+        full / "tokenizer",
+        "--training.resume_from_checkpoint",
+        full / "checkpoints" / "step-00000004",
+    )
 
     def after(out, step):
-        return [{k: v for k, v in r.items() if "tokens_per_s" not in k} for r in rows(out) if r["step"] > step]
+        return [
+            {k: v for k, v in r.items() if "tokens_per_s" not in k} for r in rows(out) if r["step"] > step
+        ]
 
     assert after(resumed, 4) == after(full, 4) and len(after(full, 4)) >= 5
     for folder in ("final", "final/generator"):
-        a, b = load_file(full / folder / "model.safetensors"), load_file(resumed / folder / "model.safetensors")
+        a, b = (
+            load_file(full / folder / "model.safetensors"),
+            load_file(resumed / folder / "model.safetensors"),
+        )
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), folder
 
 
 def test_two_processes_match_one(tmp_path):
     """DDP over 2 gloo processes with half the batch: the same losses, accuracies and evaluations as 1 process
     (dropout off): masks and the generator's samples are drawn per example, not per process."""
-    common = [*ELECTRA, "--data.max_train_documents", 2, "--training.eval_steps", 5, "--training.max_steps", 10,
-              "--training.gradient_accumulation_steps", 2, "--training.save_steps", 0,
-              "--model.hidden_dropout_prob", 0, "--model.attention_probs_dropout_prob", 0]  # fmt: skip
+    common = [
+        *ELECTRA,
+        "--data.max_train_documents",
+        2,
+        "--training.eval_steps",
+        5,
+        "--training.max_steps",
+        10,
+        "--training.gradient_accumulation_steps",
+        2,
+        "--training.save_steps",
+        0,
+        "--model.hidden_dropout_prob",
+        0,
+        "--model.attention_probs_dropout_prob",
+        0,
+    ]
     one = tmp_path / "one"
     run(one, *common, "--training.per_device_train_batch_size", 8)
     two = tmp_path / "two"
     # max_eval_batches counts batches of the whole evaluation: the same sequences on any number of processes
-    launch_two_processes(two, *common, "--training.per_device_train_batch_size", 4,
-                         "--tokenizer.name_or_path", one / "tokenizer")  # fmt: skip
+    launch_two_processes(
+        two,
+        *common,
+        "--training.per_device_train_batch_size",
+        4,
+        "--tokenizer.name_or_path",
+        one / "tokenizer",
+    )
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 11))
     for step in a:
         assert abs(a[step] - b[step]) < 1e-3, (step, a[step], b[step])  # loss ~40: 50 x the RTD loss
-    train = {name: [r for r in rows(folder) if "train/rtd_accuracy" in r] for name, folder in (("1", one), ("2", two))}
+    train = {
+        name: [r for r in rows(folder) if "train/rtd_accuracy" in r]
+        for name, folder in (("1", one), ("2", two))
+    }
     for x, y in zip(train["1"], train["2"]):
         assert x["train/rtd_accuracy"] == pytest.approx(y["train/rtd_accuracy"], abs=1e-6)
         assert x["train/mlm_loss"] == pytest.approx(y["train/mlm_loss"], abs=1e-4)
-    evals = {name: [r for r in rows(folder) if "eval/rtd_accuracy" in r] for name, folder in (("1", one), ("2", two))}
+    evals = {
+        name: [r for r in rows(folder) if "eval/rtd_accuracy" in r]
+        for name, folder in (("1", one), ("2", two))
+    }
     assert len(evals["1"]) == len(evals["2"]) == 2
     for x, y in zip(evals["1"], evals["2"]):
         assert x["eval/rtd_accuracy"] == pytest.approx(y["eval/rtd_accuracy"], abs=1e-9)
@@ -404,11 +539,24 @@ def test_bad_electra_settings_are_one_line_errors(tmp_path):
 
 ATOL = 1e-4
 SHAPES = [  # unseen shapes: a generator narrower than its embeddings, and one as wide (no projection)
-    dict(vocab_size=211, embedding_size=24, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-         intermediate_size=40, type_vocab_size=3),
-    dict(vocab_size=97, embedding_size=48, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
-         intermediate_size=64),
-]  # fmt: skip
+    dict(
+        vocab_size=211,
+        embedding_size=24,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=40,
+        type_vocab_size=3,
+    ),
+    dict(
+        vocab_size=97,
+        embedding_size=48,
+        hidden_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=64,
+    ),
+]
 ELECTRA_TO_KILN = {
     transformers.ElectraForPreTraining: KilnEncoderForReplacedTokenDetection,
     transformers.ElectraForMaskedLM: KilnEncoderForMaskedLM,
@@ -423,12 +571,18 @@ def electra_batch(vocab_size, seed):
     attention_mask[1, 8:] = 0
     token_type_ids = torch.zeros_like(input_ids)
     token_type_ids[:, 6:] = 1
-    batch = dict(input_ids=input_ids.masked_fill(attention_mask == 0, 0), attention_mask=attention_mask,
-                 token_type_ids=token_type_ids)  # fmt: skip
+    batch = dict(
+        input_ids=input_ids.masked_fill(attention_mask == 0, 0),
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+    )
     replaced = (torch.rand(input_ids.shape, generator=g) < 0.3).long()
     mlm_labels = torch.full_like(input_ids, -100)
     mlm_labels[:, 1::3] = input_ids[:, 1::3]
-    return batch, {"ElectraForPreTraining": replaced, "ElectraForMaskedLM": mlm_labels.masked_fill(attention_mask == 0, -100)}
+    return batch, {
+        "ElectraForPreTraining": replaced,
+        "ElectraForMaskedLM": mlm_labels.masked_fill(attention_mask == 0, -100),
+    }
 
 
 def assert_same(hf_model, kiln_model, batch, labels):
@@ -437,8 +591,12 @@ def assert_same(hf_model, kiln_model, batch, labels):
     name = "logits" if getattr(hf_out, "logits", None) is not None else "last_hidden_state"
     torch.testing.assert_close(kiln_out[name][real], hf_out[name][real], atol=ATOL, rtol=0)
     if labels is not None:
-        torch.testing.assert_close(kiln_model(**batch, labels=labels).loss, hf_model(**batch, labels=labels).loss,
-                                   atol=1e-5, rtol=1e-6)  # fmt: skip
+        torch.testing.assert_close(
+            kiln_model(**batch, labels=labels).loss,
+            hf_model(**batch, labels=labels).loss,
+            atol=1e-5,
+            rtol=1e-6,
+        )
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=["projected", "same-width"])
@@ -460,11 +618,18 @@ def test_electra_to_kiln_and_back(hf_class, shape):
 @pytest.mark.parametrize("kiln_class", [KilnEncoderForReplacedTokenDetection, KilnEncoderForMaskedLM])
 def test_kiln_electra_to_transformers_and_back(kiln_class):
     torch.manual_seed(1)
-    config = tiny_encoder_config(vocab_size=150, embedding_size=40, initializer_range=0.2, max_position_embeddings=24)
+    config = tiny_encoder_config(
+        vocab_size=150, embedding_size=40, initializer_range=0.2, max_position_embeddings=24
+    )
     kiln_model = kiln_class(config).eval()
     hf_model = to_transformers(kiln_model)  # the projection (or the head) makes it ELECTRA
-    assert type(hf_model).__name__ == {KilnEncoderForReplacedTokenDetection: "ElectraForPreTraining",
-                                       KilnEncoderForMaskedLM: "ElectraForMaskedLM"}[kiln_class]  # fmt: skip
+    assert (
+        type(hf_model).__name__
+        == {
+            KilnEncoderForReplacedTokenDetection: "ElectraForPreTraining",
+            KilnEncoderForMaskedLM: "ElectraForMaskedLM",
+        }[kiln_class]
+    )
     batch, labels = electra_batch(150, seed=2)
     assert_same(hf_model, kiln_model, batch, labels.get(type(hf_model).__name__))
     again = from_transformers(hf_model)

@@ -142,7 +142,9 @@ def test_fsdp2_on_two_processes_matches_one_and_saves_a_loadable_folder(tmp_path
     script = tmp_path / "fsdp2_cpu.py"
     script.write_text(_FSDP2_SCRIPT)
     done = run_under_fsdp(script, tmp_path / "saved")
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    results = [
+        json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line
+    ]
     assert [r["name"] for r in results] == ["KilnEncoderForPreTraining", "KilnDecoderForCausalLM"]
     for r in results:
         assert r["world"] == 2
@@ -152,8 +154,12 @@ def test_fsdp2_on_two_processes_matches_one_and_saves_a_loadable_folder(tmp_path
         assert r["units"].count("FSDP" + block) == 2, r["units"]  # one unit per block (2 layers)
         # the saved folder: Kiln's own code, not torch's FSDP files, and the same function
         modeling = "modeling_kiln_encoder" if "Encoder" in r["name"] else "modeling_kiln_decoder"
-        assert f"{modeling}.py" in r["files"] and not any(f.startswith("_fsdp") for f in r["files"]), r["files"]
-        assert all(v.startswith((modeling, "configuration_kiln")) for v in r["auto_map"].values()), r["auto_map"]
+        assert f"{modeling}.py" in r["files"] and not any(f.startswith("_fsdp") for f in r["files"]), r[
+            "files"
+        ]
+        assert all(v.startswith((modeling, "configuration_kiln")) for v in r["auto_map"].values()), r[
+            "auto_map"
+        ]
         assert r["loaded_class"] == r["name"] and r["arch"] == [r["name"]]
         assert r["loaded"] == pytest.approx(r["ref"], abs=1e-6)
 
@@ -226,12 +232,15 @@ def test_deepspeed_values_that_would_override_kiln_are_refused(launched, tmp_pat
     old = tmp_path / "deepspeed-old.yaml"
     old.write_text(
         DEEPSPEED_YAML.read_text().replace(
-            "  zero_stage: 2\n", "  zero_stage: 2\n  gradient_accumulation_steps: 1\n  gradient_clipping: 1.0\n"
+            "  zero_stage: 2\n",
+            "  zero_stage: 2\n  gradient_accumulation_steps: 1\n  gradient_clipping: 1.0\n",
         )
     )
     env = launched(old)
     assert env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "1"
-    with pytest.raises(ConfigError, match="gradient_accumulation_steps=1 but --training.gradient_accumulation_steps 4"):
+    with pytest.raises(
+        ConfigError, match="gradient_accumulation_steps=1 but --training.gradient_accumulation_steps 4"
+    ):
         configure_deepspeed(DeepSpeedPlugin(), TrainingConfig(gradient_accumulation_steps=4))
     with pytest.raises(ConfigError, match="gradient_clipping=1.0 but --training.max_grad_norm 0.25"):
         configure_deepspeed(DeepSpeedPlugin(), TrainingConfig(max_grad_norm=0.25))

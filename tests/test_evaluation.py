@@ -43,8 +43,13 @@ def test_encoder_eval_is_token_weighted(sparse):
     torch.manual_seed(0)  # the weights: the last assertion needs batches whose means differ enough
     generator = torch.Generator().manual_seed(0)
     config = KilnEncoderConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=32, sparse_prediction=sparse,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        sparse_prediction=sparse,
     )
     model = KilnEncoderForPreTraining(config).eval()
     batches = _encoder_batches(generator)
@@ -61,7 +66,9 @@ def test_encoder_eval_is_token_weighted(sparse):
             targets = batch["labels"][selected]
             losses.append(F.cross_entropy(logits, targets, reduction="none"))
             correct.append(logits.argmax(-1) == targets)
-            nsp_losses.append(F.cross_entropy(out.seq_relationship_logits, batch["next_sentence_label"], reduction="none"))
+            nsp_losses.append(
+                F.cross_entropy(out.seq_relationship_logits, batch["next_sentence_label"], reduction="none")
+            )
             nsp_correct.append(out.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"])
     mlm_loss = torch.cat(losses).mean().item()
     nsp_loss = torch.cat(nsp_losses).mean().item()
@@ -78,8 +85,14 @@ def test_encoder_eval_is_token_weighted(sparse):
 def test_decoder_eval_ignores_padding_and_matches_model_loss():
     generator = torch.Generator().manual_seed(1)
     config = KilnDecoderConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=32,
-        bos_token_id=1, eos_token_id=1, pad_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        bos_token_id=1,
+        eos_token_id=1,
+        pad_token_id=0,
     )
     model = KilnDecoderForCausalLM(config).eval()
     ids = torch.randint(2, VOCAB, (4, 12), generator=generator)

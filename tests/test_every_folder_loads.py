@@ -49,7 +49,9 @@ FOLDERS = [
 
 # A fresh interpreter in which `kiln`, `pretrain` and `finetune` cannot be imported; stdin is /dev/null, so a
 # question would read end-of-file instead of hanging
-CHILD = WITHOUT_THE_PROJECT + r"""
+CHILD = (
+    WITHOUT_THE_PROJECT
+    + r"""
 import contextlib, io, json
 import torch
 import transformers
@@ -80,6 +82,7 @@ for folder, subfolder, auto_class in specs:
 results.append({"imported": sorted(m for m in sys.modules if m.split(".")[0] in ("kiln", "pretrain", "finetune"))})
 Path(out_file).write_text(json.dumps(results))
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -92,19 +95,60 @@ def kiln_folders(kiln_checkpoints, tmp_path_factory):
     data = root / "data"
     data.mkdir()
     sentiment = write_sentiment(data, sizes=(32, 8, 8))
-    ner = {split: write_conll(data / f"{split}.txt", synthetic_ner_sentences(n, seed))
-           for split, n, seed in (("train", 16, 0), ("validation", 8, 1), ("test", 8, 2))}  # fmt: skip
+    ner = {
+        split: write_conll(data / f"{split}.txt", synthetic_ner_sentences(n, seed))
+        for split, n, seed in (("train", 16, 0), ("validation", 8, 1), ("test", 8, 2))
+    }
     with one_torch_thread():
-        classify("--model.checkpoint", encoder, "--training.output_dir", root / "classify", *SHORT,
-                 "--data.train_file", sentiment["train"], "--data.validation_file", sentiment["validation"],
-                 "--data.test_file", sentiment["test"], "--training.per_device_train_batch_size", 16)  # fmt: skip
-        tag("--model.checkpoint", encoder, "--training.output_dir", root / "tag", *SHORT,
-            "--data.train_file", ner["train"], "--data.validation_file", ner["validation"],
-            "--data.test_file", ner["test"], "--training.per_device_train_batch_size", 8)  # fmt: skip
-        seq2seq("--model.encoder_checkpoint", encoder, "--model.decoder_checkpoint", decoder,
-                "--training.output_dir", root / "seq2seq", *SHORT, "--data.max_train_samples", 8,
-                "--data.max_eval_samples", 4, "--data.max_predict_samples", 4,
-                "--training.per_device_train_batch_size", 4, "--generation.max_new_tokens", 4)  # fmt: skip
+        classify(
+            "--model.checkpoint",
+            encoder,
+            "--training.output_dir",
+            root / "classify",
+            *SHORT,
+            "--data.train_file",
+            sentiment["train"],
+            "--data.validation_file",
+            sentiment["validation"],
+            "--data.test_file",
+            sentiment["test"],
+            "--training.per_device_train_batch_size",
+            16,
+        )
+        tag(
+            "--model.checkpoint",
+            encoder,
+            "--training.output_dir",
+            root / "tag",
+            *SHORT,
+            "--data.train_file",
+            ner["train"],
+            "--data.validation_file",
+            ner["validation"],
+            "--data.test_file",
+            ner["test"],
+            "--training.per_device_train_batch_size",
+            8,
+        )
+        seq2seq(
+            "--model.encoder_checkpoint",
+            encoder,
+            "--model.decoder_checkpoint",
+            decoder,
+            "--training.output_dir",
+            root / "seq2seq",
+            *SHORT,
+            "--data.max_train_samples",
+            8,
+            "--data.max_eval_samples",
+            4,
+            "--data.max_predict_samples",
+            4,
+            "--training.per_device_train_batch_size",
+            4,
+            "--generation.max_new_tokens",
+            4,
+        )
     return root
 
 
@@ -149,8 +193,12 @@ def test_every_folder_kind_loads_with_transformers_alone_and_the_tokenizer_never
     out_file = tmp_path / "results.json"
     subprocess.run(
         [sys.executable, "-c", CHILD, str(REPO), json.dumps(specs), TEXT, str(out_file)],
-        cwd=tmp_path, env=environment, check=True, timeout=600, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=environment,
+        check=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     *rows, imported = json.loads(out_file.read_text())
     assert imported == {"imported": []}
 

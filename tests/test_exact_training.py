@@ -38,10 +38,25 @@ def two_process_windows(tmp_path_factory):
     for the three kinds (one Trainer after another in the launched processes): {kind: saved step}."""
     folder = tmp_path_factory.mktemp("windows") / "p2b4"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--main_process_port", "0", str(WINDOW_SCRIPT)]  # 0: a free port
-    result = subprocess.run([*command, ",".join(KINDS), "1", "4", str(folder)], cwd=folder.parent, env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        "0",
+        str(WINDOW_SCRIPT),
+    ]  # 0: a free port
+    result = subprocess.run(
+        [*command, ",".join(KINDS), "1", "4", str(folder)],
+        cwd=folder.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return {kind: torch.load(folder / f"{kind}.pt") for kind in KINDS}
 
@@ -59,7 +74,9 @@ def test_accumulation_and_processes_take_the_same_step(tmp_path, kind, two_proce
         assert other["grads"].keys() == one_batch["grads"].keys()
         for name, grad in one_batch["grads"].items():
             torch.testing.assert_close(other["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
-    for name, grad in one_batch["direct"].items():  # ELECTRA: lambda weighs the discriminator's part of the step
+    for name, grad in one_batch[
+        "direct"
+    ].items():  # ELECTRA: lambda weighs the discriminator's part of the step
         torch.testing.assert_close(one_batch["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
     # not vacuous: per-micro-batch means (the old loop) would have given another gradient
     assert any(g.abs().max() > 1e-3 for g in one_batch["grads"].values())
@@ -84,9 +101,19 @@ def _toy_trainer(tmp_path, micro_batches=10, **overrides):
     from kiln.trainer import Trainer
 
     reset_accelerate()
-    settings = dict(output_dir=str(tmp_path / "toy"), per_device_train_batch_size=2, per_device_eval_batch_size=2,
-                    gradient_accumulation_steps=4, max_steps=-1, num_train_epochs=2, lr=0.0, eval_steps=0,
-                    save_steps=0, lr_scheduler_type="constant", seed=0)  # fmt: skip
+    settings = dict(
+        output_dir=str(tmp_path / "toy"),
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=2,
+        gradient_accumulation_steps=4,
+        max_steps=-1,
+        num_train_epochs=2,
+        lr=0.0,
+        eval_steps=0,
+        save_steps=0,
+        lr_scheduler_type="constant",
+        seed=0,
+    )
     training = TrainingConfig(**{**settings, **overrides})
     logging_cfg = LoggingConfig(logging_steps=1, report_to="none")
     accelerator = start_run(training, logging_cfg)
@@ -99,9 +126,16 @@ def _toy_trainer(tmp_path, micro_batches=10, **overrides):
     def evaluator(model, loader, accelerator):
         return {"batches": float(sum(1 for _ in loader))}
 
-    trainer = Trainer(accelerator, model, training=training, logging_cfg=logging_cfg,
-                      train_dataset=lambda epoch: rows, collator=collate, eval_dataset=rows[:12],
-                      evaluator=evaluator)  # fmt: skip
+    trainer = Trainer(
+        accelerator,
+        model,
+        training=training,
+        logging_cfg=logging_cfg,
+        train_dataset=lambda epoch: rows,
+        collator=collate,
+        eval_dataset=rows[:12],
+        evaluator=evaluator,
+    )
     steps_at = []
     inner = trainer.optimizer.optimizer
     real_step = inner.step
@@ -195,8 +229,10 @@ def test_skipped_fp16_step_holds_the_schedule_and_tokens_count_real_ones(tmp_pat
     from accelerate import Accelerator
 
     trainer, _ = _toy_trainer(tmp_path, max_steps=3, num_train_epochs=1)
-    rows = [{"x": torch.ones(3), "attention_mask": torch.tensor([1] * (1 + i % 4) + [0] * (4 - i % 4))}
-            for i in range(24)]  # fmt: skip
+    rows = [
+        {"x": torch.ones(3), "attention_mask": torch.tensor([1] * (1 + i % 4) + [0] * (4 - i % 4))}
+        for i in range(24)
+    ]
     trainer.train_dataset = lambda epoch: rows
     trainer.collator = lambda features: {key: torch.stack([f[key] for f in features]) for key in features[0]}
     monkeypatch.setattr(Accelerator, "optimizer_step_was_skipped", property(lambda self: True))
@@ -210,8 +246,14 @@ def test_skipped_fp16_step_holds_the_schedule_and_tokens_count_real_ones(tmp_pat
     assert state.global_step == 3 and state.tokens_seen == 60
     summary = caplog.text
     threads = torch.get_num_threads()
-    for part in ("examples = 24", "processes = 1", "gradient accumulation = 4", "optimizer steps = 3",
-                 "trainable parameters = 1", f"device = cpu, {threads} thread{'' if threads == 1 else 's'} per process"):  # fmt: skip
+    for part in (
+        "examples = 24",
+        "processes = 1",
+        "gradient accumulation = 4",
+        "optimizer steps = 3",
+        "trainable parameters = 1",
+        f"device = cpu, {threads} thread{'' if threads == 1 else 's'} per process",
+    ):
         assert part in summary, summary
 
 
@@ -235,12 +277,22 @@ def test_group_by_length_batches_similar_lengths_and_stays_seeded(tmp_path, grou
     from pretrain.data.collator import pad_batch
 
     g = torch.Generator().manual_seed(0)
-    rows = [{"input_ids": torch.ones(int(n), dtype=torch.long)} for n in torch.randint(1, 60, (400,), generator=g)]
+    rows = [
+        {"input_ids": torch.ones(int(n), dtype=torch.long)} for n in torch.randint(1, 60, (400,), generator=g)
+    ]
     fractions, orders = [], []
     for attempt in range(2):
         reset_accelerate()
-        training = TrainingConfig(output_dir=str(tmp_path / f"r{attempt}"), per_device_train_batch_size=8, max_steps=-1,
-                                  num_train_epochs=1, save_steps=0, eval_steps=0, lr=0.0, group_by_length=group)  # fmt: skip
+        training = TrainingConfig(
+            output_dir=str(tmp_path / f"r{attempt}"),
+            per_device_train_batch_size=8,
+            max_steps=-1,
+            num_train_epochs=1,
+            save_steps=0,
+            eval_steps=0,
+            lr=0.0,
+            group_by_length=group,
+        )
         logging_cfg = LoggingConfig(logging_steps=10, report_to="none")
         accelerator = start_run(training, logging_cfg)
         model = _PaddingModel()
@@ -250,8 +302,14 @@ def test_group_by_length_batches_similar_lengths_and_stays_seeded(tmp_path, grou
             seen.append(tuple(len(f["input_ids"]) for f in features))
             return pad_batch(features, 0, None)
 
-        trainer = Trainer(accelerator, model, training=training, logging_cfg=logging_cfg,
-                          train_dataset=lambda epoch: rows, collator=collate)  # fmt: skip
+        trainer = Trainer(
+            accelerator,
+            model,
+            training=training,
+            logging_cfg=logging_cfg,
+            train_dataset=lambda epoch: rows,
+            collator=collate,
+        )
         try:
             trainer.train()
         finally:

@@ -17,9 +17,10 @@ def test_every_head_exports_and_onnxruntime_matches_pytorch(class_name, tmp_path
     torch.manual_seed(0)
     dropout = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, classifier_dropout=0.2)
     config = (
-        tiny_encoder_config(**dropout) if "Encoder" in class_name
+        tiny_encoder_config(**dropout)
+        if "Encoder" in class_name
         else tiny_decoder_config(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
-    )  # fmt: skip  (dropout on: the graph must be the inference one)
+    )  # (dropout on: the graph must be the inference one)
     model = getattr(modeling, class_name)(config).eval()
     model.save_pretrained(tmp_path / "model")
     (tmp_path / "model" / "tokenizer.json").write_text("{}")
@@ -28,7 +29,9 @@ def test_every_head_exports_and_onnxruntime_matches_pytorch(class_name, tmp_path
     assert (tmp_path / "onnx" / "tokenizer.json").is_file()
     assert json.loads((tmp_path / "onnx" / "config.json").read_text())["architectures"] == [class_name]
 
-    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     inputs = example_inputs(model, batch_size=4, seq_len=13, seed=7)  # not the traced shape
     inputs["attention_mask"][2, ..., 5:] = 0  # more padding than traced
     names = [output.name for output in session.get_outputs()]
@@ -48,5 +51,7 @@ def test_every_head_exports_and_onnxruntime_matches_pytorch(class_name, tmp_path
 def test_a_folder_that_does_not_export_names_what_does(tmp_path):
     (tmp_path / "s2s").mkdir()
     (tmp_path / "s2s" / "config.json").write_text(json.dumps({"architectures": ["KilnEncoderDecoderModel"]}))
-    with pytest.raises(SystemExit, match="holds a KilnEncoderDecoderModel model; ONNX export supports KilnEncoderModel"):
+    with pytest.raises(
+        SystemExit, match="holds a KilnEncoderDecoderModel model; ONNX export supports KilnEncoderModel"
+    ):
         main([str(tmp_path / "s2s"), str(tmp_path / "out")])

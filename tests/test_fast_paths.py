@@ -188,7 +188,9 @@ def test_gelu_new_runs_as_the_fused_tanh_gelu_with_transformers_values():
 
 # -------------------------------------------------------------------------------------- sparse last block
 def encoder_config(**overrides) -> KilnEncoderConfig:
-    return tiny_encoder_config(**{"vocab_size": VOCAB, "initializer_range": 0.1, "sparse_prediction": True, **overrides})
+    return tiny_encoder_config(
+        **{"vocab_size": VOCAB, "initializer_range": 0.1, "sparse_prediction": True, **overrides}
+    )
 
 
 def encoder_batch():
@@ -313,15 +315,20 @@ def head_labels(model_class, batch):
     if model_class is KilnEncoderForTokenClassification:
         return {"labels": torch.randint(0, 3, (B, T), generator=generator).masked_fill(~real, -100)}
     if model_class is KilnEncoderForQuestionAnswering:
-        return {"start_positions": torch.tensor([0, 0, 3, 9, 2]), "end_positions": torch.tensor([5, 0, 6, 12, 2])}
+        return {
+            "start_positions": torch.tensor([0, 0, 3, 9, 2]),
+            "end_positions": torch.tensor([5, 0, 6, 12, 2]),
+        }
     if model_class is KilnEncoderForMaskedLM:
         selected = (torch.rand(B, T, generator=generator) < 0.3) & real
         return {"labels": batch["input_ids"].masked_fill(~selected, -100)}
     if model_class is KilnEncoderForPreTraining:
         selected = (torch.rand(B, T, generator=generator) < 0.3) & real
         selected[1, :] = real[1]
-        return {"labels": batch["input_ids"].masked_fill(~selected, -100),
-                "next_sentence_label": torch.tensor([0, 1, 1, 0, 1])}  # fmt: skip
+        return {
+            "labels": batch["input_ids"].masked_fill(~selected, -100),
+            "next_sentence_label": torch.tensor([0, 1, 1, 0, 1]),
+        }
     return {}
 
 
@@ -348,7 +355,9 @@ PADDED_HEADS = [  # the bare model returns every position's state; QA's loss rea
 
 
 @pytest.mark.parametrize(
-    "model_class", UNPADDED_HEADS + PADDED_HEADS, ids=lambda c: c.__name__.removeprefix("KilnEncoder") or "Model"
+    "model_class",
+    UNPADDED_HEADS + PADDED_HEADS,
+    ids=lambda c: c.__name__.removeprefix("KilnEncoder") or "Model",
 )
 @pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
@@ -372,9 +381,9 @@ def test_unpadded_encoder_gives_the_padded_loss_gradients_and_predictions(model_
                 warnings.simplefilter("ignore", FutureWarning)
                 model.gradient_checkpointing_enable()
         calls = []
-        model.get_submodule("model.layers.0" if hasattr(model, "model") else "layers.0").register_forward_hook(
-            lambda module, args, output, calls=calls: calls.append(output[0].dim())
-        )
+        model.get_submodule(
+            "model.layers.0" if hasattr(model, "model") else "layers.0"
+        ).register_forward_hook(lambda module, args, output, calls=calls: calls.append(output[0].dim()))
         out = model(**batch, **labels)
         if labels:
             out.loss.backward()
@@ -389,11 +398,15 @@ def test_unpadded_encoder_gives_the_padded_loss_gradients_and_predictions(model_
         torch.testing.assert_close(fast.loss, plain.loss, atol=1e-5, rtol=1e-5)
     expected, actual = main_output(model_class, plain), main_output(model_class, fast)
     real = batch["attention_mask"].bool()
-    if expected.shape[:2] == real.shape:  # per-token outputs: equal at the real tokens, nothing read elsewhere
+    if (
+        expected.shape[:2] == real.shape
+    ):  # per-token outputs: equal at the real tokens, nothing read elsewhere
         expected, actual = expected[real], actual[real]
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     if model_class is KilnEncoderForPreTraining:
-        torch.testing.assert_close(fast.seq_relationship_logits, plain.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            fast.seq_relationship_logits, plain.seq_relationship_logits, atol=1e-5, rtol=1e-5
+        )
     if model_class is KilnEncoderModel and not left:
         torch.testing.assert_close(fast.pooler_output, plain.pooler_output, atol=1e-5, rtol=1e-5)
     assert_same_gradients(fast_grads, plain_grads, atol=1e-5, rtol=1e-4)

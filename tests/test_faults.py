@@ -39,14 +39,37 @@ def _cli(args, *, launcher=(), env_extra=None, env_drop=()):
     env = {**env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env_extra or {})}
     return subprocess.Popen(
         [*launcher, str(REPO / "pretrain/run.py"), "--config", DEBUG, *map(str, args)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 # `kiln-launch` (kiln/launcher.py): `accelerate launch` that ends with the training processes' own status and line
-KILN_LAUNCH = (sys.executable, "-m", "kiln.launcher", "--num_processes", "1", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no")  # fmt: skip
-KILN_LAUNCH_2 = (*KILN_LAUNCH[:3], "--multi_gpu", "--num_processes", "2", "--main_process_port", "0", *KILN_LAUNCH[5:])
+KILN_LAUNCH = (
+    sys.executable,
+    "-m",
+    "kiln.launcher",
+    "--num_processes",
+    "1",
+    "--num_machines",
+    "1",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
+)
+KILN_LAUNCH_2 = (
+    *KILN_LAUNCH[:3],
+    "--multi_gpu",
+    "--num_processes",
+    "2",
+    "--main_process_port",
+    "0",
+    *KILN_LAUNCH[5:],
+)
 CPU_PROCESSES = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -90,10 +113,24 @@ def test_classify_resume_after_sigterm_writes_final(tmp_path, monkeypatch, kiln_
     encoder, _ = kiln_checkpoints
     files = write_sentiment(tmp_path, sizes=(64, 16, 8))
     out = tmp_path / "cls"
-    args = ["--model.checkpoint", encoder, "--training.output_dir", out, "--logging.logging_steps", 1,
-            "--data.train_file", files["train"], "--data.validation_file", files["validation"],
-            "--data.test_file", files["test"], "--training.num_train_epochs", 2,
-            "--training.per_device_train_batch_size", 16]  # fmt: skip
+    args = [
+        "--model.checkpoint",
+        encoder,
+        "--training.output_dir",
+        out,
+        "--logging.logging_steps",
+        1,
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        "--data.test_file",
+        files["test"],
+        "--training.num_train_epochs",
+        2,
+        "--training.per_device_train_batch_size",
+        16,
+    ]
     _signal_self_at(monkeypatch, 2)
     stopped = classify(*args)
     assert stopped.final_dir is None and stopped.state.stop_reason == "signal"
@@ -110,16 +147,34 @@ def test_classify_resume_after_sigterm_writes_final(tmp_path, monkeypatch, kiln_
 def test_stalled_hub_costs_a_bounded_wait_then_one_line_error_and_exit_1(tmp_path, hub):
     hub.stall()
     out = tmp_path / "stalled"
-    proc = _cli(["--training.output_dir", out, "--training.max_steps", 2, "--training.save_steps", 0, *QUICK,
-                 "--hub.push_to_hub", "--hub.model_id", "kiln-test/stalled", "--hub.timeout_s", 1,
-                 "--hub.final_push_timeout_s", 3], launcher=KILN_LAUNCH)  # fmt: skip
+    proc = _cli(
+        [
+            "--training.output_dir",
+            out,
+            "--training.max_steps",
+            2,
+            "--training.save_steps",
+            0,
+            *QUICK,
+            "--hub.push_to_hub",
+            "--hub.model_id",
+            "kiln-test/stalled",
+            "--hub.timeout_s",
+            1,
+            "--hub.final_push_timeout_s",
+            3,
+        ],
+        launcher=KILN_LAUNCH,
+    )
     try:
         output, _ = proc.communicate(timeout=180)
     finally:
         proc.kill()
     assert proc.returncode == 1, output
     last = output.strip().splitlines()[-1]
-    assert last.startswith("error: the final model is saved locally in") and "did not complete" in last, output
+    assert last.startswith("error: the final model is saved locally in") and "did not complete" in last, (
+        output
+    )
     assert "Traceback" not in output
     assert (out / "final" / "model.safetensors").is_file()
     assert hub.requests(), "the run should have reached the stalling Hub"
@@ -133,8 +188,10 @@ def test_sigterm_during_set_up_stops_with_status_0_and_loses_nothing(tmp_path):
     """A SIGTERM while the tokenizer is trained and the data built (before the loop's handler): one line and
     status 0, or, where Python swallowed the stop (inside a callback), a stop at the first step with a checkpoint."""
     out = tmp_path / "early"
-    proc = _cli(["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0, *QUICK],
-                launcher=(sys.executable,))  # fmt: skip
+    proc = _cli(
+        ["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0, *QUICK],
+        launcher=(sys.executable,),
+    )
     lines = []
     for line in proc.stdout:  # the tokenizer is trained once the corpus is read: set-up is under way
         lines.append(line)
@@ -152,7 +209,10 @@ def test_sigterm_during_set_up_stops_with_status_0_and_loses_nothing(tmp_path):
         (checkpoint,) = find_checkpoints(out)
         assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == max(losses(out))
     else:
-        assert last == "stopped by SIGTERM outside the training loop; checkpoints and models completed before it are kept"
+        assert (
+            last
+            == "stopped by SIGTERM outside the training loop; checkpoints and models completed before it are kept"
+        )
         assert not find_checkpoints(out)
         assert "Traceback" not in output
     # the folder (if made) holds no checkpoint, so the same command starts over in it
@@ -183,14 +243,23 @@ def test_sigterm_during_the_final_export_lets_it_finish(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--model.hidden_size", 30, "--model.num_attention_heads", 4], "not divisible by --model.num_attention_heads"),
+        (
+            ["--model.hidden_size", 30, "--model.num_attention_heads", 4],
+            "not divisible by --model.num_attention_heads",
+        ),
         (["--training.lr_scheduler_type", "triangular"], "lr_scheduler_type 'triangular' is unknown"),
         (["--training.lr", -0.001], "training.lr must be a non-negative number"),
         (["--training.max_steps", -5], "or -1 to train by num_train_epochs"),
         (["--data.max_seq_length", 128], "exceeds --model.max_position_embeddings=64"),
-        (["--model.init_from", "/nonexistent/kiln-model"], "model.init_from /nonexistent/kiln-model is not a folder"),
+        (
+            ["--model.init_from", "/nonexistent/kiln-model"],
+            "model.init_from /nonexistent/kiln-model is not a folder",
+        ),
         (["--hub.push_to_hub", "--hub.model_id", "no-slash"], "hub.model_id must look like 'user/name'"),
-        (["--hub.push_to_hub", "--hub.model_id", "kiln-test/x", "--hub.timeout_s", 0], "hub.timeout_s must be a positive"),
+        (
+            ["--hub.push_to_hub", "--hub.model_id", "kiln-test/x", "--hub.timeout_s", 0],
+            "hub.timeout_s must be a positive",
+        ),
     ],
 )
 def test_bad_settings_fail_before_the_output_folder_is_touched(tmp_path, args, message):
@@ -232,17 +301,44 @@ def test_resume_refuses_changed_settings_and_keeps_the_saved_config(tmp_path):
     run(out, "--training.max_steps", 3, "--training.save_steps", 3, *QUICK)
     saved = (out / "config.yaml").read_text()
     latest = ["--training.resume_from_checkpoint", "latest", *QUICK]
-    with pytest.raises(ConfigError, match=r"training.per_device_train_batch_size 8 -> 4, training.seed 42 -> 7"):
-        run(out, *latest, "--training.max_steps", 3, "--training.per_device_train_batch_size", 4, "--training.seed", 7)
+    with pytest.raises(
+        ConfigError, match=r"training.per_device_train_batch_size 8 -> 4, training.seed 42 -> 7"
+    ):
+        run(
+            out,
+            *latest,
+            "--training.max_steps",
+            3,
+            "--training.per_device_train_batch_size",
+            4,
+            "--training.seed",
+            7,
+        )
     with pytest.raises(ConfigError, match=r"training.max_steps 3 -> 5.*--training.allow_config_change"):
         run(out, *latest, "--training.max_steps", 5)
     assert (out / "config.yaml").read_text() == saved
     # a deliberate change that then fails to load (another model shape) still leaves config.yaml alone
     with pytest.raises(ConfigError, match="does not fit this run"):
-        run(out, *latest, "--training.max_steps", 3, "--model.intermediate_size", 96, "--training.allow_config_change")
+        run(
+            out,
+            *latest,
+            "--training.max_steps",
+            3,
+            "--model.intermediate_size",
+            96,
+            "--training.allow_config_change",
+        )
     assert (out / "config.yaml").read_text() == saved
     # harmless changes pass; a deliberate one passes with the flag, and becomes the run's config
-    state = run(out, *latest, "--training.max_steps", 5, "--training.allow_config_change", "--logging.logging_steps", 2)
+    state = run(
+        out,
+        *latest,
+        "--training.max_steps",
+        5,
+        "--training.allow_config_change",
+        "--logging.logging_steps",
+        2,
+    )
     assert state.global_step == 5
     assert "max_steps: 5" in (out / "config.yaml").read_text()
     assert "max_steps: 5" in (find_checkpoints(out)[-1] / "kiln_config.yaml").read_text()
@@ -267,9 +363,13 @@ def test_damaged_checkpoints_are_detected_and_latest_falls_back(tmp_path, caplog
     flipped = bytearray(pristine)
     flipped[len(flipped) // 2] ^= 0xFF  # silent bit rot: same size, other content
     optimizer.write_bytes(bytes(flipped))
-    with pytest.raises(ConfigError, match=r"step-00000002 is damaged: optimizer.safetensors does not match its checksum"):
+    with pytest.raises(
+        ConfigError, match=r"step-00000002 is damaged: optimizer.safetensors does not match its checksum"
+    ):
         run(tmp_path / "other", *common, "--training.resume_from_checkpoint", step2)
-    with pytest.raises(ConfigError, match=r"no valid checkpoint.*step-00000004: model.safetensors has \d+ bytes"):
+    with pytest.raises(
+        ConfigError, match=r"no valid checkpoint.*step-00000004: model.safetensors has \d+ bytes"
+    ):
         run(out, *common, "--training.resume_from_checkpoint", "latest")
     optimizer.write_bytes(pristine)
 
@@ -296,9 +396,18 @@ def test_user_mistakes_are_one_line_errors_with_exit_status_2(tmp_path, capsys):
     cases = [
         (["--training.output_dir", a_file], f"error: --training.output_dir {a_file} is a file"),
         (["--training.output_dir", ""], "error: --training.output_dir is empty"),
-        (["--training.output_dir", tmp_path / "n", "--data.data_files", numbers], "error: column 'text' holds int"),
-        (["--training.output_dir", tmp_path / "s", "--training.lr_scheduler_type", "x"], "error: --training.lr_sch"),
-        (["--training.output_dir", tmp_path / "h", "--model.num_attention_heads", 3], "error: --model.hidden_size 32"),
+        (
+            ["--training.output_dir", tmp_path / "n", "--data.data_files", numbers],
+            "error: column 'text' holds int",
+        ),
+        (
+            ["--training.output_dir", tmp_path / "s", "--training.lr_scheduler_type", "x"],
+            "error: --training.lr_sch",
+        ),
+        (
+            ["--training.output_dir", tmp_path / "h", "--model.num_attention_heads", 3],
+            "error: --model.hidden_size 32",
+        ),
     ]
     for args, start in cases:
         code, lines = cli_in_process(capsys, *args)
@@ -332,15 +441,19 @@ def test_disk_faults_are_one_line_errors(capsys):
     def read_only(argv):
         raise OSError(errno.EROFS, "Read-only file system", "/mnt/ro/run")
 
-    for main, expected in ((full_disk, "error: no space left on the device holding /data/run/checkpoints"),
-                           (read_only, "error: /mnt/ro/run is on a read-only file system")):  # fmt: skip
+    for main, expected in (
+        (full_disk, "error: no space left on the device holding /data/run/checkpoints"),
+        (read_only, "error: /mnt/ro/run is on a read-only file system"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             run_cli(main, [])
         assert exit_info.value.code == 2
         assert capsys.readouterr().err.strip().startswith(expected)
 
 
-def test_fine_tuning_files_that_are_empty_or_hold_no_text_are_one_line_errors(tmp_path, capsys, kiln_checkpoints):
+def test_fine_tuning_files_that_are_empty_or_hold_no_text_are_one_line_errors(
+    tmp_path, capsys, kiln_checkpoints
+):
     from test_finetune_scripts import write_sentiment
 
     from finetune.classify import main as classify_main
@@ -356,22 +469,42 @@ def test_fine_tuning_files_that_are_empty_or_hold_no_text_are_one_line_errors(tm
     empty = tmp_path / "test.jsonl"
     empty.write_bytes(b"")
     for load in (load_classification_data, load_tagging_data, load_seq2seq_data):
-        with pytest.raises(FinetuneDataError, match=r"test.jsonl is empty \(0 bytes\): give a file with one JSON"):
+        with pytest.raises(
+            FinetuneDataError, match=r"test.jsonl is empty \(0 bytes\): give a file with one JSON"
+        ):
             load(train_file=str(files["train"]), test_file=str(empty))
     numbers = tmp_path / "numbers.jsonl"
-    numbers.write_text("".join(json.dumps({"sentence": i, "source": i, "target": "t", "label": i % 2}) + "\n"
-                               for i in range(20)))  # fmt: skip
-    with pytest.raises(FinetuneDataError, match=r"text column 'sentence' of the train split holds int values \(e.g."):
+    numbers.write_text(
+        "".join(
+            json.dumps({"sentence": i, "source": i, "target": "t", "label": i % 2}) + "\n" for i in range(20)
+        )
+    )
+    with pytest.raises(
+        FinetuneDataError, match=r"text column 'sentence' of the train split holds int values \(e.g."
+    ):
         load_classification_data(train_file=str(numbers), validation_file=str(numbers))
-    with pytest.raises(FinetuneDataError, match=r"source/target column 'source' of the train split holds int"):
+    with pytest.raises(
+        FinetuneDataError, match=r"source/target column 'source' of the train split holds int"
+    ):
         load_seq2seq_data(train_file=str(numbers), validation_file=str(numbers))
 
     # the command: one line, exit status 2, nothing written
     encoder, _ = kiln_checkpoints
     out = tmp_path / "cls"
     with pytest.raises(SystemExit) as exit_info:
-        run_finetune_cli(classify_main, ["--model.checkpoint", str(encoder), "--training.output_dir", str(out),
-                            "--data.train_file", str(files["train"]), "--data.test_file", str(empty)])  # fmt: skip
+        run_finetune_cli(
+            classify_main,
+            [
+                "--model.checkpoint",
+                str(encoder),
+                "--training.output_dir",
+                str(out),
+                "--data.train_file",
+                str(files["train"]),
+                "--data.test_file",
+                str(empty),
+            ],
+        )
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert err.splitlines()[-1].startswith(f"error: {empty} is empty (0 bytes)"), err
@@ -390,8 +523,18 @@ def test_no_validation_examples_is_a_warning_not_a_crash(tmp_path, kind, caplog)
     one.write_text("It was a dark night. The rain fell hard on the old roof. " * 200)
     extra = DECODER[:-2] if kind == "decoder" else ["--model.objective", kind]
     with caplog.at_level("WARNING"):
-        state = run(tmp_path / "run", *extra, "--data.data_files", one, "--training.max_steps", 2,
-                    "--training.save_steps", 0, "--training.eval_steps", 1)  # fmt: skip
+        state = run(
+            tmp_path / "run",
+            *extra,
+            "--data.data_files",
+            one,
+            "--training.max_steps",
+            2,
+            "--training.save_steps",
+            0,
+            "--training.eval_steps",
+            1,
+        )
     assert state.global_step == 2
     assert "no validation examples" in caplog.text and "will not evaluate" in caplog.text
     assert not any(key.startswith("eval/") for entry in state.history for key in entry)
@@ -407,8 +550,11 @@ def test_a_diverged_run_stops_with_one_line_keeps_the_last_good_checkpoint_and_e
     from kiln.errors import RunError
 
     out = tmp_path / "diverged"
-    with pytest.raises(RunError, match=r"training diverged: the loss or gradient norm was NaN/inf at steps 3-6; "
-                                       r"the last good checkpoint is .*step-00000002"):  # fmt: skip
+    with pytest.raises(
+        RunError,
+        match=r"training diverged: the loss or gradient norm was NaN/inf at steps 3-6; "
+        r"the last good checkpoint is .*step-00000002",
+    ):
         run(out, "--training.lr", 1e6, "--training.max_steps", 20, "--training.save_steps", 2, *QUICK)
     assert not (out / "final").exists()
     assert [p.name for p in find_checkpoints(out)] == ["step-00000002"]
@@ -421,7 +567,10 @@ def test_an_isolated_non_finite_step_is_skipped_and_training_goes_on(tmp_path, m
     out = tmp_path / "one-nan"
     with caplog.at_level("WARNING", logger="kiln"):
         state = run(out, "--training.max_steps", 6, "--training.save_steps", 0, *QUICK)
-    assert "step 3: the loss or gradient norm is not finite" in caplog.text and "(1 in a row, limit 3)" in caplog.text
+    assert (
+        "step 3: the loss or gradient norm is not finite" in caplog.text
+        and "(1 in a row, limit 3)" in caplog.text
+    )
     assert state.global_step == 6 and (out / "final" / "model.safetensors").is_file()
     curve = losses(out)
     assert curve[3] != curve[3] and all(curve[s] == curve[s] for s in (1, 2, 4, 5, 6))  # only step 3 is NaN
@@ -439,12 +588,21 @@ def test_help_is_light_and_shows_list_values_and_a_missing_value_names_its_optio
             f"try:\n    runpy.run_path('{script}', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "print('IMPORTED', sorted(m for m in ('torch', 'datasets', 'transformers') if m in sys.modules))\n"
         )
-        result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-        assert result.stdout.strip().splitlines()[-1] == "IMPORTED []", result.stdout[-2000:] + result.stderr[-2000:]
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        assert result.stdout.strip().splitlines()[-1] == "IMPORTED []", (
+            result.stdout[-2000:] + result.stderr[-2000:]
+        )
         if script == "pretrain/run.py":
-            assert "--data.data_files (list[str], default: ['data/pretrain/*.txt']; several as a,b or [a, b])" in (
-                result.stdout
+            assert (
+                "--data.data_files (list[str], default: ['data/pretrain/*.txt']; several as a,b or [a, b])"
+                in (result.stdout)
             )
 
     from kiln.config import build_config
@@ -465,17 +623,30 @@ def test_model_card_names_the_run_and_uses_the_right_article(tmp_path):
 
 
 def test_resuming_from_a_missing_or_stalled_hub_repo_is_a_one_line_error(tmp_path, hub):
-    with pytest.raises(ConfigError, match=r"cannot resume from hub:kiln-test/nothing: Hub repo kiln-test/nothing not"):
+    with pytest.raises(
+        ConfigError, match=r"cannot resume from hub:kiln-test/nothing: Hub repo kiln-test/nothing not"
+    ):
         run(tmp_path / "missing", "--training.resume_from_checkpoint", "hub:kiln-test/nothing")
     hub.stall()
-    proc = _cli(["--training.output_dir", tmp_path / "stalled", "--hub.timeout_s", 1,
-                 "--training.resume_from_checkpoint", "hub:kiln-test/stalled"], launcher=(sys.executable,))  # fmt: skip
+    proc = _cli(
+        [
+            "--training.output_dir",
+            tmp_path / "stalled",
+            "--hub.timeout_s",
+            1,
+            "--training.resume_from_checkpoint",
+            "hub:kiln-test/stalled",
+        ],
+        launcher=(sys.executable,),
+    )
     try:
         output, _ = proc.communicate(timeout=180)
     finally:
         proc.kill()
     assert proc.returncode == 2, output
-    assert output.strip().splitlines()[-1].startswith("error: cannot resume from hub:kiln-test/stalled"), output
+    assert output.strip().splitlines()[-1].startswith("error: cannot resume from hub:kiln-test/stalled"), (
+        output
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -519,14 +690,20 @@ def test_a_disk_fault_in_a_checkpoint_save_is_one_line_and_keeps_the_last_checkp
     code, lines = cli_in_process(capsys, *args)
     last = lines[-1]
     assert code == 2, last
-    assert last.startswith(f"error: file size limit exceeded writing {out}/checkpoints/step-00000004.tmp"), last
-    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000002"]  # no half-written folder left
+    assert last.startswith(f"error: file size limit exceeded writing {out}/checkpoints/step-00000004.tmp"), (
+        last
+    )
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [
+        "step-00000002"
+    ]  # no half-written folder left
     kept = _checkpoint_files(out / "checkpoints" / "step-00000002")
 
     monkeypatch.undo()  # the limit is lifted (the fixture's own finally runs later; the next run needs room)
     import resource
 
-    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    resource.setrlimit(
+        resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.getrlimit(resource.RLIMIT_FSIZE)[1])
+    )
     state = run(out, *args[2:], "--training.resume_from_checkpoint", "latest")
     assert state.global_step == 4 and (out / "final" / "model.safetensors").is_file()
     assert _checkpoint_files(out / "checkpoints" / "step-00000002") == kept
@@ -547,7 +724,9 @@ def test_a_disk_fault_in_the_final_export_is_one_line_and_leaves_no_half_model(
     monkeypatch.undo()
     import resource
 
-    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    resource.setrlimit(
+        resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.getrlimit(resource.RLIMIT_FSIZE)[1])
+    )
     state = run(out, *args[2:], "--training.resume_from_checkpoint", "latest")
     assert state.global_step == 2 and (out / "final" / "model.safetensors").is_file()
 
@@ -616,7 +795,9 @@ def test_library_write_errors_are_named_as_the_disk_fault_behind_them(tmp_path):
 def small_disk(tmp_path):
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", mount_point], capture_output=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", mount_point], capture_output=True
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
     try:
@@ -633,8 +814,17 @@ def test_a_full_then_read_only_disk_is_one_line_and_keeps_every_completed_checkp
     """The full disk through the command in a fresh process; the read-only disk (the same one-line path for a disk
     fault) and the resume with room again through the same command line in this process."""
     out = small_disk / "run"
-    args = ["--training.output_dir", out, "--training.max_steps", 40, "--training.save_steps", 2,
-            "--training.save_total_limit", 0, *QUICK]  # fmt: skip
+    args = [
+        "--training.output_dir",
+        out,
+        "--training.max_steps",
+        40,
+        "--training.save_steps",
+        2,
+        "--training.save_total_limit",
+        0,
+        *QUICK,
+    ]
     proc = _cli(args, launcher=(sys.executable,))
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, output
@@ -660,8 +850,17 @@ def test_a_full_then_read_only_disk_is_one_line_and_keeps_every_completed_checkp
 def test_a_full_disk_under_a_multi_process_launch_ends_every_process_with_the_one_line(small_disk):
     """The disk fills while the first process writes a checkpoint: the others (waiting for it) must not hang."""
     out = small_disk / "run"
-    args = ["--training.output_dir", out, "--training.max_steps", 40, "--training.save_steps", 2,
-            "--training.save_total_limit", 0, *QUICK]  # fmt: skip
+    args = [
+        "--training.output_dir",
+        out,
+        "--training.max_steps",
+        40,
+        "--training.save_steps",
+        2,
+        "--training.save_total_limit",
+        0,
+        *QUICK,
+    ]
     proc = _cli(args, launcher=KILN_LAUNCH_2, env_extra=CPU_PROCESSES)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, output
@@ -673,8 +872,11 @@ def test_a_full_disk_under_a_multi_process_launch_ends_every_process_with_the_on
     kept = {c.name: _checkpoint_files(c) for c in completed}
 
     _remount(small_disk, "rw,size=64m")
-    proc = _cli([*args, "--training.resume_from_checkpoint", "latest"], launcher=KILN_LAUNCH_2,
-                env_extra=CPU_PROCESSES)  # fmt: skip
+    proc = _cli(
+        [*args, "--training.resume_from_checkpoint", "latest"],
+        launcher=KILN_LAUNCH_2,
+        env_extra=CPU_PROCESSES,
+    )
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
     assert (out / "final" / "model.safetensors").is_file()

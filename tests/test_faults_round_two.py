@@ -11,9 +11,22 @@ from test_finetune_scripts import synthetic_ner_sentences, write_conll
 
 def script_cli(script: str, *args, env_extra=None, timeout=300) -> tuple[int, str]:
     """`python SCRIPT ARGS...` from the repo root in a fresh process: (exit status, stdout + stderr)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env_extra or {})}
-    done = subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        **(env_extra or {}),
+    }
+    done = subprocess.run(
+        [sys.executable, str(REPO / script), *map(str, args)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
     return done.returncode, done.stdout
 
 
@@ -36,12 +49,26 @@ def test_a_conll_word_line_without_its_tag_is_named_not_learnt_as_a_tag(kiln_che
     lines[broken] = lines[broken].split()[0]  # "w2 O" -> "w2"
     train.write_text("\n".join(lines) + "\n")
     out = tmp_path / "tag"
-    status, output = script_cli("finetune/tag.py", "--model.checkpoint", encoder, "--training.output_dir", out,
-                                "--data.train_file", train, "--data.validation_file", train,
-                                "--data.test_file", train, "--training.max_steps", 1)  # fmt: skip
+    status, output = script_cli(
+        "finetune/tag.py",
+        "--model.checkpoint",
+        encoder,
+        "--training.output_dir",
+        out,
+        "--data.train_file",
+        train,
+        "--data.validation_file",
+        train,
+        "--data.test_file",
+        train,
+        "--training.max_steps",
+        1,
+    )
     message = assert_one_line_error(status, output)
-    assert message == (f"error: {train}:{broken + 1} has no tag column (just {lines[broken]!r}); give every word "
-                       "line its tag, or pick --data.tag_column / --data.token_column"), output  # fmt: skip
+    assert message == (
+        f"error: {train}:{broken + 1} has no tag column (just {lines[broken]!r}); give every word "
+        "line its tag, or pick --data.tag_column / --data.token_column"
+    ), output
     assert not out.exists()
 
 
@@ -51,14 +78,40 @@ def test_a_conll_word_line_without_its_tag_is_named_not_learnt_as_a_tag(kiln_che
 
 def multi_process_launch(script: str, *args, env_extra=None, timeout=300) -> tuple[int, str]:
     """`accelerate launch --multi_gpu --num_processes 2 SCRIPT ARGS...` on CPU (torchrun's agent, gloo)."""
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--main_process_port", "0",  # 0: accelerate picks a free port
-              "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        "0",  # 0: accelerate picks a free port
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
     env = {key: value for key, value in os.environ.items() if not key.startswith(("ACCELERATE_", "FSDP_"))}
-    env = {**env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "ACCELERATE_USE_CPU": "1", **(env_extra or {})}  # fmt: skip
-    done = subprocess.run([*launch, str(REPO / script), *map(str, args)], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
+    env = {
+        **env,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "ACCELERATE_USE_CPU": "1",
+        **(env_extra or {}),
+    }
+    done = subprocess.run(
+        [*launch, str(REPO / script), *map(str, args)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
     return done.returncode, done.stdout
 
 
@@ -72,9 +125,20 @@ def test_mlm_alone_trains_on_two_processes_and_exports_a_fill_mask_model(tmp_pat
 
     out = tmp_path / "mlm"
     status, output = multi_process_launch(
-        "pretrain/run.py", "--config", DEBUG, "--model.objective", "mlm", "--training.output_dir", out,
-        "--training.max_steps", 3, "--training.eval_steps", 3, "--training.save_steps", 0,
-    )  # fmt: skip
+        "pretrain/run.py",
+        "--config",
+        DEBUG,
+        "--model.objective",
+        "mlm",
+        "--training.output_dir",
+        out,
+        "--training.max_steps",
+        3,
+        "--training.eval_steps",
+        3,
+        "--training.save_steps",
+        0,
+    )
     assert status == 0, output[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "train/loss" in row] == [1, 2, 3]
@@ -87,7 +151,9 @@ def test_mlm_alone_trains_on_two_processes_and_exports_a_fill_mask_model(tmp_pat
     inputs = tokenizer(f"the {tokenizer.mask_token} sat", return_tensors="pt")
     with torch.no_grad():
         assert model(**inputs).logits.shape[-1] == model.config.vocab_size
-    _, info = AutoModelForSequenceClassification.from_pretrained(final, output_loading_info=True, num_labels=2)
+    _, info = AutoModelForSequenceClassification.from_pretrained(
+        final, output_loading_info=True, num_labels=2
+    )
     assert all(key.startswith(("classifier.", "model.pooler.")) for key in info["missing_keys"]), info
 
 
@@ -95,7 +161,9 @@ def test_mlm_alone_trains_on_two_processes_and_exports_a_fill_mask_model(tmp_pat
 # item 16: empty text cells in a classification file
 
 
-def test_empty_text_cells_in_a_classification_file_are_named_by_file_column_and_row(kiln_checkpoints, tmp_path):
+def test_empty_text_cells_in_a_classification_file_are_named_by_file_column_and_row(
+    kiln_checkpoints, tmp_path
+):
     import csv
 
     from test_finetune_scripts import write_sentiment
@@ -108,12 +176,26 @@ def test_empty_text_cells_in_a_classification_file_are_named_by_file_column_and_
     with open(files["train"], "w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows(rows)
     out = tmp_path / "cls"
-    status, output = script_cli("finetune/classify.py", "--model.checkpoint", encoder, "--training.output_dir", out,
-                                "--data.train_file", files["train"], "--data.validation_file", files["validation"],
-                                "--data.test_file", files["test"], "--training.max_steps", 1)  # fmt: skip
+    status, output = script_cli(
+        "finetune/classify.py",
+        "--model.checkpoint",
+        encoder,
+        "--training.output_dir",
+        out,
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        "--data.test_file",
+        files["test"],
+        "--training.max_steps",
+        1,
+    )
     message = assert_one_line_error(status, output)
-    assert message == (f"error: {files['train']}: text column 'sentence' is empty in row 4 and 1 more rows (rows "
-                       "counted from 1, without a header line); fill in or drop those rows"), output  # fmt: skip
+    assert message == (
+        f"error: {files['train']}: text column 'sentence' is empty in row 4 and 1 more rows (rows "
+        "counted from 1, without a header line); fill in or drop those rows"
+    ), output
     assert not out.exists()
 
 
@@ -151,16 +233,31 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_they_load(kiln_c
     reset_accelerate()
     try:
         with pytest.raises(SystemExit) as exit_info:
-            run_finetune_cli(classify_main, [
-                "--model.checkpoint", str(folder), "--training.output_dir", str(out), "--data.train_file",
-                str(files["train"]), "--data.validation_file", str(files["validation"]), "--data.test_file",
-                str(files["test"]), "--training.max_steps", "1"])  # fmt: skip
+            run_finetune_cli(
+                classify_main,
+                [
+                    "--model.checkpoint",
+                    str(folder),
+                    "--training.output_dir",
+                    str(out),
+                    "--data.train_file",
+                    str(files["train"]),
+                    "--data.validation_file",
+                    str(files["validation"]),
+                    "--data.test_file",
+                    str(files["test"]),
+                    "--training.max_steps",
+                    "1",
+                ],
+            )
     finally:
         reset_accelerate()
     output = capsys.readouterr().err
     message = assert_one_line_error(exit_info.value.code, output)
-    assert message.startswith(f"error: {folder}: its tokenizer has {len(tokenizer)} tokens but the model only "
-                              f"{vocab_size} embeddings; put the tokenizer the model was trained with"), output  # fmt: skip
+    assert message.startswith(
+        f"error: {folder}: its tokenizer has {len(tokenizer)} tokens but the model only "
+        f"{vocab_size} embeddings; put the tokenizer the model was trained with"
+    ), output
     assert not out.exists()
 
 
@@ -180,15 +277,20 @@ def test_a_utf16_corpus_names_the_iconv_command_that_re_encodes_it_and_the_comma
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     utf16 = corpus / "notes.txt"
-    utf16.write_bytes(codecs.BOM_UTF16_LE + text.encode("utf-16-le"))  # what Windows' Notepad writes as "Unicode"
+    utf16.write_bytes(
+        codecs.BOM_UTF16_LE + text.encode("utf-16-le")
+    )  # what Windows' Notepad writes as "Unicode"
     out = tmp_path / "run"
-    status, lines = cli_in_process(capsys, "--data.data_files", corpus / "*.txt", "--training.output_dir", out,
-                                   "--training.max_steps", 1)  # fmt: skip
+    status, lines = cli_in_process(
+        capsys, "--data.data_files", corpus / "*.txt", "--training.output_dir", out, "--training.max_steps", 1
+    )
     output = "\n".join(lines)
     message = assert_one_line_error(status, output)
     command = f"iconv -f UTF-16 -t UTF-8 {utf16} > {utf16}.utf8 && mv {utf16}.utf8 {utf16}"
-    assert message == (f"error: {utf16} is UTF-16 text (it starts with a UTF-16 byte-order mark); Kiln reads "
-                       f"UTF-8: re-encode it with `{command}`"), output  # fmt: skip
+    assert message == (
+        f"error: {utf16} is UTF-16 text (it starts with a UTF-16 byte-order mark); Kiln reads "
+        f"UTF-8: re-encode it with `{command}`"
+    ), output
     if shutil.which("iconv"):  # the command it names gives the text back as UTF-8 (latin1 gave NULs)
         subprocess.run(command, shell=True, check=True)
         assert utf16.read_bytes() == text.encode("utf-8")
@@ -197,13 +299,31 @@ def test_a_utf16_corpus_names_the_iconv_command_that_re_encodes_it_and_the_comma
     utf32 = corpus / "notes.txt"
     utf32.write_bytes(codecs.BOM_UTF32_BE + text.encode("utf-32-be"))
     env = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "pretrain.data", "prepare", "--config", DEBUG, "--data.data_files",
-                           str(corpus / "*.txt"), "--output", str(tmp_path / "prepared")], cwd=REPO,
-                          env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pretrain.data",
+            "prepare",
+            "--config",
+            DEBUG,
+            "--data.data_files",
+            str(corpus / "*.txt"),
+            "--output",
+            str(tmp_path / "prepared"),
+        ],
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
     message = assert_one_line_error(done.returncode, done.stdout)
-    assert message.startswith(f"error: {utf32} is UTF-32 text (it starts with a UTF-32 byte-order mark); Kiln "
-                              f"reads UTF-8: re-encode it with `iconv -f UTF-32 -t UTF-8 {utf32} >"), done.stdout  # fmt: skip
+    assert message.startswith(
+        f"error: {utf32} is UTF-32 text (it starts with a UTF-32 byte-order mark); Kiln "
+        f"reads UTF-8: re-encode it with `iconv -f UTF-32 -t UTF-8 {utf32} >"
+    ), done.stdout
 
     from pretrain.data.corpus import check_utf8
 
@@ -226,7 +346,10 @@ def read_only_command(folder) -> list[str]:
     if os.geteuid() != 0:
         os.chmod(folder, 0o555)
         return []
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode
+    ):
         pytest.skip("a read-only folder for root needs unshare -m (a private mount namespace)")
     mount = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"'
     return ["unshare", "-m", "sh", "-c", mount, str(folder)]
@@ -236,17 +359,41 @@ def test_a_read_only_hf_home_names_the_datasets_cache_and_how_to_move_it(tmp_pat
     home = tmp_path / "hf-home"
     home.mkdir()
     prefix = read_only_command(home)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HOME": str(home)}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "HF_HOME": str(home),
+    }
     env.pop("HF_DATASETS_CACHE", None)
     out = tmp_path / "run"
-    done = subprocess.run([*prefix, sys.executable, str(REPO / "pretrain/run.py"), "--config", DEBUG,
-                           "--training.output_dir", str(out), "--training.max_steps", "1"], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            *prefix,
+            sys.executable,
+            str(REPO / "pretrain/run.py"),
+            "--config",
+            DEBUG,
+            "--training.output_dir",
+            str(out),
+            "--training.max_steps",
+            "1",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
     message = assert_one_line_error(done.returncode, done.stdout)
     cache = home / "datasets"
     assert message.startswith(f"error: the datasets cache {cache} is not writable ("), done.stdout
-    assert message.endswith("); point HF_DATASETS_CACHE (this cache only) or HF_HOME (every Hugging Face cache) at "
-                            "a writable folder, e.g. `export HF_HOME=/scratch/$USER/huggingface`"), done.stdout  # fmt: skip
+    assert message.endswith(
+        "); point HF_DATASETS_CACHE (this cache only) or HF_HOME (every Hugging Face cache) at "
+        "a writable folder, e.g. `export HF_HOME=/scratch/$USER/huggingface`"
+    ), done.stdout
     assert "well-formed" not in message
 
 
@@ -316,7 +463,9 @@ def test_under_deepspeed_a_nan_loss_is_caught_before_the_engine_steps(tmp_path, 
         plugin = DeepSpeedPlugin()
         configure_deepspeed(plugin, TrainingConfig(per_device_train_batch_size=8))
         plugin.set_mixed_precision(env["ACCELERATE_MIXED_PRECISION"])
-        plugin._set_selected(True)  # what AcceleratorState does when it enables the plugin (minus transformers hooks)
+        plugin._set_selected(
+            True
+        )  # what AcceleratorState does when it enables the plugin (minus transformers hooks)
 
     original_step, engines = Trainer._optimizer_step, []
 
@@ -325,7 +474,10 @@ def test_under_deepspeed_a_nan_loss_is_caught_before_the_engine_steps(tmp_path, 
         if not engines:
             engines.append(FakeDeepSpeedEngine(acc.unwrap_model(self.model), self.optimizer.optimizer, 1.0))
         saved = acc.state.distributed_type, acc.state.deepspeed_plugins, self.optimizer
-        acc.state.distributed_type, acc.state.deepspeed_plugins = DistributedType.DEEPSPEED, {"default": plugin}
+        acc.state.distributed_type, acc.state.deepspeed_plugins = (
+            DistributedType.DEEPSPEED,
+            {"default": plugin},
+        )
         acc.deepspeed_engine_wrapped, self.optimizer = engines[0], _StepsInsideTheEngine(self.optimizer)
         try:
             return original_step(self, micro_batches)
@@ -337,9 +489,15 @@ def test_under_deepspeed_a_nan_loss_is_caught_before_the_engine_steps(tmp_path, 
     out = tmp_path / "deepspeed-nan"
     with caplog.at_level("WARNING", logger="kiln"):
         state = run(out, "--training.max_steps", 6, "--training.save_steps", 0, "--training.eval_steps", 0)
-    assert "step 3: the loss or gradient norm is not finite" in caplog.text and "(1 in a row, limit 3)" in caplog.text
+    assert (
+        "step 3: the loss or gradient norm is not finite" in caplog.text
+        and "(1 in a row, limit 3)" in caplog.text
+    )
     assert engines[0].steps == 5  # the engine never stepped on the NaN loss
-    assert plugin.deepspeed_config["bf16"]["enabled"] and plugin.deepspeed_config["zero_optimization"]["stage"] == 2
+    assert (
+        plugin.deepspeed_config["bf16"]["enabled"]
+        and plugin.deepspeed_config["zero_optimization"]["stage"] == 2
+    )
     assert state.global_step == 6 and state.stop_reason == "max_steps"
     curve = losses(out)
     assert curve[3] != curve[3] and all(curve[s] == curve[s] for s in (1, 2, 4, 5, 6))
@@ -410,7 +568,9 @@ def test_the_best_model_under_fsdp2_is_saved_and_loaded_back_into_the_shards(tmp
     script = tmp_path / "best_fsdp2.py"
     script.write_text(_BEST_UNDER_FSDP2)
     done = run_under_fsdp(script, tmp_path / "best")
-    (result,) = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    (result,) = [
+        json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line
+    ]
     assert result["moved"] >= 1.0 - 1e-6 and result["keys"] and result["tied"]
     assert result["worst"] == 0.0, result
     assert result["card_step"] == 2  # the card describes the best evaluation

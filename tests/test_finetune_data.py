@@ -470,8 +470,14 @@ def test_the_dataset_revision_reaches_load_dataset(monkeypatch, revision):
     import finetune.data
 
     calls = []
-    rows = {"tokens": [["a", "b"]], "tags": [["O", "O"]], "text": ["a b"], "label": ["x"], "source": ["a"],
-            "target": ["b"]}  # fmt: skip
+    rows = {
+        "tokens": [["a", "b"]],
+        "tags": [["O", "O"]],
+        "text": ["a b"],
+        "label": ["x"],
+        "source": ["a"],
+        "target": ["b"],
+    }
 
     def load_dataset(name, config, **options):
         calls.append((name, config, options))
@@ -491,8 +497,11 @@ def test_a_dataset_with_only_a_loading_script_is_a_data_error_naming_the_parquet
         raise RuntimeError("Dataset scripts are no longer supported, but found data.py")
 
     monkeypatch.setattr(finetune.data, "load_dataset", load_dataset)
-    with pytest.raises(FinetuneDataError, match=r"^someone/data has only a loading script, which datasets no longer "
-                                                r"runs: give --data.dataset_revision refs/convert/parquet"):  # fmt: skip
+    with pytest.raises(
+        FinetuneDataError,
+        match=r"^someone/data has only a loading script, which datasets no longer "
+        r"runs: give --data.dataset_revision refs/convert/parquet",
+    ):
         load_tagging_data(dataset_name="someone/data")
     with pytest.raises(FinetuneDataError, match=r"^someone/data \(revision v1\) has only a loading script"):
         load_tagging_data(dataset_name="someone/data", dataset_revision="v1")

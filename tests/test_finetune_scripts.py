@@ -141,11 +141,24 @@ def test_classify_learns_keeps_the_best_and_exports_a_pipeline_ready_model(kiln_
     files = write_sentiment(tmp_path)
     out = tmp_path / "run"
     result = classify(
-        "--model.checkpoint", encoder, "--training.output_dir", out, *FAST,
-        "--data.train_file", files["train"], "--data.validation_file", files["validation"],
-        "--data.test_file", files["test"], "--training.num_train_epochs", 3, "--training.lr", 1e-2,
-        "--training.per_device_train_batch_size", 16,
-    )  # fmt: skip
+        "--model.checkpoint",
+        encoder,
+        "--training.output_dir",
+        out,
+        *FAST,
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        "--data.test_file",
+        files["test"],
+        "--training.num_train_epochs",
+        3,
+        "--training.lr",
+        1e-2,
+        "--training.per_device_train_batch_size",
+        16,
+    )
     assert_loss_falls(out)
     evals = eval_rows(out)
     assert len(evals) == 3  # once per epoch
@@ -180,9 +193,21 @@ def test_classify_learns_keeps_the_best_and_exports_a_pipeline_ready_model(kiln_
 
     # --predict with the fine-tuned model and a test file alone: the same predictions, as tsv
     predicted = tmp_path / "predicted"
-    classify("--predict", "--model.checkpoint", final, "--training.output_dir", predicted,
-             "--data.train_file", "", "--data.validation_file", "", "--data.test_file", files["test"],
-             "--eval.predictions_format", "tsv")  # fmt: skip
+    classify(
+        "--predict",
+        "--model.checkpoint",
+        final,
+        "--training.output_dir",
+        predicted,
+        "--data.train_file",
+        "",
+        "--data.validation_file",
+        "",
+        "--data.test_file",
+        files["test"],
+        "--eval.predictions_format",
+        "tsv",
+    )
     lines = (predicted / "predictions_test.tsv").read_text().splitlines()
     assert lines[0] == "text\tprediction\treference"
     assert [line.split("\t")[1] for line in lines[1:]] == [row["prediction"] for row in rows]
@@ -195,21 +220,52 @@ def test_classify_sentence_pairs_with_float_labels_is_regression(kiln_checkpoint
     with open(path, "w") as f:
         for _ in range(96):
             a, b = rng.choice(SUBJECTS), rng.choice(SUBJECTS)
-            f.write(json.dumps({"sentence1": f"{a} was here", "sentence2": f"{b} was there",
-                                "score": 5.0 if a == b else rng.uniform(0, 2)}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "sentence1": f"{a} was here",
+                        "sentence2": f"{b} was there",
+                        "score": 5.0 if a == b else rng.uniform(0, 2),
+                    }
+                )
+                + "\n"
+            )
     out = tmp_path / "run"
     # lr 1e-30, too small to change any weight (0 is refused): the eval loss cannot improve after the first
     # epoch, so patience 1 stops training after the second
     result = classify(
-        "--model.checkpoint", encoder, "--training.output_dir", out, "--data.train_file", path,
-        "--data.validation_file", "", "--data.test_file", "", "--data.label_column", "score",
-        "--data.validation_split_percentage", 25, "--training.num_train_epochs", 5, "--training.lr", 1e-30,
-        "--training.metric_for_best_model", "loss", "--training.greater_is_better", "false",
-        "--training.early_stopping_patience", 1,
+        "--model.checkpoint",
+        encoder,
+        "--training.output_dir",
+        out,
+        "--data.train_file",
+        path,
+        "--data.validation_file",
+        "",
+        "--data.test_file",
+        "",
+        "--data.label_column",
+        "score",
+        "--data.validation_split_percentage",
+        25,
+        "--training.num_train_epochs",
+        5,
+        "--training.lr",
+        1e-30,
+        "--training.metric_for_best_model",
+        "loss",
+        "--training.greater_is_better",
+        "false",
+        "--training.early_stopping_patience",
+        1,
         # 16 per optimizer step = 8 per device x 2 accumulated micro-steps (ignored, 32 per device: 1 step/epoch)
-        "--training.total_train_batch_size", 16, "--training.gradient_accumulation_steps", 2,
-        "--training.per_device_eval_batch_size", 8,
-    )  # fmt: skip
+        "--training.total_train_batch_size",
+        16,
+        "--training.gradient_accumulation_steps",
+        2,
+        "--training.per_device_eval_batch_size",
+        8,
+    )
     # 72 rows an epoch, global batch 16: 4 optimizer steps (the last 8 rows of each epoch's order left out)
     steps_per_epoch = 72 // 16
     assert result.state.stop_reason == "early_stopping" and result.state.global_step == 2 * steps_per_epoch
@@ -227,11 +283,24 @@ def test_classify_int_labels_and_hub_push(kiln_checkpoints, tmp_path, hub):
     files = write_sentiment(tmp_path, sizes=(64, 16, 8), int_labels=True)
     out = tmp_path / "run"
     classify(
-        "--model.checkpoint", encoder, "--training.output_dir", out, "--data.train_file", files["train"],
-        "--data.validation_file", files["validation"], "--data.test_file", files["test"],
-        "--training.max_steps", 2, "--training.per_device_train_batch_size", 16,
-        "--hub.push_to_hub", "--hub.model_id", "kiln-test/tiny-classifier",
-    )  # fmt: skip
+        "--model.checkpoint",
+        encoder,
+        "--training.output_dir",
+        out,
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        "--data.test_file",
+        files["test"],
+        "--training.max_steps",
+        2,
+        "--training.per_device_train_batch_size",
+        16,
+        "--hub.push_to_hub",
+        "--hub.model_id",
+        "kiln-test/tiny-classifier",
+    )
     rows = read_jsonl(out / "predictions_test.jsonl")
     assert all(row["prediction"] in (0, 1) and row["reference"] in (0, 1) for row in rows)
     pushed = hub.files("kiln-test/tiny-classifier")
@@ -250,11 +319,25 @@ def test_tag_ner_learns_entities_and_matches_the_pipeline(kiln_checkpoints, tmp_
     encoder, _ = kiln_checkpoints
     out = tmp_path / "run"
     result = tag(
-        "--model.checkpoint", encoder, "--training.output_dir", out, *FAST,
-        "--data.train_file", ner_files["train"], "--data.validation_file", ner_files["validation"],
-        "--data.test_file", ner_files["test"], "--data.label_all_tokens", "--training.num_train_epochs", 3,
-        "--training.lr", 1e-2, "--training.per_device_train_batch_size", 16,
-    )  # fmt: skip
+        "--model.checkpoint",
+        encoder,
+        "--training.output_dir",
+        out,
+        *FAST,
+        "--data.train_file",
+        ner_files["train"],
+        "--data.validation_file",
+        ner_files["validation"],
+        "--data.test_file",
+        ner_files["test"],
+        "--data.label_all_tokens",
+        "--training.num_train_epochs",
+        3,
+        "--training.lr",
+        1e-2,
+        "--training.per_device_train_batch_size",
+        16,
+    )
     assert_loss_falls(out, margin=0.3)
     last = eval_rows(out)[-1]
     assert {"eval/precision", "eval/recall", "eval/f1", "eval/PER_f1", "eval/LOC_f1", "eval/accuracy"} <= set(
@@ -280,9 +363,22 @@ def test_tag_ner_learns_entities_and_matches_the_pipeline(kiln_checkpoints, tmp_
 
     # a checkpoint fine-tuned for these tags refuses data with another tag set
     other = write_conll(tmp_path / "pos.txt", [[("the", "DET"), ("cat", "NOUN")]] * 20)
-    retag = ["--model.checkpoint", final, "--training.output_dir", tmp_path / "other", "--data.train_file", other,
-             "--data.validation_file", other, "--data.test_file", "", "--training.max_steps", 1,
-             "--training.per_device_train_batch_size", 8]  # fmt: skip
+    retag = [
+        "--model.checkpoint",
+        final,
+        "--training.output_dir",
+        tmp_path / "other",
+        "--data.train_file",
+        other,
+        "--data.validation_file",
+        other,
+        "--data.test_file",
+        "",
+        "--training.max_steps",
+        1,
+        "--training.per_device_train_batch_size",
+        8,
+    ]
     with pytest.raises(ValueError, match="tag set mismatch.*DET"):
         tag(*retag)
     tag(*retag, "--model.reset_head")  # ... unless asked for a new head
@@ -296,11 +392,25 @@ def test_tag_default_ud_sample_scores_pos_accuracy_and_writes_conll(kiln_checkpo
     encoder, _ = kiln_checkpoints
     out = tmp_path / "run"
     tag(
-        "--model.checkpoint", encoder, "--training.output_dir", out, "--data.max_train_samples", 64,
-        "--data.max_eval_samples", 16, "--data.max_predict_samples", 8, "--training.max_steps", 3,
-        "--training.per_device_train_batch_size", 16, "--eval.predictions_format", "tsv",
-        "--data.truncation", "quiet",
-    )  # fmt: skip
+        "--model.checkpoint",
+        encoder,
+        "--training.output_dir",
+        out,
+        "--data.max_train_samples",
+        64,
+        "--data.max_eval_samples",
+        16,
+        "--data.max_predict_samples",
+        8,
+        "--training.max_steps",
+        3,
+        "--training.per_device_train_batch_size",
+        16,
+        "--eval.predictions_format",
+        "tsv",
+        "--data.truncation",
+        "quiet",
+    )
     last = eval_rows(out)[-1]
     assert "eval/accuracy" in last and "eval/f1" not in last  # UPOS is not an IOB tag set
     upos = json.loads((out / "final" / "config.json").read_text())["id2label"]
@@ -328,11 +438,28 @@ def test_seq2seq_summarization_learns_saves_both_tokenizers_and_generates_the_sa
     encoder, decoder = kiln_checkpoints
     out = tmp_path / "run"
     result = seq2seq(
-        "--model.encoder_checkpoint", encoder, "--model.decoder_checkpoint", decoder,
-        "--training.output_dir", out, *FAST, "--data.max_train_samples", 64, "--data.max_eval_samples", 8,
-        "--data.max_predict_samples", 8, "--training.num_train_epochs", 3, "--training.lr", 1e-2,
-        "--generation.max_new_tokens", 8, "--data.truncation", "quiet",
-    )  # fmt: skip
+        "--model.encoder_checkpoint",
+        encoder,
+        "--model.decoder_checkpoint",
+        decoder,
+        "--training.output_dir",
+        out,
+        *FAST,
+        "--data.max_train_samples",
+        64,
+        "--data.max_eval_samples",
+        8,
+        "--data.max_predict_samples",
+        8,
+        "--training.num_train_epochs",
+        3,
+        "--training.lr",
+        1e-2,
+        "--generation.max_new_tokens",
+        8,
+        "--data.truncation",
+        "quiet",
+    )
     assert_loss_falls(out, margin=0.3)
     last = eval_rows(out)[-1]
     assert {"eval/loss", "eval/rouge1", "eval/rouge2", "eval/rougeL", "eval/rougeLsum"} <= set(last)
@@ -356,9 +483,12 @@ def test_seq2seq_summarization_learns_saves_both_tokenizers_and_generates_the_sa
     assert model.config.decoder_start_token_id == tokenizers.decoder.eos_token_id
     assert model.generation_config.max_new_tokens == 8
     inputs = tokenizers.encoder(
-        [row["source"] for row in rows], padding=True, truncation=True, return_tensors="pt",
+        [row["source"] for row in rows],
+        padding=True,
+        truncation=True,
+        return_tensors="pt",
         return_token_type_ids=False,
-    )  # fmt: skip
+    )
     with torch.no_grad():
         generated = model.generate(**inputs)
     texts = [text.strip() for text in tokenizers.decoder.batch_decode(generated, skip_special_tokens=True)]
@@ -366,9 +496,21 @@ def test_seq2seq_summarization_learns_saves_both_tokenizers_and_generates_the_sa
 
     # --predict with beam search writes generated outputs for the test split
     predicted = tmp_path / "predicted"
-    again = seq2seq("--predict", "--model.checkpoint", final, "--training.output_dir", predicted,
-                    "--data.max_predict_samples", 4, "--generation.num_beams", 2, "--generation.max_new_tokens", 6,
-                    "--data.truncation", "quiet")  # fmt: skip
+    again = seq2seq(
+        "--predict",
+        "--model.checkpoint",
+        final,
+        "--training.output_dir",
+        predicted,
+        "--data.max_predict_samples",
+        4,
+        "--generation.num_beams",
+        2,
+        "--generation.max_new_tokens",
+        6,
+        "--data.truncation",
+        "quiet",
+    )
     beams = read_jsonl(predicted / "predictions_test.jsonl")
     assert [row["source"] for row in beams] == [row["source"] for row in rows[:4]]
     with torch.no_grad():
@@ -392,16 +534,42 @@ def test_seq2seq_translation_from_scratch(kiln_checkpoints, tmp_path):
         )
         (tmp_path / f"{split}.de").write_text("\n".join(" ".join(str(d) for d in ds) for ds in digits) + "\n")
     command = (
-        "--model.encoder_checkpoint", encoder, "--model.decoder_checkpoint", decoder, "--model.from_scratch",
-        "--data.task", "translation", "--data.source_lang", "en", "--data.target_lang", "de",
-        "--data.train_file", tmp_path / "train.en", "--data.validation_file", tmp_path / "val.en",
-        "--data.test_file", tmp_path / "test.en", "--training.per_device_train_batch_size", 16,
-        "--generation.max_new_tokens", 8,
-    )  # fmt: skip
+        "--model.encoder_checkpoint",
+        encoder,
+        "--model.decoder_checkpoint",
+        decoder,
+        "--model.from_scratch",
+        "--data.task",
+        "translation",
+        "--data.source_lang",
+        "en",
+        "--data.target_lang",
+        "de",
+        "--data.train_file",
+        tmp_path / "train.en",
+        "--data.validation_file",
+        tmp_path / "val.en",
+        "--data.test_file",
+        tmp_path / "test.en",
+        "--training.per_device_train_batch_size",
+        16,
+        "--generation.max_new_tokens",
+        8,
+    )
     # the untrained start, scored: one step at learning rate 1e-30 changes no weight (0 is refused)
-    seq2seq(*command, "--training.output_dir", tmp_path / "untrained", "--training.max_steps", 1, "--training.lr", 1e-30)
+    seq2seq(
+        *command,
+        "--training.output_dir",
+        tmp_path / "untrained",
+        "--training.max_steps",
+        1,
+        "--training.lr",
+        1e-30,
+    )
     out = tmp_path / "run"
-    result = seq2seq(*command, "--training.output_dir", out, "--training.max_steps", 12, "--training.lr", 5e-3)
+    result = seq2seq(
+        *command, "--training.output_dir", out, "--training.max_steps", 12, "--training.lr", 5e-3
+    )
     untrained, last = eval_rows(tmp_path / "untrained")[-1], eval_rows(out)[-1]
     assert {"eval/bleu", "eval/chrf", "eval/loss"} <= set(last) and "bleu" in result.test_metrics
     # the translation model learns: 12 steps take the dev loss well below the untrained start's (6.2 -> 4.5 here;
@@ -439,21 +607,44 @@ def test_bad_input_gives_one_line_errors(kiln_checkpoints, tmp_path, capsys):
     encoder, decoder = kiln_checkpoints
     files = write_sentiment(tmp_path, sizes=(32, 8, 8))
     out = ["--training.output_dir", tmp_path / "out"]
-    data = ["--data.train_file", files["train"], "--data.validation_file", files["validation"],
-            "--data.test_file", files["test"]]  # fmt: skip
+    data = [
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        "--data.test_file",
+        files["test"],
+    ]
 
     message = cli_error("classify", capsys, "--model.checkpoint", tmp_path / "runs/encoder-tiny/final", *out)
     assert "not found" in message and "accelerate launch pretrain/run.py" in message
-    message = cli_error("seq2seq", capsys, "--model.encoder_checkpoint", encoder,
-                        "--model.decoder_checkpoint", tmp_path / "nowhere", *out)  # fmt: skip
+    message = cli_error(
+        "seq2seq",
+        capsys,
+        "--model.encoder_checkpoint",
+        encoder,
+        "--model.decoder_checkpoint",
+        tmp_path / "nowhere",
+        *out,
+    )
     assert "configs/pretrain/decoder-tiny.yaml" in message
-    message = cli_error("seq2seq", capsys, "--model.encoder_checkpoint", encoder,
-                        "--model.decoder_checkpoint", encoder, *out)  # fmt: skip
+    message = cli_error(
+        "seq2seq", capsys, "--model.encoder_checkpoint", encoder, "--model.decoder_checkpoint", encoder, *out
+    )
     assert "is a kiln_encoder checkpoint" in message and "kiln_decoder" in message
     message = cli_error("classify", capsys, "--model.checkpoint", decoder, *out, *data)
     assert "kiln_decoder checkpoint" in message
-    message = cli_error("tag", capsys, "--model.checkpoint", encoder, *out,
-                        "--training.total_train_batch_size", 6, "--training.gradient_accumulation_steps", 4)  # fmt: skip
+    message = cli_error(
+        "tag",
+        capsys,
+        "--model.checkpoint",
+        encoder,
+        *out,
+        "--training.total_train_batch_size",
+        6,
+        "--training.gradient_accumulation_steps",
+        4,
+    )
     assert "total_train_batch_size 6" in message and "multiple of 4" in message
 
     message = cli_error(
@@ -472,11 +663,29 @@ def test_bad_input_gives_one_line_errors(kiln_checkpoints, tmp_path, capsys):
         "classify", capsys, "--model.checkpoint", encoder, *out, *data, "--data.test_file", empty
     )
     assert "empty" in message
-    message = cli_error("classify", capsys, "--model.checkpoint", encoder, *out, *data,
-                        "--data.max_seq_length", 4, "--data.truncation", "error")  # fmt: skip
+    message = cli_error(
+        "classify",
+        capsys,
+        "--model.checkpoint",
+        encoder,
+        *out,
+        *data,
+        "--data.max_seq_length",
+        4,
+        "--data.truncation",
+        "error",
+    )
     assert "longer than 4 tokens" in message and "max_seq_length" in message
-    message = cli_error("classify", capsys, "--model.checkpoint", encoder, *out, *data,
-                        "--training.metric_for_best_model", "bleu")  # fmt: skip
+    message = cli_error(
+        "classify",
+        capsys,
+        "--model.checkpoint",
+        encoder,
+        *out,
+        *data,
+        "--training.metric_for_best_model",
+        "bleu",
+    )
     assert "'bleu'" in message and "accuracy" in message
     message = cli_error("classify", capsys, "--predict", "--model.checkpoint", encoder, *out, *data)
     assert "fine-tuned classifier" in message
@@ -489,10 +698,26 @@ def test_truncation_warns_by_default(kiln_checkpoints, tmp_path, caplog):
     encoder, _ = kiln_checkpoints
     files = write_sentiment(tmp_path, sizes=(32, 16, 8))
     with caplog.at_level("WARNING", logger="kiln"):
-        classify("--model.checkpoint", encoder, "--training.output_dir", tmp_path / "out",
-                 "--data.train_file", files["train"], "--data.validation_file", files["validation"],
-                 "--data.test_file", files["test"], "--data.max_seq_length", 4, "--training.max_steps", 1,
-                 "--training.per_device_train_batch_size", 16, "--data.max_eval_samples", 2)  # fmt: skip
+        classify(
+            "--model.checkpoint",
+            encoder,
+            "--training.output_dir",
+            tmp_path / "out",
+            "--data.train_file",
+            files["train"],
+            "--data.validation_file",
+            files["validation"],
+            "--data.test_file",
+            files["test"],
+            "--data.max_seq_length",
+            4,
+            "--training.max_steps",
+            1,
+            "--training.per_device_train_batch_size",
+            16,
+            "--data.max_eval_samples",
+            2,
+        )
     assert any(
         "32 of 32 train" in record.getMessage() and "truncated" in record.getMessage()
         for record in caplog.records

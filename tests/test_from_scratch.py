@@ -21,9 +21,22 @@ def encoder(tmp_path_factory):
     from pretrain.run import main as pretrain
 
     out = tmp_path_factory.mktemp("scratch-enc")
-    run_main(pretrain, "--config", DEBUG, "--training.max_steps", 8, "--training.lr", 3e-3,
-             "--training.save_steps", 0, "--training.eval_steps", 0, "--training.output_dir", out,
-             "--training.overwrite_output_dir")  # fmt: skip
+    run_main(
+        pretrain,
+        "--config",
+        DEBUG,
+        "--training.max_steps",
+        8,
+        "--training.lr",
+        3e-3,
+        "--training.save_steps",
+        0,
+        "--training.eval_steps",
+        0,
+        "--training.output_dir",
+        out,
+        "--training.overwrite_output_dir",
+    )
     return out / "final"
 
 
@@ -43,7 +56,9 @@ def built(script: str, checkpoint, from_scratch: bool, seed: int = 0, dropout=No
         labels = Labels(False, {"a": 0, "b": 1, "c": 2}, {0: "a", 1: "b", 2: "c"})
         return build_classifier(str(checkpoint), cfg, labels, keep_head=False)
     tags = ["O", "B-PER", "I-PER"]
-    return build_tagger(str(checkpoint), cfg, {t: i for i, t in enumerate(tags)}, dict(enumerate(tags)), False)
+    return build_tagger(
+        str(checkpoint), cfg, {t: i for i, t in enumerate(tags)}, dict(enumerate(tags)), False
+    )
 
 
 @pytest.mark.parametrize("script", ["classify", "tag"])
@@ -56,8 +71,15 @@ def test_from_scratch_has_the_checkpoint_shapes_and_config_but_other_weights(enc
     # every weight matrix and embedding differs (LayerNorms start at 1/0, so they may match after 8 steps)
     matrices = [k for k in a if a[k].dim() == 2]
     assert set(matrices) <= set(differing)
-    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-                 "max_position_embeddings", "num_labels"):  # fmt: skip
+    for name in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+        "num_labels",
+    ):
         assert getattr(pretrained.config, name) == getattr(scratch.config, name), name
     assert scratch.config.id2label == pretrained.config.id2label
     # the random weights come from the seeded generator: a seed reproduces them, another seed changes them
@@ -82,9 +104,23 @@ def test_classify_and_tag_from_scratch_train_on_the_shipped_samples(encoder, tmp
     from finetune.tag import main as tag
 
     pretrained = load_file(encoder / "model.safetensors")
-    common = ["--model.checkpoint", encoder, "--model.from_scratch", "--training.max_steps", 2,
-              "--training.per_device_train_batch_size", 8, "--data.max_train_samples", 32,
-              "--data.max_eval_samples", 16, "--data.max_predict_samples", 8, "--data.truncation", "quiet"]  # fmt: skip
+    common = [
+        "--model.checkpoint",
+        encoder,
+        "--model.from_scratch",
+        "--training.max_steps",
+        2,
+        "--training.per_device_train_batch_size",
+        8,
+        "--data.max_train_samples",
+        32,
+        "--data.max_eval_samples",
+        16,
+        "--data.max_predict_samples",
+        8,
+        "--data.truncation",
+        "quiet",
+    ]
     for name, main in (("classify", classify), ("tag", tag)):
         out = tmp_path / name
         result = run_main(main, *common, "--training.output_dir", out)
@@ -117,8 +153,15 @@ def test_from_scratch_cannot_predict(encoder, tmp_path):
     from kiln.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--model.from_scratch"):
-        run_main(classify, "--predict", "--model.from_scratch", "--model.checkpoint", encoder,
-                 "--training.output_dir", tmp_path / "p")  # fmt: skip
+        run_main(
+            classify,
+            "--predict",
+            "--model.from_scratch",
+            "--model.checkpoint",
+            encoder,
+            "--training.output_dir",
+            tmp_path / "p",
+        )
 
 
 def test_experiment_configs_parse():
@@ -143,10 +186,16 @@ def test_experiment_configs_parse():
         config = build_config(RunConfig, ["--config", str(folder / f"{name}.yaml")])
         assert config.training.max_train_time_s and config.training.max_train_time_s <= 1800
     # the 30-minute decoders: a fixed step count (30 minutes of one quiet core), the same run under any load
-    for name, steps in (("decoder-30min", 3000), ("decoder-30min-llama", 3400), ("decoder-30min-nomask", 3000)):
+    for name, steps in (
+        ("decoder-30min", 3000),
+        ("decoder-30min-llama", 3400),
+        ("decoder-30min-nomask", 3000),
+    ):
         config = build_config(RunConfig, ["--config", str(folder / f"{name}.yaml")])
         assert (config.training.max_train_time_s, config.training.max_steps) == (0, steps), name
-    assert not build_config(RunConfig, ["--config", str(folder / "decoder-30min-nomask.yaml")]).data.document_masking
+    assert not build_config(
+        RunConfig, ["--config", str(folder / "decoder-30min-nomask.yaml")]
+    ).data.document_masking
     german = build_config(RunConfig, ["--config", str(folder / "decoder-30min-de.yaml")])
     assert german.data.data_files == ["runs/corpus/multi30k-de/*.txt"]
     assert german.training.output_dir == "runs/decoder-30min-de"

@@ -33,30 +33,70 @@ def tsv_label(task, y: int, rng):
 
 def layout(name: str):
     """(header of train/dev or None, row(i, a, b, label), header of test, test row(i, a, b)) of a task."""
-    pair_index = ("index\tsentence1\tsentence2\tlabel", lambda i, a, b, y: [str(i), a, b, y],
-                  "index\tsentence1\tsentence2", lambda i, a, b: [str(i), a, b])  # fmt: skip
+    pair_index = (
+        "index\tsentence1\tsentence2\tlabel",
+        lambda i, a, b, y: [str(i), a, b, y],
+        "index\tsentence1\tsentence2",
+        lambda i, a, b: [str(i), a, b],
+    )
     mnli_parses = lambda i, a, b: [str(i), str(i), f"{i}e", "fiction", a, b, a, b, a, b]  # noqa: E731
     return {
-        "cola": (None, lambda i, a, b, y: ["gj04", y, "" if y == "1" else "*", a],
-                 "index\tsentence", lambda i, a, b: [str(i), a]),
-        "sst2": ("sentence\tlabel", lambda i, a, b, y: [a + " ", y], "index\tsentence", lambda i, a, b: [str(i), a]),
-        "mrpc": ("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String", lambda i, a, b, y: [y, str(i), str(i + 1), a, b],
-                 "index\t#1 ID\t#2 ID\t#1 String\t#2 String", lambda i, a, b: [str(i), str(i), str(i + 1), a, b]),
-        "qqp": ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
-                lambda i, a, b, y: [str(i), str(2 * i), str(2 * i + 1), a + "?", b + "?", y],
-                "id\tquestion1\tquestion2", lambda i, a, b: [str(i), a + "?", b + "?"]),
-        "stsb": ("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore",
-                 lambda i, a, b, y: [str(i), "main-captions", "MSRvid", "2012test", str(i), "none", "none", a, b, y],
-                 "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2",
-                 lambda i, a, b: [str(i), "main-news", "MSRvid", "2012test", str(i), "none", "none", a, b]),
-        "mnli": ("\t".join([*MNLI_COLUMNS.split(), "sentence1", "sentence2", "label1", "gold_label"]),
-                 lambda i, a, b, y: [*mnli_parses(i, a, b), y, y],
-                 "\t".join([*MNLI_COLUMNS.split(), "sentence1", "sentence2"]), mnli_parses),
-        "qnli": ("index\tquestion\tsentence\tlabel", lambda i, a, b, y: [str(i), a + "?", b, y],
-                 "index\tquestion\tsentence", lambda i, a, b: [str(i), a + "?", b]),
+        "cola": (
+            None,
+            lambda i, a, b, y: ["gj04", y, "" if y == "1" else "*", a],
+            "index\tsentence",
+            lambda i, a, b: [str(i), a],
+        ),
+        "sst2": (
+            "sentence\tlabel",
+            lambda i, a, b, y: [a + " ", y],
+            "index\tsentence",
+            lambda i, a, b: [str(i), a],
+        ),
+        "mrpc": (
+            "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String",
+            lambda i, a, b, y: [y, str(i), str(i + 1), a, b],
+            "index\t#1 ID\t#2 ID\t#1 String\t#2 String",
+            lambda i, a, b: [str(i), str(i), str(i + 1), a, b],
+        ),
+        "qqp": (
+            "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+            lambda i, a, b, y: [str(i), str(2 * i), str(2 * i + 1), a + "?", b + "?", y],
+            "id\tquestion1\tquestion2",
+            lambda i, a, b: [str(i), a + "?", b + "?"],
+        ),
+        "stsb": (
+            "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore",
+            lambda i, a, b, y: [
+                str(i),
+                "main-captions",
+                "MSRvid",
+                "2012test",
+                str(i),
+                "none",
+                "none",
+                a,
+                b,
+                y,
+            ],
+            "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2",
+            lambda i, a, b: [str(i), "main-news", "MSRvid", "2012test", str(i), "none", "none", a, b],
+        ),
+        "mnli": (
+            "\t".join([*MNLI_COLUMNS.split(), "sentence1", "sentence2", "label1", "gold_label"]),
+            lambda i, a, b, y: [*mnli_parses(i, a, b), y, y],
+            "\t".join([*MNLI_COLUMNS.split(), "sentence1", "sentence2"]),
+            mnli_parses,
+        ),
+        "qnli": (
+            "index\tquestion\tsentence\tlabel",
+            lambda i, a, b, y: [str(i), a + "?", b, y],
+            "index\tquestion\tsentence",
+            lambda i, a, b: [str(i), a + "?", b],
+        ),
         "rte": pair_index,
         "wnli": pair_index,
-    }[name]  # fmt: skip
+    }[name]
 
 
 MNLI_DEV_HEADER = "\t".join(
@@ -109,10 +149,17 @@ def preset(name, glue_dir=None):
     from finetune.glue_tasks import apply_preset
 
     data = SimpleNamespace(
-        glue_task=name, glue_dir=None if glue_dir is None else str(glue_dir), dataset_name=None,
-        dataset_config=None, train_file="x.csv", validation_file="y.csv", test_file="z.csv", text_columns=None,
-        label_column="label", label_list=None,
-    )  # fmt: skip
+        glue_task=name,
+        glue_dir=None if glue_dir is None else str(glue_dir),
+        dataset_name=None,
+        dataset_config=None,
+        train_file="x.csv",
+        validation_file="y.csv",
+        test_file="z.csv",
+        text_columns=None,
+        label_column="label",
+        label_list=None,
+    )
     training = SimpleNamespace(metric_for_best_model=None, greater_is_better=True)
     options = apply_preset(data, training)
     return data, training, options
@@ -122,10 +169,16 @@ def load(data, options):
     from finetune.data import load_classification_data
 
     return load_classification_data(
-        dataset_name=data.dataset_name, dataset_config=data.dataset_config, train_file=data.train_file,
-        validation_file=data.validation_file, test_file=data.test_file, text_columns=data.text_columns,
-        label_column=data.label_column, label_list=data.label_list, **options,
-    )  # fmt: skip
+        dataset_name=data.dataset_name,
+        dataset_config=data.dataset_config,
+        train_file=data.train_file,
+        validation_file=data.validation_file,
+        test_file=data.test_file,
+        text_columns=data.text_columns,
+        label_column=data.label_column,
+        label_list=data.label_list,
+        **options,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -202,8 +255,11 @@ class FakeHub:
             "label": label,
             "idx": Value("int32"),
         }
-        splits = ["train", "validation_matched", "validation_mismatched", "test_matched", "test_mismatched"] if (
-            config == "mnli") else ["train", "validation", "test"]  # fmt: skip
+        splits = (
+            ["train", "validation_matched", "validation_mismatched", "test_matched", "test_mismatched"]
+            if (config == "mnli")
+            else ["train", "validation", "test"]
+        )
 
         def rows(split, n=6):
             values = {a: [f"{split} a {i}" for i in range(n)], "idx": list(range(n))}
@@ -247,7 +303,9 @@ def test_a_wrong_glue_task_or_folder_is_a_one_line_error(tmp_path):
     with pytest.raises(ConfigError, match="'sst' is not a GLUE task; choose one of: cola, sst2"):
         preset("sst")
     write_task(tmp_path / "SST-2", "sst2")
-    with pytest.raises(ConfigError, match="dev_matched.tsv not found: --data.glue_dir must be the MNLI folder"):
+    with pytest.raises(
+        ConfigError, match="dev_matched.tsv not found: --data.glue_dir must be the MNLI folder"
+    ):
         preset("mnli", tmp_path / "SST-2")
 
 
@@ -284,10 +342,26 @@ def test_glue_runs_all_nine_tasks_and_writes_the_table_score_and_cards(kiln_chec
         for i, (name, task) in enumerate(GLUE_TASKS.items())
     }
     reset_accelerate()
-    summary = main(["--checkpoint", str(encoder), "--glue-dir", str(glue_dir), "--output-dir", str(out),
-                    "--update-checkpoint-card", "--", "--training.max_steps", "2",
-                    "--training.per_device_train_batch_size", "16", "--logging.logging_steps", "1",
-                    "--data.truncation", "quiet"])  # fmt: skip
+    summary = main(
+        [
+            "--checkpoint",
+            str(encoder),
+            "--glue-dir",
+            str(glue_dir),
+            "--output-dir",
+            str(out),
+            "--update-checkpoint-card",
+            "--",
+            "--training.max_steps",
+            "2",
+            "--training.per_device_train_batch_size",
+            "16",
+            "--logging.logging_steps",
+            "1",
+            "--data.truncation",
+            "quiet",
+        ]
+    )
 
     # every task ran through classify.py with its preset
     evals = {name: json.loads((out / name / "eval_results.json").read_text()) for name in GLUE_TASKS}
@@ -362,8 +436,9 @@ def test_a_partial_suite_says_so_and_a_new_table_replaces_the_old_one(tmp_path):
     }
     summary = results("my/encoder", runs)
     assert summary["tasks"]["stsb"] == {
-        "score": 30.0, "metrics": {"validation/pearson": 20.0, "validation/spearmanr": 40.0}
-    }  # fmt: skip
+        "score": 30.0,
+        "metrics": {"validation/pearson": 20.0, "validation/spearmanr": 40.0},
+    }
     assert summary["glue_score"] == 40.0 and summary["complete"] is False
     table = markdown_table(summary)
     assert "| STS-B | Pearson / Spearman | 20.0 / 40.0 (30.0) |" in table
@@ -407,13 +482,23 @@ def test_glue_runs_with_no_arguments_from_the_hub_and_the_default_checkpoint(kil
     files["README.md"] = "\n".join([*card, "---", ""]).encode()
     api = HfApi()
     api.create_repo("nyu-mll/glue", repo_type="dataset")
-    api.create_commit("nyu-mll/glue", repo_type="dataset", commit_message="glue",
-                      operations=[CommitOperationAdd(path, data) for path, data in files.items()])  # fmt: skip
+    api.create_commit(
+        "nyu-mll/glue",
+        repo_type="dataset",
+        commit_message="glue",
+        operations=[CommitOperationAdd(path, data) for path, data in files.items()],
+    )
     shutil.copytree(kiln_checkpoints[0], tmp_path / "runs" / "encoder-tiny" / "final")
 
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(REPO / "finetune" / "glue.py")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(REPO / "finetune" / "glue.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr.strip().splitlines()[-5:]
     summary = json.loads((tmp_path / "runs" / "glue" / "glue_results.json").read_text())
     assert summary["complete"] and set(summary["tasks"]) == set(GLUE_TASKS)

@@ -79,9 +79,13 @@ def test_the_dynamo_onnx_exporter_gives_the_eager_outputs(head, config, tmp_path
     input_ids, attention_mask = batch()
     axes = {0: "batch", 1: "length"}
     program = torch.onnx.export(
-        model, (input_ids,), kwargs={"attention_mask": attention_mask}, dynamo=True,
-        input_names=["input_ids", "attention_mask"], dynamic_shapes={"input_ids": axes, "attention_mask": axes},
-    )  # fmt: skip
+        model,
+        (input_ids,),
+        kwargs={"attention_mask": attention_mask},
+        dynamo=True,
+        input_names=["input_ids", "attention_mask"],
+        dynamic_shapes={"input_ids": axes, "attention_mask": axes},
+    )
     program.save(tmp_path / "model.onnx")
     session = onnxruntime.InferenceSession(tmp_path / "model.onnx", providers=["CPUExecutionProvider"])
     other_ids, other_mask = batch(batch_size=3, length=5, seed=2)
@@ -102,9 +106,16 @@ def generate(model, cache_implementation=None, **kwargs):
     input_ids, attention_mask = batch(length=6, seed=3)
     attention_mask = attention_mask.flip(1)  # left padding, as for generation
     out = model.generate(
-        input_ids, attention_mask=attention_mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
-        cache_implementation=cache_implementation, output_scores=True, return_dict_in_generate=True, **kwargs,
-    )  # fmt: skip
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=6,
+        do_sample=False,
+        pad_token_id=0,
+        cache_implementation=cache_implementation,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
     return out.sequences, torch.stack(out.scores)
 
 
@@ -122,17 +133,27 @@ def test_the_seq2seq_model_generates_with_a_static_cache_what_it_does_with_the_d
     from pretrain.modeling import KilnEncoderDecoderModel, KilnEncoderModel
 
     encoder = KilnEncoderModel(tiny_encoder_config())
-    decoder = KilnDecoderForCausalLM(tiny_decoder_config(add_cross_attention=True, bos_token_id=1, eos_token_id=2))
+    decoder = KilnDecoderForCausalLM(
+        tiny_decoder_config(add_cross_attention=True, bos_token_id=1, eos_token_id=2)
+    )
     model = KilnEncoderDecoderModel(encoder=encoder, decoder=decoder).eval()
     model.config.decoder_start_token_id, model.config.pad_token_id = 1, 0
     input_ids, attention_mask = batch(length=6, seed=5)  # right padding in the source
     outputs = [
-        model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=5, cache_implementation=cache,
-                       output_scores=True, return_dict_in_generate=True)
+        model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=5,
+            cache_implementation=cache,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
         for cache in ("dynamic", "static")
-    ]  # fmt: skip
+    ]
     assert torch.equal(outputs[1].sequences, outputs[0].sequences)
-    torch.testing.assert_close(torch.stack(outputs[1].scores), torch.stack(outputs[0].scores), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        torch.stack(outputs[1].scores), torch.stack(outputs[0].scores), atol=1e-5, rtol=0
+    )
 
 
 @pytest.mark.parametrize("backend", ["fp8", "quanto"])
@@ -175,5 +196,7 @@ def test_flex_attention_gives_the_sdpa_outputs():
             got = model(input_ids, attention_mask=attention_mask).logits
         real = attention_mask.bool()
         torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
-        with pytest.raises(ValueError, match="output_attentions=True needs attn_implementation 'eager' or 'sdpa'"):
+        with pytest.raises(
+            ValueError, match="output_attentions=True needs attn_implementation 'eager' or 'sdpa'"
+        ):
             model(input_ids, output_attentions=True)

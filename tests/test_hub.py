@@ -300,13 +300,20 @@ def test_card_names_the_corpus_without_paths_and_claims_a_license_only_when_give
 
     glob = str(tmp_path / "my data" / "stories" / "*.txt")
     assert corpus_name(glob) == "stories/*.txt" and corpus_name(str(tmp_path / "books.txt")) == "books.txt"
-    common = dict(model_id=None, model_kind="encoder", summary={}, metrics={}, tags=["pretraining"], loss_plot=None)
+    common = dict(
+        model_id=None, model_kind="encoder", summary={}, metrics={}, tags=["pretraining"], loss_plot=None
+    )
     unlicensed = Path(write_model_card(tmp_path / "a", datasets=[glob], license=None, **common)).read_text()
-    assert "with Kiln on stories/\\*.txt." in unlicensed and str(tmp_path) not in unlicensed  # Markdown-escaped
+    assert (
+        "with Kiln on stories/\\*.txt." in unlicensed and str(tmp_path) not in unlicensed
+    )  # Markdown-escaped
     assert "license" not in yaml.safe_load(unlicensed.split("---")[1])
     assert "## License\n\nNo license was chosen for this model" in unlicensed
     licensed = Path(write_model_card(tmp_path / "b", datasets=[glob], license="mit", **common)).read_text()
-    assert yaml.safe_load(licensed.split("---")[1])["license"] == "mit" and "No license was chosen" not in licensed
+    assert (
+        yaml.safe_load(licensed.split("---")[1])["license"] == "mit"
+        and "No license was chosen" not in licensed
+    )
 
 
 def test_model_card_for_a_fine_tuned_decoder(tmp_path):

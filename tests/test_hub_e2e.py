@@ -55,13 +55,35 @@ def _assert_token_absent(*roots: Path, texts: tuple[str, ...] = ()):
 def test_push_every_save_then_load_elsewhere(hub, tmp_path, fresh_process, capfd):
     repo = f"{TEST_USER}/kiln-e2e"
     out = tmp_path / "run"
-    run(out, "--training.max_steps", 4, "--training.save_steps", 2, "--logging.report_to", "tensorboard",
-        "--hub.push_to_hub", "--hub.model_id", repo, "--hub.strategy", "every_save",
-        "--hub.dataset_name", "my-corpus")  # fmt: skip
+    run(
+        out,
+        "--training.max_steps",
+        4,
+        "--training.save_steps",
+        2,
+        "--logging.report_to",
+        "tensorboard",
+        "--hub.push_to_hub",
+        "--hub.model_id",
+        repo,
+        "--hub.strategy",
+        "every_save",
+        "--hub.dataset_name",
+        "my-corpus",
+    )
 
     files = hub.files(repo)
-    for name in ("model.safetensors", "config.json", "configuration_kiln.py", "modeling_kiln_encoder.py",
-                 "kiln_layers.py", "tokenizer.json", "tokenizer_config.json", "README.md", "loss_curve.png"):  # fmt: skip
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "configuration_kiln.py",
+        "modeling_kiln_encoder.py",
+        "kiln_layers.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "loss_curve.png",
+    ):
         assert name in files, f"{name} missing from the pushed repo: {sorted(files)}"
     config = json.loads(files["config.json"])
     assert config["auto_map"]["AutoModelForPreTraining"].endswith("KilnEncoderForPreTraining")
@@ -89,8 +111,12 @@ def test_push_every_save_then_load_elsewhere(hub, tmp_path, fresh_process, capfd
     assert batch["input_ids"][0].tolist() == child["ids"]
     with torch.no_grad():
         expected = local(**batch)
-    torch.testing.assert_close(torch.tensor(child["mlm"]), expected.prediction_logits[0, :4, :8], rtol=0, atol=1e-5)
-    torch.testing.assert_close(torch.tensor(child["nsp"]), expected.seq_relationship_logits[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(child["mlm"]), expected.prediction_logits[0, :4, :8], rtol=0, atol=1e-5
+    )
+    torch.testing.assert_close(
+        torch.tensor(child["nsp"]), expected.seq_relationship_logits[0], rtol=0, atol=1e-5
+    )
 
     captured = capfd.readouterr()
     _assert_token_absent(out, texts=(captured.out, captured.err, card))
@@ -105,8 +131,17 @@ def test_resume_from_the_hub_continues_exactly(hub, tmp_path):
 
     # the `checkpoint` strategy pushes the resumable state under last-checkpoint/
     pushed = tmp_path / "pushed"
-    run(pushed, *common, "--training.save_steps", 3, "--hub.push_to_hub", "--hub.model_id",
-        f"{TEST_USER}/with-state", "--hub.strategy", "checkpoint")  # fmt: skip
+    run(
+        pushed,
+        *common,
+        "--training.save_steps",
+        3,
+        "--hub.push_to_hub",
+        "--hub.model_id",
+        f"{TEST_USER}/with-state",
+        "--hub.strategy",
+        "checkpoint",
+    )
     state_files = {k for k in hub.files(f"{TEST_USER}/with-state") if k.startswith(f"{CHECKPOINT_FOLDER}/")}
     assert f"{CHECKPOINT_FOLDER}/trainer_state.json" in state_files
     assert f"{CHECKPOINT_FOLDER}/optimizer.safetensors" in state_files
@@ -114,10 +149,19 @@ def test_resume_from_the_hub_continues_exactly(hub, tmp_path):
 
     # a mid-run state on the Hub (step 3 of the reference run), continued on "another machine"
     pusher = HubPusher(f"{TEST_USER}/mid-run")
-    pusher.push(reference / "checkpoints/step-00000003", path_in_repo=CHECKPOINT_FOLDER, commit_message="state")
+    pusher.push(
+        reference / "checkpoints/step-00000003", path_in_repo=CHECKPOINT_FOLDER, commit_message="state"
+    )
     assert pusher.wait()
     other = tmp_path / "other-machine"
-    state = run(other, *common, "--training.save_steps", 0, "--training.resume_from_checkpoint", f"hub:{TEST_USER}/mid-run")
+    state = run(
+        other,
+        *common,
+        "--training.save_steps",
+        0,
+        "--training.resume_from_checkpoint",
+        f"hub:{TEST_USER}/mid-run",
+    )
     assert state.global_step == 6
     expected, again = losses(reference), losses(other)
     assert sorted(again) == [4, 5, 6]
@@ -142,8 +186,18 @@ def test_failing_hub_neither_stops_training_nor_loses_the_final_push(hub, tmp_pa
 
     watcher = threading.Thread(target=recover_once_exported, daemon=True)
     watcher.start()
-    state = run(out, "--training.max_steps", 6, "--training.save_steps", 2, "--hub.push_to_hub",
-                "--hub.model_id", repo, "--hub.strategy", "every_save")  # fmt: skip
+    state = run(
+        out,
+        "--training.max_steps",
+        6,
+        "--training.save_steps",
+        2,
+        "--hub.push_to_hub",
+        "--hub.model_id",
+        repo,
+        "--hub.strategy",
+        "every_save",
+    )
     watcher.join(timeout=10)
     assert state.global_step == 6 and state.stop_reason == "max_steps"
     failed = [r for r in hub.requests() if r.status >= 500]

@@ -29,7 +29,9 @@ def test_rms_norm_equals_llama(dtype):
 @pytest.mark.parametrize("theta", [10000.0, 500000.0])
 def test_rotary_embedding_equals_llama(theta):
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": theta})
+    config = LlamaConfig(
+        hidden_size=64, num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": theta}
+    )
     theirs = modeling_llama.LlamaRotaryEmbedding(config)
     ours = KilnRotaryEmbedding(head_dim=16, theta=theta)
     torch.testing.assert_close(ours.inv_freq, theirs.inv_freq, rtol=0, atol=0)
@@ -40,7 +42,9 @@ def test_rotary_embedding_equals_llama(theta):
     torch.testing.assert_close(cos, their_cos, rtol=0, atol=0)
     torch.testing.assert_close(sin, their_sin, rtol=0, atol=0)
     q, k = torch.randn(2, 4, 9, 16), torch.randn(2, 2, 9, 16)
-    for got, want in zip(apply_rotary_pos_emb(q, k, cos, sin), modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)):
+    for got, want in zip(
+        apply_rotary_pos_emb(q, k, cos, sin), modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    ):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
@@ -54,7 +58,9 @@ def test_rotary_embedding_rebuilt_by_position_not_stored():
 @pytest.mark.parametrize("bias", [False, True])
 def test_gated_mlp_equals_llama(bias):
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=16, num_attention_heads=2, intermediate_size=40, hidden_act="silu", mlp_bias=bias)
+    config = LlamaConfig(
+        hidden_size=16, num_attention_heads=2, intermediate_size=40, hidden_act="silu", mlp_bias=bias
+    )
     theirs = modeling_llama.LlamaMLP(config)
     ours = KilnGatedMLP(16, 40, "silu", bias=bias)
     with torch.no_grad():

@@ -26,9 +26,30 @@ from kiln_testing import REPO, free_port, losses
 from kiln.checkpoint_files import find_checkpoints
 
 QUICK = ["--training.eval_steps", 0]
-ONE_PROCESS = ("--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no")
-TWO_PROCESSES = ("--multi_gpu", "--num_processes", "2", "--main_process_port", "0", *ONE_PROCESS[2:])  # 0: a free port
-ACCELERATE_LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # `accelerate launch`
+ONE_PROCESS = (
+    "--num_processes",
+    "1",
+    "--num_machines",
+    "1",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
+)
+TWO_PROCESSES = (
+    "--multi_gpu",
+    "--num_processes",
+    "2",
+    "--main_process_port",
+    "0",
+    *ONE_PROCESS[2:],
+)  # 0: a free port
+ACCELERATE_LAUNCH = (
+    sys.executable,
+    "-m",
+    "accelerate.commands.accelerate_cli",
+    "launch",
+)  # `accelerate launch`
 PYTHON_M_ACCELERATE = (sys.executable, "-m", "accelerate.commands.launch")
 KILN_LAUNCH = (sys.executable, "-m", "kiln.launcher")
 CPU_PROCESSES = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
@@ -49,9 +70,20 @@ def checkout(tmp_path_factory):
 def _launch(launcher, args, *, repo=REPO, env_extra=None, env_drop=()):
     env = {key: value for key, value in os.environ.items() if key not in env_drop}
     env = {**env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(repo), **(env_extra or {})}
-    command = [*launcher, str(repo / "pretrain/run.py"), "--config", str(repo / "configs/pretrain/debug.yaml")]
-    return subprocess.Popen([*command, *map(str, args)], cwd=repo, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    command = [
+        *launcher,
+        str(repo / "pretrain/run.py"),
+        "--config",
+        str(repo / "configs/pretrain/debug.yaml"),
+    ]
+    return subprocess.Popen(
+        [*command, *map(str, args)],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_for_steps(out, steps=3, timeout=240):
@@ -94,7 +126,9 @@ def test_sigterm_to_accelerate_launch_from_another_checkout_saves_a_checkpoint(t
     says so and exits 0. Linux signals it again for each of the launcher's threads, and a repeat while it stops
     (here one more, sent by hand, as the stop is reported) must not end it in a traceback."""
     out = tmp_path / "launched"
-    proc = _launch((*ACCELERATE_LAUNCH, *ONE_PROCESS), ["--training.output_dir", out, *LONG_RUN], repo=checkout)
+    proc = _launch(
+        (*ACCELERATE_LAUNCH, *ONE_PROCESS), ["--training.output_dir", out, *LONG_RUN], repo=checkout
+    )
     _wait_for_steps(out)
     (child,) = _children(proc.pid)
     proc.send_signal(signal.SIGTERM)
@@ -116,9 +150,14 @@ def test_sigterm_to_accelerate_launch_from_another_checkout_saves_a_checkpoint(t
             os.kill(child, signal.SIGKILL)
         proc.kill()
     output = "".join(lines)
-    assert proc.wait() == -signal.SIGTERM  # accelerate's launcher does not wait: documented in docs/launching.md
+    assert (
+        proc.wait() == -signal.SIGTERM
+    )  # accelerate's launcher does not wait: documented in docs/launching.md
     saved = _checkpointed_at_last_step(out, output)
-    assert output.strip().splitlines()[-1] == f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints"
+    assert (
+        output.strip().splitlines()[-1]
+        == f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints"
+    )
     assert "Traceback" not in output and "SignalStop" not in output, output
 
 
@@ -136,7 +175,10 @@ def test_sigterm_to_kiln_launch_from_another_checkout_saves_a_checkpoint_and_exi
     assert proc.returncode == 0, output
     assert _gone(child)  # the launcher waited for it
     saved = _checkpointed_at_last_step(out, output)
-    assert output.strip().splitlines()[-1] == f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints"
+    assert (
+        output.strip().splitlines()[-1]
+        == f"stopped by signal at step {saved}; checkpoint saved in {out}/checkpoints"
+    )
     assert "Traceback" not in output
 
 
@@ -146,7 +188,11 @@ def test_sigterm_to_a_multi_process_launch_saves_a_checkpoint(tmp_path, launcher
     """torchrun's agent forwards the signal to both processes, which save one checkpoint; it then ends with its
     own SignalException traceback and status 1. kiln-launch forwards it instead and ends with status 0."""
     out = tmp_path / "launched"
-    command = (*PYTHON_M_ACCELERATE, *TWO_PROCESSES) if launcher.startswith("python") else (*KILN_LAUNCH, *TWO_PROCESSES)
+    command = (
+        (*PYTHON_M_ACCELERATE, *TWO_PROCESSES)
+        if launcher.startswith("python")
+        else (*KILN_LAUNCH, *TWO_PROCESSES)
+    )
     proc = _launch(command, ["--training.output_dir", out, *LONG_RUN], env_extra=CPU_PROCESSES)
     _wait_for_steps(out)
     proc.send_signal(signal.SIGTERM)  # only the launcher
@@ -169,23 +215,32 @@ def test_sigterm_to_a_multi_process_launch_saves_a_checkpoint(tmp_path, launcher
 
 
 def test_an_unknown_key_under_kiln_launch_from_another_checkout_is_one_line_with_status_2(tmp_path, checkout):
-    proc = _launch((*KILN_LAUNCH, *ONE_PROCESS), ["--training.output_dir", tmp_path / "q", "--training.bogus", 1],
-                   repo=checkout)  # fmt: skip
+    proc = _launch(
+        (*KILN_LAUNCH, *ONE_PROCESS),
+        ["--training.output_dir", tmp_path / "q", "--training.bogus", 1],
+        repo=checkout,
+    )
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, output
     assert output.strip().splitlines()[-1].startswith("error: unknown config key 'training.bogus'"), output
     assert "Traceback" not in output and "CalledProcessError" not in output
 
 
-def test_an_error_under_accelerate_launch_is_said_by_the_training_process_then_accelerate_adds_its_own(tmp_path):
+def test_an_error_under_accelerate_launch_is_said_by_the_training_process_then_accelerate_adds_its_own(
+    tmp_path,
+):
     """What remains under plain `accelerate launch` (docs/launching.md): the process's line, then accelerate's
     CalledProcessError traceback and status 1; with accelerate's own `-q` the line is the last, still status 1."""
     line = "error: --training.lr must be a non-negative number, got -1.0"
     # the two launches side by side: each is 2 interpreters importing torch (the launcher; the training process,
     # whose config check needs the model classes) and nothing else, so most of their time is start-up
-    proc = _launch((*ACCELERATE_LAUNCH, *ONE_PROCESS), ["--training.output_dir", tmp_path / "q", "--training.lr", -1])
-    quiet = _launch((*ACCELERATE_LAUNCH, "-q", *ONE_PROCESS), ["--training.output_dir", tmp_path / "q",
-                                                                "--training.lr", -1])  # fmt: skip
+    proc = _launch(
+        (*ACCELERATE_LAUNCH, *ONE_PROCESS), ["--training.output_dir", tmp_path / "q", "--training.lr", -1]
+    )
+    quiet = _launch(
+        (*ACCELERATE_LAUNCH, "-q", *ONE_PROCESS),
+        ["--training.output_dir", tmp_path / "q", "--training.lr", -1],
+    )
     try:
         output, _ = proc.communicate(timeout=300)
         quiet_output, _ = quiet.communicate(timeout=300)
@@ -200,8 +255,11 @@ def test_an_error_under_accelerate_launch_is_said_by_the_training_process_then_a
 
 
 def test_multi_process_kiln_launch_ends_on_the_one_line_error_said_once(tmp_path):
-    proc = _launch((*KILN_LAUNCH, *TWO_PROCESSES), ["--training.output_dir", tmp_path / "q", "--training.lr", -1],
-                   env_extra=CPU_PROCESSES)  # fmt: skip
+    proc = _launch(
+        (*KILN_LAUNCH, *TWO_PROCESSES),
+        ["--training.output_dir", tmp_path / "q", "--training.lr", -1],
+        env_extra=CPU_PROCESSES,
+    )
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, output
     line = "error: --training.lr must be a non-negative number, got -1.0"
@@ -224,7 +282,10 @@ def test_kiln_launch_ends_with_the_status_of_the_process_that_spoke_not_of_a_pee
 
     peer_first = {0: failure(0, 1, 10), 1: failure(1, 2, 11)}
     assert _failure_that_spoke(peer_first)[0] == 1 and _failure_that_spoke(peer_first)[1].exitcode == 2
-    killed = {0: failure(0, 1, 12), 1: failure(1, -9, 11)}  # killed by a signal: it said nothing, its peers end 1
+    killed = {
+        0: failure(0, 1, 12),
+        1: failure(1, -9, 11),
+    }  # killed by a signal: it said nothing, its peers end 1
     assert _failure_that_spoke(killed)[1].exitcode == -9
     run_errors = {0: failure(0, 1, 12), 1: failure(1, 1, 11)}  # all 1: the earliest, as torchrun reports it
     assert _failure_that_spoke(run_errors)[0] == 1
@@ -241,9 +302,25 @@ def test_an_error_on_one_node_is_said_once_by_that_process_and_every_node_stops(
     missing = tmp_path / "not-on-node-1" / "*.txt"
     nodes = []
     for node in (0, 1):
-        node_args = ("--multi_gpu", "--num_machines", "2", "--machine_rank", str(node), "--num_processes", "2",
-                     "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--rdzv_backend", "static",
-                     "--mixed_precision", "no", "--dynamo_backend", "no")  # fmt: skip
+        node_args = (
+            "--multi_gpu",
+            "--num_machines",
+            "2",
+            "--machine_rank",
+            str(node),
+            "--num_processes",
+            "2",
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(port),
+            "--rdzv_backend",
+            "static",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+        )
         run_args = ["--training.output_dir", tmp_path / "run", "--training.max_steps", 20, *QUICK]
         if node == 1:
             run_args += ["--data.data_files", missing]
@@ -257,8 +334,9 @@ def test_an_error_on_one_node_is_said_once_by_that_process_and_every_node_stops(
             proc.kill()
     node0, node1 = outputs
     said = [line for line in node1.splitlines() if line.startswith("error: ")]
-    assert len(said) == 1 and said[0].endswith("matches no files (relative paths start at the repo root); fix the "
-                                               "path (node 1, rank 1 of 2)"), node1  # fmt: skip
+    assert len(said) == 1 and said[0].endswith(
+        "matches no files (relative paths start at the repo root); fix the path (node 1, rank 1 of 2)"
+    ), node1
     assert "error: " not in node0 and "Connection closed by peer" not in node0 + node1, node0
     assert "stopped: node 1, rank 1 of 2 failed; its error is in that node's output" in node0, node0
     assert not (tmp_path / "run" / "checkpoints").exists() or not find_checkpoints(tmp_path / "run")
@@ -267,15 +345,24 @@ def test_an_error_on_one_node_is_said_once_by_that_process_and_every_node_stops(
         assert node1.strip().splitlines()[-1] == said[0] and "Traceback" not in node0 + node1, outputs
         assert node0.strip().splitlines()[-1].startswith("stopped: node 1"), node0
     else:  # what torchrun adds, on both nodes
-        assert [proc.returncode for proc in nodes] == [1, 1] and "ChildFailedError" in node0 and "ChildFailedError" in node1
+        assert (
+            [proc.returncode for proc in nodes] == [1, 1]
+            and "ChildFailedError" in node0
+            and "ChildFailedError" in node1
+        )
         assert "[rank0]: Traceback" not in node0 and "[rank1]: Traceback" not in node1, outputs
 
 
 def test_kiln_launch_leaves_other_scripts_as_accelerate_ends_them(tmp_path):
     other = tmp_path / "other.py"
     other.write_text("import sys; print('failing'); sys.exit(3)\n")
-    result = subprocess.run([*KILN_LAUNCH, *ONE_PROCESS, str(other)], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    result = subprocess.run(
+        [*KILN_LAUNCH, *ONE_PROCESS, str(other)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 3 and "failing" in result.stdout and "Traceback" not in result.stderr
 
 
@@ -286,12 +373,23 @@ def test_kiln_launch_without_an_accelerate_config_starts_with_one_line_naming_ac
     script.write_text("print('hello')\n")
     home = tmp_path / "empty-home"  # no accelerate/default_config.yaml under it
     home.mkdir()
-    result = subprocess.run([*KILN_LAUNCH, str(script)], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(home)})  # fmt: skip
+    result = subprocess.run(
+        [*KILN_LAUNCH, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(home)},
+    )
     assert result.returncode == 0 and "hello" in result.stdout, result.stderr
     assert "accelerate config`." not in result.stderr and "not passed" not in result.stderr, result.stderr
-    said = [line for line in result.stderr.splitlines() if line.startswith("kiln-launch: using accelerate's defaults")]
-    assert len(said) == 1 and "--num_machines 1 --mixed_precision no --dynamo_backend no" in said[0], result.stderr
+    said = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith("kiln-launch: using accelerate's defaults")
+    ]
+    assert len(said) == 1 and "--num_machines 1 --mixed_precision no --dynamo_backend no" in said[0], (
+        result.stderr
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -320,8 +418,12 @@ def test_accelerate_launch_trains_on_every_core_of_a_cpu_machine_unless_told_oth
 
     def launched_run(name, launcher, env_extra):
         out = tmp_path / f"threads-{name}"
-        return _launch(launcher, ["--training.output_dir", out, "--training.max_steps", 1, *QUICK],
-                       env_extra=env_extra, env_drop=("OMP_NUM_THREADS",))  # fmt: skip
+        return _launch(
+            launcher,
+            ["--training.output_dir", out, "--training.max_steps", 1, *QUICK],
+            env_extra=env_extra,
+            env_drop=("OMP_NUM_THREADS",),
+        )
 
     def summary_device(proc):
         output, _ = proc.communicate(timeout=300)
@@ -329,9 +431,11 @@ def test_accelerate_launch_trains_on_every_core_of_a_cpu_machine_unless_told_oth
         return next(line.strip() for line in output.splitlines() if line.strip().startswith("device = "))
 
     flagged = (*ACCELERATE_LAUNCH, "--num_cpu_threads_per_process", "1", *ONE_PROCESS)
-    runs = [launched_run("default", (*ACCELERATE_LAUNCH, *ONE_PROCESS), {}),  # side by side: mostly start-up
-            launched_run("environment", (*PYTHON_M_ACCELERATE, *ONE_PROCESS), {"OMP_NUM_THREADS": "1"}),
-            launched_run("flag", flagged, {})]  # fmt: skip
+    runs = [
+        launched_run("default", (*ACCELERATE_LAUNCH, *ONE_PROCESS), {}),  # side by side: mostly start-up
+        launched_run("environment", (*PYTHON_M_ACCELERATE, *ONE_PROCESS), {"OMP_NUM_THREADS": "1"}),
+        launched_run("flag", flagged, {}),
+    ]
     try:
         assert summary_device(runs[0]) == f"device = cpu, {cores} threads per process"
         assert summary_device(runs[1]) == "device = cpu, 1 thread per process"

@@ -155,11 +155,27 @@ def test_a_link_at_final_tmp_is_refused_under_accelerate_launch(finished_run, tm
     link = _plant(out, "final.tmp", outside)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--cpu",
-         str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(out),
-         *map(str, QUICK), OVERWRITE],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--num_processes",
+            "1",
+            "--cpu",
+            str(REPO / "pretrain/run.py"),
+            "--config",
+            DEBUG,
+            "--training.output_dir",
+            str(out),
+            *map(str, QUICK),
+            OVERWRITE,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     said = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert done.returncode != 0 and said == [f"error: {link_refusal(link)}"], done.stderr[-3000:]
     assert _snapshot(outside) == before and os.path.islink(link)

@@ -106,7 +106,9 @@ def test_conversion_keeps_every_weight_and_the_config():
     llama = transformers.LlamaForCausalLM(llama_config(1, attention_bias=True, tie_word_embeddings=True))
     kiln = from_transformers(llama)
     assert kiln.config.attention_bias and not kiln.config.mlp_bias and kiln.config.rope_theta == 500000.0
-    assert kiln.model.layers[0].attention.qkv.bias is not None and kiln.model.layers[0].mlp.fc_out.bias is None
+    assert (
+        kiln.model.layers[0].attention.qkv.bias is not None and kiln.model.layers[0].mlp.fc_out.bias is None
+    )
     assert kiln.lm_head.weight.data_ptr() == kiln.model.word_embeddings.weight.data_ptr()  # tied stays tied
     back = to_transformers(kiln)
     assert back.state_dict().keys() == llama.state_dict().keys()
@@ -141,7 +143,9 @@ def test_greedy_generate_equals_llama(cache):
     llama = transformers.LlamaForCausalLM(llama_config(2)).eval()
     kiln = from_transformers(llama).eval()
     input_ids, attention_mask = batch(3, 7, "left", seed=3)
-    kwargs = dict(attention_mask=attention_mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD, **cache)
+    kwargs = dict(
+        attention_mask=attention_mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD, **cache
+    )
     expected = llama.generate(input_ids, **kwargs)
     actual = kiln.generate(input_ids, **kwargs)
     assert actual.shape == (3, 19)
@@ -207,7 +211,9 @@ def test_preset_sets_the_pieces_and_each_piece_is_its_own_choice():
     assert (llama.position_embedding_type, llama.norm_type, llama.mlp_type) == ("rotary", "rmsnorm", "glu")
     assert llama.activation_function == "silu" and llama.resid_pdrop == 0.0 and not llama.attention_bias
     assert llama.intermediate_size == 2048 and gpt2.intermediate_size == 3072
-    mixed = KilnDecoderConfig(preset="llama", norm_type="layernorm", activation_function="gelu", resid_pdrop=0.1)
+    mixed = KilnDecoderConfig(
+        preset="llama", norm_type="layernorm", activation_function="gelu", resid_pdrop=0.1
+    )
     assert (mixed.norm_type, mixed.activation_function, mixed.resid_pdrop) == ("layernorm", "gelu", 0.1)
     reloaded = KilnDecoderConfig.from_dict(mixed.to_dict())
     assert (reloaded.norm_type, reloaded.mlp_type, reloaded.preset) == ("layernorm", "glu", "llama")
@@ -216,13 +222,17 @@ def test_preset_sets_the_pieces_and_each_piece_is_its_own_choice():
     with pytest.raises(ValueError, match="Unknown norm_type='batchnorm'"):
         KilnDecoderConfig(norm_type="batchnorm")
     with pytest.raises(ValueError, match="num_key_value_heads=3 does not divide num_attention_heads=4"):
-        KilnDecoderForCausalLM(KilnDecoderConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=3))
+        KilnDecoderForCausalLM(
+            KilnDecoderConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=3)
+        )
 
 
 @pytest.mark.parametrize(
     "pieces",
     [
-        dict(preset="gpt2", position_embedding_type="rotary", num_key_value_heads=2),  # GPT-2 blocks + RoPE + GQA
+        dict(
+            preset="gpt2", position_embedding_type="rotary", num_key_value_heads=2
+        ),  # GPT-2 blocks + RoPE + GQA
         dict(preset="llama", qk_norm=True),
         dict(preset="llama", norm_type="layernorm", mlp_type="mlp", mlp_bias=True),
     ],
@@ -230,8 +240,17 @@ def test_preset_sets_the_pieces_and_each_piece_is_its_own_choice():
 )
 def test_pieces_one_by_one_train_cache_and_refuse_conversion(pieces):
     config = KilnDecoderConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=32,
-        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
         **pieces,
     )
     model = KilnDecoderForCausalLM(config).eval()
@@ -241,7 +260,9 @@ def test_pieces_one_by_one_train_cache_and_refuse_conversion(pieces):
     out = model(input_ids[:, :6], attention_mask=attention_mask[:, :6], use_cache=True)
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
     for t in range(6, 9):
-        step = model(input_ids[:, t : t + 1], attention_mask=attention_mask[:, : t + 1], cache=cache, use_cache=True)
+        step = model(
+            input_ids[:, t : t + 1], attention_mask=attention_mask[:, : t + 1], cache=cache, use_cache=True
+        )
         torch.testing.assert_close(step.logits[:, -1], full[:, t], atol=1e-5, rtol=0)
     model.train()
     model(input_ids, labels=input_ids).loss.backward()
@@ -278,8 +299,12 @@ def test_cli_converts_a_llama_checkpoint_to_kiln_and_back(tmp_path, capsys):
     input_ids, attention_mask = batch(2, 8, "right", seed=7)
     real = attention_mask.bool()
     expected = llama(input_ids, attention_mask=attention_mask).logits[real]
-    torch.testing.assert_close(back(input_ids, attention_mask=attention_mask).logits[real], expected, atol=ATOL, rtol=0)
-    torch.testing.assert_close(kiln(input_ids, attention_mask=attention_mask).logits[real], expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        back(input_ids, attention_mask=attention_mask).logits[real], expected, atol=ATOL, rtol=0
+    )
+    torch.testing.assert_close(
+        kiln(input_ids, attention_mask=attention_mask).logits[real], expected, atol=ATOL, rtol=0
+    )
 
 
 def test_seq2seq_model_with_a_llama_decoder_trains_and_caches():
@@ -287,16 +312,34 @@ def test_seq2seq_model_with_a_llama_decoder_trains_and_caches():
     from pretrain.modeling import KilnEncoderConfig, KilnEncoderDecoderModel, KilnEncoderModel
 
     encoder = KilnEncoderModel(
-        KilnEncoderConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                          intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                          attention_probs_dropout_prob=0.0),
+        KilnEncoderConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=32,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        ),
         add_pooling_layer=False,
     )
     decoder = KilnDecoderForCausalLM(
-        KilnDecoderConfig(preset="llama", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, max_position_embeddings=32, initializer_range=0.1,
-                          add_cross_attention=True, is_decoder=True, pad_token_id=PAD, bos_token_id=BOS,
-                          eos_token_id=EOS)
+        KilnDecoderConfig(
+            preset="llama",
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+            initializer_range=0.1,
+            add_cross_attention=True,
+            is_decoder=True,
+            pad_token_id=PAD,
+            bos_token_id=BOS,
+            eos_token_id=EOS,
+        )
     )
     layer = decoder.model.layers[0]
     assert layer.cross_attention.q.bias is None and type(layer.cross_attention_norm).__name__ == "KilnRMSNorm"
@@ -322,14 +365,33 @@ def test_pretraining_with_the_preset_writes_a_checkpoint_llama_loads(tmp_path):
     from pretrain.run import main as pretrain
 
     run_main(
-        pretrain, "--config", DEBUG, "--model.kind", "decoder", "--model.preset", "llama",
-        "--model.num_key_value_heads", "1", "--data.data_files", str(REPO / "data/tinystories/*.txt"),
-        "--training.max_steps", "3", "--training.save_steps", "0", "--training.eval_steps", "0",
-        "--training.lr_scheduler_type", "warmup_stable_decay", "--training.output_dir", tmp_path / "run",
-    )  # fmt: skip
+        pretrain,
+        "--config",
+        DEBUG,
+        "--model.kind",
+        "decoder",
+        "--model.preset",
+        "llama",
+        "--model.num_key_value_heads",
+        "1",
+        "--data.data_files",
+        str(REPO / "data/tinystories/*.txt"),
+        "--training.max_steps",
+        "3",
+        "--training.save_steps",
+        "0",
+        "--training.eval_steps",
+        "0",
+        "--training.lr_scheduler_type",
+        "warmup_stable_decay",
+        "--training.output_dir",
+        tmp_path / "run",
+    )
     final = tmp_path / "run" / "final"
     saved = json.loads((final / "config.json").read_text())
-    assert saved["preset"] == "llama" and saved["activation_function"] == "silu" and saved["resid_pdrop"] == 0.0
+    assert (
+        saved["preset"] == "llama" and saved["activation_function"] == "silu" and saved["resid_pdrop"] == 0.0
+    )
     assert saved["num_key_value_heads"] == 1 and saved["layer_norm_epsilon"] == 1e-5
     main([str(final), str(tmp_path / "llama")])
     llama = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "llama").eval()

@@ -26,19 +26,35 @@ from pretrain.run import attention_dropout, model_config_kwargs
 
 OPTIONS = ("hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps")
 # the decoder config's names of the options
-DECODER_NAMES = {"hidden_act": "activation_function", "hidden_dropout_prob": "resid_pdrop",
-                 "attention_probs_dropout_prob": "attn_pdrop",
-                 "layer_norm_eps": "layer_norm_epsilon"}  # fmt: skip
+DECODER_NAMES = {
+    "hidden_act": "activation_function",
+    "hidden_dropout_prob": "resid_pdrop",
+    "attention_probs_dropout_prob": "attn_pdrop",
+    "layer_norm_eps": "layer_norm_epsilon",
+}
 # the run's defaults before the options defaulted to None, which a `llama` decoder read as "not given"
-LEGACY_DEFAULTS = {"hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
-                   "layer_norm_eps": 1e-12}  # fmt: skip
-PRESETS = [("decoder", None), ("decoder", "gpt2"), ("decoder", "llama"), ("encoder", None),
-           ("encoder", "bert"), ("encoder", "modernbert")]  # fmt: skip
+LEGACY_DEFAULTS = {
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "layer_norm_eps": 1e-12,
+}
+PRESETS = [
+    ("decoder", None),
+    ("decoder", "gpt2"),
+    ("decoder", "llama"),
+    ("encoder", None),
+    ("encoder", "bert"),
+    ("encoder", "modernbert"),
+]
 DEFAULT = {"encoder": "bert", "decoder": "gpt2"}
 # per option: BERT's value, Llama's, and one that is neither
-VALUES = {"hidden_act": ("gelu", "silu", "relu"), "hidden_dropout_prob": (0.1, 0.0, 0.25),
-          "attention_probs_dropout_prob": (0.1, 0.0, 0.25),
-          "layer_norm_eps": (1e-12, 1e-5, 1e-6)}  # fmt: skip
+VALUES = {
+    "hidden_act": ("gelu", "silu", "relu"),
+    "hidden_dropout_prob": (0.1, 0.0, 0.25),
+    "attention_probs_dropout_prob": (0.1, 0.0, 0.25),
+    "layer_norm_eps": (1e-12, 1e-5, 1e-6),
+}
 TOKENIZER = types.SimpleNamespace(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
@@ -71,8 +87,9 @@ def legacy_options(model) -> dict:
     values = {name: LEGACY_DEFAULTS[name] if value is None else value for name, value in values.items()}
     if model.kind == "decoder" and model.preset not in (None, "gpt2"):
         preset = built_options(KilnDecoderConfig(preset=model.preset))
-        values = {name: preset[name] if value == LEGACY_DEFAULTS[name] else value
-                  for name, value in values.items()}  # fmt: skip
+        values = {
+            name: preset[name] if value == LEGACY_DEFAULTS[name] else value for name, value in values.items()
+        }
     return values
 
 
@@ -118,8 +135,10 @@ def test_an_option_given_always_wins(kind, preset, option):
             assert attention_dropout(config.model, None) == value
 
 
-@pytest.mark.parametrize("kind, preset", [("decoder", "gpt2"), ("decoder", "llama"), ("encoder", "bert"),
-                                          ("encoder", "modernbert")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, preset",
+    [("decoder", "gpt2"), ("decoder", "llama"), ("encoder", "bert"), ("encoder", "modernbert")],
+)
 def test_the_model_is_built_with_the_options_given(kind, preset):
     """The issue's command, `--model.preset llama --model.hidden_dropout_prob 0.1 --model.hidden_act gelu`, and
     its mirror for the others: each preset given the other family's values builds modules with them."""

@@ -27,7 +27,9 @@ PAD, BOS, EOS = 0, 1, 2
 
 
 def make_config(**overrides) -> KilnDecoderConfig:
-    return tiny_decoder_config(**{"vocab_size": VOCAB, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, **overrides})
+    return tiny_decoder_config(
+        **{"vocab_size": VOCAB, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, **overrides}
+    )
 
 
 def left_padded_prompts(seed=0):

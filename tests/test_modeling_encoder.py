@@ -151,6 +151,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     model = KilnEncoderForPreTraining(make_config()).train()
     input_ids, attention_mask, token_type_ids, labels = make_batch()
     nsp = torch.tensor([0, 1, 0])
+
     def loss():
         return model(input_ids, attention_mask, token_type_ids, labels=labels, next_sentence_label=nsp).loss
 
@@ -179,7 +180,9 @@ def test_sparse_prediction_gives_the_dense_loss_and_gradients(model_class, pooli
     sparse = model_class(make_config(sparse_prediction=True, **POOLINGS[pooling])).train()
     sparse.load_state_dict(dense.state_dict())
     input_ids, attention_mask, token_type_ids, labels = make_batch()
-    sentence_order = {"next_sentence_label": torch.tensor([0, 1, 1])} if model_class is KilnEncoderForPreTraining else {}
+    sentence_order = (
+        {"next_sentence_label": torch.tensor([0, 1, 1])} if model_class is KilnEncoderForPreTraining else {}
+    )
     results = {}
     for name, model in (("dense", dense), ("sparse", sparse)):
         out = model(input_ids, attention_mask, token_type_ids, labels=labels, **sentence_order)

@@ -14,9 +14,13 @@ from pretrain.modeling.kiln_layers import (
 )
 
 
-@pytest.mark.parametrize("layer_type, theta", [("full_attention", 160_000.0), ("sliding_attention", 10_000.0)])
+@pytest.mark.parametrize(
+    "layer_type, theta", [("full_attention", 160_000.0), ("sliding_attention", 10_000.0)]
+)
 def test_rotary_equals_transformers(layer_type, theta):
-    config = ModernBertConfig(hidden_size=48, num_attention_heads=3, num_hidden_layers=3, max_position_embeddings=64)
+    config = ModernBertConfig(
+        hidden_size=48, num_attention_heads=3, num_hidden_layers=3, max_position_embeddings=64
+    )
     theirs = reference.ModernBertRotaryEmbedding(config)
     ours = KilnRotaryEmbedding(16, theta)
     torch.manual_seed(0)

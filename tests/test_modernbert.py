@@ -96,7 +96,9 @@ def compare(ours, theirs, key, attention_mask):
 def test_modernbert_converts_both_ways_with_equal_outputs(name, implementation):
     key, changes = HEADS[name]
     torch.manual_seed(0)
-    reference = getattr(transformers, name)(modernbert_config(attn_implementation=implementation, **changes)).eval()
+    reference = getattr(transformers, name)(
+        modernbert_config(attn_implementation=implementation, **changes)
+    ).eval()
     kiln = from_transformers(reference).eval()
     assert type(kiln).__name__.startswith("KilnEncoder")
     assert kiln.config.preset == "modernbert" and kiln.config._attn_implementation == implementation
@@ -135,7 +137,9 @@ def test_masked_lm_loss_and_sparse_prediction_equal_modernbert():
     labels[attention_mask == 0] = -100
     with torch.no_grad():
         expected = reference(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        kiln.config.sparse_prediction = True  # the sparse last block: only the labelled rows, windows included
+        kiln.config.sparse_prediction = (
+            True  # the sparse last block: only the labelled rows, windows included
+        )
         sparse = kiln(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
     assert sparse.logits.shape[0] == int((labels != -100).sum())
     assert abs(sparse.loss.item() - expected.item()) < ATOL
@@ -144,10 +148,19 @@ def test_masked_lm_loss_and_sparse_prediction_equal_modernbert():
 def test_preset_fast_paths_give_the_plain_loss_and_gradients():
     """Sparse last block, chunked loss and unpadding on the preset give the dense path's loss and gradients."""
     config = KilnEncoderConfig(
-        preset="modernbert", vocab_size=101, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-        intermediate_size=40, max_position_embeddings=64, local_attention=WINDOW, type_vocab_size=0,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, initializer_range=0.2,
-    )  # fmt: skip
+        preset="modernbert",
+        vocab_size=101,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=40,
+        max_position_embeddings=64,
+        local_attention=WINDOW,
+        type_vocab_size=0,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        initializer_range=0.2,
+    )
     torch.manual_seed(0)
     plain = KilnEncoderForMaskedLM(config).train()
     fast = KilnEncoderForMaskedLM(KilnEncoderConfig.from_dict(config.to_dict()))
@@ -180,7 +193,9 @@ PIECES = {
 
 @pytest.mark.parametrize("piece", sorted(PIECES))
 def test_each_piece_works_alone_on_the_bert_block(piece):
-    small = dict(vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24)
+    small = dict(
+        vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24
+    )
     changes = {piece: PIECES[piece]}
     if piece == "local_attention":
         changes["global_attn_every_n_layers"] = 2
@@ -192,13 +207,15 @@ def test_each_piece_works_alone_on_the_bert_block(piece):
     output = model(input_ids=input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1]))
     output.loss.backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
-    assert set(model.state_dict()) != set(KilnEncoderForSequenceClassification(classic).state_dict()) or piece in (
-        "position_embedding_type", "local_attention", "norm_position"
-    )  # fmt: skip
+    assert set(model.state_dict()) != set(
+        KilnEncoderForSequenceClassification(classic).state_dict()
+    ) or piece in ("position_embedding_type", "local_attention", "norm_position")
 
 
 def test_the_classic_block_keeps_its_weights_and_the_preset_drops_biases():
-    classic = KilnEncoderForMaskedLM(KilnEncoderConfig(hidden_size=16, num_attention_heads=2, num_hidden_layers=2))
+    classic = KilnEncoderForMaskedLM(
+        KilnEncoderConfig(hidden_size=16, num_attention_heads=2, num_hidden_layers=2)
+    )
     assert "model.embeddings.position_embeddings.weight" in classic.state_dict()
     assert "model.layers.0.attention.qkv.bias" in classic.state_dict()
     assert classic.model.final_norm is None and classic.model.rotary is None
@@ -222,9 +239,17 @@ def test_preset_pieces_can_be_overridden_and_unknown_values_are_refused():
 
 def preset_config(**changes):
     fields = dict(
-        preset="modernbert", vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
-        intermediate_size=24, max_position_embeddings=32, local_attention=4, type_vocab_size=2, num_labels=3,
-    )  # fmt: skip
+        preset="modernbert",
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=24,
+        max_position_embeddings=32,
+        local_attention=4,
+        type_vocab_size=2,
+        num_labels=3,
+    )
     fields.update(changes)
     return KilnEncoderConfig(**fields)
 
@@ -276,19 +301,24 @@ def test_every_head_trains_on_the_preset(model_class):
 
 def test_the_seq2seq_model_takes_a_preset_encoder():
     config = KilnEncoderDecoderConfig.from_encoder_decoder_configs(
-        preset_config(), KilnDecoderConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+        preset_config(),
+        KilnDecoderConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2),
     )
     config.decoder_start_token_id, config.pad_token_id = 1, 0
     model = KilnEncoderDecoderModel(config)
     assert model.encoder.config.preset == "modernbert"
     input_ids, attention_mask = batch([9, 4], 9, vocab_size=64)
-    loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids[:, :5].clamp(min=1)).loss
+    loss = model(
+        input_ids=input_ids, attention_mask=attention_mask, labels=input_ids[:, :5].clamp(min=1)
+    ).loss
     loss.backward()
     assert torch.isfinite(loss) and model.encoder.layers[1].attention.qkv.weight.grad is not None
 
 
 def test_a_bert_block_and_a_preset_refuse_the_other_family():
-    bert = KilnEncoderForMaskedLM(KilnEncoderConfig(hidden_size=16, num_attention_heads=2, num_hidden_layers=1))
+    bert = KilnEncoderForMaskedLM(
+        KilnEncoderConfig(hidden_size=16, num_attention_heads=2, num_hidden_layers=1)
+    )
     with pytest.raises(ValueError, match="no ModernBERT equivalent .*position_embedding_type='learned'"):
         to_transformers(bert, family="modernbert")
     modern = KilnEncoderForMaskedLM(preset_config())
@@ -298,7 +328,9 @@ def test_a_bert_block_and_a_preset_refuse_the_other_family():
         to_transformers(modern, family="bert")
     with pytest.raises(ValueError, match="Cannot convert KilnEncoderForPreTraining to ModernBERT"):
         to_transformers(KilnEncoderForPreTraining(preset_config(type_vocab_size=0)))
-    odd = modernbert_config(layer_types=["sliding_attention", "full_attention", "full_attention", "full_attention"])
+    odd = modernbert_config(
+        layer_types=["sliding_attention", "full_attention", "full_attention", "full_attention"]
+    )
     with pytest.raises(ValueError, match="not 'global every n layers from the first'"):
         from_transformers(transformers.ModernBertModel(odd))
 

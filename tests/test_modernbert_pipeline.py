@@ -12,12 +12,33 @@ from kiln_testing import one_torch_thread, run, run_main
 from pretrain.convert import main as convert
 
 PRESET = [
-    "--model.preset", "modernbert", "--model.type_vocab_size", 0, "--model.objective", "mlm",
-    "--model.local_attention", 16, "--model.num_hidden_layers", 3,
-    "--data.mlm_probability", 0.3, "--training.lr_scheduler_type", "warmup_stable_decay",
-    "--training.warmup_steps", 2, "--training.decay_ratio", 0.5, "--training.max_steps", 8,
-    "--training.save_steps", 4, "--training.eval_steps", 0, "--logging.logging_steps", 1,
-]  # fmt: skip
+    "--model.preset",
+    "modernbert",
+    "--model.type_vocab_size",
+    0,
+    "--model.objective",
+    "mlm",
+    "--model.local_attention",
+    16,
+    "--model.num_hidden_layers",
+    3,
+    "--data.mlm_probability",
+    0.3,
+    "--training.lr_scheduler_type",
+    "warmup_stable_decay",
+    "--training.warmup_steps",
+    2,
+    "--training.decay_ratio",
+    0.5,
+    "--training.max_steps",
+    8,
+    "--training.save_steps",
+    4,
+    "--training.eval_steps",
+    0,
+    "--logging.logging_steps",
+    1,
+]
 
 
 def _rows(folder):
@@ -48,8 +69,14 @@ def test_preset_pretraining_uses_the_recipe_and_resumes_exactly(modern_run, tmp_
     assert sorted(first) == list(range(1, 9))
     again = tmp_path / "again"
     with one_torch_thread():
-        run(again, *PRESET, "--training.resume_from_checkpoint", modern_run / "checkpoints" / "step-00000004",
-            "--tokenizer.name_or_path", modern_run / "tokenizer")  # fmt: skip
+        run(
+            again,
+            *PRESET,
+            "--training.resume_from_checkpoint",
+            modern_run / "checkpoints" / "step-00000004",
+            "--tokenizer.name_or_path",
+            modern_run / "tokenizer",
+        )
     assert _losses(again) == {step: first[step] for step in range(5, 9)}
 
 
@@ -73,8 +100,18 @@ def test_final_converts_to_modernbert_and_a_modernbert_continues_pretraining(mod
     convert([str(tmp_path / "modernbert"), str(tmp_path / "kiln")])
     continued = tmp_path / "continued"
     with one_torch_thread():
-        run(continued, *PRESET, "--model.init_from", tmp_path / "kiln", "--tokenizer.name_or_path", tmp_path / "kiln",
-            "--training.max_steps", 2, "--training.save_steps", 0)  # fmt: skip
+        run(
+            continued,
+            *PRESET,
+            "--model.init_from",
+            tmp_path / "kiln",
+            "--tokenizer.name_or_path",
+            tmp_path / "kiln",
+            "--training.max_steps",
+            2,
+            "--training.save_steps",
+            0,
+        )
     assert sorted(_losses(continued)) == [1, 2]
     assert json.loads((continued / "final" / "config.json").read_text())["preset"] == "modernbert"
 
@@ -83,7 +120,9 @@ def test_adapt_and_classify_fine_tune_a_preset_encoder(modern_run, tmp_path):
     from finetune.adapt import main as adapt
     from finetune.classify import main as classify
 
-    rows = ["sentence,label"] + [f'"a {word} film number {i}",{word}' for i in range(24) for word in ("good", "bad")]
+    rows = ["sentence,label"] + [
+        f'"a {word} film number {i}",{word}' for i in range(24) for word in ("good", "bad")
+    ]
     (tmp_path / "reviews.csv").write_text("\n".join(rows) + "\n")
     task = tmp_path / "task.yaml"
     task.write_text(
@@ -91,14 +130,44 @@ def test_adapt_and_classify_fine_tune_a_preset_encoder(modern_run, tmp_path):
         f"  test_file: {tmp_path / 'reviews.csv'}\n  text_columns: [sentence]\n"
     )
     with one_torch_thread():
-        run_main(adapt, "--task", "classify", "--task_config", task, "--model.init_from", modern_run / "final",
-                 "--training.output_dir", tmp_path / "adapted", "--training.max_steps", 2, "--training.save_steps", 0,
-                 "--training.eval_steps", 0, "--training.per_device_train_batch_size", 4, "--data.max_seq_length", 32)  # fmt: skip
-        run_main(classify, "--config", task, "--model.checkpoint", tmp_path / "adapted" / "final",
-                 "--training.output_dir", tmp_path / "tuned", "--training.max_steps", 2,
-                 "--training.per_device_train_batch_size", 8)  # fmt: skip
+        run_main(
+            adapt,
+            "--task",
+            "classify",
+            "--task_config",
+            task,
+            "--model.init_from",
+            modern_run / "final",
+            "--training.output_dir",
+            tmp_path / "adapted",
+            "--training.max_steps",
+            2,
+            "--training.save_steps",
+            0,
+            "--training.eval_steps",
+            0,
+            "--training.per_device_train_batch_size",
+            4,
+            "--data.max_seq_length",
+            32,
+        )
+        run_main(
+            classify,
+            "--config",
+            task,
+            "--model.checkpoint",
+            tmp_path / "adapted" / "final",
+            "--training.output_dir",
+            tmp_path / "tuned",
+            "--training.max_steps",
+            2,
+            "--training.per_device_train_batch_size",
+            8,
+        )
     tuned = json.loads((tmp_path / "tuned" / "final" / "config.json").read_text())
-    assert tuned["preset"] == "modernbert" and tuned["architectures"] == ["KilnEncoderForSequenceClassification"]
+    assert tuned["preset"] == "modernbert" and tuned["architectures"] == [
+        "KilnEncoderForSequenceClassification"
+    ]
     from pretrain.modeling import KilnEncoderForSequenceClassification
 
     model = KilnEncoderForSequenceClassification.from_pretrained(tmp_path / "tuned" / "final")

@@ -16,9 +16,24 @@ from kiln_testing import DEBUG, REPO, free_port, losses
 from kiln import run_folder
 from kiln.checkpoint_files import find_checkpoints
 
-ARGS = ["--data.max_train_documents", 8, "--training.max_steps", 4, "--training.save_steps", 2,
-        "--training.eval_steps", 0, "--training.max_eval_batches", 1, "--training.per_device_train_batch_size", 4,
-        "--model.hidden_dropout_prob", 0, "--model.attention_probs_dropout_prob", 0]  # fmt: skip
+ARGS = [
+    "--data.max_train_documents",
+    8,
+    "--training.max_steps",
+    4,
+    "--training.save_steps",
+    2,
+    "--training.eval_steps",
+    0,
+    "--training.max_eval_batches",
+    1,
+    "--training.per_device_train_batch_size",
+    4,
+    "--model.hidden_dropout_prob",
+    0,
+    "--model.attention_probs_dropout_prob",
+    0,
+]
 
 
 def _can_unshare() -> str | None:
@@ -39,10 +54,30 @@ def start_two_nodes(run_dir, port: int, node_local: bool, *args) -> list[subproc
     files and node 0 none of its own; a bind mount rather than a tmpfs so the disk outlives the namespace for
     the resume) and its own HF_HOME (its own datasets cache)."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
-              "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-              "--rdzv_backend", "static"]  # fmt: skip
-    script = [str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(run_dir), *map(str, args)]
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_machines",
+        "2",
+        "--num_processes",
+        "2",
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        str(port),
+        "--rdzv_backend",
+        "static",
+    ]
+    script = [
+        str(REPO / "pretrain/run.py"),
+        "--config",
+        DEBUG,
+        "--training.output_dir",
+        str(run_dir),
+        *map(str, args),
+    ]
     run_dir.mkdir(parents=True, exist_ok=True)
     nodes = []
     for rank in (0, 1):
@@ -54,8 +89,11 @@ def start_two_nodes(run_dir, port: int, node_local: bool, *args) -> list[subproc
             node_env["HF_HOME"] = str(run_dir.with_name(run_dir.name + "-node1-hf"))
             shell = f'mount --bind "{disk}" "{run_dir}" && exec "$@"'
             command = ["unshare", "-m", "sh", "-c", shell, "node1", *command]
-        nodes.append(subprocess.Popen(command, cwd=REPO, env=node_env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
+        nodes.append(
+            subprocess.Popen(
+                command, cwd=REPO, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     return nodes
 
 
@@ -95,7 +133,9 @@ def test_two_nodes_share_one_run_folder(tmp_path):
     two_nodes(run_dir, free_port(), False, *ARGS)
     checkpoint = find_checkpoints(run_dir)[-1]
     # one writer: both processes' random states in the one checkpoint, the files once
-    assert {"rng_state_0.safetensors", "rng_state_1.safetensors", "model.safetensors"} <= {p.name for p in checkpoint.iterdir()}
+    assert {"rng_state_0.safetensors", "rng_state_1.safetensors", "model.safetensors"} <= {
+        p.name for p in checkpoint.iterdir()
+    }
     assert "save_on_each_node: false" in (run_dir / "config.yaml").read_text()
     _resume_latest(run_dir, [run_dir], free_port(), False)
 
@@ -112,13 +152,22 @@ def test_two_nodes_with_node_local_disks(tmp_path):
         assert (disk / "tokenizer" / "tokenizer.json").is_file() and (disk / "config.yaml").is_file()
         assert [p.name for p in find_checkpoints(disk)] == ["step-00000002", "step-00000004"]
         names = {p.name for p in find_checkpoints(disk)[-1].iterdir()}
-        assert {"model.safetensors", "optimizer.safetensors", "trainer_state.json", f"rng_state_{rank}.safetensors"} <= names
+        assert {
+            "model.safetensors",
+            "optimizer.safetensors",
+            "trainer_state.json",
+            f"rng_state_{rank}.safetensors",
+        } <= names
         assert json.loads((find_checkpoints(disk)[-1] / "trainer_state.json").read_text())["global_step"] == 4
         # each node's own record lists what that node wrote, so an overwrite there removes Kiln's files
         recorded = run_folder.read_record(disk) or {}
         written = {p.relative_to(disk).as_posix() for p in disk.rglob("*") if p.is_file()}
-        assert {n for n in written if n.startswith(("checkpoints/", "tokenizer/"))} | {"config.yaml"} <= set(recorded)
-    assert (run_dir / "tokenizer/tokenizer.json").read_bytes() == (node1 / "tokenizer/tokenizer.json").read_bytes()
+        assert {n for n in written if n.startswith(("checkpoints/", "tokenizer/"))} | {"config.yaml"} <= set(
+            recorded
+        )
+    assert (run_dir / "tokenizer/tokenizer.json").read_bytes() == (
+        node1 / "tokenizer/tokenizer.json"
+    ).read_bytes()
     assert "save_on_each_node: true" in (run_dir / "config.yaml").read_text()
     assert (run_dir / "final" / "model.safetensors").is_file() and not (node1 / "final").exists()
     _resume_latest(run_dir, [run_dir, node1], free_port(), True)

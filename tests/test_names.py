@@ -83,8 +83,9 @@ def defined_twice(files: dict[str, str]) -> dict[str, list[str]]:
 
 def test_a_top_level_name_is_defined_in_one_module():
     twice = defined_twice(project_files())
-    assert not twice, "names defined in several modules (rename one to say what it holds, or merge them):\n" + (
-        "\n".join(f"{name}: {', '.join(paths)}" for name, paths in sorted(twice.items()))
+    assert not twice, (
+        "names defined in several modules (rename one to say what it holds, or merge them):\n"
+        + ("\n".join(f"{name}: {', '.join(paths)}" for name, paths in sorted(twice.items())))
     )
 
 
@@ -103,10 +104,18 @@ def test_the_checker_finds_a_name_defined_twice():
     and a name in the files listed for it are not."""
     one = "def write_manifest(folder):\n    pass\n\n\ndef main():\n    pass\n"
     task = "def read(config):\n    pass\n\n\nTASK = FinetuneTask(read=read)\n"
-    files = {"kiln/a.py": one, "pretrain/b.py": one, "finetune/c.py": task, "finetune/d.py": task,
-             "finetune/classify.py": "def tokenize_splits():\n    pass\n", "finetune/tag.py": "class tokenize_splits:\n    pass\n"}  # fmt: skip
+    files = {
+        "kiln/a.py": one,
+        "pretrain/b.py": one,
+        "finetune/c.py": task,
+        "finetune/d.py": task,
+        "finetune/classify.py": "def tokenize_splits():\n    pass\n",
+        "finetune/tag.py": "class tokenize_splits:\n    pass\n",
+    }
     assert defined_twice(files) == {"write_manifest": ["kiln/a.py", "pretrain/b.py"]}
-    files.update({"experiments/e.py": "def read():\n    pass\n", "bench/f.py": "def tokenize_splits():\n    pass\n"})
+    files.update(
+        {"experiments/e.py": "def read():\n    pass\n", "bench/f.py": "def tokenize_splits():\n    pass\n"}
+    )
     assert defined_twice(files) == {
         "write_manifest": ["kiln/a.py", "pretrain/b.py"],
         "read": ["finetune/c.py", "finetune/d.py", "experiments/e.py"],

@@ -16,7 +16,18 @@ MACHINE_PATH = re.compile(
     "(?<![\\w.$~-])/" + "(?:(?:work|tmp|root)/|" + "home/(?!alice/|\\.\\.\\.)(?=[\\w.-]))"
 )
 # where no git is at hand (an unpacked source archive): the folders the project's files live in
-SOURCE_FOLDERS = [".ci", "bench", "configs", "data", "docs", "experiments", "finetune", "kiln", "pretrain", "tests"]
+SOURCE_FOLDERS = [
+    ".ci",
+    "bench",
+    "configs",
+    "data",
+    "docs",
+    "experiments",
+    "finetune",
+    "kiln",
+    "pretrain",
+    "tests",
+]
 
 
 def project_files():
@@ -25,7 +36,9 @@ def project_files():
         return [REPO / name for name in listed.stdout.split("\0") if name]
     files = [path for path in REPO.iterdir() if path.is_file()]
     for folder in SOURCE_FOLDERS:
-        files += [path for path in (REPO / folder).rglob("*") if path.is_file() and "__pycache__" not in path.parts]
+        files += [
+            path for path in (REPO / folder).rglob("*") if path.is_file() and "__pycache__" not in path.parts
+        ]
     return files
 
 
@@ -45,8 +58,20 @@ def test_no_tracked_file_holds_an_absolute_machine_path():
 
 
 def test_the_pattern_finds_what_it_should():
-    for line in ['"/wo' + 'rk/shared/data/sst2"', "cd /t" + "mp/kiln-x", "File /ro" + "ot/.cache/x", "/ho" + "me/u/x"]:
+    for line in [
+        '"/wo' + 'rk/shared/data/sst2"',
+        "cd /t" + "mp/kiln-x",
+        "File /ro" + "ot/.cache/x",
+        "/ho" + "me/u/x",
+    ]:
         assert MACHINE_PATH.search(line), line
     examples = ["/ho" + "me/alice/corpus/*.txt", "`/ho" + "me/...` paths", 'private = ["/ho' + 'me/"]']
-    for line in ["../shared/data/sst2", "$WORK/train.tsv", "runs/work/x", "~/tmp/x", "https://x.org/home/y", *examples]:
+    for line in [
+        "../shared/data/sst2",
+        "$WORK/train.tsv",
+        "runs/work/x",
+        "~/tmp/x",
+        "https://x.org/home/y",
+        *examples,
+    ]:
         assert not MACHINE_PATH.search(line), line

@@ -34,14 +34,40 @@ NOT_RUN = {
     "mkdocs build --strict": "the docs build: tests/test_docs.py builds the site strictly",
 }
 # a pretraining run cut to 3 steps of 4 sequences, one evaluation batch, no tracker
-PRETRAIN_SHORT = ["--training.max_steps", "3", "--training.per_device_train_batch_size", "4", "--training.eval_steps",
-                  "3", "--training.max_eval_batches", "1", "--training.mixed_precision", "null", "--logging.report_to",
-                  "none", "--logging.logging_steps", "1"]  # fmt: skip
+PRETRAIN_SHORT = [
+    "--training.max_steps",
+    "3",
+    "--training.per_device_train_batch_size",
+    "4",
+    "--training.eval_steps",
+    "3",
+    "--training.max_eval_batches",
+    "1",
+    "--training.mixed_precision",
+    "null",
+    "--logging.report_to",
+    "none",
+    "--logging.logging_steps",
+    "1",
+]
 # a fine-tuning run cut to 2 steps of 4 examples, 8 evaluated and 8 predicted
-FINETUNE_SHORT = ["--training.max_steps", "2", "--training.per_device_train_batch_size", "4", "--data.max_eval_samples",
-                  "8", "--data.max_predict_samples", "8", "--logging.logging_steps", "1"]  # fmt: skip
-GPU_CONFIGS = {"configs/accelerate/multi-gpu.yaml", "configs/accelerate/single-gpu.yaml",
-               "configs/accelerate/bert-base-1x8.yaml"}  # fmt: skip
+FINETUNE_SHORT = [
+    "--training.max_steps",
+    "2",
+    "--training.per_device_train_batch_size",
+    "4",
+    "--data.max_eval_samples",
+    "8",
+    "--data.max_predict_samples",
+    "8",
+    "--logging.logging_steps",
+    "1",
+]
+GPU_CONFIGS = {
+    "configs/accelerate/multi-gpu.yaml",
+    "configs/accelerate/single-gpu.yaml",
+    "configs/accelerate/bert-base-1x8.yaml",
+}
 
 
 def as_run_here(command: str, work: Path) -> tuple[list[str] | None, dict]:
@@ -60,7 +86,12 @@ def as_run_here(command: str, work: Path) -> tuple[list[str] | None, dict]:
         if "--config_file" in launch:
             config = launch[launch.index("--config_file") + 1]
             assert config in GPU_CONFIGS, config
-            launch = ["--config_file", "configs/accelerate/cpu-2proc.yaml", "--main_process_port", str(free_port())]
+            launch = [
+                "--config_file",
+                "configs/accelerate/cpu-2proc.yaml",
+                "--main_process_port",
+                str(free_port()),
+            ]
             shrink = [*shrink, *MUST_SHRINK]  # a tiny model, 4 sequences a process
             env["ACCELERATE_USE_CPU"] = "1"
         return [*launcher, *launch, *args, *shrink], env
@@ -121,7 +152,13 @@ def test_the_readme_runs_in_page_order_getting_started_with_it_and_the_main_job_
     done = run_page("README.md", work)
     assert [c for c, out in done if out is None] == list(NOT_RUN), [c for c, _ in done]
     assert [shlex.split(c)[0] for c, out in done if out is not None] == [
-        "accelerate", "kiln-launch", "hf", "kiln-launch", "python", "kiln-launch"]  # fmt: skip
+        "accelerate",
+        "kiln-launch",
+        "hf",
+        "kiln-launch",
+        "python",
+        "kiln-launch",
+    ]
     assert (work / ".hf-home/accelerate/default_config.yaml").is_file()  # accelerate config default
     assert (work / "runs/encoder-tiny/final/model.safetensors").is_file()
     assert "model.safetensors" in hub.files(f"{TEST_USER}/kiln-encoder-tiny")
@@ -156,7 +193,13 @@ def test_the_readme_runs_in_page_order_getting_started_with_it_and_the_main_job_
         wanted = default.get("model", {}).get(key)
         assert wanted is None or saved[key] == wanted, (key, saved[key], wanted)
     assert saved["vocab_size"] == 4096  # the WordPiece of the default config, trained on data/pretrain
-    for name in ("model.safetensors", "tokenizer.json", "README.md", "loss_curve.png", "modeling_kiln_encoder.py"):
+    for name in (
+        "model.safetensors",
+        "tokenizer.json",
+        "README.md",
+        "loss_curve.png",
+        "modeling_kiln_encoder.py",
+    ):
         assert (final / name).is_file(), name
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [row for row in rows if "train/loss" in row]
@@ -182,12 +225,15 @@ def test_the_readme_runs_in_page_order_getting_started_with_it_and_the_main_job_
     assert len(points) >= 2 and {loss for _, loss in points} <= {row["train/mlm_loss"] for row in train}
 
 
-WORDS = ("river stone garden window letter morning village doctor winter market bridge candle forest harbor "
-         "engine silver orchard lantern meadow captain").split()  # fmt: skip
+WORDS = (
+    "river stone garden window letter morning village doctor winter market bridge candle forest harbor "
+    "engine silver orchard lantern meadow captain"
+).split()
 
 
 def my_text(rng: random.Random) -> dict[str, str]:
     """Two .txt files of made-up documents (sentences of a small vocabulary), blank lines between documents."""
+
     def sentence():
         return " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))).capitalize() + "."
 
@@ -223,11 +269,20 @@ def test_the_task_recipes_run_in_page_order_on_files_of_the_user(tmp_path, hub):
     done = run_page("docs/recipes.md", work)
     assert all(out is not None for _, out in done)
     assert [shlex.split(c)[:2] for c, _ in done] == [
-        ["kiln-launch", "pretrain/run.py"], ["kiln-launch", "pretrain/run.py"], ["kiln-launch", "finetune/classify.py"],
-        ["kiln-launch", "finetune/tag.py"], ["hf", "upload"], ["hf", "upload"]]  # fmt: skip
-    encoder, decoder = (json.loads((work / f"runs/my-{kind}/final/config.json").read_text()) for kind in
-                        ("encoder", "decoder"))  # fmt: skip
-    assert encoder["model_type"] == "kiln_encoder" and encoder["hidden_size"] == 256  # BERT-mini, as the page says
+        ["kiln-launch", "pretrain/run.py"],
+        ["kiln-launch", "pretrain/run.py"],
+        ["kiln-launch", "finetune/classify.py"],
+        ["kiln-launch", "finetune/tag.py"],
+        ["hf", "upload"],
+        ["hf", "upload"],
+    ]
+    encoder, decoder = (
+        json.loads((work / f"runs/my-{kind}/final/config.json").read_text())
+        for kind in ("encoder", "decoder")
+    )
+    assert (
+        encoder["model_type"] == "kiln_encoder" and encoder["hidden_size"] == 256
+    )  # BERT-mini, as the page says
     assert decoder["model_type"] == "kiln_decoder"
     vocabulary = json.loads((work / "runs/my-encoder/final/tokenizer.json").read_text())["model"]["vocab"]
     assert "captain" in vocabulary  # the tokenizer was trained on the user's text, not the shipped books
@@ -236,17 +291,33 @@ def test_the_task_recipes_run_in_page_order_on_files_of_the_user(tmp_path, hub):
     tagger = json.loads((work / "runs/my-tagger/final/config.json").read_text())
     assert sorted(tagger["id2label"].values()) == ["B-LOC", "B-PER", "O"]
     for repo in ("my-encoder", "my-classifier"):
-        assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(hub.files(f"{TEST_USER}/{repo}")), repo
+        assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(
+            hub.files(f"{TEST_USER}/{repo}")
+        ), repo
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # every documented training command of the docs site, in the navigation's order: a folder of its own
 
-SITE_PAGES = ["docs/installation.md", "docs/getting-started.md", "docs/recipes.md", "docs/walkthrough.md",
-              "docs/pretraining.md", "docs/data-and-scale.md", "docs/scaling.md", "docs/continue-pretraining.md",
-              "docs/finetuning.md", "docs/models.md", "docs/electra.md", "docs/zero-shot.md", "docs/hub.md",
-              "docs/multi-node.md",
-              "docs/launching.md", "docs/failure-handling.md", "docs/troubleshooting.md"]  # fmt: skip
+SITE_PAGES = [
+    "docs/installation.md",
+    "docs/getting-started.md",
+    "docs/recipes.md",
+    "docs/walkthrough.md",
+    "docs/pretraining.md",
+    "docs/data-and-scale.md",
+    "docs/scaling.md",
+    "docs/continue-pretraining.md",
+    "docs/finetuning.md",
+    "docs/models.md",
+    "docs/electra.md",
+    "docs/zero-shot.md",
+    "docs/hub.md",
+    "docs/multi-node.md",
+    "docs/launching.md",
+    "docs/failure-handling.md",
+    "docs/troubleshooting.md",
+]
 CONTINUES = ("--training.resume_from_checkpoint", "--training.overwrite_output_dir", "--predict")
 
 
@@ -264,7 +335,9 @@ def output_folder(command: str) -> list[str]:
         out = own[own.index("--output-dir") + 1] if "--output-dir" in own else "runs/glue"
         tasks = own[own.index("--tasks") + 1 :] if "--tasks" in own else ["all"]
         return [f"{out}/{task}" for task in tasks if not task.startswith("--")]
-    if words[0] not in ("kiln-launch", "accelerate") or (words[0] == "accelerate" and words[1:2] != ["launch"]):
+    if words[0] not in ("kiln-launch", "accelerate") or (
+        words[0] == "accelerate" and words[1:2] != ["launch"]
+    ):
         return []
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
     if script is None or "--help" in words or words[script + 1 :][:1] == ["..."]:
@@ -306,14 +379,18 @@ def test_every_documented_training_command_of_the_site_has_a_folder_of_its_own(m
 
 @pytest.mark.parametrize(
     "command, folders",
-    [("accelerate launch pretrain/run.py", ["runs/encoder-tiny"]),
-     ("kiln-launch pretrain/run.py --config configs/pretrain/decoder-tiny.yaml", ["runs/decoder-tiny"]),
-     ("accelerate launch finetune/classify.py --data.glue_task stsb", ["runs/glue/stsb"]),
-     ("python finetune/glue.py --tasks sst2 rte", ["runs/glue/sst2", "runs/glue/rte"]),
-     ("ACCELERATE_USE_CPU=1 accelerate launch --config_file x.yaml pretrain/run.py --training.output_dir runs/a",
-      ["runs/a"]),
-     ("accelerate config default", [])],
-)  # fmt: skip
+    [
+        ("accelerate launch pretrain/run.py", ["runs/encoder-tiny"]),
+        ("kiln-launch pretrain/run.py --config configs/pretrain/decoder-tiny.yaml", ["runs/decoder-tiny"]),
+        ("accelerate launch finetune/classify.py --data.glue_task stsb", ["runs/glue/stsb"]),
+        ("python finetune/glue.py --tasks sst2 rte", ["runs/glue/sst2", "runs/glue/rte"]),
+        (
+            "ACCELERATE_USE_CPU=1 accelerate launch --config_file x.yaml pretrain/run.py --training.output_dir runs/a",
+            ["runs/a"],
+        ),
+        ("accelerate config default", []),
+    ],
+)
 def test_the_folder_a_command_trains_into_is_the_one_its_script_resolves(command, folders, monkeypatch):
     monkeypatch.chdir(REPO)
     assert output_folder(command) == folders

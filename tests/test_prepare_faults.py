@@ -79,19 +79,43 @@ def _env() -> dict:
 
 
 def _prepare_argv(config_path, output, *extra) -> list[str]:
-    return [sys.executable, "-m", "pretrain.data", "prepare", "--config", str(config_path), "--output", str(output),
-            "--shard_size_mb", "0.01", *map(str, extra)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pretrain.data",
+        "prepare",
+        "--config",
+        str(config_path),
+        "--output",
+        str(output),
+        "--shard_size_mb",
+        "0.01",
+        *map(str, extra),
+    ]
 
 
 def _prepare(config_path, output, *extra, timeout=300):
-    return subprocess.run(_prepare_argv(config_path, output, *extra), cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        _prepare_argv(config_path, output, *extra),
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _start(config_path, output, *extra):
-    return subprocess.Popen(_prepare_argv(config_path, output, *extra), cwd=REPO, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=with_terminal_signals)  # fmt: skip
+    return subprocess.Popen(
+        _prepare_argv(config_path, output, *extra),
+        cwd=REPO,
+        env=_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=with_terminal_signals,
+    )
 
 
 def _wait_for_a_shard(process, output: Path, timeout: float = 240) -> None:
@@ -139,7 +163,9 @@ def _finishes_like_the_reference(config_path, output: Path, reference: Path) -> 
     done = _prepare(config_path, output, "--num_proc", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "already done" in done.stdout
-    assert json.loads((output / "manifest.json").read_text()) == json.loads((reference / "manifest.json").read_text())
+    assert json.loads((output / "manifest.json").read_text()) == json.loads(
+        (reference / "manifest.json").read_text()
+    )
 
 
 # ------------------------------------------------------------------------------------------------- prepare
@@ -186,8 +212,14 @@ def test_a_full_disk_during_prepare_is_one_line(setup, tmp_path):
     output = tmp_path / "small-disk"
     output.mkdir()
     argv = " ".join(f"'{a}'" for a in _prepare_argv(config_path, output))
-    done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=160k tmpfs '{output}' && {argv}"],
-                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=160k tmpfs '{output}' && {argv}"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     line = _one_error_line(done.stderr)
     assert f"no space left on the device of {output}" in line and "run the same command again" in line
@@ -256,7 +288,10 @@ def _mangle_and_match_the_checksum(folder: Path) -> None:
 
 CASES = {
     "manifest-cut-short": (_truncate_manifest, "manifest.json is not valid JSON (cut short?); delete it"),
-    "shard-dropped-from-manifest": (_drop_a_shard, "manifest.json does not list the shards plan.json planned"),
+    "shard-dropped-from-manifest": (
+        _drop_a_shard,
+        "manifest.json does not list the shards plan.json planned",
+    ),
     "bits-flipped": (_flip_bits, "shard train-00001.arrow differs from the sha256 its manifest records"),
     "mangled-beyond-parsing": (_mangle_and_match_the_checksum, "shard train-00001.arrow cannot be read"),
 }
@@ -265,10 +300,24 @@ CASES = {
 def _train(config_path, folder, out) -> subprocess.Popen:
     """`pretrain/run.py --data.prepared FOLDER` in a fresh process, as users run it."""
     return subprocess.Popen(
-        [sys.executable, "pretrain/run.py", "--config", str(config_path), "--data.prepared", str(folder),
-         "--training.output_dir", str(out), "--training.max_steps", "2"],
-        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "pretrain/run.py",
+            "--config",
+            str(config_path),
+            "--data.prepared",
+            str(folder),
+            "--training.output_dir",
+            str(out),
+            "--training.max_steps",
+            "2",
+        ],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _train_in_process(capsys, config_path, folder, out) -> tuple[int, str]:
@@ -281,8 +330,18 @@ def _train_in_process(capsys, config_path, folder, out) -> tuple[int, str]:
     reset_accelerate()
     try:
         with pytest.raises(SystemExit) as exit_info:
-            cli(["--config", str(config_path), "--data.prepared", str(folder), "--training.output_dir", str(out),
-                 "--training.max_steps", "2"])  # fmt: skip
+            cli(
+                [
+                    "--config",
+                    str(config_path),
+                    "--data.prepared",
+                    str(folder),
+                    "--training.output_dir",
+                    str(out),
+                    "--training.max_steps",
+                    "2",
+                ]
+            )
     finally:
         reset_accelerate()
     return exit_info.value.code, capsys.readouterr().err
@@ -315,14 +374,25 @@ def test_damaged_prepared_folders_are_refused_in_one_line_before_training(setup,
     assert message in line, (name, line)
     assert not (tmp_path / f"run-{name}" / "final").exists()
     # the undamaged folder trains
-    state = run_main(main, "--config", config_path, "--data.prepared", reference, "--training.output_dir",
-                     tmp_path / "run-ok", "--training.max_steps", 2)  # fmt: skip
+    state = run_main(
+        main,
+        "--config",
+        config_path,
+        "--data.prepared",
+        reference,
+        "--training.output_dir",
+        tmp_path / "run-ok",
+        "--training.max_steps",
+        2,
+    )
     assert state.global_step == 2 and (tmp_path / "run-ok" / "final").is_dir()
 
 
 # ------------------------------------------------------------------------------- a manifest names its own files
 def _record(folder: Path, name: str) -> dict:
-    return next(r for r in json.loads((folder / "manifest.json").read_text())["shards"]["train"] if r["file"] == name)
+    return next(
+        r for r in json.loads((folder / "manifest.json").read_text())["shards"]["train"] if r["file"] == name
+    )
 
 
 def _rename_in_manifest(folder: Path, name: str, new: str) -> None:
@@ -355,8 +425,9 @@ def _outside(folder: Path, how: str) -> None:
     else:  # plan.json names ../outside/train-00001, whose .json sidecar names the shard's file
         (folder / "train-00001.json").rename(outside / "train-00001.json")
         plan = json.loads((folder / "plan.json").read_text())
-        plan["shards"]["train"] = [f"../{outside.name}/train-00001" if n == "train-00001" else n
-                                   for n in plan["shards"]["train"]]  # fmt: skip
+        plan["shards"]["train"] = [
+            f"../{outside.name}/train-00001" if n == "train-00001" else n for n in plan["shards"]["train"]
+        ]
         (folder / "plan.json").write_text(json.dumps(plan))
         (folder / "manifest.json").unlink()
 
@@ -371,7 +442,9 @@ def _another_dtype(folder: Path) -> None:
     shard = folder / "train-00001.arrow"
     with pa.memory_map(str(shard)) as source:
         table = pa.ipc.open_stream(source).read_all()
-    table = table.cast(pa.schema([("sentence_ids", pa.list_(pa.list_(pa.int64()))), ("document_hash", pa.string())]))
+    table = table.cast(
+        pa.schema([("sentence_ids", pa.list_(pa.list_(pa.int64()))), ("document_hash", pa.string())])
+    )
     with pa.OSFile(str(shard), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -403,7 +476,9 @@ def test_a_manifest_names_only_files_of_its_own_folder(setup, tmp_path, capsys):
         "dtype": "shard train-00001.arrow cannot be read (ArrowInvalid: columns sentence_ids: "
         "list<item: list<item: int64>>, document_hash: string, not those of a prepared shard)",
     }
-    for name, folder in sorted(folders.items(), key=lambda item: item[0] == "dotdot"):  # the fresh process last
+    for name, folder in sorted(
+        folders.items(), key=lambda item: item[0] == "dotdot"
+    ):  # the fresh process last
         if name == "dotdot":
             _, stderr = fresh.communicate(timeout=300)
             status = fresh.returncode

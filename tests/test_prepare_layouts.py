@@ -18,12 +18,19 @@ REPO = Path(__file__).resolve().parent.parent
 def _paragraphs(count: int) -> list[str]:
     lines = []
     for path in sorted((REPO / "data/pretrain").glob("*.txt")):
-        lines += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if len(line.split()) > 3]
+        lines += [
+            line.strip() for line in path.read_text(encoding="utf-8").splitlines() if len(line.split()) > 3
+        ]
     return lines[:count]
 
 
-def _prepare_and_compare(tmp_path: Path, data_files: list[str], separator: str, text_column: str = "text",
-                         shard_size_mb: float = 0.02) -> dict:  # fmt: skip
+def _prepare_and_compare(
+    tmp_path: Path,
+    data_files: list[str],
+    separator: str,
+    text_column: str = "text",
+    shard_size_mb: float = 0.02,
+) -> dict:
     import yaml
 
     from kiln.config import build_config
@@ -33,9 +40,14 @@ def _prepare_and_compare(tmp_path: Path, data_files: list[str], separator: str, 
     from pretrain.data.prepared import PreparedCorpus
 
     config = yaml.safe_load((REPO / "configs/pretrain/debug.yaml").read_text())
-    config["data"].update(data_files=data_files, max_train_documents=None, document_separator=separator,
-                          text_column=text_column, validation_split_percentage=0,
-                          cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    config["data"].update(
+        data_files=data_files,
+        max_train_documents=None,
+        document_separator=separator,
+        text_column=text_column,
+        validation_split_percentage=0,
+        cache_dir=str(tmp_path / "cache"),
+    )
     config["tokenizer"].update(input_sentence_size=500)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -67,14 +79,21 @@ def test_one_document_per_line_with_chunk_cuts_inside_each_range(tmp_path, small
     corpus.write_text("\n".join(_paragraphs(900)) + "\n", encoding="utf-8")
     manifest = _prepare_and_compare(tmp_path, [str(corpus)], "line")
     pieces = [piece for shard in manifest["shards"]["train"] for piece in shard["pieces"]]
-    assert len(pieces) >= 4 and all(p["end"] - p["start"] > 2048 for p in pieces[:-1])  # ranges of many chunks
+    assert len(pieces) >= 4 and all(
+        p["end"] - p["start"] > 2048 for p in pieces[:-1]
+    )  # ranges of many chunks
 
 
 def test_one_document_per_top_level_heading_with_chunk_cuts(tmp_path, small_chunks):
     paragraphs = _paragraphs(600)
     # WikiText's layout: " = Title = " starts an article, " = = Section = = " stays inside it
-    sections = [f" = Chapter {n} = \n\n" + "\n\n".join(paragraphs[n * 6:(n + 1) * 6]) + "\n\n = = A section = = \n\n"
-                + paragraphs[(n * 6 + 3) % len(paragraphs)] for n in range(100)]  # fmt: skip
+    sections = [
+        f" = Chapter {n} = \n\n"
+        + "\n\n".join(paragraphs[n * 6 : (n + 1) * 6])
+        + "\n\n = = A section = = \n\n"
+        + paragraphs[(n * 6 + 3) % len(paragraphs)]
+        for n in range(100)
+    ]
     corpus = tmp_path / "book.txt"
     corpus.write_text("\n\n".join(sections) + "\n", encoding="utf-8")
     _prepare_and_compare(tmp_path, [str(corpus)], "heading")
@@ -89,7 +108,9 @@ def test_row_files_with_a_text_column(tmp_path, suffix):
     for part, frame in enumerate((rows.iloc[:120], rows.iloc[120:])):
         target = tmp_path / f"part{part}.{suffix}"
         if suffix == "jsonl":
-            target.write_text("".join(json.dumps(r) + "\n" for r in frame.to_dict("records")), encoding="utf-8")
+            target.write_text(
+                "".join(json.dumps(r) + "\n" for r in frame.to_dict("records")), encoding="utf-8"
+            )
         elif suffix == "csv":
             frame.to_csv(target, index=False)
         else:

@@ -45,18 +45,38 @@ def published_leaks(tmp_path: Path, home: Path, files: dict[str, bytes]) -> dict
 
 
 def folder_files(folder: Path, label: str) -> dict[str, bytes]:
-    return {f"{label}/{p.relative_to(folder)}": p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        f"{label}/{p.relative_to(folder)}": p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def test_nothing_published_names_the_users_disk(tmp_path, hub):
     home, train, validation = corpus_in_two_trees(tmp_path)
     env = {"HOME": str(home), "USER": USER, "LOGNAME": USER}
     pretrained = home / "runs" / "enc"
-    proc = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", pretrained,
-                  "--data.data_files", f"{train[0].parent}/*.txt", "--data.validation_files", validation,
-                  "--training.max_steps", 2, "--training.save_steps", 2, "--training.eval_steps", 2,
-                  "--hub.push_to_hub", "--hub.model_id", "kiln-test/enc", "--hub.strategy", "checkpoint",
-                  env_extra=env)  # fmt: skip
+    proc = launch(
+        "pretrain/run.py",
+        "--config",
+        DEBUG,
+        "--training.output_dir",
+        pretrained,
+        "--data.data_files",
+        f"{train[0].parent}/*.txt",
+        "--data.validation_files",
+        validation,
+        "--training.max_steps",
+        2,
+        "--training.save_steps",
+        2,
+        "--training.eval_steps",
+        2,
+        "--hub.push_to_hub",
+        "--hub.model_id",
+        "kiln-test/enc",
+        "--hub.strategy",
+        "checkpoint",
+        env_extra=env,
+    )
     ((code, output),) = finish(proc)
     assert code == 0, output[-3000:]
 
@@ -68,17 +88,49 @@ def test_nothing_published_names_the_users_disk(tmp_path, hub):
     test_csv = shutil.copy(sentiment["test"], home / "tasks" / "test.csv")
     finetuned = home / "runs" / "cls"
     procs = [
-        launch("finetune/classify.py", "--model.checkpoint", pretrained / "final", "--training.output_dir", finetuned,
-               "--data.train_file", train_csv, "--data.validation_file", validation_csv,
-               "--data.test_file", test_csv,
-               "--training.max_steps", 2, "--training.save_steps", 2, "--training.eval_steps", 2,
-               "--training.per_device_train_batch_size", 8, "--hub.push_to_hub", "--hub.model_id", "kiln-test/cls",
-               env_extra=env),  # fmt: skip
-        launch("finetune/classify.py", "--model.checkpoint", pretrained / "final", "--model.from_scratch",
-               "--training.output_dir", home / "runs" / "scratch", *ONE_STEP,
-               "--data.train_file", train_csv, "--data.validation_file", validation_csv,
-               "--data.test_file", test_csv,
-               "--training.per_device_train_batch_size", 8, env_extra=env),  # fmt: skip
+        launch(
+            "finetune/classify.py",
+            "--model.checkpoint",
+            pretrained / "final",
+            "--training.output_dir",
+            finetuned,
+            "--data.train_file",
+            train_csv,
+            "--data.validation_file",
+            validation_csv,
+            "--data.test_file",
+            test_csv,
+            "--training.max_steps",
+            2,
+            "--training.save_steps",
+            2,
+            "--training.eval_steps",
+            2,
+            "--training.per_device_train_batch_size",
+            8,
+            "--hub.push_to_hub",
+            "--hub.model_id",
+            "kiln-test/cls",
+            env_extra=env,
+        ),
+        launch(
+            "finetune/classify.py",
+            "--model.checkpoint",
+            pretrained / "final",
+            "--model.from_scratch",
+            "--training.output_dir",
+            home / "runs" / "scratch",
+            *ONE_STEP,
+            "--data.train_file",
+            train_csv,
+            "--data.validation_file",
+            validation_csv,
+            "--data.test_file",
+            test_csv,
+            "--training.per_device_train_batch_size",
+            8,
+            env_extra=env,
+        ),
     ]
     for code, output in finish(*procs):
         assert code == 0, output[-3000:]
@@ -103,7 +155,10 @@ def test_nothing_published_names_the_users_disk(tmp_path, hub):
     cls_card = published[f"{finetuned.name}/final/README.md"].decode()
     assert "train.csv" in cls_card and "validation.csv" in cls_card and "sha256" in cls_card
     assert "| initialisation | pretrained (final) |" in cls_card, cls_card
-    assert "An encoder fine-tuned from a local checkpoint with Kiln on train.csv, validation.csv, test.csv." in cls_card
+    assert (
+        "An encoder fine-tuned from a local checkpoint with Kiln on train.csv, validation.csv, test.csv."
+        in cls_card
+    )
     scratch_card = published["scratch/final/README.md"].decode()
     assert "| initialisation | random (from scratch, shape and tokenizer of final) |" in scratch_card
     # the run folder's own config (never published) keeps the full paths
@@ -139,39 +194,103 @@ def rendered(card: str) -> str:
     return MarkdownIt("commonmark").enable("table").render(body)
 
 
-def test_a_prepared_runs_card_names_the_prepared_sources_as_text_and_conflicting_data_is_one_line(tmp_path, capsys):
+def test_a_prepared_runs_card_names_the_prepared_sources_as_text_and_conflicting_data_is_one_line(
+    tmp_path, capsys
+):
     from pretrain.run import main as pretrain
 
     home, train, validation = small_corpus_in_two_trees(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home), "USER": USER}
     prepared = home / "prepared"
     subprocess.run(
-        [sys.executable, "-m", "pretrain.data", "prepare", "--config", str(DEBUG), "--output", str(prepared),
-         "--data.data_files", f"{train}/*.txt", "--data.validation_files", str(validation),
-         "--tokenizer.input_sentence_size", "2000"],
-        cwd=REPO, env=env, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pretrain.data",
+            "prepare",
+            "--config",
+            str(DEBUG),
+            "--output",
+            str(prepared),
+            "--data.data_files",
+            f"{train}/*.txt",
+            "--data.validation_files",
+            str(validation),
+            "--tokenizer.input_sentence_size",
+            "2000",
+        ],
+        cwd=REPO,
+        env=env,
+        check=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+    )
     other = tmp_path / "other.txt"
     other.write_text("Another corpus altogether.\n", encoding="utf-8")
     out = home / "runs" / "prep"
     procs = [
-        launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", out, "--data.prepared", prepared,
-               "--training.max_steps", 1, "--training.save_steps", 1, "--training.eval_steps", 1,
-               env_extra={"HOME": str(home), "USER": USER}),  # fmt: skip
-        launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "x",
-               "--data.prepared", prepared, "--data.data_files", other),  # fmt: skip
+        launch(
+            "pretrain/run.py",
+            "--config",
+            DEBUG,
+            "--training.output_dir",
+            out,
+            "--data.prepared",
+            prepared,
+            "--training.max_steps",
+            1,
+            "--training.save_steps",
+            1,
+            "--training.eval_steps",
+            1,
+            env_extra={"HOME": str(home), "USER": USER},
+        ),
+        launch(
+            "pretrain/run.py",
+            "--config",
+            DEBUG,
+            "--training.output_dir",
+            tmp_path / "x",
+            "--data.prepared",
+            prepared,
+            "--data.data_files",
+            other,
+        ),
     ]
     # while those two run in fresh processes: the same command line's checks in this process (the refusal's one
     # line in a fresh process is the --data.data_files case above; both flags go through the same check)
     with one_torch_thread():  # flags that name the prepared sources are consistent: the run trains
-        run_main(pretrain, "--config", DEBUG, "--training.output_dir", home / "runs" / "same", "--data.prepared",
-                 prepared, "--data.data_files", f"{train}/*.txt", "--data.validation_files", validation, *ONE_STEP)  # fmt: skip
+        run_main(
+            pretrain,
+            "--config",
+            DEBUG,
+            "--training.output_dir",
+            home / "runs" / "same",
+            "--data.prepared",
+            prepared,
+            "--data.data_files",
+            f"{train}/*.txt",
+            "--data.validation_files",
+            validation,
+            *ONE_STEP,
+        )
     assert (home / "runs" / "same" / "final" / "model.safetensors").is_file()
-    validation_code, validation_err = cli_in_process(capsys, "--training.output_dir", tmp_path / "y",
-                                                     "--data.prepared", prepared, "--data.validation_files", other)  # fmt: skip
+    validation_code, validation_err = cli_in_process(
+        capsys,
+        "--training.output_dir",
+        tmp_path / "y",
+        "--data.prepared",
+        prepared,
+        "--data.validation_files",
+        other,
+    )
     (code, output), (conflict_code, conflict_output) = finish(*procs)
     assert code == 0, output[-3000:]
-    conflicts = [(conflict_code, error_line(conflict_output)), (validation_code, error_line("\n".join(validation_err)))]
+    conflicts = [
+        (conflict_code, error_line(conflict_output)),
+        (validation_code, error_line("\n".join(validation_err))),
+    ]
     for (conflict_code, line), option, split in zip(
         conflicts, ("data.data_files", "data.validation_files"), ("train", "validation")
     ):
@@ -208,17 +327,28 @@ def test_paths_inside_values_are_reduced_and_markup_and_old_fingerprints_are_kep
     home = "/" + "home/alice-xyz"
     assert public_name(f"pretrained ({home}/runs/enc/final)") == "pretrained (final)"
     assert public_name(f"--data={home}/a.txt and ~/b.txt.") == "--data=a.txt and b.txt."
-    for kept in ("</s>", "<|endoftext|>", "eval/loss", "https://huggingface.co/kiln-test/enc", "hub:kiln-test/enc"):
+    for kept in (
+        "</s>",
+        "<|endoftext|>",
+        "eval/loss",
+        "https://huggingface.co/kiln-test/enc",
+        "hub:kiln-test/enc",
+    ):
         assert public_name(kept) == kept
     assert public_file_names(["/a/x.txt", "/b/x.txt", "/c/y.txt"]) == ["x.txt", "x.txt (2)", "y.txt"]
     assert card_text(EVIL) == "a\\`&lt;img src=x onerror=alert(1)&gt;\\`.txt"
     assert card_text("a_christmas_carol.txt | *b*") == "a_christmas_carol.txt \\| \\*b\\*"
     # a checkpoint that named files relative to their common folder compares by file name
     old = {"home/alice-xyz/x.txt": "1 bytes, sha256 a", "mnt/x.txt": "2 bytes, sha256 b", "hub revision": "r"}
-    assert data_changes(old, {"x.txt": "1 bytes, sha256 a", "x.txt (2)": "2 bytes, sha256 b", "hub revision": "r"}) == []
-    assert data_changes(old, {"x.txt": "1 bytes, sha256 a", "x.txt (2)": "3 bytes, sha256 c", "hub revision": "r"}) == [
-        "x.txt (2) 2 -> 3 bytes"
-    ]
+    assert (
+        data_changes(
+            old, {"x.txt": "1 bytes, sha256 a", "x.txt (2)": "2 bytes, sha256 b", "hub revision": "r"}
+        )
+        == []
+    )
+    assert data_changes(
+        old, {"x.txt": "1 bytes, sha256 a", "x.txt (2)": "3 bytes, sha256 c", "hub revision": "r"}
+    ) == ["x.txt (2) 2 -> 3 bytes"]
 
 
 def test_only_data_flags_of_the_command_line_are_compared_with_a_prepared_folder(tmp_path):
@@ -237,10 +367,16 @@ def test_only_data_flags_of_the_command_line_are_compared_with_a_prepared_folder
     (tmp_path / "prep" / "manifest.json").write_text(json.dumps({"sources": {"train": [source]}}))
     (tmp_path / "a.txt").write_text("abc")
     (tmp_path / "b.txt").write_text("other")
-    data = SimpleNamespace(prepared=str(tmp_path / "prep"), dataset_name=None, validation_files=None,
-                           data_files=[str(tmp_path / "b.txt")])  # fmt: skip
+    data = SimpleNamespace(
+        prepared=str(tmp_path / "prep"),
+        dataset_name=None,
+        validation_files=None,
+        data_files=[str(tmp_path / "b.txt")],
+    )
     check_prepared_sources(data, given={"data.prepared"})
-    with pytest.raises(ConfigError, match=r"^--data.data_files names other files than --data.prepared prep was"):
+    with pytest.raises(
+        ConfigError, match=r"^--data.data_files names other files than --data.prepared prep was"
+    ):
         check_prepared_sources(data, given={"data.prepared", "data.data_files"})
     data.data_files = [str(tmp_path / "a.txt")]
     check_prepared_sources(data, given={"data.prepared", "data.data_files"})

@@ -22,7 +22,9 @@ from pretrain.modeling import (
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Runs in a fresh interpreter in which the project (`kiln`, `pretrain`, `finetune`) cannot be imported
-CHILD = WITHOUT_THE_PROJECT + r"""
+CHILD = (
+    WITHOUT_THE_PROJECT
+    + r"""
 import torch
 import transformers
 
@@ -60,6 +62,7 @@ results["classes"] = [type(model).__module__ + "." + type(model).__name__ for mo
 results["imported_pretrain"] = "pretrain" in sys.modules
 torch.save(results, out_file)
 """
+)
 
 
 def test_checkpoints_load_with_trust_remote_code_without_pretrain(tmp_path):

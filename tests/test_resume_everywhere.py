@@ -17,7 +17,12 @@ from safetensors.torch import load_file
 
 from kiln.checkpoint_files import find_checkpoints
 
-ENCODER_SMALL = ["--data.max_train_documents", 2, "--training.per_device_train_batch_size", 32]  # 415 examples
+ENCODER_SMALL = [
+    "--data.max_train_documents",
+    2,
+    "--training.per_device_train_batch_size",
+    32,
+]  # 415 examples
 DECODER_SMALL = [*DECODER, "--data.max_train_documents", 12, "--training.per_device_train_batch_size", 8]
 RUNS = {
     # (extra args, accumulation, optimizer steps): each crosses at least one epoch end
@@ -31,17 +36,32 @@ RUNS = {
 def _rows(out):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
-    evals = {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows if any(
-        k.startswith("eval/") for k in r)}  # fmt: skip
+    evals = {
+        r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")}
+        for r in rows
+        if any(k.startswith("eval/") for k in r)
+    }
     epochs = [r["train/epoch"] for r in rows if "train/epoch" in r]
     return train, evals, epochs
 
 
 def _common(extra, accumulation, steps):
     # logged every 2 steps: a resume inside a logging window must log the window's mean as the uninterrupted run
-    return [*extra, "--training.gradient_accumulation_steps", accumulation, "--training.max_steps", steps,
-            "--training.eval_steps", 2, "--training.max_eval_batches", 1, "--training.save_total_limit", 100,
-            "--logging.logging_steps", 2]  # fmt: skip
+    return [
+        *extra,
+        "--training.gradient_accumulation_steps",
+        accumulation,
+        "--training.max_steps",
+        steps,
+        "--training.eval_steps",
+        2,
+        "--training.max_eval_batches",
+        1,
+        "--training.save_total_limit",
+        100,
+        "--logging.logging_steps",
+        2,
+    ]
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -58,8 +78,16 @@ def test_resume_at_every_step_is_bit_identical(tmp_path, name):
     for step in resume_points:
         out = tmp_path / f"from-{step}"
         checkpoint = full / "checkpoints" / f"step-{step:08d}"
-        run(out, *common, "--training.save_steps", 0, "--training.resume_from_checkpoint", checkpoint,
-            "--tokenizer.name_or_path", full / "tokenizer")  # fmt: skip
+        run(
+            out,
+            *common,
+            "--training.save_steps",
+            0,
+            "--training.resume_from_checkpoint",
+            checkpoint,
+            "--tokenizer.name_or_path",
+            full / "tokenizer",
+        )
         again, again_evals, _ = _rows(out)
         assert again == {s: v for s, v in reference.items() if s > step}, step
         assert again_evals == {s: v for s, v in reference_evals.items() if s > step}, step
@@ -70,10 +98,27 @@ def test_resume_at_every_step_is_bit_identical(tmp_path, name):
 def _launch(args, **kwargs):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--main_process_port", "0", str(REPO / "pretrain/run.py"), "--config", DEBUG, *map(str, args)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            "0",
+            str(REPO / "pretrain/run.py"),
+            "--config",
+            DEBUG,
+            *map(str, args),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("name", ["encoder-acc5", "decoder-acc3"])
@@ -89,15 +134,28 @@ def test_two_processes_resume_across_an_epoch_end_bit_identically(tmp_path, name
     assert max(epochs) > 1
     step = 3  # just after epoch 1's partial window (encoder: 5 + 5 + 2 micro-batches; decoder: 3 + 3 + 2)
     out = tmp_path / f"from-{step}"
-    proc = _launch([*common, "--training.output_dir", out, "--training.save_steps", 0,
-                    "--training.resume_from_checkpoint", full / "checkpoints" / f"step-{step:08d}",
-                    "--tokenizer.name_or_path", full / "tokenizer"])  # fmt: skip
+    proc = _launch(
+        [
+            *common,
+            "--training.output_dir",
+            out,
+            "--training.save_steps",
+            0,
+            "--training.resume_from_checkpoint",
+            full / "checkpoints" / f"step-{step:08d}",
+            "--tokenizer.name_or_path",
+            full / "tokenizer",
+        ]
+    )
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
     again, again_evals, _ = _rows(out)
     assert again == {s: v for s, v in reference.items() if s > step}
     assert again_evals == {s: v for s, v in reference_evals.items() if s > step}
-    weights, reference_weights = load_file(out / "final/model.safetensors"), load_file(full / "final/model.safetensors")
+    weights, reference_weights = (
+        load_file(out / "final/model.safetensors"),
+        load_file(full / "final/model.safetensors"),
+    )
     assert all((weights[k] == v).all() for k, v in reference_weights.items())
 
 
@@ -114,10 +172,22 @@ def test_kill_9_then_resume_latest_continues_identically(tmp_path):
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "pretrain/run.py"), "--config", DEBUG, "--training.output_dir", str(out),
-         *common, "--training.save_steps", "1"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "pretrain/run.py"),
+            "--config",
+            DEBUG,
+            "--training.output_dir",
+            str(out),
+            *common,
+            "--training.save_steps",
+            "1",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     # killed on a progress marker, not after a wall-clock wait (on a fast machine the run could finish first):
     # at a varying step, and for odd pids inside that step's checkpoint write (its `.tmp` folder exists)
     target, inside_a_write = 3 + os.getpid() % 5, os.getpid() % 2 == 1
@@ -142,5 +212,8 @@ def test_kill_9_then_resume_latest_continues_identically(tmp_path):
     again, _, _ = _rows(out)
     for step in [s for s in reference if s > newest]:
         assert again[step] == reference[step], step
-    weights, reference_weights = load_file(out / "final/model.safetensors"), load_file(full / "final/model.safetensors")
+    weights, reference_weights = (
+        load_file(out / "final/model.safetensors"),
+        load_file(full / "final/model.safetensors"),
+    )
     assert all((weights[k] == v).all() for k, v in reference_weights.items())

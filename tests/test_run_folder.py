@@ -25,8 +25,14 @@ QUICK = ["--training.max_steps", 2, "--training.save_steps", 2, "--training.eval
 
 def _command(script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *map(str, args)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def pretrain(*args) -> subprocess.CompletedProcess:
@@ -99,19 +105,25 @@ def _refused(done: subprocess.CompletedProcess) -> str:
     return done.stderr.strip().splitlines()[-1]
 
 
-def _foreign(out: Path, listing: str, *, checkpoints: bool = False, why: str = "files Kiln did not write") -> str:
+def _foreign(
+    out: Path, listing: str, *, checkpoints: bool = False, why: str = "files Kiln did not write"
+) -> str:
     fixes = "pick another --training.output_dir, or empty this one yourself"
     if checkpoints:
         fixes = f"continue that run with --training.resume_from_checkpoint latest, {fixes}"
-    return (f"error: output_dir {out} holds {why} ({listing}); {fixes}: Kiln writes a run only into a new or "
-            "empty folder or one it made, and removes only files it wrote there")  # fmt: skip
+    return (
+        f"error: output_dir {out} holds {why} ({listing}); {fixes}: Kiln writes a run only into a new or "
+        "empty folder or one it made, and removes only files it wrote there"
+    )
 
 
 @pytest.mark.parametrize("flags", [[], [OVERWRITE]], ids=["plain", "overwrite"])
 def test_a_users_folder_is_refused_naming_what_is_there_and_left_as_it_was(tmp_path, flags, capsys):
     out = _user_folder(tmp_path / "mine")
     before = _snapshot(out)
-    if flags:  # the dangerous flag in a fresh process, as users run it; without it, the same command line here
+    if (
+        flags
+    ):  # the dangerous flag in a fresh process, as users run it; without it, the same command line here
         line = _refused(pretrain("--training.output_dir", out, *QUICK, *flags))
     else:
         line = pretrain_refused_in_process(capsys, "--training.output_dir", out, *QUICK)
@@ -137,19 +149,24 @@ def test_a_prepared_corpus_folder_as_output_dir_is_refused_and_keeps_its_tokeniz
     from pretrain.data.prepare import prepare
 
     corpus = tmp_path / "corpus.txt"
-    lines = [line for line in (REPO / "data/pretrain").glob("*.txt").__next__().read_text().splitlines() if line]
+    lines = [
+        line for line in (REPO / "data/pretrain").glob("*.txt").__next__().read_text().splitlines() if line
+    ]
     corpus.write_text("\n\n".join(lines[:300]) + "\n")
     prepared = tmp_path / "prepared"
     config = build_config(RunConfig, ["--config", DEBUG, "--data.data_files", str(corpus)])
     prepare(config, str(prepared), shard_size_mb=0.1, say=lambda *_: None)
     assert (prepared / "tokenizer").is_dir()
     before = _snapshot(prepared)
-    line = pretrain_refused_in_process(capsys, "--data.prepared", prepared, "--training.output_dir", prepared, *QUICK,
-                                       OVERWRITE)  # fmt: skip
+    line = pretrain_refused_in_process(
+        capsys, "--data.prepared", prepared, "--training.output_dir", prepared, *QUICK, OVERWRITE
+    )
     assert line.startswith(f"error: output_dir {prepared} is a prepared corpus (")
     assert "tokenizer/" in line and "manifest.json" in line and "empty" not in line
-    assert line.endswith("); pick another --training.output_dir for the run: Kiln never writes a run into a "
-                         "prepared corpus, and removes only files it wrote")  # fmt: skip
+    assert line.endswith(
+        "); pick another --training.output_dir for the run: Kiln never writes a run into a "
+        "prepared corpus, and removes only files it wrote"
+    )
     assert _snapshot(prepared) == before
 
 
@@ -170,14 +187,20 @@ def test_overwriting_a_run_removes_only_its_recorded_files_and_never_follows_a_l
     (out / "best").symlink_to(precious, target_is_directory=True)
 
     line = _refused(pretrain("--training.output_dir", out, *QUICK))
-    assert line == (f"error: output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint "
-                    "latest, start over with --training.overwrite_output_dir, or pick another --training.output_dir")  # fmt: skip
+    assert line == (
+        f"error: output_dir {out} already holds a run; continue it with --training.resume_from_checkpoint "
+        "latest, start over with --training.overwrite_output_dir, or pick another --training.output_dir"
+    )
     # the link is not Kiln's: overwrite removes nothing and says so; a model's final/ is no output folder either
     line = pretrain_refused_in_process(capsys, "--training.output_dir", out, *QUICK, OVERWRITE)
-    assert line.startswith(f"error: output_dir {out} holds files Kiln did not write there or that changed since (best);")
+    assert line.startswith(
+        f"error: output_dir {out} holds files Kiln did not write there or that changed since (best);"
+    )
     line = pretrain_refused_in_process(capsys, "--training.output_dir", out / "final", *QUICK, OVERWRITE)
     assert line.startswith(f"error: output_dir {out / 'final'} is a saved model (README.md, config.json, ")
-    assert "; pick another --training.output_dir for the run: Kiln never writes a run into a saved model" in line
+    assert (
+        "; pick another --training.output_dir for the run: Kiln never writes a run into a saved model" in line
+    )
     assert _snapshot(precious) == outside and (out / "final" / "model.safetensors").is_file()
 
     (out / "best").unlink()
@@ -192,22 +215,37 @@ def test_overwriting_a_run_removes_only_its_recorded_files_and_never_follows_a_l
     shutil.rmtree(out / "final")
     shutil.rmtree(out / "checkpoints")
     line = pretrain_refused_in_process(capsys, "--training.output_dir", out, *QUICK)
-    assert line == (f"error: output_dir {out} holds a Kiln run that stopped before its first checkpoint "
-                    "(metrics.jsonl, tokenizer/); start over with --training.overwrite_output_dir, or pick another "
-                    "--training.output_dir")  # fmt: skip
+    assert line == (
+        f"error: output_dir {out} holds a Kiln run that stopped before its first checkpoint "
+        "(metrics.jsonl, tokenizer/); start over with --training.overwrite_output_dir, or pick another "
+        "--training.output_dir"
+    )
 
 
 @pytest.mark.parametrize("flags", [[], [OVERWRITE]], ids=["plain", "overwrite"])
-def test_a_fine_tuning_script_refuses_a_users_folder_before_building(tmp_path, kiln_checkpoints, flags, capsys):
+def test_a_fine_tuning_script_refuses_a_users_folder_before_building(
+    tmp_path, kiln_checkpoints, flags, capsys
+):
     from test_finetune_scripts import write_sentiment
 
     encoder, _ = kiln_checkpoints
     files = write_sentiment(tmp_path, sizes=(32, 8, 8))
     out = _user_folder(tmp_path / "mine")
     before = _snapshot(out)
-    args = ["--model.checkpoint", encoder, "--training.output_dir", out, "--data.train_file", files["train"],
-            "--data.validation_file", files["validation"], *flags]  # fmt: skip
-    if flags:  # the dangerous flag in a fresh process, as users run it; without it, the same command line here
+    args = [
+        "--model.checkpoint",
+        encoder,
+        "--training.output_dir",
+        out,
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        *flags,
+    ]
+    if (
+        flags
+    ):  # the dangerous flag in a fresh process, as users run it; without it, the same command line here
         line = _refused(_command("finetune/classify.py", *args))
     else:
         line = refused_in_process(capsys, finetune_cli("classify"), *args)

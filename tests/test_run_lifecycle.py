@@ -38,12 +38,25 @@ def test_resume_refuses_a_changed_corpus_with_one_line_naming_the_file(tmp_path,
     for name in ("frankenstein.txt", "the_time_machine.txt"):
         shutil.copy(REPO / "data/pretrain" / name, corpus / name)
     out = tmp_path / "run"
-    common = ["--data.data_files", corpus / "*.txt", "--training.max_steps", 4, "--training.save_steps", 2,
-              "--training.save_total_limit", 0, *QUICK]  # fmt: skip
+    common = [
+        "--data.data_files",
+        corpus / "*.txt",
+        "--training.max_steps",
+        4,
+        "--training.save_steps",
+        2,
+        "--training.save_total_limit",
+        0,
+        *QUICK,
+    ]
     run(out, *common)
-    printed = capfd.readouterr()  # by file descriptor: the tokenizer trainer (Rust) writes there, not to sys.stdout
+    printed = (
+        capfd.readouterr()
+    )  # by file descriptor: the tokenizer trainer (Rust) writes there, not to sys.stdout
     assert "final model saved in" in printed.out  # a whole run, with a tokenizer trained on the way
-    assert [line for line in printed.out.splitlines() if not line.strip()] == [], printed.out  # no blank lines
+    assert [line for line in printed.out.splitlines() if not line.strip()] == [], (
+        printed.out
+    )  # no blank lines
     step2 = find_checkpoints(out)[0]
     saved = json.loads((step2 / "data_fingerprint.json").read_text())
     assert sorted(saved) == ["frankenstein.txt", "the_time_machine.txt"]  # names, not where they lie
@@ -53,17 +66,22 @@ def test_resume_refuses_a_changed_corpus_with_one_line_naming_the_file(tmp_path,
     with open(corpus / "the_time_machine.txt", "a") as fh:
         fh.write("\n\nTwo more paragraphs of text.\n\nAnd another one, appended after the run stopped.\n")
     after = (corpus / "the_time_machine.txt").stat().st_size
-    code, lines = cli_in_process(capfd, "--training.output_dir", out, *common,
-                                 "--training.resume_from_checkpoint", step2)  # fmt: skip
+    code, lines = cli_in_process(
+        capfd, "--training.output_dir", out, *common, "--training.resume_from_checkpoint", step2
+    )
     last = lines[-1]
     assert code == 2
-    assert last.startswith(f"error: resuming {step2} with changed data: the_time_machine.txt {before} -> {after} bytes;")
+    assert last.startswith(
+        f"error: resuming {step2} with changed data: the_time_machine.txt {before} -> {after} bytes;"
+    )
     assert "--training.allow_config_change" in last
 
     # the same size, other content: still refused
     text = (corpus / "frankenstein.txt").read_bytes()
     (corpus / "frankenstein.txt").write_bytes(text[:100] + bytes([text[100] ^ 1]) + text[101:])
-    with pytest.raises(ConfigError, match=r"frankenstein.txt content changed, the_time_machine.txt \d+ -> \d+ bytes"):
+    with pytest.raises(
+        ConfigError, match=r"frankenstein.txt content changed, the_time_machine.txt \d+ -> \d+ bytes"
+    ):
         run(out, *common, "--training.resume_from_checkpoint", step2)
     # deliberately: allowed, with the new data's fingerprint saved from then on
     state = run(out, *common, "--training.resume_from_checkpoint", step2, "--training.allow_config_change")
@@ -85,8 +103,14 @@ def test_only_the_main_process_hashes_the_data_and_every_process_gets_its_verdic
     checkpoint.mkdir()
     (checkpoint / "data_fingerprint.json").write_text(json.dumps({"a.txt": "10 bytes, sha256 aa"}))
     hashed, shared = [], []
-    monkeypatch.setattr(kiln.fingerprint, "data_fingerprint", lambda data: hashed.append(data) or {"a.txt": "12 bytes, sha256 bb"})
-    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda objects: shared.append(objects) or [["from main"]])
+    monkeypatch.setattr(
+        kiln.fingerprint,
+        "data_fingerprint",
+        lambda data: hashed.append(data) or {"a.txt": "12 bytes, sha256 bb"},
+    )
+    monkeypatch.setattr(
+        accelerate.utils, "broadcast_object_list", lambda objects: shared.append(objects) or [["from main"]]
+    )
     config = SimpleNamespace(data=SimpleNamespace(), training=SimpleNamespace(allow_config_change=False))
 
     other_rank = SimpleNamespace(is_main_process=False, num_processes=2)
@@ -107,15 +131,30 @@ def test_two_processes_both_refuse_a_changed_corpus_on_resume(tmp_path):
     for name in ("frankenstein.txt", "the_time_machine.txt"):
         shutil.copy(REPO / "data/pretrain" / name, corpus / name)
     out = tmp_path / "run"
-    common = ["--training.output_dir", out, "--data.data_files", corpus / "*.txt", "--training.max_steps", 4,
-              "--training.save_steps", 2, "--training.save_total_limit", 0, *QUICK]  # fmt: skip
+    common = [
+        "--training.output_dir",
+        out,
+        "--data.data_files",
+        corpus / "*.txt",
+        "--training.max_steps",
+        4,
+        "--training.save_steps",
+        2,
+        "--training.save_total_limit",
+        0,
+        *QUICK,
+    ]
     # the run to resume, in this process: 1 process at 16 a device, the global batch that 2 processes at 8 keep
     # (an exact continuation, kiln.elastic); the two processes' refusal of the changed corpus is what is checked
     run(*common[1:], "--training.per_device_train_batch_size", 16)
     assert (out / "final").is_dir()
     with open(corpus / "the_time_machine.txt", "a") as fh:
         fh.write("\n\nA paragraph appended after the run stopped.\n")
-    proc = _cli([*common, "--training.resume_from_checkpoint", "latest"], launcher=KILN_LAUNCH_2, env_extra=CPU_PROCESSES)
+    proc = _cli(
+        [*common, "--training.resume_from_checkpoint", "latest"],
+        launcher=KILN_LAUNCH_2,
+        env_extra=CPU_PROCESSES,
+    )
     output, _ = proc.communicate(timeout=600)  # no rank waits for another: both refuse
     assert proc.returncode == 2, output
     assert "changed data: the_time_machine.txt" in output.strip().splitlines()[-1], output
@@ -167,8 +206,16 @@ def test_stress_many_two_process_gloo_runs_all_end(tmp_path):
         for index in range(runs):
             out = tmp_path / f"run-{index}"
             try:
-                launch_two_processes(out, "--training.max_steps", 2, "--training.save_steps", 0,
-                                     "--training.eval_steps", 0, timeout=300)  # fmt: skip
+                launch_two_processes(
+                    out,
+                    "--training.max_steps",
+                    2,
+                    "--training.save_steps",
+                    0,
+                    "--training.eval_steps",
+                    0,
+                    timeout=300,
+                )
             except subprocess.TimeoutExpired:
                 pytest.fail(f"run {index} of {runs} did not end within 300 s (the end-of-run hang?)")
             assert (out / "final" / "model.safetensors").is_file()
@@ -190,8 +237,18 @@ def test_a_loss_far_above_its_lowest_stops_the_run_as_diverged_with_no_export(tm
     """Through the command line in this process: a divergence's one line and status 1 under kiln-launch in a fresh
     process is test_an_error_in_the_loop_still_waits_for_queued_pushes_and_closes_the_trackers's."""
     out = tmp_path / "diverged"
-    code, lines = cli_in_process(capsys, "--training.output_dir", out, "--training.lr", 1e3, "--training.max_steps", 9,
-                                 "--training.save_steps", 3, *QUICK)  # fmt: skip
+    code, lines = cli_in_process(
+        capsys,
+        "--training.output_dir",
+        out,
+        "--training.lr",
+        1e3,
+        "--training.max_steps",
+        9,
+        "--training.save_steps",
+        3,
+        *QUICK,
+    )
     assert code == 1, lines
     last = lines[-1]
     assert last.startswith("error: training diverged: the loss rose from "), lines
@@ -223,8 +280,10 @@ def test_a_second_run_into_a_busy_output_folder_is_refused_with_one_line(tmp_pat
         code, lines = cli_in_process(capsys, *args, "--training.max_train_time_s", 2)
         last = lines[-1]
         assert code == 2
-        assert last == (f"error: output_dir {out} is in use by another run (PID {child} on {socket.gethostname()}); "
-                        "wait for it to end, stop it, or pick another --training.output_dir")  # fmt: skip
+        assert last == (
+            f"error: output_dir {out} is in use by another run (PID {child} on {socket.gethostname()}); "
+            "wait for it to end, stop it, or pick another --training.output_dir"
+        )
         first.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler does: it forwards it
         output, _ = first.communicate(timeout=120)
     finally:
@@ -233,8 +292,19 @@ def test_a_second_run_into_a_busy_output_folder_is_refused_with_one_line(tmp_pat
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == sorted(set(steps))  # the refused run wrote nothing into it
     # the lock went with its process: the same folder resumes
-    state = run(out, "--training.max_steps", 100000, "--training.save_steps", 0, "--training.eval_steps", 0,
-                "--training.resume_from_checkpoint", "latest", "--training.max_train_time_s", 0.01)  # fmt: skip
+    state = run(
+        out,
+        "--training.max_steps",
+        100000,
+        "--training.save_steps",
+        0,
+        "--training.eval_steps",
+        0,
+        "--training.resume_from_checkpoint",
+        "latest",
+        "--training.max_train_time_s",
+        0.01,
+    )
     assert state.stop_reason == "time_budget"
 
 
@@ -245,10 +315,27 @@ def test_a_second_run_into_a_busy_output_folder_is_refused_with_one_line(tmp_pat
 def test_an_error_in_the_loop_still_waits_for_queued_pushes_and_closes_the_trackers(tmp_path, hub):
     out = tmp_path / "nan"
     gate = hub.hold("preupload")  # the step-2 push stops half way until the run has failed
-    proc = _cli(["--training.output_dir", out, "--training.lr", 1e6, "--training.max_steps", 20,
-                 "--training.save_steps", 2, *QUICK, "--logging.report_to", "tensorboard",
-                 "--hub.push_to_hub", "--hub.model_id", "kiln-test/nan", "--hub.strategy", "every_save"],
-                launcher=KILN_LAUNCH)  # fmt: skip
+    proc = _cli(
+        [
+            "--training.output_dir",
+            out,
+            "--training.lr",
+            1e6,
+            "--training.max_steps",
+            20,
+            "--training.save_steps",
+            2,
+            *QUICK,
+            "--logging.report_to",
+            "tensorboard",
+            "--hub.push_to_hub",
+            "--hub.model_id",
+            "kiln-test/nan",
+            "--hub.strategy",
+            "every_save",
+        ],
+        launcher=KILN_LAUNCH,
+    )
     try:
         lines = _lines_until(proc, "waiting (at most")  # a run that does not wait just ends
         # the run waits for the push queued at step 2; on a busy machine the push may reach the Hub's preupload
@@ -277,9 +364,25 @@ def test_an_error_in_the_loop_still_waits_for_queued_pushes_and_closes_the_track
 def test_a_stop_signal_during_a_stalled_final_push_ends_the_run_with_the_hf_upload_line(tmp_path, hub):
     hub.stall()
     out = tmp_path / "stalled"
-    proc = _cli(["--training.output_dir", out, "--training.max_steps", 2, "--training.save_steps", 0, *QUICK,
-                 "--hub.push_to_hub", "--hub.model_id", "kiln-test/stalled", "--hub.timeout_s", 3,
-                 "--hub.final_push_timeout_s", 600], launcher=KILN_LAUNCH)  # fmt: skip
+    proc = _cli(
+        [
+            "--training.output_dir",
+            out,
+            "--training.max_steps",
+            2,
+            "--training.save_steps",
+            0,
+            *QUICK,
+            "--hub.push_to_hub",
+            "--hub.model_id",
+            "kiln-test/stalled",
+            "--hub.timeout_s",
+            3,
+            "--hub.final_push_timeout_s",
+            600,
+        ],
+        launcher=KILN_LAUNCH,
+    )
     # hub.timeout_s 3: the start's push-rights check gives up on the stalled Hub after 3 s (at most 10 s); the final
     # push's requests then fail and are retried (3 tries, 5 s and 10 s apart: ~25 s) and final_push_timeout_s and
     # final_push_stall_s are minutes, so only the signal, sent 1 s into that wait, ends it
@@ -316,11 +419,16 @@ def test_a_truncated_checkpoint_without_checksums_falls_back_to_the_previous_one
     weights = step4 / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     # named explicitly, it is a one-line error rather than a SafetensorError traceback
-    with pytest.raises(ConfigError, match=r"step-00000004 is damaged: model.safetensors is damaged or truncated \("):
+    with pytest.raises(
+        ConfigError, match=r"step-00000004 is damaged: model.safetensors is damaged or truncated \("
+    ):
         run(tmp_path / "other", *common, "--training.resume_from_checkpoint", step4)
     with caplog.at_level("WARNING", logger="kiln"):
         state = run(out, *common, "--training.resume_from_checkpoint", "latest")
-    assert "skipping damaged checkpoint(s) step-00000004: model.safetensors is damaged or truncated (" in caplog.text
+    assert (
+        "skipping damaged checkpoint(s) step-00000004: model.safetensors is damaged or truncated ("
+        in caplog.text
+    )
     assert "resuming from step-00000002, the newest valid one" in caplog.text
     assert state.global_step == 4 and losses(out) == reference
 
@@ -333,8 +441,10 @@ def test_a_prepared_corpus_is_fingerprinted_by_its_manifest(tmp_path):
 
     folder = tmp_path / "prepared"
     folder.mkdir()
-    manifest = {"sources": {"train": [{"name": "a.txt", "bytes": 10, "sha256": "aa"}]},
-                "shards": {"train": [{"name": "train-00000", "sha256": "s1"}]}}  # fmt: skip
+    manifest = {
+        "sources": {"train": [{"name": "a.txt", "bytes": 10, "sha256": "aa"}]},
+        "shards": {"train": [{"name": "train-00000", "sha256": "s1"}]},
+    }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     data = SimpleNamespace(prepared=str(folder), data_files=["ignored/*.txt"])
     before = data_fingerprint(data)
@@ -342,4 +452,7 @@ def test_a_prepared_corpus_is_fingerprinted_by_its_manifest(tmp_path):
     manifest["sources"]["train"][0].update(bytes=12, sha256="bb")
     manifest["shards"]["train"][0]["sha256"] = "s2"
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    assert data_changes(before, data_fingerprint(data)) == ["prepared shards content changed", "train: a.txt 10 -> 12 bytes"]
+    assert data_changes(before, data_fingerprint(data)) == [
+        "prepared shards content changed",
+        "train: a.txt 10 -> 12 bytes",
+    ]

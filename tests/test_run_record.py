@@ -55,16 +55,19 @@ def _rows(out: Path) -> list[dict]:
 def test_the_record_lists_every_file_the_run_wrote(finished_run):
     files = run_folder.read_record(finished_run)
     written = sorted(
-        p.relative_to(finished_run).as_posix() for p in finished_run.rglob("*")
+        p.relative_to(finished_run).as_posix()
+        for p in finished_run.rglob("*")
         if p.is_file() and p.name not in (run_folder.MARKER, run_folder.LOCK_FILE)
-    )  # fmt: skip
+    )
     assert any(name.startswith("logs/") for name in written) and "final/model.safetensors" in written
     assert sorted(files) == written
     removed, kept = run_folder.overwrite_plan(finished_run)
     assert removed == written and kept == []
 
 
-def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns(finished_run, tmp_path, capsys):
+def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns(
+    finished_run, tmp_path, capsys
+):
     copy = _copy(finished_run, tmp_path / "other-disk" / "run")
     assert os.stat(copy).st_ino != os.stat(finished_run).st_ino
     (copy / "final" / "my_notes.txt").write_text("my notes\n")
@@ -84,8 +87,10 @@ def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns
     # last step: only the final evaluation again, whose row replaces the old one)
     resume = ["--training.resume_from_checkpoint", "latest"]
     line = pretrain_refused_in_process(capsys, "--training.output_dir", copy, *QUICK, *TENSORBOARD, *resume)
-    assert line == (f"error: output_dir {copy} holds files Kiln did not write in folders a resumed run replaces "
-                    "(final/my_notes.txt); move them out of the folder, or resume into another --training.output_dir")  # fmt: skip
+    assert line == (
+        f"error: output_dir {copy} holds files Kiln did not write in folders a resumed run replaces "
+        "(final/my_notes.txt); move them out of the folder, or resume into another --training.output_dir"
+    )
     assert _snapshot(copy) == before
     (copy / "final" / "my_notes.txt").unlink()
     rows = _rows(copy)
@@ -148,18 +153,31 @@ def test_a_rotated_or_replaced_checkpoint_loses_only_the_files_kiln_wrote(tmp_pa
     assert run_folder.remove_recorded(out, "checkpoints/step-00000001") == []
     assert not whole.exists() and (out / "checkpoints").is_dir()
     kept = run_folder.remove_recorded(out, "checkpoints/step-00000002")
-    assert kept == ["checkpoints/step-00000002/linked", "checkpoints/step-00000002/model.safetensors",
-                    "checkpoints/step-00000002/notes.txt"]  # fmt: skip
+    assert kept == [
+        "checkpoints/step-00000002/linked",
+        "checkpoints/step-00000002/model.safetensors",
+        "checkpoints/step-00000002/notes.txt",
+    ]
     assert not (mixed / "sub").exists() and (mixed / "notes.txt").is_file() and outside.is_file()
     record = run_folder.read_record(out)
-    assert not any(name.startswith(("checkpoints/step-00000001", "checkpoints/step-00000002/sub")) for name in record)
-    assert "checkpoints/step-00000002/model.safetensors" in record  # still Kiln's name, but changed: not removed
-    assert run_folder.set_aside_checkpoint(out, "checkpoints/step-00000002") == ("checkpoints/step-00000002.kept", kept)
+    assert not any(
+        name.startswith(("checkpoints/step-00000001", "checkpoints/step-00000002/sub")) for name in record
+    )
+    assert (
+        "checkpoints/step-00000002/model.safetensors" in record
+    )  # still Kiln's name, but changed: not removed
+    assert run_folder.set_aside_checkpoint(out, "checkpoints/step-00000002") == (
+        "checkpoints/step-00000002.kept",
+        kept,
+    )
     assert not mixed.exists() and (out / "checkpoints/step-00000002.kept/notes.txt").read_text() == "mine\n"
     assert not any(name.startswith("checkpoints/step-00000002") for name in run_folder.read_record(out))
     _checkpoint_like(out, 2)
     (mixed / "mine.txt").write_text("mine too\n")  # on no record: set aside beside the first
-    assert run_folder.set_aside_checkpoint(out, "checkpoints/step-00000002")[0] == "checkpoints/step-00000002.kept-2"
+    assert (
+        run_folder.set_aside_checkpoint(out, "checkpoints/step-00000002")[0]
+        == "checkpoints/step-00000002.kept-2"
+    )
 
 
 def test_a_checkpoint_of_a_run_without_a_record_is_rotated_by_its_own_checksums(tmp_path):
@@ -169,7 +187,9 @@ def test_a_checkpoint_of_a_run_without_a_record_is_rotated_by_its_own_checksums(
     folder = _checkpoint_like(out, 1)
     write_checksums(folder)
     (folder / "sub" / "mine.txt").write_text("mine\n")
-    assert run_folder.remove_recorded(out, "checkpoints/step-00000001") == ["checkpoints/step-00000001/sub/mine.txt"]
+    assert run_folder.remove_recorded(out, "checkpoints/step-00000001") == [
+        "checkpoints/step-00000001/sub/mine.txt"
+    ]
     assert sorted(p.name for p in folder.rglob("*")) == ["mine.txt", "sub"]
     planted = _checkpoint_like(out, 2)  # a manifest naming a file by another hash proves nothing about it
     write_checksums(planted)
@@ -191,19 +211,28 @@ def test_a_planted_marker_never_makes_a_users_files_removable(tmp_path, capsys):
         (mine / "best").mkdir()
         (mine / "best" / "model.safetensors").write_bytes(b"my weights")
         if kind == "inode-marker":
-            planted = {"format": 1, "written_by": "kiln", "folder": str(mine.resolve()), "inode": os.stat(mine).st_ino}
+            planted = {
+                "format": 1,
+                "written_by": "kiln",
+                "folder": str(mine.resolve()),
+                "inode": os.stat(mine).st_ino,
+            }
             (mine / ".kiln-run.json").write_text(json.dumps(planted))
         else:
             (mine / ".kiln-run.json").write_text(json.dumps({"format": 2, "written_by": "kiln"}) + "\n")
         before = _snapshot(mine)
         args = ["--training.output_dir", mine, *QUICK, OVERWRITE]
-        if kind == "inode-marker":  # a fresh process, as users run it; the other case through the same line here
+        if (
+            kind == "inode-marker"
+        ):  # a fresh process, as users run it; the other case through the same line here
             line = _refused(pretrain(*args))
         else:
             line = pretrain_refused_in_process(capsys, *args)
         if kind == "inode-marker":
-            assert line.startswith(f"error: output_dir {mine} holds a run of an earlier Kiln version, which kept no "
-                                   "record of the files it wrote (best/, final/, logs/); pick another")  # fmt: skip
+            assert line.startswith(
+                f"error: output_dir {mine} holds a run of an earlier Kiln version, which kept no "
+                "record of the files it wrote (best/, final/, logs/); pick another"
+            )
         else:
             assert "(best/model.safetensors, final/thesis.tex, logs/my.log); move them out" in line
         assert _snapshot(mine) == before
@@ -222,7 +251,8 @@ def test_a_record_naming_a_link_or_a_path_outside_removes_nothing_outside(tmp_pa
     out.mkdir()
     (out / "final").symlink_to(outside, target_is_directory=True)
     lines = [{"format": 2, "written_by": "kiln"}] + [
-        {"file": name, "size": 9, "sha256": digest} for name in ("../outside/x", str(outside / "x"), "final/x")
+        {"file": name, "size": 9, "sha256": digest}
+        for name in ("../outside/x", str(outside / "x"), "final/x")
     ]
     (out / ".kiln-run.json").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert run_folder.overwrite_plan(out) == ([], ["final"])  # the link is not on the record as a link
@@ -239,13 +269,21 @@ def test_an_input_of_the_run_inside_the_folder_to_overwrite_is_refused_first(
     deleted final/ before reading it; pretraining and fine-tuning alike now refuse before anything is touched
     (adapt.py, the reported case, in a fresh process; the others through the same command lines here)."""
     from pretrain.run import cli
+
     out = _copy(finished_run, tmp_path / "run")
     corpus = out / "corpus.txt"
     corpus.write_text(next((REPO / "data/pretrain").glob("*.txt")).read_text())
     before = _snapshot(out)
     fix = "which --training.overwrite_output_dir would remove before reading it; pick another --training.output_dir"
     cases = {
-        "finetune/adapt.py": ["--task", "classify", "--task_config", task_config, "--model.init_from", out / "final"],
+        "finetune/adapt.py": [
+            "--task",
+            "classify",
+            "--task_config",
+            task_config,
+            "--model.init_from",
+            out / "final",
+        ],
         "finetune/classify.py": ["--model.checkpoint", out / "final"],
         "pretrain/run.py": ["--config", DEBUG, "--data.data_files", str(out / "*.txt"), *QUICK],
     }
@@ -259,15 +297,18 @@ def test_an_input_of_the_run_inside_the_folder_to_overwrite_is_refused_first(
         assert line.startswith(f"error: output_dir {out} holds this run's own input (--"), (script, line)
         assert fix in line, line
         assert _snapshot(out) == before, script
-    line = pretrain_refused_in_process(capsys, "--model.init_from", out / "final", "--training.output_dir", out, *QUICK,
-                                       OVERWRITE)  # fmt: skip
+    line = pretrain_refused_in_process(
+        capsys, "--model.init_from", out / "final", "--training.output_dir", out, *QUICK, OVERWRITE
+    )
     assert f"own input (--model.init_from {out / 'final'}" in line
     assert _snapshot(out) == before
 
 
 @pytest.fixture
 def task_config(tmp_path):
-    (tmp_path / "reviews.csv").write_text("sentence,label\n" + "".join(f'"a fine film {i}",pos\n' for i in range(16)))
+    (tmp_path / "reviews.csv").write_text(
+        "sentence,label\n" + "".join(f'"a fine film {i}",pos\n' for i in range(16))
+    )
     config = tmp_path / "task.yaml"
     config.write_text(f"data:\n  train_file: {tmp_path / 'reviews.csv'}\n  text_columns: [sentence]\n")
     return config
@@ -283,20 +324,48 @@ def test_classify_resumed_inside_a_logging_window_logs_the_same_loss(kiln_checkp
 
     encoder, _ = kiln_checkpoints
     files = write_sentiment(tmp_path, sizes=(64, 8, 8))
-    common = ["--model.checkpoint", encoder, "--data.train_file", files["train"], "--data.validation_file",
-              files["validation"], "--data.test_file", files["test"], "--training.max_steps", 4, "--training.save_steps", 3,
-              "--training.per_device_train_batch_size", 8, "--logging.logging_steps", 2, "--training.save_total_limit", 5]  # fmt: skip
+    common = [
+        "--model.checkpoint",
+        encoder,
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        "--data.test_file",
+        files["test"],
+        "--training.max_steps",
+        4,
+        "--training.save_steps",
+        3,
+        "--training.per_device_train_batch_size",
+        8,
+        "--logging.logging_steps",
+        2,
+        "--training.save_total_limit",
+        5,
+    ]
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     with one_torch_thread():
         run_main(classify, *common, "--training.output_dir", full)
-        run_main(classify, *common, "--training.output_dir", resumed,
-                 "--training.resume_from_checkpoint", full / "checkpoints" / "step-00000003")  # fmt: skip
-    losses = [{r["step"]: r["train/loss"] for r in _rows(out) if "train/loss" in r} for out in (full, resumed)]
+        run_main(
+            classify,
+            *common,
+            "--training.output_dir",
+            resumed,
+            "--training.resume_from_checkpoint",
+            full / "checkpoints" / "step-00000003",
+        )
+    losses = [
+        {r["step"]: r["train/loss"] for r in _rows(out) if "train/loss" in r} for out in (full, resumed)
+    ]
     assert sorted(losses[0]) == [2, 4] and losses[1] == {4: losses[0][4]}
     # every file fine-tuning wrote (best/, final/, results, predictions) is on the record, and nothing else is
     for out in (full, resumed):
         removed, kept = run_folder.overwrite_plan(out)
-        assert kept == [] and "predictions_test.jsonl" in removed and "eval_results.json" in removed, (removed, kept)
+        assert kept == [] and "predictions_test.jsonl" in removed and "eval_results.json" in removed, (
+            removed,
+            kept,
+        )
 
 
 def test_a_tampered_logging_window_in_a_checkpoint_is_one_line(finished_run, tmp_path, capsys):
@@ -307,11 +376,19 @@ def test_a_tampered_logging_window_in_a_checkpoint_is_one_line(finished_run, tmp
     checkpoint = out / "checkpoints" / "step-00000002"
     loop = json.loads((checkpoint / "loop_state.json").read_text())
     assert loop["log_window"]["steps"] == 0 and loop["log_window"]["sums"] == {}  # logged every step here
-    loop["log_window"] = {"steps": 10**18, "tokens": 0, "seconds": 0.0, "sums": {"loss": [1.0]},
-                          "dtypes": {"loss": "float32"}}  # fmt: skip
+    loop["log_window"] = {
+        "steps": 10**18,
+        "tokens": 0,
+        "seconds": 0.0,
+        "sums": {"loss": [1.0]},
+        "dtypes": {"loss": "float32"},
+    }
     (checkpoint / "loop_state.json").write_text(json.dumps(loop))
     write_checksums(checkpoint)
-    line = pretrain_refused_in_process(capsys, "--training.output_dir", out, *QUICK,
-                                       "--training.resume_from_checkpoint", checkpoint)  # fmt: skip
-    assert line.startswith(f"error: checkpoint {checkpoint} is damaged: loop_state.json: log_window holds "
-                           f"{10**18} steps, more than the checkpoint's 2")  # fmt: skip
+    line = pretrain_refused_in_process(
+        capsys, "--training.output_dir", out, *QUICK, "--training.resume_from_checkpoint", checkpoint
+    )
+    assert line.startswith(
+        f"error: checkpoint {checkpoint} is damaged: loop_state.json: log_window holds "
+        f"{10**18} steps, more than the checkpoint's 2"
+    )

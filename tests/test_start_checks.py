@@ -20,30 +20,62 @@ from test_faults_round_two import assert_one_line_error, script_cli
 def test_a_lone_surrogate_in_a_utf8_corpus_is_named_by_byte_offset_not_sent_through_latin1(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    text = "".join(f"第{i}章 東京の朝は静かだった 😀 שלום עולם. The cat sat on the mat.\n\n" for i in range(300))
+    text = "".join(
+        f"第{i}章 東京の朝は静かだった 😀 שלום עולם. The cat sat on the mat.\n\n" for i in range(300)
+    )
     head = text.encode("utf-8")
     path = corpus / "notes.txt"
     path.write_bytes(head + b"a lone surrogate \xed\xa0\x80 here\n\n" + text.encode("utf-8"))
     offset = len(head) + len(b"a lone surrogate ")
     line = head.count(b"\n") + 1
     quoted = shlex.quote(str(path))
-    expected = (f"error: {path} is UTF-8 with one invalid byte sequence at byte offset {offset} (line {line}: bytes "
-                f"ed a0 80, an encoded UTF-16 surrogate); do not re-encode the file (from latin1 or any other "
-                f"encoding: its other non-ASCII text would be garbled): delete or fix those bytes, e.g. "
-                f"`iconv -f utf-8 -t utf-8 -c {quoted} > {quoted}.clean` drops only those bytes")  # fmt: skip
-    status, output = script_cli("pretrain/run.py", "--config", DEBUG, "--data.data_files", corpus / "*.txt",
-                                "--training.output_dir", tmp_path / "run", "--training.max_steps", 1)  # fmt: skip
+    expected = (
+        f"error: {path} is UTF-8 with one invalid byte sequence at byte offset {offset} (line {line}: bytes "
+        f"ed a0 80, an encoded UTF-16 surrogate); do not re-encode the file (from latin1 or any other "
+        f"encoding: its other non-ASCII text would be garbled): delete or fix those bytes, e.g. "
+        f"`iconv -f utf-8 -t utf-8 -c {quoted} > {quoted}.clean` drops only those bytes"
+    )
+    status, output = script_cli(
+        "pretrain/run.py",
+        "--config",
+        DEBUG,
+        "--data.data_files",
+        corpus / "*.txt",
+        "--training.output_dir",
+        tmp_path / "run",
+        "--training.max_steps",
+        1,
+    )
     assert assert_one_line_error(status, output) == expected, output
     assert "latin1" not in output.replace("from latin1 or any other", "")
     # the prepare command reads the file in chunks of its own: the same line
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "pretrain.data", "prepare", "--config", DEBUG, "--data.data_files",
-                           str(corpus / "*.txt"), "--output", str(tmp_path / "prepared")], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pretrain.data",
+            "prepare",
+            "--config",
+            DEBUG,
+            "--data.data_files",
+            str(corpus / "*.txt"),
+            "--output",
+            str(tmp_path / "prepared"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
     assert assert_one_line_error(done.returncode, done.stdout) == expected, done.stdout
     if shutil.which("iconv"):  # the command it names keeps every valid character and drops only the bad bytes
         subprocess.run(f"iconv -f utf-8 -t utf-8 -c {quoted} > {quoted}.clean", shell=True, check=True)
-        assert (corpus / "notes.txt.clean").read_bytes() == head + b"a lone surrogate  here\n\n" + text.encode()
+        assert (
+            corpus / "notes.txt.clean"
+        ).read_bytes() == head + b"a lone surrogate  here\n\n" + text.encode()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -52,9 +84,12 @@ def test_a_lone_surrogate_in_a_utf8_corpus_is_named_by_byte_offset_not_sent_thro
 
 def test_a_key_given_twice_in_a_config_file_is_one_line_naming_key_file_and_lines(tmp_path):
     config = tmp_path / "mine.yaml"
-    config.write_text(f"_base_: {DEBUG}\ntraining:\n  learning_rate: 1.0e-3\n  max_steps: 2\n"
-                      f"  learning_rate: 5.0e-4\n")  # fmt: skip
-    status, output = script_cli("pretrain/run.py", "--config", config, "--training.output_dir", tmp_path / "run")
+    config.write_text(
+        f"_base_: {DEBUG}\ntraining:\n  learning_rate: 1.0e-3\n  max_steps: 2\n  learning_rate: 5.0e-4\n"
+    )
+    status, output = script_cli(
+        "pretrain/run.py", "--config", config, "--training.output_dir", tmp_path / "run"
+    )
     assert assert_one_line_error(status, output) == (
         f"error: {config}, line 5: key 'training.learning_rate' is given twice (also on line 3), and only the last "
         f"would count; keep one"
@@ -110,8 +145,14 @@ def start(script: str, *args, env: dict[str, str]) -> subprocess.Popen:
     """`python SCRIPT ARGS...` started in a fresh process with exactly `env` (plus the repository on PYTHONPATH):
     several commands of one test run side by side (each is mostly start-up); `ended` waits for one."""
     env = {**env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(REPO / script), *map(str, args)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def ended(proc: subprocess.Popen) -> tuple[int, str]:
@@ -148,7 +189,9 @@ def test_wandb_online_without_a_key_or_a_network_is_one_line_within_seconds(tmp_
     # a key, but the server cannot be reached: one line in seconds (wandb.init took about two minutes)
     status, output = ended(unreachable)
     message = assert_one_line_error(status, output)
-    assert message.startswith(f"error: the W&B server {url} does not answer (ConnectionRefusedError: "), output
+    assert message.startswith(f"error: the W&B server {url} does not answer (ConnectionRefusedError: "), (
+        output
+    )
     assert message.endswith(f"; check the network, {offline}"), output
     assert not (tmp_path / "b").exists() and "Tokenizing" not in output
     # WANDB_MODE=offline, or no key and no WANDB_MODE (Kiln logs offline then, as documented): nothing is asked
@@ -196,11 +239,21 @@ def test_a_run_that_may_not_push_says_so_before_anything_is_built(hub, tmp_path)
 
     hub.namespaces = {TEST_USER}  # the token writes only in its own namespace, as on the Hub
     out = tmp_path / "run"
-    status, output = script_cli("pretrain/run.py", "--config", DEBUG, "--training.output_dir", out,
-                                "--training.max_steps", 1, "--hub.push_to_hub", "--hub.model_id", "stranger/model")  # fmt: skip
+    status, output = script_cli(
+        "pretrain/run.py",
+        "--config",
+        DEBUG,
+        "--training.output_dir",
+        out,
+        "--training.max_steps",
+        1,
+        "--hub.push_to_hub",
+        "--hub.model_id",
+        "stranger/model",
+    )
     assert assert_one_line_error(status, output).startswith(
         "error: cannot push to the Hub repo stranger/model: the token of kiln-test may not create the repo (HTTP "
-        "403: You don't have the rights to create a model under the namespace \"stranger\"); pick a repo id in a "
+        '403: You don\'t have the rights to create a model under the namespace "stranger"); pick a repo id in a '
         "namespace you can write to with --hub.model_id, or run `hf auth login` (or set HF_TOKEN) with a token that "
         "has write access there"
     ), output
@@ -227,10 +280,16 @@ def test_push_rights_at_the_start_token_namespace_existing_repo_and_role(hub):
     )
     # a read-only token, in its own namespace
     hub.token_role = "read"
-    assert "the token of kiln-test may not create the repo (HTTP 403" in check_push_rights(f"{TEST_USER}/x").refusal
+    assert (
+        "the token of kiln-test may not create the repo (HTTP 403"
+        in check_push_rights(f"{TEST_USER}/x").refusal
+    )
     # a token the Hub does not know
     hub.token = "hf_someoneELSE0123456789"
-    assert check_push_rights(f"{TEST_USER}/x").refusal == f"the Hub does not accept the Hugging Face token (HTTP 401); {login}"
+    assert (
+        check_push_rights(f"{TEST_USER}/x").refusal
+        == f"the Hub does not accept the Hugging Face token (HTTP 401); {login}"
+    )
 
 
 def test_a_server_without_the_write_check_route_is_a_warning_once_the_repo_is_created(hub):
@@ -242,8 +301,12 @@ def test_a_server_without_the_write_check_route_is_a_warning_once_the_repo_is_cr
 
     hub.fail(only="auth_check", status=404)
     rights = check_push_rights(f"{TEST_USER}/older-server")
-    assert rights.refusal is None and rights.unchecked.startswith("the server has no write check (HTTP 404"), rights
-    assert rights.unchecked.endswith(f"for {TEST_USER}/older-server") and hub.repo(f"{TEST_USER}/older-server")
+    assert rights.refusal is None and rights.unchecked.startswith(
+        "the server has no write check (HTTP 404"
+    ), rights
+    assert rights.unchecked.endswith(f"for {TEST_USER}/older-server") and hub.repo(
+        f"{TEST_USER}/older-server"
+    )
     for status in (401, 403):
         hub.fail(only="auth_check", status=status)
         refused = check_push_rights(f"{TEST_USER}/older-server")
@@ -260,8 +323,16 @@ def test_a_hub_that_cannot_be_asked_leaves_the_run_going(hub, tmp_path, caplog, 
 
     hub.fail(status=503, times=1)  # the first request of the check: a Hub that answers with an error
     with caplog.at_level("WARNING", logger="kiln"):
-        state = run(tmp_path / "run", "--training.max_steps", 2, "--training.save_steps", 0, "--hub.push_to_hub",
-                    "--hub.model_id", f"{TEST_USER}/later")  # fmt: skip
+        state = run(
+            tmp_path / "run",
+            "--training.max_steps",
+            2,
+            "--training.save_steps",
+            0,
+            "--hub.push_to_hub",
+            "--hub.model_id",
+            f"{TEST_USER}/later",
+        )
     assert state.global_step == 2
     warned = [r.getMessage() for r in caplog.records if "could not ask the Hub" in r.getMessage()]
     assert warned == [
@@ -287,7 +358,9 @@ HUB_DATASET_CONFIGS = ["classify-sst2", "classify-mrpc", "classify-stsb", "tag-c
 
 
 @pytest.mark.parametrize("name", HUB_DATASET_CONFIGS)
-def test_every_shipped_hub_dataset_config_offline_names_the_dataset_and_the_local_files(name, monkeypatch, tmp_path):
+def test_every_shipped_hub_dataset_config_offline_names_the_dataset_and_the_local_files(
+    name, monkeypatch, tmp_path
+):
     from datasets import config as datasets_config
     from huggingface_hub import constants
 
@@ -300,12 +373,19 @@ def test_every_shipped_hub_dataset_config_offline_names_the_dataset_and_the_loca
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # empty caches: nothing used before
     monkeypatch.setattr(datasets_config, "HF_DATASETS_CACHE", tmp_path / "datasets")
     with pytest.raises(FinetuneDataError) as refused:
-        _load_splits(data["dataset_name"], data.get("dataset_config"), {}, revision=data.get("dataset_revision"))
+        _load_splits(
+            data["dataset_name"], data.get("dataset_config"), {}, revision=data.get("dataset_revision")
+        )
     dataset = data["dataset_name"] + (f" ({data['dataset_config']})" if data.get("dataset_config") else "")
     message = str(refused.value)
-    assert message.startswith(f"cannot load the Hub dataset {dataset}: HF_HUB_OFFLINE is set and the datasets "
-                              f"cache does not hold it; run once with the network to cache it"), message  # fmt: skip
-    assert "--data.dataset_name none with --data.train_file, --data.validation_file and --data.test_file" in message
+    assert message.startswith(
+        f"cannot load the Hub dataset {dataset}: HF_HUB_OFFLINE is set and the datasets "
+        f"cache does not hold it; run once with the network to cache it"
+    ), message
+    assert (
+        "--data.dataset_name none with --data.train_file, --data.validation_file and --data.test_file"
+        in message
+    )
     twin = REPO / "configs" / "finetune" / "offline" / f"{name}.yaml"
     assert (f"(as --config configs/finetune/offline/{name}.yaml does)" in message) == twin.is_file(), message
     assert ("--data.glue_task" in message) == name.startswith("classify-"), message
@@ -315,12 +395,32 @@ def test_hub_dataset_configs_and_glue_without_the_hub_end_in_one_line(kiln_check
     encoder, _ = kiln_checkpoints
     # offline (HF_HUB_OFFLINE=1) with an empty cache; the configs: the test above
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    glue = start("finetune/glue.py", "--checkpoint", encoder, "--tasks", "stsb", "--output-dir", tmp_path / "glue",
-                 env=env)  # fmt: skip
+    glue = start(
+        "finetune/glue.py",
+        "--checkpoint",
+        encoder,
+        "--tasks",
+        "stsb",
+        "--output-dir",
+        tmp_path / "glue",
+        env=env,
+    )
     # online, with a Hub that cannot be reached (started alongside, with a cache of its own)
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-online"), "HF_ENDPOINT": f"http://127.0.0.1:{_refused_port()}"}
-    tag = start("finetune/tag.py", "--config", "configs/finetune/tag-conll2003.yaml", "--model.checkpoint", encoder,
-                "--training.output_dir", tmp_path / "ner", env=env)  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf-online"),
+        "HF_ENDPOINT": f"http://127.0.0.1:{_refused_port()}",
+    }
+    tag = start(
+        "finetune/tag.py",
+        "--config",
+        "configs/finetune/tag-conll2003.yaml",
+        "--model.checkpoint",
+        encoder,
+        "--training.output_dir",
+        tmp_path / "ner",
+        env=env,
+    )
     status, output = ended(glue)
     assert assert_one_line_error(status, output) == (
         "error: cannot load the Hub dataset nyu-mll/glue (stsb): HF_HUB_OFFLINE is set and the datasets cache does "

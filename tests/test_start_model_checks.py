@@ -17,8 +17,13 @@ from test_faults_round_two import assert_one_line_error, script_cli
 from test_transformers_start import bpe_tokenizer, transformers_folder, wordpiece_tokenizer
 
 WRONG = "; point it at a folder written by save_pretrained"
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=64)  # fmt: skip
+TINY = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -78,8 +83,10 @@ def refusal(capsys, out: Path, *args) -> str:
 
 
 def deeper_than_its_weights(option: str, folder: Path) -> str:
-    return (f"error: {option} {folder}: its config.json's num_hidden_layers is 1000000 but its weights hold 2 "
-            f"blocks{WRONG}")  # fmt: skip
+    return (
+        f"error: {option} {folder}: its config.json's num_hidden_layers is 1000000 but its weights hold 2 "
+        f"blocks{WRONG}"
+    )
 
 
 def test_a_bert_config_a_million_blocks_deep_is_one_line_in_a_fresh_process(tmp_path):
@@ -90,8 +97,9 @@ def test_a_bert_config_a_million_blocks_deep_is_one_line_in_a_fresh_process(tmp_
     transformers_folder(bert, "BertForMaskedLM")
     edit_config(bert, num_hidden_layers=1_000_000)
     out = tmp_path / "run"
-    status, output = script_cli("pretrain/run.py", "--config", DEBUG, "--model.init_from", bert,
-                                "--training.output_dir", out)  # fmt: skip
+    status, output = script_cli(
+        "pretrain/run.py", "--config", DEBUG, "--model.init_from", bert, "--training.output_dir", out
+    )
     assert assert_one_line_error(status, output) == deeper_than_its_weights("--model.init_from", bert), output
     assert not out.exists()
 
@@ -115,8 +123,10 @@ def test_kiln_and_transformers_start_models_that_disagree_with_their_weights_are
     assert refusal(capsys, out, start, deeper) == deeper_than_its_weights(start, deeper)
     wider = edit_config(_copy(encoder, tmp_path / "wider"), hidden_size=64)
     vocab = json.loads((encoder / "config.json").read_text())["vocab_size"]
-    assert refused(wider) == (f"its weights' word embeddings are ({vocab}, 32) but its config.json gives "
-                              f"({vocab}, 64) (vocab_size, embedding_size or hidden_size)")  # fmt: skip
+    assert refused(wider) == (
+        f"its weights' word embeddings are ({vocab}, 32) but its config.json gives "
+        f"({vocab}, 64) (vocab_size, embedding_size or hidden_size)"
+    )
     heads = edit_config(_copy(encoder, tmp_path / "heads"), num_attention_heads=5)
     assert refused(heads) == (
         "its config.json: hidden_size=32 is not divisible by num_attention_heads=5; use a head count that divides "
@@ -132,9 +142,7 @@ def test_kiln_and_transformers_start_models_that_disagree_with_their_weights_are
         "its config.json: num_key_value_heads=3 does not divide num_attention_heads=4; use one of [1, 2, 4]"
     )
     theta = edit_config(_copy(decoder, tmp_path / "theta"), rope_theta=0.0)
-    assert refused(theta, *as_decoder) == (
-        f"its config.json: rope_theta=0.0 {BASE[:-1]}"
-    )
+    assert refused(theta, *as_decoder) == (f"its config.json: rope_theta=0.0 {BASE[:-1]}")
     # a transformers Llama: its key-value heads against its key projection, its rope_parameters' base
     kv_llama = edit_config(_copy(llama, tmp_path / "kv-llama"), num_key_value_heads=4)
     assert refused(kv_llama, *as_decoder) == (
@@ -162,8 +170,9 @@ def test_a_kiln_model_on_the_hub_is_checked_from_its_header_alone(tmp_path, caps
         hub.create_repo(name)
         HfApi().upload_folder(repo_id=name, folder_path=folder, commit_message="init")
     config = json.loads((fits / "config.json").read_text())
-    assert "model.layers.1.attention.qkv.weight" in check_start_weights("someone/kiln-fits", "X", config,
-                                                                        "someone/kiln-fits")  # fmt: skip
+    assert "model.layers.1.attention.qkv.weight" in check_start_weights(
+        "someone/kiln-fits", "X", config, "someone/kiln-fits"
+    )
     out = tmp_path / "run"
     line = refusal(capsys, out, "--model.init_from", "someone/kiln-deeper")
     assert line == deeper_than_its_weights("--model.init_from", "someone/kiln-deeper")
@@ -177,11 +186,19 @@ def test_fine_tuning_checks_a_kiln_checkpoint_against_its_weights_too(tmp_path, 
 
     deeper = edit_config(kiln_folder(tmp_path / "deeper"), num_hidden_layers=1_000_000)
     nothing_built.clear()
-    code, output = run_in_process(capsys, "finetune/classify.py", *classify_args(tmp_path, deeper, "classify"))
-    assert assert_one_line_error(code, output) == deeper_than_its_weights("--model.checkpoint", deeper), output
+    code, output = run_in_process(
+        capsys, "finetune/classify.py", *classify_args(tmp_path, deeper, "classify")
+    )
+    assert assert_one_line_error(code, output) == deeper_than_its_weights("--model.checkpoint", deeper), (
+        output
+    )
     assert not (tmp_path / "classify").exists()
     # fine-tuning's attention kernel, checked as pretraining's
-    kernel = [*classify_args(tmp_path, kiln_folder(tmp_path / "fits"), "kernel"), "--model.attn_implementation", "flash"]
+    kernel = [
+        *classify_args(tmp_path, kiln_folder(tmp_path / "fits"), "kernel"),
+        "--model.attn_implementation",
+        "flash",
+    ]
     nothing_built.clear()
     code, output = run_in_process(capsys, "finetune/classify.py", *kernel)
     assert assert_one_line_error(code, output) == (
@@ -219,7 +236,9 @@ def test_a_converted_copy_changed_or_damaged_in_the_cache_is_converted_again(tmp
     weights = folder / "model.safetensors"
     original = {name: tensor.clone() for name, tensor in load_file(weights).items()}
     edited = bytearray(weights.read_bytes())
-    edited[-4:] = b"\x00\x00\x80\x7f"  # the last number of the last tensor becomes inf: same size, same header
+    edited[-4:] = (
+        b"\x00\x00\x80\x7f"  # the last number of the last tensor becomes inf: same size, same header
+    )
 
     def again(damage: bytes | None, problem: str) -> None:
         if damage is None:
@@ -236,7 +255,9 @@ def test_a_converted_copy_changed_or_damaged_in_the_cache_is_converted_again(tmp
         assert caplog.records[0].levelno == logging.WARNING
         assert lines[1].endswith("same weights (kept for the next run)") and len(lines) == 2, lines
         rebuilt = load_file(weights)
-        assert rebuilt.keys() == original.keys() and all(torch.equal(rebuilt[k], original[k]) for k in original)
+        assert rebuilt.keys() == original.keys() and all(
+            torch.equal(rebuilt[k], original[k]) for k in original
+        )
 
     changed = "holds a model.safetensors that changed after it was written (not the sha256 recorded)"
     again(bytes(edited), changed)
@@ -260,20 +281,26 @@ LLAMA = ("--model.kind", "decoder", "--model.preset", "llama")
 @pytest.mark.parametrize(
     "args,message",
     [
-        ([*LLAMA, "--model.num_key_value_heads", 3],
-         "num_key_value_heads=3 does not divide num_attention_heads=2; use one of [1, 2]."),
-        (["--model.attn_implementation", "flash_attention_2"],
-         "Unknown attn_implementation='flash_attention_2'; use one of ('sdpa', 'eager', 'flex_attention')."),
-        ([*LLAMA, "--model.attn_implementation", "flex_attention"],
-         "attn_implementation='flex_attention' cannot train on cpu: PyTorch's flex attention has no backward "
-         "there (CUDA only); use 'sdpa' or 'eager'."),
+        (
+            [*LLAMA, "--model.num_key_value_heads", 3],
+            "num_key_value_heads=3 does not divide num_attention_heads=2; use one of [1, 2].",
+        ),
+        (
+            ["--model.attn_implementation", "flash_attention_2"],
+            "Unknown attn_implementation='flash_attention_2'; use one of ('sdpa', 'eager', 'flex_attention').",
+        ),
+        (
+            [*LLAMA, "--model.attn_implementation", "flex_attention"],
+            "attn_implementation='flex_attention' cannot train on cpu: PyTorch's flex attention has no backward "
+            "there (CUDA only); use 'sdpa' or 'eager'.",
+        ),
         (["--model.rope_theta", 0], f"rope_theta=0.0 {BASE}"),
         ([*LLAMA, "--model.rope_theta", -500000], f"rope_theta=-500000.0 {BASE}"),
         (["--model.preset", "modernbert", "--model.local_rope_theta", 0], f"local_rope_theta=0.0 {BASE}"),
         (["--model.num_attention_heads", 0], "num_attention_heads=0 must be a whole number >= 1."),
         (["--model.num_hidden_layers", 0], "num_hidden_layers=0 must be a whole number >= 1."),
     ],
-)  # fmt: skip
+)
 def test_model_options_are_checked_before_anything_is_written(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # the run trains on the CPU, whatever this machine has
     assert refusal(capsys, tmp_path / "run", *args) == f"error: model: {message}"

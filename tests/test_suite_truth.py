@@ -14,10 +14,24 @@ def _run_transformers_common_tests(tmp_path, ci: bool) -> subprocess.CompletedPr
     if ci:
         env["CI"] = "true"
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
-         str(REPO / "tests/test_transformers_common.py")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            str(REPO / "tests/test_transformers_common.py"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_transformers_common_tests_fail_under_ci_and_skip_offline_when_they_cannot_be_fetched(tmp_path):

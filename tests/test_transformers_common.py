@@ -52,7 +52,10 @@ from pretrain.modeling import (
 
 VERSION = transformers.__version__
 PACKAGE = "kiln_hf_common_tests"  # the unpacked files' package name (they use relative imports)
-CACHE = Path(os.environ.get("KILN_HF_TESTS_CACHE", Path.home() / ".cache" / "kiln" / "transformers-tests")) / VERSION
+CACHE = (
+    Path(os.environ.get("KILN_HF_TESTS_CACHE", Path.home() / ".cache" / "kiln" / "transformers-tests"))
+    / VERSION
+)
 FILES = ("tests/test_modeling_common.py", "tests/test_configuration_common.py")
 _STANDINS = {
     "__init__.py": "",
@@ -90,10 +93,20 @@ def _fetch() -> Path:
             return CACHE
         with tempfile.TemporaryDirectory() as download:
             command = [
-                sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                "--no-build-isolation", "--disable-pip-version-check", "--quiet", f"transformers=={VERSION}",
-                "-d", download,
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--no-build-isolation",
+                "--disable-pip-version-check",
+                "--quiet",
+                f"transformers=={VERSION}",
+                "-d",
+                download,
+            ]
             subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
             (sdist,) = Path(download).glob("transformers-*.tar.gz")
             staging = Path(tempfile.mkdtemp(dir=CACHE))
@@ -122,7 +135,11 @@ except Exception as error:  # no network / no PyPI / an sdist without the files
         f"transformers {VERSION}'s common model tests could not be fetched from its PyPI sdist "
         f"(pip download --no-deps --no-binary :all: transformers=={VERSION}): {str(detail).strip()[:300]}"
     )
-    if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):  # CI must run them: a red build, not a skip
+    if os.environ.get("CI", "").strip().lower() in (
+        "1",
+        "true",
+        "yes",
+    ):  # CI must run them: a red build, not a skip
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason, allow_module_level=True)  # a local offline run: say why, do not fail
 from kiln_hf_common_tests.generation.test_utils import GenerationTesterMixin  # noqa: E402
@@ -231,7 +248,9 @@ class KilnDecoderTester(KilnEncoderTester):
         config = self.get_config()
         input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size - 1)  # no pad token inside
         attention_mask = torch.tril(torch.ones_like(input_ids)).flip(-1)  # left padding, as for generation
-        token_type_ids = ids_tensor([self.batch_size, self.seq_length], self.type_vocab_size)  # as GPT-2's tester
+        token_type_ids = ids_tensor(
+            [self.batch_size, self.seq_length], self.type_vocab_size
+        )  # as GPT-2's tester
         inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
         return config, inputs
 
@@ -254,7 +273,9 @@ class KilnLlamaDecoderTester(KilnDecoderTester):
             eos_token_id=self.vocab_size - 1,
             pad_token_id=self.vocab_size - 1,
         )
-        assert config.num_attention_heads % 2 == 0 and config.num_attention_heads > 2  # grouped, not multi-query
+        assert (
+            config.num_attention_heads % 2 == 0 and config.num_attention_heads > 2
+        )  # grouped, not multi-query
         return config
 
 
@@ -268,14 +289,25 @@ def _labels_for(model_class, inputs, tester):
             "labels": torch.zeros((batch_size, seq_length), **zeros),
             "next_sentence_label": torch.zeros(batch_size, **zeros),
         }
-    if model_class in (KilnEncoderForMaskedLM, KilnDecoderForCausalLM, KilnEncoderForTokenClassification,
-                       KilnDecoderForTokenClassification):  # fmt: skip
+    if model_class in (
+        KilnEncoderForMaskedLM,
+        KilnDecoderForCausalLM,
+        KilnEncoderForTokenClassification,
+        KilnDecoderForTokenClassification,
+    ):
         return {"labels": torch.zeros((batch_size, seq_length), **zeros)}
-    if model_class in (KilnEncoderForSequenceClassification, KilnDecoderForSequenceClassification,
-                       KilnEncoderForNextSentencePrediction, KilnEncoderForMultipleChoice):  # fmt: skip
+    if model_class in (
+        KilnEncoderForSequenceClassification,
+        KilnDecoderForSequenceClassification,
+        KilnEncoderForNextSentencePrediction,
+        KilnEncoderForMultipleChoice,
+    ):
         return {"labels": torch.zeros(batch_size, **zeros)}
     if model_class is KilnEncoderForQuestionAnswering:
-        return {"start_positions": torch.zeros(batch_size, **zeros), "end_positions": torch.zeros(batch_size, **zeros)}
+        return {
+            "start_positions": torch.zeros(batch_size, **zeros),
+            "end_positions": torch.zeros(batch_size, **zeros),
+        }
     return {}
 
 
@@ -343,10 +375,17 @@ class KilnModernEncoderTester(KilnEncoderTester):
 
 # the preset's pieces, given explicitly: a saved config carries them all (the fields BERT's block defaults differ)
 MODERN_PIECES = dict(
-    position_embedding_type="rotary", norm_position="pre", mlp_type="glu", attention_bias=False, mlp_bias=False,
-    norm_bias=False, classifier_bias=False, classifier_head="transform", global_attn_every_n_layers=2,
+    position_embedding_type="rotary",
+    norm_position="pre",
+    mlp_type="glu",
+    attention_bias=False,
+    mlp_bias=False,
+    norm_bias=False,
+    classifier_bias=False,
+    classifier_head="transform",
+    global_attn_every_n_layers=2,
     local_attention=4,
-)  # fmt: skip
+)
 
 
 class KilnModernEncoderCommonTest(_KilnCommon, unittest.TestCase):
@@ -354,7 +393,9 @@ class KilnModernEncoderCommonTest(_KilnCommon, unittest.TestCase):
 
     def setUp(self):
         self.model_tester = KilnModernEncoderTester(self)
-        self.config_tester = ConfigTester(self, config_class=KilnEncoderConfig, hidden_size=37, preset="modernbert")
+        self.config_tester = ConfigTester(
+            self, config_class=KilnEncoderConfig, hidden_size=37, preset="modernbert"
+        )
 
     def test_config(self):
         self.config_tester.run_common_tests()
@@ -390,7 +431,9 @@ class KilnDecoderCommonTest(_KilnCommon, GenerationTesterMixin, unittest.TestCas
 
         def last_logits(model, input_ids, attention_mask):
             position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-            logits = model(input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+            logits = model(
+                input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).logits
             return logits[:, -1, :]
 
         model = KilnDecoderForCausalLM(config).eval()
@@ -398,7 +441,9 @@ class KilnDecoderCommonTest(_KilnCommon, GenerationTesterMixin, unittest.TestCas
             unpadded = last_logits(model, input_ids, attention_mask)
             padding = torch.full((input_ids.shape[0], 32), config.pad_token_id, dtype=input_ids.dtype)
             padded = last_logits(
-                model, torch.cat([padding, input_ids], 1), torch.cat([torch.zeros_like(padding), attention_mask], 1)
+                model,
+                torch.cat([padding, input_ids], 1),
+                torch.cat([torch.zeros_like(padding), attention_mask], 1),
             )
         torch.testing.assert_close(unpadded, padded, rtol=1e-5, atol=1e-5)
 
@@ -408,7 +453,9 @@ class KilnLlamaDecoderCommonTest(KilnDecoderCommonTest):
 
     def setUp(self):
         self.model_tester = KilnLlamaDecoderTester(self)
-        self.config_tester = ConfigTester(self, config_class=KilnDecoderConfig, hidden_size=37, preset="llama")
+        self.config_tester = ConfigTester(
+            self, config_class=KilnDecoderConfig, hidden_size=37, preset="llama"
+        )
 
 
 del floats_tensor

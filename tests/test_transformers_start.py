@@ -15,8 +15,13 @@ import transformers
 from kiln_testing import DEBUG, DECODER, cli_in_process, one_torch_thread, run_main
 from test_finetune_scripts import write_sentiment
 
-SHAPE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-             max_position_embeddings=64)  # fmt: skip
+SHAPE = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+)
 WORDS = ["the", "was", "good", "bad", "film", "plot", "great", "awful", "it", "a", "and", "of", "to", "."]
 
 
@@ -30,7 +35,9 @@ def wordpiece_tokenizer(folder: Path) -> int:
     """A BERT tokenizer (WordPiece, lower case) saved into `folder`: any English text; its vocabulary size."""
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)] + list(",.'!?-")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *letters, *(f"##{c}" for c in letters)]
-    tokenizer = transformers.BertTokenizerFast(vocab={token: i for i, token in enumerate(dict.fromkeys(vocab))})
+    tokenizer = transformers.BertTokenizerFast(
+        vocab={token: i for i, token in enumerate(dict.fromkeys(vocab))}
+    )
     tokenizer.save_pretrained(folder)
     return len(tokenizer)
 
@@ -41,8 +48,12 @@ def bpe_tokenizer(folder: Path) -> int:
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator([" ".join(WORDS)] * 20, vocab_size=300, special_tokens=["<|endoftext|>"])
-    tokenizer = transformers.GPT2TokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>",
-                                               bos_token="<|endoftext|>", unk_token="<|endoftext|>")  # fmt: skip
+    tokenizer = transformers.GPT2TokenizerFast(
+        tokenizer_object=bpe._tokenizer,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
     tokenizer.save_pretrained(folder)
     return len(tokenizer)
 
@@ -52,14 +63,29 @@ def transformers_folder(folder: Path, name: str, **config) -> torch.nn.Module:
     torch.manual_seed(0)
     if name.startswith("GPT2"):
         vocab = bpe_tokenizer(folder)
-        model_config = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                               bos_token_id=0, eos_token_id=0, **config)  # fmt: skip
+        model_config = transformers.GPT2Config(
+            vocab_size=vocab,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            bos_token_id=0,
+            eos_token_id=0,
+            **config,
+        )
     elif name.startswith("Llama"):  # grouped-query heads, its own rope base, untied embeddings
         vocab = bpe_tokenizer(folder)
-        model_config = transformers.LlamaConfig(vocab_size=vocab, **SHAPE, num_key_value_heads=2, bos_token_id=0,
-                                                eos_token_id=0, tie_word_embeddings=False, initializer_range=0.1,
-                                                rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
-                                                **config)  # fmt: skip
+        model_config = transformers.LlamaConfig(
+            vocab_size=vocab,
+            **SHAPE,
+            num_key_value_heads=2,
+            bos_token_id=0,
+            eos_token_id=0,
+            tie_word_embeddings=False,
+            initializer_range=0.1,
+            rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+            **config,
+        )
     else:
         vocab = wordpiece_tokenizer(folder)
         config_class = transformers.ElectraConfig if name.startswith("Electra") else transformers.BertConfig
@@ -83,8 +109,14 @@ def logits(output) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "name",
-    ["BertForPreTraining", "BertForMaskedLM", "BertModel", "ElectraForPreTraining", "GPT2LMHeadModel",
-     "LlamaForCausalLM"],
+    [
+        "BertForPreTraining",
+        "BertForMaskedLM",
+        "BertModel",
+        "ElectraForPreTraining",
+        "GPT2LMHeadModel",
+        "LlamaForCausalLM",
+    ],
 )
 def test_a_transformers_folder_converts_to_the_same_function(tmp_path, name, caplog):
     import pretrain.modeling
@@ -122,7 +154,9 @@ def test_bert_base_layout_keeps_both_pretraining_heads(tmp_path):
     batch = torch.randint(5, 60, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ours, theirs = converted(batch), original(batch)
-    torch.testing.assert_close(ours.seq_relationship_logits, theirs.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ours.seq_relationship_logits, theirs.seq_relationship_logits, atol=1e-5, rtol=1e-5
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -132,8 +166,18 @@ def test_bert_base_layout_keeps_both_pretraining_heads(tmp_path):
 def pretrain(*args):
     from pretrain.run import main
 
-    return run_main(main, "--config", DEBUG, "--training.max_steps", 2, "--training.eval_steps", 0,
-                    "--training.save_steps", 0, *args)  # fmt: skip
+    return run_main(
+        main,
+        "--config",
+        DEBUG,
+        "--training.max_steps",
+        2,
+        "--training.eval_steps",
+        0,
+        "--training.save_steps",
+        0,
+        *args,
+    )
 
 
 def classify(*args):
@@ -152,22 +196,43 @@ def test_pretraining_continues_a_bert_and_a_gpt2_folder(tmp_path, caplog):
     bert = tmp_path / "bert"
     transformers_folder(bert, "BertForMaskedLM")
     with caplog.at_level(logging.INFO, logger="kiln"):
-        state = pretrain("--model.init_from", bert, "--tokenizer.name_or_path", bert, "--model.objective", "mlm",
-                         "--training.output_dir", tmp_path / "enc", "--training.lr", 1e-30)  # fmt: skip
+        state = pretrain(
+            "--model.init_from",
+            bert,
+            "--tokenizer.name_or_path",
+            bert,
+            "--model.objective",
+            "mlm",
+            "--training.output_dir",
+            tmp_path / "enc",
+            "--training.lr",
+            1e-30,
+        )
     assert state.global_step == 2
-    assert any("is a transformers BERT checkpoint (BertForMaskedLM): converted" in r.getMessage() for r in caplog.records)
+    assert any(
+        "is a transformers BERT checkpoint (BertForMaskedLM): converted" in r.getMessage()
+        for r in caplog.records
+    )
     # lr 1e-30 changes no weight: the run trained the original's weights
     original = transformers.BertForMaskedLM.from_pretrained(bert).state_dict()
     trained = start_weights(tmp_path / "enc")
-    torch.testing.assert_close(trained["model.embeddings.word_embeddings.weight"],
-                               original["bert.embeddings.word_embeddings.weight"])  # fmt: skip
+    torch.testing.assert_close(
+        trained["model.embeddings.word_embeddings.weight"], original["bert.embeddings.word_embeddings.weight"]
+    )
     card = (tmp_path / "enc" / "final" / "README.md").read_text()
     assert "| initialised from | bert |" in card and "kiln-converted" not in card
 
     gpt2 = tmp_path / "gpt2"
     transformers_folder(gpt2, "GPT2LMHeadModel")
-    state = pretrain(*DECODER, "--model.init_from", gpt2, "--tokenizer.name_or_path", gpt2,
-                     "--training.output_dir", tmp_path / "dec")  # fmt: skip
+    state = pretrain(
+        *DECODER,
+        "--model.init_from",
+        gpt2,
+        "--tokenizer.name_or_path",
+        gpt2,
+        "--training.output_dir",
+        tmp_path / "dec",
+    )
     assert state.global_step == 2 and (tmp_path / "dec" / "final" / "model.safetensors").is_file()
 
 
@@ -175,20 +240,50 @@ def test_fine_tuning_and_adapt_start_from_bert_and_electra_folders(tmp_path):
     from finetune.adapt import main as adapt
 
     files = write_sentiment(tmp_path, sizes=(16, 8, 8))
-    data = ["--data.train_file", files["train"], "--data.validation_file", files["validation"],
-            "--data.test_file", files["test"], "--training.max_steps", 2, "--training.per_device_train_batch_size", 8]  # fmt: skip
+    data = [
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        "--data.test_file",
+        files["test"],
+        "--training.max_steps",
+        2,
+        "--training.per_device_train_batch_size",
+        8,
+    ]
     for name in ("BertForPreTraining", "ElectraForPreTraining"):
         folder = tmp_path / name
         transformers_folder(folder, name)
-        result = classify("--model.checkpoint", folder, "--training.output_dir", tmp_path / f"c-{name}", *data)
+        result = classify(
+            "--model.checkpoint", folder, "--training.output_dir", tmp_path / f"c-{name}", *data
+        )
         assert "accuracy" in result.test_metrics
         card = (tmp_path / f"c-{name}" / "final" / "README.md").read_text()
         assert f"pretrained ({name})" in card or f"pretrained ({folder.name})" in card, card
     task = tmp_path / "task.yaml"
     task.write_text(f"data:\n  train_file: {files['train']}\n  text_columns: [sentence]\n")
-    state = run_main(adapt, "--task", "classify", "--task_config", task, "--model.init_from", tmp_path / "BertForPreTraining",
-                     "--training.output_dir", tmp_path / "adapted", "--training.max_steps", 2, "--training.eval_steps", 0,
-                     "--training.save_steps", 0, "--data.max_seq_length", 32, "--training.per_device_train_batch_size", 4)  # fmt: skip
+    state = run_main(
+        adapt,
+        "--task",
+        "classify",
+        "--task_config",
+        task,
+        "--model.init_from",
+        tmp_path / "BertForPreTraining",
+        "--training.output_dir",
+        tmp_path / "adapted",
+        "--training.max_steps",
+        2,
+        "--training.eval_steps",
+        0,
+        "--training.save_steps",
+        0,
+        "--data.max_seq_length",
+        32,
+        "--training.per_device_train_batch_size",
+        4,
+    )
     assert state.global_step == 2
 
 
@@ -200,13 +295,34 @@ def test_a_bert_on_the_hub_starts_fine_tuning_and_pretraining(tmp_path, hub):
     hub.create_repo("someone/bert-tiny")
     HfApi().upload_folder(repo_id="someone/bert-tiny", folder_path=folder, commit_message="init")
     files = write_sentiment(tmp_path, sizes=(16, 8, 8))
-    result = classify("--model.checkpoint", "someone/bert-tiny", "--training.output_dir", tmp_path / "c",
-                      "--data.train_file", files["train"], "--data.validation_file", files["validation"],
-                      "--data.test_file", files["test"], "--training.max_steps", 2, "--training.per_device_train_batch_size", 8)  # fmt: skip
+    result = classify(
+        "--model.checkpoint",
+        "someone/bert-tiny",
+        "--training.output_dir",
+        tmp_path / "c",
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        "--data.test_file",
+        files["test"],
+        "--training.max_steps",
+        2,
+        "--training.per_device_train_batch_size",
+        8,
+    )
     assert "accuracy" in result.test_metrics
     assert "pretrained (someone/bert-tiny)" in (tmp_path / "c" / "final" / "README.md").read_text()
-    state = pretrain("--model.init_from", "someone/bert-tiny", "--tokenizer.name_or_path", "someone/bert-tiny",
-                     "--training.output_dir", tmp_path / "p", "--training.lr", 1e-30)  # fmt: skip
+    state = pretrain(
+        "--model.init_from",
+        "someone/bert-tiny",
+        "--tokenizer.name_or_path",
+        "someone/bert-tiny",
+        "--training.output_dir",
+        tmp_path / "p",
+        "--training.lr",
+        1e-30,
+    )
     assert state.global_step == 2
     trained = start_weights(tmp_path / "p")
     torch.testing.assert_close(trained["nsp_head.weight"], original.cls.seq_relationship.weight.detach())
@@ -219,8 +335,9 @@ def test_a_bert_on_the_hub_starts_fine_tuning_and_pretraining(tmp_path, hub):
     converted = KilnEncoderForPreTraining.from_pretrained(tmp_path / "kiln-bert").eval()
     batch = torch.randint(5, 60, (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        torch.testing.assert_close(converted(batch).prediction_logits, original(batch).prediction_logits,
-                                   atol=1e-5, rtol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            converted(batch).prediction_logits, original(batch).prediction_logits, atol=1e-5, rtol=1e-5
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -247,10 +364,14 @@ def test_a_start_that_cannot_be_converted_is_one_line_naming_the_fix(tmp_path, c
     roberta = tmp_path / "roberta"
     transformers.RobertaModel(transformers.RobertaConfig(vocab_size=60, **SHAPE)).save_pretrained(roberta)
     message = cli_error(capsys, "--model.init_from", roberta)
-    assert message == (
-        f"error: --model.init_from {roberta} is a roberta checkpoint, which Kiln cannot start an encoder from; point "
-        "it at a Kiln encoder checkpoint or a transformers BERT or ELECTRA one (converted on the way in)"
-    ) and "model.kind" not in message
+    assert (
+        message
+        == (
+            f"error: --model.init_from {roberta} is a roberta checkpoint, which Kiln cannot start an encoder from; point "
+            "it at a Kiln encoder checkpoint or a transformers BERT or ELECTRA one (converted on the way in)"
+        )
+        and "model.kind" not in message
+    )
     # a type only the converter's command takes: run it first
     modern = tmp_path / "modernbert"
     modern.mkdir()
@@ -270,8 +391,11 @@ def test_a_start_that_cannot_be_converted_is_one_line_naming_the_fix(tmp_path, c
         "and point --model.init_from at DST"
     )
     # a config.json whose sizes are not sizes, or that disagree with the weights: checked before anything is built
-    for field, value, said in (("hidden_size", "32", "'32'"), ("num_hidden_layers", -2, "-2"),
-                               ("vocab_size", 10**12, str(10**12))):  # fmt: skip
+    for field, value, said in (
+        ("hidden_size", "32", "'32'"),
+        ("num_hidden_layers", -2, "-2"),
+        ("vocab_size", 10**12, str(10**12)),
+    ):
         hostile = tmp_path / f"hostile-{field}"
         hostile.mkdir()
         (hostile / "model.safetensors").write_bytes((bert / "model.safetensors").read_bytes())
@@ -289,6 +413,6 @@ def test_a_start_that_cannot_be_converted_is_one_line_naming_the_fix(tmp_path, c
     config["vocab_size"] += 1000
     (wider / "config.json").write_text(json.dumps(config))
     message = cli_error(capsys, "--model.init_from", wider)
-    assert message.startswith(f"error: --model.init_from {wider}: its weights' word embeddings are (") and message.endswith(
-        "point it at a folder written by save_pretrained"
-    )
+    assert message.startswith(
+        f"error: --model.init_from {wider}: its weights' word embeddings are ("
+    ) and message.endswith("point it at a folder written by save_pretrained")

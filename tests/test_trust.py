@@ -15,8 +15,19 @@ from pathlib import Path
 from kiln_testing import DEBUG, REPO
 from test_finetune_scripts import write_sentiment
 
-ACCELERATE = (sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no")  # fmt: skip
+ACCELERATE = (
+    sys.executable,
+    "-m",
+    "accelerate.commands.launch",
+    "--num_processes",
+    "1",
+    "--num_machines",
+    "1",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
+)
 ONE_STEP = ["--training.max_steps", 1, "--training.eval_steps", 0, "--training.save_steps", 0]
 
 
@@ -24,9 +35,15 @@ def launch(script: str, *args, env_extra=None, umask: int = -1) -> subprocess.Po
     """`accelerate launch SCRIPT ARGS` from the repo root, started (not waited for)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env_extra or {})}
     return subprocess.Popen(
-        [*ACCELERATE, str(REPO / script), *map(str, args)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, umask=umask,
-    )  # fmt: skip
+        [*ACCELERATE, str(REPO / script), *map(str, args)],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        umask=umask,
+    )
 
 
 def finish(*procs: subprocess.Popen) -> list[tuple[int, str]]:
@@ -110,19 +127,48 @@ def stranger_checkpoint(folder: Path, kiln_folder: Path, model_type: str, marker
 
 def classify_args(tmp_path: Path, checkpoint, name: str) -> list:
     files = write_sentiment(tmp_path, sizes=(16, 8, 8))
-    return ["--model.checkpoint", checkpoint, "--training.output_dir", tmp_path / name, *ONE_STEP,
-            "--data.train_file", files["train"], "--data.validation_file", files["validation"],
-            "--data.test_file", files["test"], "--training.per_device_train_batch_size", 8]  # fmt: skip
+    return [
+        "--model.checkpoint",
+        checkpoint,
+        "--training.output_dir",
+        tmp_path / name,
+        *ONE_STEP,
+        "--data.train_file",
+        files["train"],
+        "--data.validation_file",
+        files["validation"],
+        "--data.test_file",
+        files["test"],
+        "--training.per_device_train_batch_size",
+        8,
+    ]
 
 
-def pretrain_and_fine_tune_from(tmp_path: Path, checkpoint, *pretraining_args, env_extra=None, umask=-1,
-                                fine_tuning_args=(), fine_tune_here=None):
+def pretrain_and_fine_tune_from(
+    tmp_path: Path,
+    checkpoint,
+    *pretraining_args,
+    env_extra=None,
+    umask=-1,
+    fine_tuning_args=(),
+    fine_tune_here=None,
+):
     """Pretraining (--model.init_from) and fine-tuning (--model.checkpoint) from `checkpoint`, launched side
     by side (fine-tuning in this process meanwhile where `fine_tune_here` is pytest's capsys; `fine_tuning_args`
     replace its defaults): (exit status, output) of each."""
-    pretraining = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", tmp_path / "p",
-                         "--model.init_from", checkpoint, *pretraining_args, *ONE_STEP,
-                         env_extra=env_extra, umask=umask)  # fmt: skip
+    pretraining = launch(
+        "pretrain/run.py",
+        "--config",
+        DEBUG,
+        "--training.output_dir",
+        tmp_path / "p",
+        "--model.init_from",
+        checkpoint,
+        *pretraining_args,
+        *ONE_STEP,
+        env_extra=env_extra,
+        umask=umask,
+    )
     args = [*classify_args(tmp_path, checkpoint, "f"), *map(str, fine_tuning_args)]
     if fine_tune_here is not None:
         fine_tuning = run_in_process(fine_tune_here, "finetune/classify.py", *args)
@@ -130,7 +176,9 @@ def pretrain_and_fine_tune_from(tmp_path: Path, checkpoint, *pretraining_args, e
     return finish(pretraining, launch("finetune/classify.py", *args, env_extra=env_extra, umask=umask))
 
 
-def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(tmp_path, kiln_checkpoints, capsys):
+def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(
+    tmp_path, kiln_checkpoints, capsys
+):
     """Pretraining in a fresh process, fine-tuning through its command line in this process (both fresh: the
     Hub's case below)."""
     encoder, _ = kiln_checkpoints
@@ -175,7 +223,12 @@ def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes_and_saves
     out = tmp_path / "f"
     folders = [out / "final", out / "best", *sorted((out / "checkpoints").iterdir())]
     assert len(folders) >= 3 and all(folder.is_dir() for folder in folders)
-    modes = {str(p.relative_to(out)): oct(p.stat().st_mode & 0o777) for f in folders for p in f.rglob("*") if p.is_file()}
+    modes = {
+        str(p.relative_to(out)): oct(p.stat().st_mode & 0o777)
+        for f in folders
+        for p in f.rglob("*")
+        if p.is_file()
+    }
     assert any(name.endswith("model.safetensors") for name in modes)
     assert {name: mode for name, mode in modes.items() if mode != oct(0o644)} == {}
 
@@ -197,8 +250,12 @@ def test_a_hub_checkpoint_of_another_type_with_code_is_refused_without_running_i
     assert not marker.exists(), "the checkpoint's own code ran"
     assert p_code != 0 and f_code != 0
     assert "Do you wish to run the custom code" not in p_out + f_out
-    assert error_line(p_out).startswith("error: --model.init_from stranger/bert-init is a stranger_bert checkpoint with")
-    assert error_line(f_out).startswith("error: --model.checkpoint stranger/bert-init is a stranger_bert checkpoint")
+    assert error_line(p_out).startswith(
+        "error: --model.init_from stranger/bert-init is a stranger_bert checkpoint with"
+    )
+    assert error_line(f_out).startswith(
+        "error: --model.checkpoint stranger/bert-init is a stranger_bert checkpoint"
+    )
     # only config.json was read; none of the repo's Python files was even downloaded
     downloaded = [str(p) for p in (tmp_path / "hf-home").rglob("*.py")]
     assert downloaded == []
@@ -211,7 +268,11 @@ def test_a_hub_checkpoint_of_another_type_with_code_is_refused_without_running_i
 def pushed_files(hub, repo_id: str) -> dict[str, bytes]:
     """Every file of every commit of `repo_id` on the test Hub, by `commit/path`."""
     repo = hub.repo(repo_id)
-    return {f"{oid[:8]}/{path}": blob.data for oid, commit in repo.commits.items() for path, blob in commit.files.items()}
+    return {
+        f"{oid[:8]}/{path}": blob.data
+        for oid, commit in repo.commits.items()
+        for path, blob in commit.files.items()
+    }
 
 
 def test_nothing_published_names_a_local_path(tmp_path, hub):
@@ -221,10 +282,27 @@ def test_nothing_published_names_a_local_path(tmp_path, hub):
     for text in sorted((REPO / "data/pretrain").glob("*.txt")):
         shutil.copy(text, corpus / text.name)
     out = home / "runs" / "x"
-    proc = launch("pretrain/run.py", "--config", DEBUG, "--training.output_dir", out,
-                  "--data.data_files", f"{corpus}/*.txt", "--training.max_steps", 2, "--training.save_steps", 2,
-                  "--training.eval_steps", 0, "--hub.push_to_hub", "--hub.model_id", "kiln-test/x",
-                  "--hub.strategy", "checkpoint", env_extra={"HOME": str(home)})  # fmt: skip
+    proc = launch(
+        "pretrain/run.py",
+        "--config",
+        DEBUG,
+        "--training.output_dir",
+        out,
+        "--data.data_files",
+        f"{corpus}/*.txt",
+        "--training.max_steps",
+        2,
+        "--training.save_steps",
+        2,
+        "--training.eval_steps",
+        0,
+        "--hub.push_to_hub",
+        "--hub.model_id",
+        "kiln-test/x",
+        "--hub.strategy",
+        "checkpoint",
+        env_extra={"HOME": str(home)},
+    )
     ((code, output),) = finish(proc)
     assert code == 0, output[-3000:]
     published = pushed_files(hub, "kiln-test/x")
@@ -254,22 +332,40 @@ def test_settings_that_would_train_otherwise_than_asked_are_one_line(tmp_path, c
     (tmp_path / "a.yaml").write_text("_base_: b.yaml\ntraining:\n  max_steps: 2\n")
     (tmp_path / "b.yaml").write_text("_base_: a.yaml\nmodel:\n  hidden_size: 32\n")
     cases = {
-        "lr 0": (["--config", DEBUG, "--training.lr", 0],
-                 "error: --training.lr must be a positive number (0 trains nothing), got 0.0"),
-        "fp8 typo": (["--config", DEBUG, "--training.mixed_precision", "fp8x"],
-                     "error: --training.mixed_precision 'fp8x' is unknown; use one of: no, bf16, fp16, fp8"),
-        "fp16 on CPU": (["--config", DEBUG, "--training.mixed_precision", "fp16"],
-                        "error: --training.mixed_precision fp16 is not applied on a CPU"),
-        "base loop": (["--config", tmp_path / "a.yaml"],
-                      f"error: the _base_ chain of {tmp_path / 'a.yaml'} loops: a.yaml -> b.yaml -> a.yaml"),
-    }  # fmt: skip
-    runs = {name: [*args, "--training.output_dir", tmp_path / name.replace(" ", "-")] for name, (args, _) in cases.items()}
+        "lr 0": (
+            ["--config", DEBUG, "--training.lr", 0],
+            "error: --training.lr must be a positive number (0 trains nothing), got 0.0",
+        ),
+        "fp8 typo": (
+            ["--config", DEBUG, "--training.mixed_precision", "fp8x"],
+            "error: --training.mixed_precision 'fp8x' is unknown; use one of: no, bf16, fp16, fp8",
+        ),
+        "fp16 on CPU": (
+            ["--config", DEBUG, "--training.mixed_precision", "fp16"],
+            "error: --training.mixed_precision fp16 is not applied on a CPU",
+        ),
+        "base loop": (
+            ["--config", tmp_path / "a.yaml"],
+            f"error: the _base_ chain of {tmp_path / 'a.yaml'} loops: a.yaml -> b.yaml -> a.yaml",
+        ),
+    }
+    runs = {
+        name: [*args, "--training.output_dir", tmp_path / name.replace(" ", "-")]
+        for name, (args, _) in cases.items()
+    }
     fresh = launch("pretrain/run.py", *runs["lr 0"])
-    done = {name: run_in_process(capsys, "pretrain/run.py", *args) for name, args in runs.items() if name != "lr 0"}
+    done = {
+        name: run_in_process(capsys, "pretrain/run.py", *args)
+        for name, args in runs.items()
+        if name != "lr 0"
+    }
     done["lr 0"] = finish(fresh)[0]
     for name, (_, expected) in cases.items():
         code, output = done[name]
         assert code != 0, (name, output[-2000:])
         assert error_line(output).startswith(expected), (name, error_line(output))
-        assert "Traceback" not in output.split("error: ")[0], (name, output[-2000:])  # the training process's own
+        assert "Traceback" not in output.split("error: ")[0], (
+            name,
+            output[-2000:],
+        )  # the training process's own
         assert not (tmp_path / name.replace(" ", "-")).exists(), name

@@ -54,9 +54,17 @@ def workspace(tmp_path: Path) -> Path:
 
 
 def run(argv: list[str], work: Path, env_extra: dict | None = None, timeout: int = 600) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        **(env_extra or {}),
+    }
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{shlex.join(argv)}\nexit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{shlex.join(argv)}\nexit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done.stdout + done.stderr
 
 
@@ -65,18 +73,44 @@ def as_run_here(command: str) -> tuple[list[str], dict]:
     argv, env = shlex.split(command.replace("you/", f"{TEST_USER}/")), {}
     if argv[0] == "kiln-launch":
         assert argv[1:3] == ["--config_file", "configs/accelerate/bert-base-1x8.yaml"], argv
-        argv = [*KILN_LAUNCH, "--config_file", "configs/accelerate/cpu-2proc.yaml", "--main_process_port",
-                str(free_port()), *argv[3:], *map(str, MUST_SHRINK)]  # fmt: skip
+        argv = [
+            *KILN_LAUNCH,
+            "--config_file",
+            "configs/accelerate/cpu-2proc.yaml",
+            "--main_process_port",
+            str(free_port()),
+            *argv[3:],
+            *map(str, MUST_SHRINK),
+        ]
         env["ACCELERATE_USE_CPU"] = "1"
     elif argv[:2] == ["accelerate", "launch"]:
         argv = [*ACCELERATE, "launch", "--num_processes", "1", *argv[2:]]
         if "pretrain/run.py" in argv:  # continuing pretraining: a few steps of small batches, no tracker
-            argv += ["--training.max_steps", "3", "--training.per_device_train_batch_size", "4", "--training.eval_steps",
-                     "3", "--training.max_eval_batches", "1", "--training.mixed_precision", "null",
-                     "--logging.report_to", "none", "--logging.logging_steps", "1"]  # fmt: skip
+            argv += [
+                "--training.max_steps",
+                "3",
+                "--training.per_device_train_batch_size",
+                "4",
+                "--training.eval_steps",
+                "3",
+                "--training.max_eval_batches",
+                "1",
+                "--training.mixed_precision",
+                "null",
+                "--logging.report_to",
+                "none",
+                "--logging.logging_steps",
+                "1",
+            ]
         else:  # fine-tuning on the test Hub's small SST-2
-            argv += ["--training.max_steps", "2", "--training.per_device_train_batch_size", "4",
-                     "--logging.logging_steps", "1"]  # fmt: skip
+            argv += [
+                "--training.max_steps",
+                "2",
+                "--training.per_device_train_batch_size",
+                "4",
+                "--logging.logging_steps",
+                "1",
+            ]
     elif argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
         if argv[1:4] == ["-m", "pretrain.data", "prepare"]:
@@ -91,11 +125,20 @@ def as_run_here(command: str) -> tuple[list[str], dict]:
 def test_the_walkthrough_runs_end_to_end(tmp_path, hub):
     page = REPO / "docs/walkthrough.md"
     commands = documented_commands(page)
-    assert [shlex.split(c)[0] for c in commands] == ["ls", "python", "kiln-launch", "tail", "kiln-launch", "hf",
-                                                     "accelerate"], commands  # fmt: skip
+    assert [shlex.split(c)[0] for c in commands] == [
+        "ls",
+        "python",
+        "kiln-launch",
+        "tail",
+        "kiln-launch",
+        "hf",
+        "accelerate",
+    ], commands
     accelerate_config = (REPO / "configs/accelerate/bert-base-1x8.yaml").read_text()
     for line in ("num_processes: 8", "distributed_type: MULTI_GPU", "mixed_precision: bf16"):
-        assert line in accelerate_config and line in page.read_text()  # the config the page shows is the shipped one
+        assert (
+            line in accelerate_config and line in page.read_text()
+        )  # the config the page shows is the shipped one
     work = workspace(tmp_path)
     serve_glue_sst2(hub)
     outputs = []
@@ -135,29 +178,56 @@ def make_checkpoint(kind: str, folder: Path) -> None:
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=800, special_tokens=[
-            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))  # fmt: skip
+        tok.train_from_iterator(
+            lines,
+            trainers.WordPieceTrainer(
+                vocab_size=800, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+            ),
+        )
         tokenizer = BertTokenizerFast(tokenizer_object=tok, do_lower_case=True)
-        model = BertForPreTraining(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
-                                              num_attention_heads=2, intermediate_size=64))  # fmt: skip
+        model = BertForPreTraining(
+            BertConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+            )
+        )
     else:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>"],
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
+        tok.train_from_iterator(
+            lines,
+            trainers.BpeTrainer(
+                vocab_size=600,
+                special_tokens=["<|endoftext|>"],
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            ),
+        )
         end = "<|endoftext|>"
         tokenizer = GPT2TokenizerFast(tokenizer_object=tok, bos_token=end, eos_token=end, unk_token=end)
         ids = dict(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
         if kind == "gpt2":
-            model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2,
-                                               n_positions=256, **ids))  # fmt: skip
+            model = GPT2LMHeadModel(
+                GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=256, **ids)
+            )
         else:  # a Llama-family model: grouped-query heads, a rope base of its own, untied embeddings
-            model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                                 max_position_embeddings=256, tie_word_embeddings=False,
-                                                 rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
-                                                 **ids))  # fmt: skip
+            model = LlamaForCausalLM(
+                LlamaConfig(
+                    vocab_size=len(tokenizer),
+                    hidden_size=32,
+                    intermediate_size=64,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    max_position_embeddings=256,
+                    tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+                    **ids,
+                )
+            )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
@@ -178,8 +248,11 @@ def test_continued_pretraining_from_bert_gpt2_and_llama(tmp_path, kind):
     folder = shlex.split(commands[first])[-1]
     steps = [commands[first + 1]]
     assert f"--model.init_from {folder} " in steps[0], steps
-    back = [c for c in commands if c.startswith("python -m pretrain.convert runs/") and
-            shlex.split(steps[0])[-1] in c]  # fmt: skip
+    back = [
+        c
+        for c in commands
+        if c.startswith("python -m pretrain.convert runs/") and shlex.split(steps[0])[-1] in c
+    ]
     assert len(back) == 1, (steps, commands)
     work = workspace(tmp_path)
     make_checkpoint(kind, work / folder)  # what `hf download` would leave, small and random
@@ -188,12 +261,18 @@ def test_continued_pretraining_from_bert_gpt2_and_llama(tmp_path, kind):
         argv, env = as_run_here(command)
         outputs.append(run(argv, work, env))
     family = {"bert": "BERT", "gpt2": "GPT-2", "llama": "Llama"}[kind]
-    assert f"--model.init_from {folder} is a transformers {family} checkpoint" in outputs[0], outputs[0][-3000:]
+    assert f"--model.init_from {folder} is a transformers {family} checkpoint" in outputs[0], outputs[0][
+        -3000:
+    ]
     continued, plain = shlex.split(steps[0])[-1], shlex.split(back[0])[-1]
     saved = json.loads((work / continued / "final/config.json").read_text())
     assert saved["model_type"] == ("kiln_encoder" if kind == "bert" else "kiln_decoder")
     if kind == "llama":  # the checkpoint's own pieces, not the run config's
-        assert saved["preset"] == "llama" and saved["num_key_value_heads"] == 2 and saved["rope_theta"] == 100000.0
+        assert (
+            saved["preset"] == "llama"
+            and saved["num_key_value_heads"] == 2
+            and saved["rope_theta"] == 100000.0
+        )
         assert not saved["tie_word_embeddings"]
     assert saved["hidden_size"] == 32  # the shape of the checkpoint it started from, not the config's
     rows = [json.loads(line) for line in (work / continued / "metrics.jsonl").read_text().splitlines()]

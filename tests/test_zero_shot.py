@@ -26,14 +26,20 @@ from pretrain.zero_shot.models import load_model
 from pretrain.zero_shot.scoring import TARGET_DELIMITER, plan_batches
 
 SAMPLE = REPO / "data" / "blimp"
-SENTENCES = ["The cats sleep on the mat.", "Who should Derek hug after shocking Richard?", "A dog barks.",
-             "Many girls insulted themselves.", "These boys were not wearing the hats."]  # fmt: skip
+SENTENCES = [
+    "The cats sleep on the mat.",
+    "Who should Derek hug after shocking Richard?",
+    "A dog barks.",
+    "Many girls insulted themselves.",
+    "These boys were not wearing the hats.",
+]
 
 
 def python(*args, check=True, env=None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {})}
-    done = subprocess.run([sys.executable, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env
+    )
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -49,7 +55,9 @@ def test_pll_word_l2r_masks_the_later_tokens_of_each_word(kiln_checkpoints):
     model, tokenizer, _ = load_model(str(kiln_checkpoints[0]))
     sentences = ["Derek shocked the unbelievably xylophonic teachers.", "A dog barks."]
     words = [tokenizer(s).word_ids() for s in sentences]
-    assert any(len([w for w in ids if w == word]) > 1 for ids in words[:1] for word in set(ids) - {None})  # pieces
+    assert any(
+        len([w for w in ids if w == word]) > 1 for ids in words[:1] for word in set(ids) - {None}
+    )  # pieces
     l2r = score_sentences(model, tokenizer, "encoder", sentences, pll="word-l2r")
     original = score_sentences(model, tokenizer, "encoder", sentences)
     for sentence, word_ids, score in zip(sentences, words, l2r):
@@ -58,13 +66,17 @@ def test_pll_word_l2r_masks_the_later_tokens_of_each_word(kiln_checkpoints):
         for p, word in enumerate(word_ids):
             if word is None:
                 continue
-            masked = [tokenizer.mask_token_id if q == p or (q > p and word_ids[q] == word) else t
-                      for q, t in enumerate(ids)]  # fmt: skip
+            masked = [
+                tokenizer.mask_token_id if q == p or (q > p and word_ids[q] == word) else t
+                for q, t in enumerate(ids)
+            ]
             with torch.no_grad():
                 logits = model(torch.tensor([masked])).logits[0, p].double()
             direct += float(F.log_softmax(logits, -1)[ids[p]])
         assert score == pytest.approx(direct, abs=1e-4), sentence
-    assert l2r[0] != original[0]  # a word of several pieces: other inputs, another score (this tiny model barely
+    assert (
+        l2r[0] != original[0]
+    )  # a word of several pieces: other inputs, another score (this tiny model barely
     # reads its context, so the difference is small; the loop above checks what each score is)
     one_piece_words = all(len([w for w in words[1] if w == word]) == 1 for word in set(words[1]) - {None})
     assert not one_piece_words or l2r[1] == pytest.approx(original[1], abs=1e-6)  # nothing else to mask
@@ -119,7 +131,11 @@ def test_scores_do_not_depend_on_batching_or_the_number_of_processes(kiln_checkp
     parts = [evaluation.scorer.score(model, evaluation.encoded, rank, 3) for rank in range(3)]
     assert all((part != 0).any() for part in parts)  # every process got some
     assert torch.equal(sum(parts), whole)
-    assert plan_batches([(3, 5), (1, 9), (2, 5)], budget=10) == [[1], [0], [2]]  # longest first; within budget
+    assert plan_batches([(3, 5), (1, 9), (2, 5)], budget=10) == [
+        [1],
+        [0],
+        [2],
+    ]  # longest first; within budget
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -132,11 +148,30 @@ def test_lm_eval_on_a_kiln_decoder_folder_gives_the_same_accuracy(kiln_checkpoin
     decoder folder. Every paradigm's accuracy, and the group's mean, equal ours."""
     folder = str(kiln_checkpoints[1])
     done = subprocess.run(
-        ["lm_eval", "--model", "hf", "--model_args", f"pretrained={folder},trust_remote_code=True",
-         "--include_path", "configs/lm-eval", "--tasks", "kiln_blimp_sample", "--limit", "4", "--batch_size", "64",
-         "--device", "cpu", "--output_path", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            "lm_eval",
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={folder},trust_remote_code=True",
+            "--include_path",
+            "configs/lm-eval",
+            "--tasks",
+            "kiln_blimp_sample",
+            "--limit",
+            "4",
+            "--batch_size",
+            "64",
+            "--device",
+            "cpu",
+            "--output_path",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (written,) = tmp_path.rglob("results_*.json")
     results = json.loads(written.read_text())["results"]
@@ -153,7 +188,9 @@ def test_the_shipped_lm_eval_group_names_every_shipped_paradigm():
 
     shipped = (REPO / "configs" / "lm-eval" / "blimp-sample.yaml").read_text()
     files = {name: f"data/blimp/{name}.jsonl.gz" for name in PARADIGMS}
-    assert shipped == lm_eval_group(files, "kiln_blimp_sample", LM_EVAL_HEADER), "python data/blimp/make_sample.py"
+    assert shipped == lm_eval_group(files, "kiln_blimp_sample", LM_EVAL_HEADER), (
+        "python data/blimp/make_sample.py"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -198,9 +235,18 @@ def test_hand_made_pairs_score_as_constructed_and_ties_are_wrong(kind, kiln_chec
     assert len(words) >= 30, words
     (token,) = tokenizer.tokenize(" the")  # "the" (WordPiece) or "\u0120the" (byte-level BPE)
     model = PrefersOneToken(len(tokenizer), tokenizer.convert_tokens_to_ids(token))
-    right = [MinimalPair("right", "made", f"{favoured} {words[i]}", f"{words[i + 1]} {words[i]}") for i in range(10)]
-    wrong = [MinimalPair("wrong", "made", f"{words[i + 1]} {words[i]}", f"{favoured} {words[i]}") for i in range(10, 15)]
-    ties = [MinimalPair("tie", "made", f"{words[i]} {words[i + 15]}", f"{words[i + 15]} {words[i]}") for i in range(15, 20)]
+    right = [
+        MinimalPair("right", "made", f"{favoured} {words[i]}", f"{words[i + 1]} {words[i]}")
+        for i in range(10)
+    ]
+    wrong = [
+        MinimalPair("wrong", "made", f"{words[i + 1]} {words[i]}", f"{favoured} {words[i]}")
+        for i in range(10, 15)
+    ]
+    ties = [
+        MinimalPair("tie", "made", f"{words[i]} {words[i + 15]}", f"{words[i + 15]} {words[i]}")
+        for i in range(15, 20)
+    ]
     pairs = right + wrong + ties
     assert len(pairs) == 20
     evaluation = BlimpEvaluation(pairs, tokenizer, kind)
@@ -209,13 +255,19 @@ def test_hand_made_pairs_score_as_constructed_and_ties_are_wrong(kind, kiln_chec
     assert torch.equal(good[15:], bad[15:])  # the same likelihoods in the same places: the same score exactly
     result = evaluation.evaluate(model)
     assert {name: entry["accuracy"] for name, entry in result["paradigms"].items()} == {
-        "right": 1.0, "wrong": 0.0, "tie": 0.0}  # fmt: skip
+        "right": 1.0,
+        "wrong": 0.0,
+        "tie": 0.0,
+    }
     assert result["mean"] == pytest.approx(1 / 3) and result["correct"] == 10 and result["pairs"] == 20
 
 
 def test_summary_is_the_mean_over_paradigms_and_phenomena():
-    pairs = [MinimalPair("p1", "x", "a", "b")] * 4 + [MinimalPair("p2", "x", "a", "b")] * 2 + [
-        MinimalPair("p3", "y", "a", "b")] * 2  # fmt: skip
+    pairs = (
+        [MinimalPair("p1", "x", "a", "b")] * 4
+        + [MinimalPair("p2", "x", "a", "b")] * 2
+        + [MinimalPair("p3", "y", "a", "b")] * 2
+    )
     result = blimp_accuracies(pairs, [1, 1, 1, 0, 0, 0, 1, 0])
     assert result["paradigms"]["p1"]["accuracy"] == 0.75 and result["paradigms"]["p2"]["accuracy"] == 0.0
     assert result["phenomena"] == {"x": 0.375, "y": 0.5} and result["phenomena_mean"] == pytest.approx(0.4375)
@@ -231,7 +283,9 @@ def test_the_shipped_sample_is_blimp_in_its_layout():
     assert sorted(files) == sorted(PARADIGMS) and len(PARADIGMS) == 67
     pairs = read_blimp(SAMPLE)
     assert len(pairs) == 67 * 50
-    assert len({p.phenomenon for p in pairs}) == 12  # the paper's phenomena (s-selection is argument_structure)
+    assert (
+        len({p.phenomenon for p in pairs}) == 12
+    )  # the paper's phenomena (s-selection is argument_structure)
     first = pairs[0]
     assert first.paradigm == "adjunct_island" and first.good == "Who should Derek hug after shocking Richard?"
     assert len(read_blimp(SAMPLE, 3, ["wh_island", "causative"])) == 6
@@ -239,12 +293,21 @@ def test_the_shipped_sample_is_blimp_in_its_layout():
 
 
 def test_plain_and_gzipped_files_in_a_data_subfolder_read_alike(tmp_path):
-    rows = [{"sentence_good": f"Good {i}.", "sentence_bad": f"Bad {i}.", "linguistics_term": "binding",
-             "UID": "p"} for i in range(5)]  # fmt: skip
+    rows = [
+        {
+            "sentence_good": f"Good {i}.",
+            "sentence_bad": f"Bad {i}.",
+            "linguistics_term": "binding",
+            "UID": "p",
+        }
+        for i in range(5)
+    ]
     text = "".join(json.dumps(row) + "\n" for row in rows)
     (tmp_path / "plain" / "data").mkdir(parents=True)
     (tmp_path / "plain" / "data" / "p.jsonl").write_text(text)
-    (tmp_path / "plain" / "models_summary.jsonl").write_text('{"UID": "p", "lstm": 0.5}\n')  # as in BLiMP's repository
+    (tmp_path / "plain" / "models_summary.jsonl").write_text(
+        '{"UID": "p", "lstm": 0.5}\n'
+    )  # as in BLiMP's repository
     (tmp_path / "zipped").mkdir()
     with gzip.open(tmp_path / "zipped" / "p.jsonl.gz", "wt") as f:
         f.write(text)
@@ -254,9 +317,13 @@ def test_plain_and_gzipped_files_in_a_data_subfolder_read_alike(tmp_path):
 
 @pytest.mark.parametrize(
     "content, message",
-    [("not json\n", "cannot read p.jsonl"), ('["a list"]\n', "not a JSON object"),
-     ('{"sentence_good": "A.", "linguistics_term": "x"}\n', "no text in sentence_bad"), ("", "holds no minimal pairs")],
-)  # fmt: skip
+    [
+        ("not json\n", "cannot read p.jsonl"),
+        ('["a list"]\n', "not a JSON object"),
+        ('{"sentence_good": "A.", "linguistics_term": "x"}\n', "no text in sentence_bad"),
+        ("", "holds no minimal pairs"),
+    ],
+)
 def test_bad_files_are_one_line_errors(tmp_path, content, message):
     (tmp_path / "p.jsonl").write_text(content)
     with pytest.raises(ZeroShotError, match=message) as caught:
@@ -270,8 +337,15 @@ def test_bad_files_are_one_line_errors(tmp_path, content, message):
 
 def test_without_a_folder_and_offline_it_is_one_line():
     """No --data folder and no Hub to read nyu-mll/blimp from: the command says so in one line."""
-    done = python("-m", "pretrain.zero_shot", "blimp", "--model", "nowhere/model", check=False,
-                  env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})  # fmt: skip
+    done = python(
+        "-m",
+        "pretrain.zero_shot",
+        "blimp",
+        "--model",
+        "nowhere/model",
+        check=False,
+        env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+    )
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "nyu-mll/blimp" in done.stderr and "--data" in done.stderr
 
@@ -298,9 +372,12 @@ def blimp_command(capsys, *args) -> tuple[int, str, str]:
 @pytest.mark.parametrize("which", [0, 1])
 def test_the_command_prints_and_writes_the_accuracies(kiln_checkpoints, tmp_path, capsys, which):
     out = tmp_path / "blimp.json"
-    status, printed, progress = blimp_command(capsys, "--model", kiln_checkpoints[which], "--data", "data/blimp",
-                                              "--pairs", 2, "--json", out)  # fmt: skip
-    assert status == 0 and "scoring: " in progress and "note:" not in progress  # a progress bar, nothing short
+    status, printed, progress = blimp_command(
+        capsys, "--model", kiln_checkpoints[which], "--data", "data/blimp", "--pairs", 2, "--json", out
+    )
+    assert (
+        status == 0 and "scoring: " in progress and "note:" not in progress
+    )  # a progress bar, nothing short
     result = json.loads(out.read_text())
     assert result["kind"] == ["encoder", "decoder"][which] and result["pairs"] == 134
     assert len(result["paradigms"]) == 67 and len(result["phenomena"]) == 12
@@ -309,16 +386,47 @@ def test_the_command_prints_and_writes_the_accuracies(kiln_checkpoints, tmp_path
     assert f"BLiMP: {100 * mean:.1f} (mean over 67 paradigms" in printed
     assert "island_effects" in printed and "wh_vs_that_with_gap_long_distance" in printed
     # random weights of the same shape, drawn from the seed
-    scratch = [blimp_command(capsys, "--model", kiln_checkpoints[which], "--data", "data/blimp", "--pairs", 5,
-                             "--paradigms", "wh_island", "adjunct_island", "--from_scratch", "--seed", seed,
-                             "--json", tmp_path / f"random-{seed}.json") for seed in (0, 0, 1)]  # fmt: skip
+    scratch = [
+        blimp_command(
+            capsys,
+            "--model",
+            kiln_checkpoints[which],
+            "--data",
+            "data/blimp",
+            "--pairs",
+            5,
+            "--paradigms",
+            "wh_island",
+            "adjunct_island",
+            "--from_scratch",
+            "--seed",
+            seed,
+            "--json",
+            tmp_path / f"random-{seed}.json",
+        )
+        for seed in (0, 0, 1)
+    ]
     assert [status for status, _, _ in scratch] == [0, 0, 0]
     # more pairs asked than the shipped sample holds (50 per paradigm): said once, and the 50 are scored
-    status, _, said = blimp_command(capsys, "--model", kiln_checkpoints[which], "--data", "data/blimp", "--pairs", 60,
-                                    "--paradigms", "wh_island", "--json", tmp_path / "short.json")  # fmt: skip
+    status, _, said = blimp_command(
+        capsys,
+        "--model",
+        kiln_checkpoints[which],
+        "--data",
+        "data/blimp",
+        "--pairs",
+        60,
+        "--paradigms",
+        "wh_island",
+        "--json",
+        tmp_path / "short.json",
+    )
     assert status == 0 and json.loads((tmp_path / "short.json").read_text())["pairs"] == 50
-    assert said.count("note:") == 1 and "note: --pairs 60: 1 of 1 paradigms hold fewer pairs (at most 50); " \
-        "scoring the 50 pairs there are" in said, said
+    assert (
+        said.count("note:") == 1
+        and "note: --pairs 60: 1 of 1 paradigms hold fewer pairs (at most 50); scoring the 50 pairs there are"
+        in said
+    ), said
     results = [json.loads((tmp_path / f"random-{seed}.json").read_text()) for seed in (0, 1)]
     assert results[0]["from_scratch"] is True and results[0]["pairs"] == 10
     assert scratch[0][1].split("\n")[:-2] == scratch[1][1].split("\n")[:-2]  # the same seed, the same report
@@ -331,7 +439,11 @@ def test_the_command_refuses_what_it_cannot_score_in_one_line(kiln_checkpoints, 
     status, _, err = blimp_command(capsys, "--model", kiln_checkpoints[0], "--data", tmp_path)
     assert status == 1 and "holds no <paradigm>.jsonl" in err
     status, _, err = blimp_command(capsys, "--model", tmp_path / "nothing", "--data", "data/blimp")
-    assert status == 1 and f"no model folder {tmp_path / 'nothing'}; train one first" in err and err.count("\n") == 1
+    assert (
+        status == 1
+        and f"no model folder {tmp_path / 'nothing'}; train one first" in err
+        and err.count("\n") == 1
+    )
     done = python("-m", "pretrain.zero_shot", check=False)  # as a user types it
     assert done.returncode == 1 and "name a task" in done.stderr
 
@@ -352,11 +464,22 @@ def test_a_missing_model_folder_is_named_in_one_line_before_the_data_or_the_hub(
     for spec in ("runs/decoder-tiny/final", "./nowhere", "/nowhere/model", "~/nowhere", "a/b/c", "not an id"):
         status, _, err = blimp_command(capsys, "--model", spec)
         assert status == 1 and err.count("\n") == 1, err
-        assert err.startswith(f"error: no model folder {spec}; train one first (") and "or give a Hub id" in err
+        assert (
+            err.startswith(f"error: no model folder {spec}; train one first (") and "or give a Hub id" in err
+        )
     monkeypatch.setattr(pretrain.zero_shot.blimp, "read_blimp", read_blimp)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    status, _, err = blimp_command(capsys, "--model", "nobody-kiln/never-cached", "--data", "data/blimp",
-                                   "--pairs", 1, "--paradigms", "wh_island")  # fmt: skip
+    status, _, err = blimp_command(
+        capsys,
+        "--model",
+        "nobody-kiln/never-cached",
+        "--data",
+        "data/blimp",
+        "--pairs",
+        1,
+        "--paradigms",
+        "wh_island",
+    )
     assert status == 1 and err.count("\n") == 1, err
     assert "nobody-kiln/never-cached is not in the Hugging Face cache and HF_HUB_OFFLINE is set" in err
 
@@ -370,20 +493,30 @@ def test_a_folder_without_its_scoring_head_is_refused_naming_what_it_holds(tmp_p
     from pretrain.modeling import KilnEncoderConfig, KilnEncoderForSequenceClassification
 
     classifier = tmp_path / "classify-final"
-    config = KilnEncoderConfig(vocab_size=wordpiece_tokenizer(classifier), hidden_size=32, num_hidden_layers=1,
-                               num_attention_heads=2, intermediate_size=37, num_labels=2)  # fmt: skip
+    config = KilnEncoderConfig(
+        vocab_size=wordpiece_tokenizer(classifier),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=37,
+        num_labels=2,
+    )
     KilnEncoderForSequenceClassification(config).save_pretrained(classifier)
     tagger, discriminator = tmp_path / "tag-final", tmp_path / "electra"
     transformers_folder(tagger, "BertForTokenClassification")
     transformers_folder(discriminator, "ElectraForPreTraining")
-    fine_tuned = ("not a masked-LM or causal-LM head to score sentences with; score the pretrained model it was "
-                  "fine-tuned from (a pretraining run's final/) or another model")  # fmt: skip
+    fine_tuned = (
+        "not a masked-LM or causal-LM head to score sentences with; score the pretrained model it was "
+        "fine-tuned from (a pretraining run's final/) or another model"
+    )
     refused = {
         (classifier,): f"{classifier} holds KilnEncoderForSequenceClassification (a sequence classification "
         f"head), {fine_tuned}",
         (tagger, "--kind", "encoder"): f"{tagger} holds BertForTokenClassification (a token classification "
         f"head), {fine_tuned}",
-        (discriminator,): f"{discriminator} is an ELECTRA discriminator (ElectraForPreTraining), which has no "
+        (
+            discriminator,
+        ): f"{discriminator} is an ELECTRA discriminator (ElectraForPreTraining), which has no "
         f"masked-LM head to score sentences with; score its generator ({discriminator}/generator) or another model",
     }
     for args, line in refused.items():
@@ -397,11 +530,22 @@ def test_a_folder_without_its_scoring_head_is_refused_naming_what_it_holds(tmp_p
     (unnamed / "config.json").write_text(json.dumps(written))
     status, printed, err = blimp_command(capsys, "--model", unnamed, "--data", "data/blimp", "--pairs", 1)
     assert status == 1 and err.count("\n") == 1 and printed == "", err
-    assert err.startswith(f"error: --model {unnamed} (kiln_encoder) lacks weights its masked-LM model needs "
-                          "(mlm_head."), err  # fmt: skip
+    assert err.startswith(
+        f"error: --model {unnamed} (kiln_encoder) lacks weights its masked-LM model needs (mlm_head."
+    ), err
     # --from_scratch asks for random weights of its shape: not refused
-    status, _, _ = blimp_command(capsys, "--model", classifier, "--data", "data/blimp", "--pairs", 1,
-                                 "--paradigms", "wh_island", "--from_scratch")  # fmt: skip
+    status, _, _ = blimp_command(
+        capsys,
+        "--model",
+        classifier,
+        "--data",
+        "data/blimp",
+        "--pairs",
+        1,
+        "--paradigms",
+        "wh_island",
+        "--from_scratch",
+    )
     assert status == 0
 
 
@@ -413,8 +557,10 @@ def test_json_into_a_folder_that_cannot_take_it_is_refused_before_scoring(tmp_pa
 
     monkeypatch.setattr(pretrain.zero_shot.models, "load_model", never)
     missing = tmp_path / "missing" / "blimp.json"
-    said = (f"error: --json {missing}: its folder {missing.parent} does not exist; create it first or name "
-            "another file\n")
+    said = (
+        f"error: --json {missing}: its folder {missing.parent} does not exist; create it first or name "
+        "another file\n"
+    )
     model = ["--model", tmp_path / "model", "--data", "data/blimp"]
     assert blimp_command(capsys, *model, "--json", missing) == (1, "", said)
     status, _, err = blimp_command(capsys, *model, "--json", tmp_path)
@@ -440,8 +586,17 @@ def test_in_loop_blimp_on_two_processes_is_the_one_process_score_of_the_same_wei
     from kiln_testing import launch_two_processes
 
     out = tmp_path / "two"
-    done = launch_two_processes(out, "--eval.blimp", 3, "--training.max_steps", 2, "--training.eval_steps", 2,
-                                "--training.save_steps", 0)  # fmt: skip
+    done = launch_two_processes(
+        out,
+        "--eval.blimp",
+        3,
+        "--training.max_steps",
+        2,
+        "--training.eval_steps",
+        2,
+        "--training.save_steps",
+        0,
+    )
     two = final_blimp(out)
     assert f"eval/blimp {two:.4g}" in done.stdout + done.stderr
     model, tokenizer, _ = load_model(str(out / "final"))
@@ -455,21 +610,48 @@ def test_in_loop_blimp_of_a_decoder_is_the_command_s_score(tmp_path, capsys):
     from kiln_testing import DECODER, run
 
     out = tmp_path / "dec"
-    run(out, *DECODER, "--eval.blimp", 2, "--training.max_steps", 2, "--training.eval_steps", 2,
-        "--training.save_steps", 0)  # fmt: skip
-    status, _, _ = blimp_command(capsys, "--model", out / "final", "--data", "data/blimp", "--pairs", 2,
-                                 "--json", tmp_path / "dec.json")  # fmt: skip
+    run(
+        out,
+        *DECODER,
+        "--eval.blimp",
+        2,
+        "--training.max_steps",
+        2,
+        "--training.eval_steps",
+        2,
+        "--training.save_steps",
+        0,
+    )
+    status, _, _ = blimp_command(
+        capsys,
+        "--model",
+        out / "final",
+        "--data",
+        "data/blimp",
+        "--pairs",
+        2,
+        "--json",
+        tmp_path / "dec.json",
+    )
     assert status == 0 and final_blimp(out) == json.loads((tmp_path / "dec.json").read_text())["mean"]
 
 
 def test_in_loop_blimp_refuses_what_it_cannot_score_in_one_line(tmp_path, capsys):
     from kiln_testing import cli_in_process
 
-    status, err = cli_in_process(capsys, "--eval.blimp", 5, "--model.objective", "electra",
-                                 "--training.output_dir", tmp_path / "e")  # fmt: skip
+    status, err = cli_in_process(
+        capsys, "--eval.blimp", 5, "--model.objective", "electra", "--training.output_dir", tmp_path / "e"
+    )
     assert status != 0 and len(err) == 1 and "ELECTRA's discriminator has none" in err[0]
-    status, err = cli_in_process(capsys, "--eval.blimp", 5, "--eval.blimp_data", tmp_path / "none",
-                                 "--training.output_dir", tmp_path / "n")  # fmt: skip
+    status, err = cli_in_process(
+        capsys,
+        "--eval.blimp",
+        5,
+        "--eval.blimp_data",
+        tmp_path / "none",
+        "--training.output_dir",
+        tmp_path / "n",
+    )
     assert status != 0 and len(err) == 1 and "eval.blimp" in err[0] and "does not exist" in err[0]
     status, err = cli_in_process(capsys, "--eval.blimp", -1, "--training.output_dir", tmp_path / "m")
     assert status != 0 and len(err) == 1 and "eval.blimp must be" in err[0]
@@ -483,8 +665,16 @@ def test_the_blimp_table_of_results_md_is_the_records():
     """docs/results.md's BLiMP table is what experiments/blimp_results.py makes of docs/results/blimp.jsonl; each
     record's mean is the mean of its paradigms, and names a pretraining record of docs/results/runs.jsonl."""
     python("experiments/blimp_results.py", "update", "--check")
-    records = [json.loads(line) for line in (REPO / "docs/results/blimp.jsonl").read_text().splitlines() if line.strip()]
-    runs = {json.loads(line)["tag"] for line in (REPO / "docs/results/runs.jsonl").read_text().splitlines() if line.strip()}
+    records = [
+        json.loads(line)
+        for line in (REPO / "docs/results/blimp.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    runs = {
+        json.loads(line)["tag"]
+        for line in (REPO / "docs/results/runs.jsonl").read_text().splitlines()
+        if line.strip()
+    }
     assert records
     for record in records:
         assert len(record["paradigms"]) == 67 and len(record["phenomena"]) == 12, record["name"]
@@ -492,10 +682,14 @@ def test_the_blimp_table_of_results_md_is_the_records():
         if record["kind"] in ("unigram", "bigram"):  # word counts of a corpus, no model and no pretraining
             assert record["pretraining"] == "none" and "experiments/blimp_frequency.py" in record["command"]
         else:
-            assert record["pretraining"] in runs and "pretrain.zero_shot blimp" in record["command"], record["name"]
+            assert record["pretraining"] in runs and "pretrain.zero_shot blimp" in record["command"], record[
+                "name"
+            ]
     text = (REPO / "docs/results.md").read_text()
     latest = {record["name"]: record for record in records}  # a rerun of a name replaces its earlier record
     for record in latest.values():
         phenomena = 100 * sum(record["phenomena"].values()) / 12
-        assert f"| {100 * record['mean']:.1f} | {phenomena:.1f} | {record['pairs']:,} |" in text, record["name"]
+        assert f"| {100 * record['mean']:.1f} | {phenomena:.1f} | {record['pairs']:,} |" in text, record[
+            "name"
+        ]
     assert "| LSTM (paper) | | 69.8 |" in text and "| GPT-2 (124M, WebText) (paper) | | 83.0 |" in text

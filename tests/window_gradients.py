@@ -36,25 +36,35 @@ def fixed_examples(kind: str) -> list[dict[str, torch.Tensor]]:
             chosen = torch.randperm(length, generator=g)[: 1 + i % min(length, 9)]
             labels[chosen] = ids[chosen]
             masked = (ids * mask).masked_fill(labels != -100, 4)  # [MASK]
-            rows.append({
-                "input_ids": masked, "attention_mask": mask, "labels": labels,
-                "sampling_uniforms": torch.rand(LENGTH, generator=g),
-            })
+            rows.append(
+                {
+                    "input_ids": masked,
+                    "attention_mask": mask,
+                    "labels": labels,
+                    "sampling_uniforms": torch.rand(LENGTH, generator=g),
+                }
+            )
         elif kind == "encoder":
             labels = torch.full((LENGTH,), -100)
             chosen = torch.randperm(LENGTH, generator=g)[: 1 + i % 9]
             labels[chosen] = ids[chosen]
             masked = ids.clone()
             masked[chosen] = 4  # [MASK]
-            rows.append({
-                "input_ids": masked, "attention_mask": torch.ones(LENGTH, dtype=torch.long),
-                "token_type_ids": torch.zeros(LENGTH, dtype=torch.long), "labels": labels,
-                "next_sentence_label": torch.tensor(i % 2),
-            })
+            rows.append(
+                {
+                    "input_ids": masked,
+                    "attention_mask": torch.ones(LENGTH, dtype=torch.long),
+                    "token_type_ids": torch.zeros(LENGTH, dtype=torch.long),
+                    "labels": labels,
+                    "next_sentence_label": torch.tensor(i % 2),
+                }
+            )
         else:
             length = 3 + (i * 5) % (LENGTH - 2)
             mask = (torch.arange(LENGTH) < length).long()
-            rows.append({"input_ids": ids * mask, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)})
+            rows.append(
+                {"input_ids": ids * mask, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+            )
     return rows
 
 
@@ -77,38 +87,70 @@ def main(kind: str, accumulation: int, batch: int, out: str, end: bool = True) -
 
     training = TrainingConfig(
         output_dir=os.path.join(os.path.dirname(out), f"run-{os.path.basename(out)}"),
-        per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation, max_steps=1,
-        eval_steps=0, save_steps=0, max_grad_norm=0.0, warmup_steps=0, seed=0,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
+        max_steps=1,
+        eval_steps=0,
+        save_steps=0,
+        max_grad_norm=0.0,
+        warmup_steps=0,
+        seed=0,
     )
     logging_cfg = LoggingConfig(logging_steps=1, report_to="none")
     accelerator = start_run(training, logging_cfg)
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=LENGTH, pad_token_id=0)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=LENGTH,
+        pad_token_id=0,
+    )
     loss_weights = None
     if kind == "electra":
-        config = KilnEncoderConfig(**common, intermediate_size=64, hidden_dropout_prob=0.0,
-                                   attention_probs_dropout_prob=0.0, sparse_prediction=True, generator_size=0.5)
+        config = KilnEncoderConfig(
+            **common,
+            intermediate_size=64,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            sparse_prediction=True,
+            generator_size=0.5,
+        )
         model, loss_items = KilnEncoderForElectraPreTraining(config), ElectraCollator.loss_items
         loss_weights = {"rtd_loss": 50.0, "rtd_accuracy": 0.0}
     elif kind == "encoder":
-        config = KilnEncoderConfig(**common, intermediate_size=64, hidden_dropout_prob=0.0,
-                                   attention_probs_dropout_prob=0.0, chunked_mlm_loss=True)
+        config = KilnEncoderConfig(
+            **common,
+            intermediate_size=64,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            chunked_mlm_loss=True,
+        )
         model, loss_items = KilnEncoderForPreTraining(config), MLMCollator.loss_items
     else:
         config = KilnDecoderConfig(**common, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         model, loss_items = KilnDecoderForCausalLM(config), CLMCollator.loss_items
     examples = fixed_examples(kind)
     direct = {}
-    if kind == "electra":  # the model's own loss on all 8 (MLM + 50 x RTD): what the weighted step must follow
+    if (
+        kind == "electra"
+    ):  # the model's own loss on all 8 (MLM + 50 x RTD): what the weighted step must follow
         import copy
 
         reference = copy.deepcopy(model)
         reference(**stack(examples)).loss.backward()
         direct = {name: param.grad.detach().clone() for name, param in reference.named_parameters()}
-    trainer = Trainer(accelerator, model, training=training, logging_cfg=logging_cfg,
-                      train_dataset=lambda epoch: examples, collator=stack, loss_items=loss_items,
-                      loss_weights=loss_weights)
+    trainer = Trainer(
+        accelerator,
+        model,
+        training=training,
+        logging_cfg=logging_cfg,
+        train_dataset=lambda epoch: examples,
+        collator=stack,
+        loss_items=loss_items,
+        loss_weights=loss_weights,
+    )
     captured = {}
     inner = trainer.optimizer.optimizer
 

@@ -45,7 +45,7 @@ PREPARE_OPTIONS = (
     ("--shard_size_mb M", "float", "16",
      "text per shard: larger files are split into ranges of this size at document boundaries, smaller ones "
      "grouped"),
-)  # fmt: skip
+)
 """The options of `python -m pretrain.data prepare` besides the run config's: (flag, type, default, meaning)."""
 
 
@@ -365,7 +365,7 @@ def prepare_main(argv: list[str]) -> int:
         shard_mb, argv = _pop_value(argv, "--shard_size_mb")
         # --help and --print_config answer here, before the checks of the options of this command
         cfg = build_config(RunConfig, argv, prog="python -m pretrain.data prepare", description=PREPARE_DESCRIPTION,
-                           keys=PREPARE_KEYS, saves_config=False)  # fmt: skip
+                           keys=PREPARE_KEYS, saves_config=False)
         if not output:
             raise ConfigError("--output DIR is required: the folder to write the prepared corpus to")
         try:

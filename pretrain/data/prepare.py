@@ -664,7 +664,7 @@ def prepare(
         # a worker killed outright (the out-of-memory killer) breaks it with an error, where a Pool would replace
         # the worker and wait forever for the lost shard
         pool = ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=_one_thread_worker)  # fmt: skip
+                                   initializer=_one_thread_worker)
     try:
         clock.lap("start")
         hashing = [pool.submit(file_sha256, s.path) for s in all_sources] if pool else None
@@ -761,10 +761,10 @@ def stopped_message(err: BaseException, folder) -> str | None:
         return f"prepare: interrupted; {resume}"
     if isinstance(err, BrokenProcessPool):
         return (f"prepare: a worker process was killed (out of memory? try fewer --num_proc or a smaller "
-                f"--shard_size_mb); {resume}")  # fmt: skip
+                f"--shard_size_mb); {resume}")
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         return (f"prepare: no space left on the device of {folder} ({err.strerror}); free some space or prepare "
-                f"into another --output; {resume}")  # fmt: skip
+                f"into another --output; {resume}")
     return None
 
 

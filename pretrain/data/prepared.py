@@ -70,7 +70,7 @@ class PreparedCorpus:
         path = Path(resolve_path(folder))
         if (path / MANIFEST).is_file():
             manifest = _read_json(path / MANIFEST, folder, "delete it: training then merges the shards' .json "
-                                  "files, or run the same prepare command again")  # fmt: skip
+                                  "files, or run the same prepare command again")
         elif (path / PLAN).is_file():
             plan = _read_json(path / PLAN, folder, "run the same prepare command again")
             _check_names(path, folder, plan, PLAN,
@@ -136,7 +136,7 @@ class PreparedCorpus:
         for record, digest in zip(records, digests):
             if digest != record["sha256"]:
                 return (f"data.prepared {self.folder}: shard {record['file']} differs from the sha256 its manifest "
-                        "records (damaged on disk or in a copy); copy it again or prepare again")  # fmt: skip
+                        "records (damaged on disk or in a copy); copy it again or prepare again")
         return None
 
     @property
@@ -790,7 +790,7 @@ def build_prepared_data(
             folder = cache / f"pairs-{name}-{key}"
             with main_process_first(accelerator):
                 arrays, wrote = _cached_arrays(folder, _PLAN_ARRAYS, lambda sinks: plan_pools(
-                    index, documents, *settings[:3], settings[3], epoch, task, pool, sinks))  # fmt: skip
+                    index, documents, *settings[:3], settings[3], epoch, task, pool, sinks))
             if epoch != EVAL_EPOCH:
                 for old in written:  # a mapping of it (another process) stays valid
                     shutil.rmtree(old, ignore_errors=True)

@@ -50,6 +50,7 @@ def _choice(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"Unknown {name}={value!r}; use one of {tuple(allowed)}.")
 
+
 # LoRA's default target modules per model type, as PEFT keeps them for transformers' own models: the fused
 # query-key-value projection of every self-attention (GPT-2's `c_attn` default), and in the seq2seq model also the
 # decoder's cross-attention projections (`q`, `kv`)
@@ -104,8 +105,14 @@ def check_size(name: str, value, minimum: int = 1) -> None:
 # `sdpa` and `eager`, transformers' BlockMask for `flex_attention`
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 # the fields that size every Kiln model, each a whole number >= 1
-SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-               "max_position_embeddings")  # fmt: skip
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
 
 
 def check_attn_implementation(value, training_device: str | None = None, attention_dropout: float = 0.0):

@@ -155,7 +155,11 @@ def attend(module, query, key, value, attention_mask, is_causal, output_attentio
             f"output_attentions=True needs attn_implementation 'eager' or 'sdpa', not {implementation!r}; "
             "load the model with attn_implementation='eager' to read attention weights."
         )
-    if output_attentions or implementation in (None, "eager") or (cpu_dropout and module.fast_cpu_mask and own_masks):
+    if (
+        output_attentions
+        or implementation in (None, "eager")
+        or (cpu_dropout and module.fast_cpu_mask and own_masks)
+    ):
         attention_function = eager_attention_forward
     else:
         attention_function = ALL_ATTENTION_FUNCTIONS[implementation]
@@ -252,7 +256,9 @@ class KilnSelfAttention(nn.Module):
             query, key = self.normalize(query, key)
             if position_embeddings is not None:
                 query, key = apply_rotary_pos_emb(query, key, *position_embeddings[:2])
-            output, weights = attend(self, query, key, value, attention_mask, self.is_causal, output_attentions)
+            output, weights = attend(
+                self, query, key, value, attention_mask, self.is_causal, output_attentions
+            )
             return self.out(unpadded.unpad(output)), weights
         B, T, C = hidden_states.shape
         if query_states is None:
@@ -265,7 +271,9 @@ class KilnSelfAttention(nn.Module):
             query_width = self.num_heads * self.head_size
             q_weight, kv_weight = self.qkv.weight.split([query_width, self.qkv.out_features - query_width])
             bias = self.qkv.bias
-            q_bias, kv_bias = (None, None) if bias is None else bias.split([query_width, bias.shape[0] - query_width])
+            q_bias, kv_bias = (
+                (None, None) if bias is None else bias.split([query_width, bias.shape[0] - query_width])
+            )
             P = query_states.shape[1]
             query = F.linear(query_states, q_weight, q_bias).view(B, P, self.num_heads, -1).transpose(1, 2)
             kv = F.linear(hidden_states, kv_weight, kv_bias).view(B, T, -1, self.head_size).transpose(1, 2)
@@ -392,7 +400,9 @@ class KilnRotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, theta: float = 10000.0):
         super().__init__()
         if head_dim % 2:
-            raise ValueError(f"Rotary positions need an even head size, got {head_dim}; change hidden_size or heads.")
+            raise ValueError(
+                f"Rotary positions need an even head size, got {head_dim}; change hidden_size or heads."
+            )
         self.head_dim, self.theta = head_dim, theta
         self.register_buffer("inv_freq", rope_inverse_frequencies(head_dim, theta), persistent=False)
 
@@ -538,7 +548,9 @@ def document_mask(mask: torch.Tensor | None, documents: torch.Tensor, query_leng
     """A causal (+ padding) mask (B|1, 1, T, T), or None for plain causal, restricted to pairs of tokens of the
     same document: block-diagonal within each row. (B, 1, T, T) bool."""
     if mask is None:
-        mask = torch.ones(query_length, query_length, dtype=torch.bool, device=documents.device).tril()[None, None]
+        mask = torch.ones(query_length, query_length, dtype=torch.bool, device=documents.device).tril()[
+            None, None
+        ]
     same_document = documents[:, None, :, None] == documents[:, None, None, :]  # (B, 1, T, T)
     mask = mask & same_document
     return mask | ~mask.any(-1, keepdim=True)  # a row that sees nothing (padding) sees all, not NaN
@@ -557,7 +569,9 @@ def decoder_self_mask(config, inputs_embeds, attention_mask, cache, position_ids
     restriction; for the other kernels transformers' builder reads the same documents. (transformers also asks
     for no cache object, where Kiln asks for nothing cached: a model in eval mode builds an empty cache, and its
     packed evaluation batches stay masked apart.)"""
-    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() == 4):
+    if attention_mask is not None and (
+        not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() == 4
+    ):
         return attention_mask
     nothing_cached = isinstance(past_length, int) and past_length == 0
     packed = attention_mask is None and nothing_cached

@@ -65,7 +65,9 @@ def make_norm(config: KilnDecoderConfig) -> nn.Module:
 def make_mlp(config: KilnDecoderConfig) -> nn.Module:
     """The block's feed-forward, chosen by `config.mlp_type`: GPT-2's MLP or a gated one (Llama's SwiGLU)."""
     mlp_class = KilnGatedMLP if config.mlp_type == "glu" else KilnMLP
-    return mlp_class(config.hidden_size, config.intermediate_size, config.activation_function, bias=config.mlp_bias)
+    return mlp_class(
+        config.hidden_size, config.intermediate_size, config.activation_function, bias=config.mlp_bias
+    )
 
 
 class KilnDecoderLayer(GradientCheckpointingLayer):
@@ -91,7 +93,11 @@ class KilnDecoderLayer(GradientCheckpointingLayer):
         if config.add_cross_attention:
             self.cross_attention_norm = make_norm(config)
             self.cross_attention = KilnCrossAttention(
-                config, h, config.num_attention_heads, config.attn_pdrop, layer_idx=layer_idx,
+                config,
+                h,
+                config.num_attention_heads,
+                config.attn_pdrop,
+                layer_idx=layer_idx,
                 bias=config.attention_bias,
             )
         else:
@@ -191,7 +197,9 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
         super().__init__(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         if config.position_embedding_type == "rotary":
-            self.rotary_emb = KilnRotaryEmbedding(config.hidden_size // config.num_attention_heads, config.rope_theta)
+            self.rotary_emb = KilnRotaryEmbedding(
+                config.hidden_size // config.num_attention_heads, config.rope_theta
+            )
             self.embed_positions = self._rotary_positions
         else:
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
@@ -279,7 +287,9 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
             inputs_embeds = self.word_embeddings(input_ids)  # (B, T, C)
         T = inputs_embeds.shape[1]
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None and isinstance(past_length, torch.Tensor):  # a static cache counts on the device
+        if position_ids is None and isinstance(
+            past_length, torch.Tensor
+        ):  # a static cache counts on the device
             position_ids = (torch.arange(T, device=inputs_embeds.device) + past_length)[None]  # (1, T)
         hidden_states, position_embeddings = self.embed_positions(inputs_embeds, position_ids, past_length)
         if token_type_ids is not None:
@@ -291,7 +301,9 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
         )
         cross_mask = None
         if encoder_hidden_states is not None:
-            cross_mask = bidirectional_mask(config, hidden_states, encoder_attention_mask, encoder_hidden_states)
+            cross_mask = bidirectional_mask(
+                config, hidden_states, encoder_attention_mask, encoder_hidden_states
+            )
 
         all_hidden_states = () if output_hidden_states else None
         all_attentions = () if output_attentions else None
@@ -426,7 +438,9 @@ class KilnDecoderForCausalLM(KilnDecoderPreTrainedModel, GenerationMixin):
                 loss = F.cross_entropy(
                     logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
                 )
-        if loss is not None and num_items_in_batch is not None:  # mean over the scored tokens -> their sum / N
+        if (
+            loss is not None and num_items_in_batch is not None
+        ):  # mean over the scored tokens -> their sum / N
             scored = (targets != -100).sum()
             loss = loss * scored.to(loss.dtype) / torch.as_tensor(num_items_in_batch, device=loss.device)
         output = CausalLMOutputWithCrossAttentions(
@@ -493,14 +507,18 @@ class KilnDecoderForSequenceClassification(KilnDecoderPreTrainedModel):
                 "A batch of several sequences needs config.pad_token_id to find each one's last token; set it "
                 "(e.g. model.config.pad_token_id = tokenizer.pad_token_id)."
             )
-        if pad_token_id is None or input_ids is None:  # with inputs_embeds padding cannot be seen: read the end
+        if (
+            pad_token_id is None or input_ids is None
+        ):  # with inputs_embeds padding cannot be seen: read the end
             last_token = torch.full((batch_size,), -1, device=logits.device, dtype=torch.long)
         else:
             not_pad = (input_ids != pad_token_id).to(logits.device, torch.int32)
             positions = torch.arange(input_ids.shape[-1], device=logits.device, dtype=torch.int32)
             last_token = (positions * not_pad).argmax(-1)  # the rightmost non-padding token
         pooled_logits = logits[torch.arange(batch_size, device=logits.device), last_token]  # (B, num_labels)
-        loss = sequence_classification_loss(self.config, pooled_logits, labels) if labels is not None else None
+        loss = (
+            sequence_classification_loss(self.config, pooled_logits, labels) if labels is not None else None
+        )
         output = SequenceClassifierOutputWithPast(
             loss=loss,
             logits=pooled_logits,

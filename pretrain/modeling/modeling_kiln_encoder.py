@@ -90,7 +90,9 @@ class KilnEmbeddings(nn.Module):
             self.register_buffer("position_table", table, persistent=False)  # fixed, rebuilt on load
         # rotary: no table, the attention rotates queries and keys; type_vocab_size 0: no segment table, and
         # token_type_ids (which BERT tokenizers make) are ignored, as ModernBERT has none
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
+        )
         self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.norm_bias)
         self.dropout = KilnDropout(config.hidden_dropout_prob)
 
@@ -109,7 +111,9 @@ class KilnEmbeddings(nn.Module):
         table = getattr(self, "position_table", None)
         table = self.position_embeddings.weight if hasattr(self, "position_embeddings") else table
         if table is not None:
-            x = x + (table[:T] if position_ids is None else F.embedding(position_ids, table))  # (T, C) broadcasts
+            x = x + (
+                table[:T] if position_ids is None else F.embedding(position_ids, table)
+            )  # (T, C) broadcasts
         return self.dropout(self.layer_norm(x))
 
 
@@ -137,7 +141,9 @@ class KilnEncoderLayer(GradientCheckpointingLayer):
         )
         self.attention_norm = layer_norm(config)
         mlp_class = MLP_CLASSES[config.mlp_type]
-        self.mlp = mlp_class(config.hidden_size, config.intermediate_size, config.hidden_act, bias=config.mlp_bias)
+        self.mlp = mlp_class(
+            config.hidden_size, config.intermediate_size, config.hidden_act, bias=config.mlp_bias
+        )
         self.mlp_norm = layer_norm(config)
         self.dropout = KilnDropout(config.hidden_dropout_prob)
 
@@ -356,7 +362,9 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         self.embeddings = KilnEmbeddings(config)
         width = embedding_width(config)
         # embeddings narrower or wider than the blocks (ELECTRA's generator): one linear map to the hidden size
-        self.embeddings_project = nn.Linear(width, config.hidden_size) if width != config.hidden_size else None
+        self.embeddings_project = (
+            nn.Linear(width, config.hidden_size) if width != config.hidden_size else None
+        )
         layer_class = LAYER_CLASSES[config.norm_position]
         self.layers = nn.ModuleList(layer_class(config, i) for i in range(config.num_hidden_layers))
         self._no_split_modules = [layer_class.__name__]
@@ -367,7 +375,10 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
             head_size = config.hidden_size // config.num_attention_heads
             thetas = {"full_attention": config.rope_theta, "sliding_attention": config.local_rope_theta}
             self.rotary = nn.ModuleDict(
-                {kind: KilnRotaryEmbedding(head_size, thetas[kind]) for kind in sorted(set(config.layer_types))}
+                {
+                    kind: KilnRotaryEmbedding(head_size, thetas[kind])
+                    for kind in sorted(set(config.layer_types))
+                }
             )
         self.pooler = POOLER_CLASSES[config.classifier_head](config) if add_pooling_layer else None
         self.post_init()
@@ -448,11 +459,15 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, C)
         if self.embeddings_project is not None:
             hidden_states = self.embeddings_project(hidden_states)  # (B, T, E) -> (B, T, C)
-        mask = bidirectional_mask(self.config, hidden_states, attention_mask)  # None | (B, 1, 1, T) | BlockMask
+        mask = bidirectional_mask(
+            self.config, hidden_states, attention_mask
+        )  # None | (B, 1, 1, T) | BlockMask
         masks = {"full_attention": mask}
         if "sliding_attention" in self.config.layer_types:  # local blocks: (1|B, 1, T, T) window & padding
             window = self.config.sliding_window
-            masks["sliding_attention"] = sliding_window_mask(self.config, hidden_states, attention_mask, window)
+            masks["sliding_attention"] = sliding_window_mask(
+                self.config, hidden_states, attention_mask, window
+            )
         rotary = self._rotary(hidden_states, position_ids, query_positions)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
@@ -545,7 +560,11 @@ class _MaskedLMMixin:
         if output_hidden_states or (output_hidden_states is None and config.output_hidden_states):
             return None
         pooler = getattr(self.model, "pooler", None)
-        if pooler is not None and config.classifier_head == "transform" and config.classifier_pooling == "mean":
+        if (
+            pooler is not None
+            and config.classifier_head == "transform"
+            and config.classifier_pooling == "mean"
+        ):
             return None  # mean pooling reads every row of the last block; the head still runs on labelled rows only
         seq_len = labels.shape[1]
         needed = labels != -100
@@ -1037,7 +1056,11 @@ class KilnEncoderForReplacedTokenDetection(KilnEncoderPreTrainedModel):
         logits = self.discriminator_head(outputs.last_hidden_state)  # (B, T)
         loss = None
         if labels is not None:
-            active = attention_mask.bool() if attention_mask is not None else torch.ones_like(labels, dtype=torch.bool)
+            active = (
+                attention_mask.bool()
+                if attention_mask is not None
+                else torch.ones_like(labels, dtype=torch.bool)
+            )
             loss = F.binary_cross_entropy_with_logits(logits[active], labels[active].to(logits.dtype))
         output = KilnReplacedTokenDetectionOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
@@ -1120,7 +1143,10 @@ class KilnEncoderForElectraPreTraining(KilnEncoderPreTrainedModel):
         self.discriminator_weight = float(settings["discriminator_weight"])
         discriminator_config = _sub_config(config)
         hidden, heads, intermediate = electra_generator_shape(
-            config.hidden_size, config.num_attention_heads, config.intermediate_size, settings["generator_size"]
+            config.hidden_size,
+            config.num_attention_heads,
+            config.intermediate_size,
+            settings["generator_size"],
         )
         generator_config = _sub_config(
             config,

@@ -19,32 +19,65 @@ def blimp_parser() -> argparse.ArgumentParser:
     from kiln.cli import add_print_config
 
     parser = argparse.ArgumentParser(prog="python -m pretrain.zero_shot blimp", description=BLIMP_DESCRIPTION)
-    parser.add_argument("--model", required=True, metavar="MODEL",
-                        help="a saved model folder (e.g. runs/encoder-tiny/final) or a Hub id; Kiln or transformers")
-    parser.add_argument("--data", metavar="DIR", default=None,
-                        help="folder of BLiMP's <paradigm>.jsonl files, gzipped or not (default: the Hub dataset "
-                        "nyu-mll/blimp; the repository ships the first 50 pairs of each paradigm in data/blimp)")
-    parser.add_argument("--pairs", metavar="N", type=int, default=None,
-                        help="the first N pairs of every paradigm (default: all, 1,000 each)")
-    parser.add_argument("--paradigms", metavar="NAME", nargs="+", default=None,
-                        help="only these paradigms (default: all 67)")
-    parser.add_argument("--json", metavar="OUT", default=None,
-                        help="also write the accuracies as JSON to OUT (overall under `mean`)")
-    parser.add_argument("--kind", choices=("encoder", "decoder"), default=None,
-                        help="score as a masked LM (encoder) or causal LM (decoder); default: from the model's "
-                        "config.json")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="MODEL",
+        help="a saved model folder (e.g. runs/encoder-tiny/final) or a Hub id; Kiln or transformers",
+    )
+    parser.add_argument(
+        "--data",
+        metavar="DIR",
+        default=None,
+        help="folder of BLiMP's <paradigm>.jsonl files, gzipped or not (default: the Hub dataset "
+        "nyu-mll/blimp; the repository ships the first 50 pairs of each paradigm in data/blimp)",
+    )
+    parser.add_argument(
+        "--pairs",
+        metavar="N",
+        type=int,
+        default=None,
+        help="the first N pairs of every paradigm (default: all, 1,000 each)",
+    )
+    parser.add_argument(
+        "--paradigms", metavar="NAME", nargs="+", default=None, help="only these paradigms (default: all 67)"
+    )
+    parser.add_argument(
+        "--json",
+        metavar="OUT",
+        default=None,
+        help="also write the accuracies as JSON to OUT (overall under `mean`)",
+    )
+    parser.add_argument(
+        "--kind",
+        choices=("encoder", "decoder"),
+        default=None,
+        help="score as a masked LM (encoder) or causal LM (decoder); default: from the model's config.json",
+    )
     parser.add_argument("--revision", metavar="REV", default=None, help="Hub revision of --model")
-    parser.add_argument("--from_scratch", action="store_true",
-                        help="random weights with the shape and tokenizer of --model (drawn from --seed): the "
-                        "baseline that shows what pretraining taught")
+    parser.add_argument(
+        "--from_scratch",
+        action="store_true",
+        help="random weights with the shape and tokenizer of --model (drawn from --seed): the "
+        "baseline that shows what pretraining taught",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of --from_scratch's weights")
-    parser.add_argument("--pll", choices=("original", "word-l2r"), default="original",  # scoring.PLL_METRICS
-                        help="an encoder's pseudo-log-likelihood: `original` (each token masked alone, Salazar et "
-                        "al. 2020) or `word-l2r` (with the later tokens of its word, Kauf & Ivanova 2023: no bonus "
-                        "for words of many tokens)")
-    parser.add_argument("--batch_tokens", metavar="B", type=int, default=None,
-                        help="rows x longest length of one batch (default: 16384 for an encoder, whose rows are "
-                        "each sentence's masked copies; 8192 for a decoder)")
+    parser.add_argument(
+        "--pll",
+        choices=("original", "word-l2r"),
+        default="original",  # scoring.PLL_METRICS
+        help="an encoder's pseudo-log-likelihood: `original` (each token masked alone, Salazar et "
+        "al. 2020) or `word-l2r` (with the later tokens of its word, Kauf & Ivanova 2023: no bonus "
+        "for words of many tokens)",
+    )
+    parser.add_argument(
+        "--batch_tokens",
+        metavar="B",
+        type=int,
+        default=None,
+        help="rows x longest length of one batch (default: 16384 for an encoder, whose rows are "
+        "each sentence's masked copies; 8192 for a decoder)",
+    )
     add_print_config(parser)
     return parser
 
@@ -61,21 +94,34 @@ def blimp(argv: list[str]) -> None:
     try:
         if args.json:
             check_output_file(args.json, "--json")
-        check_model_source(args.model, args.revision, hub=False)  # a missing folder said before the data is read
+        check_model_source(
+            args.model, args.revision, hub=False
+        )  # a missing folder said before the data is read
         pairs = read_blimp(args.data, args.pairs, args.paradigms)
         say_short_paradigms(pairs, args.pairs)
-        model, tokenizer, kind = load_model(args.model, args.kind, args.revision, args.from_scratch, args.seed)
-        evaluation = BlimpEvaluation(pairs, tokenizer, kind, args.batch_tokens, max_input_length(model), args.pll)
+        model, tokenizer, kind = load_model(
+            args.model, args.kind, args.revision, args.from_scratch, args.seed
+        )
+        evaluation = BlimpEvaluation(
+            pairs, tokenizer, kind, args.batch_tokens, max_input_length(model), args.pll
+        )
     except ZeroShotError as err:
         sys.exit(f"error: {err}")
     start = time.perf_counter()
     result = evaluation.evaluate(model, progress=True)
     seconds = time.perf_counter() - start
     print(format_report(result))
-    print(f"\n{kind} {args.model}{' (random weights)' if args.from_scratch else ''}: {len(pairs):,} pairs in {seconds:.0f} s")
+    print(
+        f"\n{kind} {args.model}{' (random weights)' if args.from_scratch else ''}: {len(pairs):,} pairs in {seconds:.0f} s"
+    )
     if args.json:
-        facts = {"model": args.model, "kind": kind, "from_scratch": args.from_scratch, "seconds": round(seconds, 1),
-                 "pll": args.pll if kind == "encoder" else None}  # fmt: skip
+        facts = {
+            "model": args.model,
+            "kind": kind,
+            "from_scratch": args.from_scratch,
+            "seconds": round(seconds, 1),
+            "pll": args.pll if kind == "encoder" else None,
+        }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({**result, **facts}, f, indent=1)
             f.write("\n")
@@ -92,8 +138,11 @@ def say_short_paradigms(pairs, asked: int | None) -> None:
     short = {name: count for name, count in counts.items() if count < asked}
     if short:
         most = max(short.values())
-        print(f"note: --pairs {asked}: {len(short)} of {len(counts)} paradigms hold fewer pairs (at most {most}); "
-              f"scoring the {len(pairs):,} pairs there are", file=sys.stderr)
+        print(
+            f"note: --pairs {asked}: {len(short)} of {len(counts)} paradigms hold fewer pairs (at most {most}); "
+            f"scoring the {len(pairs):,} pairs there are",
+            file=sys.stderr,
+        )
 
 
 def check_output_file(path: str, option: str) -> None:
@@ -120,10 +169,14 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
         if argv and argv[0] in ("-h", "--help"):
-            print("usage: python -m pretrain.zero_shot blimp --help\n\nZero-shot evaluation of pretrained models. "
-                  "Commands: blimp (BLiMP's minimal pairs). Guide: docs/zero-shot.md.")  # fmt: skip
+            print(
+                "usage: python -m pretrain.zero_shot blimp --help\n\nZero-shot evaluation of pretrained models. "
+                "Commands: blimp (BLiMP's minimal pairs). Guide: docs/zero-shot.md."
+            )
             return
-        sys.exit("error: name a task: python -m pretrain.zero_shot blimp --model FOLDER_OR_HUB_ID (see --help)")
+        sys.exit(
+            "error: name a task: python -m pretrain.zero_shot blimp --model FOLDER_OR_HUB_ID (see --help)"
+        )
     COMMANDS[argv[0]](argv[1:])
 
 

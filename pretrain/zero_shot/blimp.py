@@ -26,28 +26,72 @@ from .scoring import SentenceScorer, ZeroShotError
 HUB_DATASET = "nyu-mll/blimp"
 
 PARADIGMS = (
-    "adjunct_island", "anaphor_gender_agreement", "anaphor_number_agreement", "animate_subject_passive",
-    "animate_subject_trans", "causative", "complex_NP_island",
-    "coordinate_structure_constraint_complex_left_branch", "coordinate_structure_constraint_object_extraction",
-    "determiner_noun_agreement_1", "determiner_noun_agreement_2", "determiner_noun_agreement_irregular_1",
-    "determiner_noun_agreement_irregular_2", "determiner_noun_agreement_with_adj_2",
-    "determiner_noun_agreement_with_adj_irregular_1", "determiner_noun_agreement_with_adj_irregular_2",
-    "determiner_noun_agreement_with_adjective_1", "distractor_agreement_relational_noun",
-    "distractor_agreement_relative_clause", "drop_argument", "ellipsis_n_bar_1", "ellipsis_n_bar_2",
-    "existential_there_object_raising", "existential_there_quantifiers_1", "existential_there_quantifiers_2",
-    "existential_there_subject_raising", "expletive_it_object_raising", "inchoative", "intransitive",
-    "irregular_past_participle_adjectives", "irregular_past_participle_verbs",
-    "irregular_plural_subject_verb_agreement_1", "irregular_plural_subject_verb_agreement_2",
-    "left_branch_island_echo_question", "left_branch_island_simple_question",
-    "matrix_question_npi_licensor_present", "npi_present_1", "npi_present_2", "only_npi_licensor_present",
-    "only_npi_scope", "passive_1", "passive_2", "principle_A_c_command", "principle_A_case_1",
-    "principle_A_case_2", "principle_A_domain_1", "principle_A_domain_2", "principle_A_domain_3",
-    "principle_A_reconstruction", "regular_plural_subject_verb_agreement_1",
-    "regular_plural_subject_verb_agreement_2", "sentential_negation_npi_licensor_present",
-    "sentential_negation_npi_scope", "sentential_subject_island", "superlative_quantifiers_1",
-    "superlative_quantifiers_2", "tough_vs_raising_1", "tough_vs_raising_2", "transitive", "wh_island",
-    "wh_questions_object_gap", "wh_questions_subject_gap", "wh_questions_subject_gap_long_distance",
-    "wh_vs_that_no_gap", "wh_vs_that_no_gap_long_distance", "wh_vs_that_with_gap",
+    "adjunct_island",
+    "anaphor_gender_agreement",
+    "anaphor_number_agreement",
+    "animate_subject_passive",
+    "animate_subject_trans",
+    "causative",
+    "complex_NP_island",
+    "coordinate_structure_constraint_complex_left_branch",
+    "coordinate_structure_constraint_object_extraction",
+    "determiner_noun_agreement_1",
+    "determiner_noun_agreement_2",
+    "determiner_noun_agreement_irregular_1",
+    "determiner_noun_agreement_irregular_2",
+    "determiner_noun_agreement_with_adj_2",
+    "determiner_noun_agreement_with_adj_irregular_1",
+    "determiner_noun_agreement_with_adj_irregular_2",
+    "determiner_noun_agreement_with_adjective_1",
+    "distractor_agreement_relational_noun",
+    "distractor_agreement_relative_clause",
+    "drop_argument",
+    "ellipsis_n_bar_1",
+    "ellipsis_n_bar_2",
+    "existential_there_object_raising",
+    "existential_there_quantifiers_1",
+    "existential_there_quantifiers_2",
+    "existential_there_subject_raising",
+    "expletive_it_object_raising",
+    "inchoative",
+    "intransitive",
+    "irregular_past_participle_adjectives",
+    "irregular_past_participle_verbs",
+    "irregular_plural_subject_verb_agreement_1",
+    "irregular_plural_subject_verb_agreement_2",
+    "left_branch_island_echo_question",
+    "left_branch_island_simple_question",
+    "matrix_question_npi_licensor_present",
+    "npi_present_1",
+    "npi_present_2",
+    "only_npi_licensor_present",
+    "only_npi_scope",
+    "passive_1",
+    "passive_2",
+    "principle_A_c_command",
+    "principle_A_case_1",
+    "principle_A_case_2",
+    "principle_A_domain_1",
+    "principle_A_domain_2",
+    "principle_A_domain_3",
+    "principle_A_reconstruction",
+    "regular_plural_subject_verb_agreement_1",
+    "regular_plural_subject_verb_agreement_2",
+    "sentential_negation_npi_licensor_present",
+    "sentential_negation_npi_scope",
+    "sentential_subject_island",
+    "superlative_quantifiers_1",
+    "superlative_quantifiers_2",
+    "tough_vs_raising_1",
+    "tough_vs_raising_2",
+    "transitive",
+    "wh_island",
+    "wh_questions_object_gap",
+    "wh_questions_subject_gap",
+    "wh_questions_subject_gap_long_distance",
+    "wh_vs_that_no_gap",
+    "wh_vs_that_no_gap_long_distance",
+    "wh_vs_that_with_gap",
     "wh_vs_that_with_gap_long_distance",
 )
 """The 67 paradigms, as BLiMP names its files and the Hub dataset its configurations."""
@@ -67,8 +111,9 @@ class MinimalPair:
     bad: str
 
 
-def read_blimp(data: str | os.PathLike | None, pairs: int | None = None,
-               paradigms: Sequence[str] | None = None) -> list[MinimalPair]:  # fmt: skip
+def read_blimp(
+    data: str | os.PathLike | None, pairs: int | None = None, paradigms: Sequence[str] | None = None
+) -> list[MinimalPair]:
     """The first `pairs` pairs (None: all) of each paradigm (None: every paradigm found), from the folder `data`
     or, when `data` is None, from the Hub dataset."""
     if pairs is not None and pairs <= 0:
@@ -79,8 +124,10 @@ def read_blimp(data: str | os.PathLike | None, pairs: int | None = None,
     wanted = list(paradigms) if paradigms else sorted(files)
     missing = [name for name in wanted if name not in files]
     if missing:
-        raise ZeroShotError(f"BLiMP folder {data} has no {missing[0]}.jsonl(.gz); pick paradigms among {len(files)} "
-                         f"found there (e.g. {sorted(files)[0]})")  # fmt: skip
+        raise ZeroShotError(
+            f"BLiMP folder {data} has no {missing[0]}.jsonl(.gz); pick paradigms among {len(files)} "
+            f"found there (e.g. {sorted(files)[0]})"
+        )
     found: list[MinimalPair] = []
     for name in wanted:
         found += _read_paradigm_file(files[name], name, pairs)
@@ -91,9 +138,14 @@ def blimp_files(data: str | os.PathLike) -> dict[str, Path]:
     """Paradigm -> its file in the folder `data`'s `data/` subfolder when that holds any, else in `data`."""
     folder = Path(data)
     if not folder.is_dir():
-        raise ZeroShotError(f"BLiMP folder {data} does not exist; point --data at a folder of BLiMP's "
-                         "<paradigm>.jsonl files (gzipped or not)")  # fmt: skip
-    for place in (folder / "data", folder):  # BLiMP's repository keeps them in data/, beside other JSONL files
+        raise ZeroShotError(
+            f"BLiMP folder {data} does not exist; point --data at a folder of BLiMP's "
+            "<paradigm>.jsonl files (gzipped or not)"
+        )
+    for place in (
+        folder / "data",
+        folder,
+    ):  # BLiMP's repository keeps them in data/, beside other JSONL files
         files: dict[str, Path] = {}
         for path in sorted(place.glob("*.jsonl*")):
             name = path.name.removesuffix(".gz").removesuffix(".jsonl")
@@ -101,8 +153,10 @@ def blimp_files(data: str | os.PathLike) -> dict[str, Path]:
                 files.setdefault(name, path)
         if files:
             return files
-    raise ZeroShotError(f"BLiMP folder {data} holds no <paradigm>.jsonl(.gz) files (nor does its data/); point --data "
-                     "at BLiMP's data folder")  # fmt: skip
+    raise ZeroShotError(
+        f"BLiMP folder {data} holds no <paradigm>.jsonl(.gz) files (nor does its data/); point --data "
+        "at BLiMP's data folder"
+    )
 
 
 def _read_paradigm_file(path: Path, paradigm: str, pairs: int | None) -> list[MinimalPair]:
@@ -116,8 +170,9 @@ def _read_paradigm_file(path: Path, paradigm: str, pairs: int | None) -> list[Mi
                 if line.strip():
                     found.append(_pair(json.loads(line), paradigm, f"{path.name} line {number}"))
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ZeroShotError(f"cannot read {path.name}: {str(err).splitlines()[0][:200]}; is it one of BLiMP's "
-                         "JSONL files?") from None  # fmt: skip
+        raise ZeroShotError(
+            f"cannot read {path.name}: {str(err).splitlines()[0][:200]}; is it one of BLiMP's JSONL files?"
+        ) from None
     if not found:
         raise ZeroShotError(f"{path.name} holds no minimal pairs")
     return found
@@ -125,11 +180,15 @@ def _read_paradigm_file(path: Path, paradigm: str, pairs: int | None) -> list[Mi
 
 def _pair(row, paradigm: str, where: str) -> MinimalPair:
     if not isinstance(row, dict):
-        raise ZeroShotError(f"{where} is not a JSON object; BLiMP's lines hold sentence_good, sentence_bad, ...")
+        raise ZeroShotError(
+            f"{where} is not a JSON object; BLiMP's lines hold sentence_good, sentence_bad, ..."
+        )
     for key in ("sentence_good", "sentence_bad", "linguistics_term"):
         if not isinstance(row.get(key), str) or not row[key].strip():
-            raise ZeroShotError(f"{where} has no text in {key}; BLiMP's lines hold sentence_good, sentence_bad and "
-                             "linguistics_term")  # fmt: skip
+            raise ZeroShotError(
+                f"{where} has no text in {key}; BLiMP's lines hold sentence_good, sentence_bad and "
+                "linguistics_term"
+            )
     phenomenon = PAPER_PHENOMENA.get(row["linguistics_term"], row["linguistics_term"])
     return MinimalPair(paradigm, phenomenon, row["sentence_good"], row["sentence_bad"])
 
@@ -143,8 +202,10 @@ def _read_hub(pairs: int | None, paradigms: Sequence[str] | None) -> list[Minima
             rows = load_dataset(HUB_DATASET, name, split="train" if pairs is None else f"train[:{pairs}]")
         except Exception as err:  # offline, not found, no access: the same fix
             message = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            raise ZeroShotError(f"cannot load the Hub dataset {HUB_DATASET} ({name}): {message}; pass --data, a folder "
-                             "of BLiMP's <paradigm>.jsonl files (gzipped or not)") from None  # fmt: skip
+            raise ZeroShotError(
+                f"cannot load the Hub dataset {HUB_DATASET} ({name}): {message}; pass --data, a folder "
+                "of BLiMP's <paradigm>.jsonl files (gzipped or not)"
+            ) from None
         found += [_pair(row, name, f"{HUB_DATASET} {name} row {i}") for i, row in enumerate(rows)]
     return found
 
@@ -177,8 +238,15 @@ class BlimpEvaluation:
     """The pairs, tokenized once for a model's tokenizer; `evaluate(model)` scores them all (on every process of
     `accelerator`, each taking its share of the batches) and returns `blimp_accuracies`'s dict on every process."""
 
-    def __init__(self, pairs: Sequence[MinimalPair], tokenizer, kind: str, budget: int | None = None,
-                 max_length: int | None = None, pll: str = "original"):  # fmt: skip
+    def __init__(
+        self,
+        pairs: Sequence[MinimalPair],
+        tokenizer,
+        kind: str,
+        budget: int | None = None,
+        max_length: int | None = None,
+        pll: str = "original",
+    ):
         if not pairs:
             raise ZeroShotError("no BLiMP pairs to evaluate")
         self.pairs = list(pairs)
@@ -188,7 +256,9 @@ class BlimpEvaluation:
     @torch.no_grad()
     def scores(self, model, accelerator=None, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(good, bad) float64 scores of every pair, the same on every process; `progress`: a progress bar."""
-        rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
+        rank, world = (
+            (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
+        )
         scores = self.scorer.score(model, self.encoded, rank, world, progress=progress and rank == 0)
         if world > 1:  # each sentence was scored by one process: the sum is its score, exactly
             scores = accelerator.reduce(scores.to(accelerator.device), reduction="sum").cpu()
@@ -215,22 +285,37 @@ def lm_eval_group(files: dict[str, str], group: str, header: str = "") -> str:
     lines = [header.rstrip("\n")] if header else []
     lines += [f"group: {group}", "task:"]
     for name, path in sorted(files.items()):
-        lines.append(f"  - {{task: blimp_{name}, dataset_path: json, dataset_name: null, "
-                     f"dataset_kwargs: {{data_files: {{train: {path}}}}}}}")  # fmt: skip
-    lines += ["aggregate_metric_list:", "  - metric: acc", "    aggregation: mean", "    weight_by_size: false",
-              "metadata:", "  version: 1.0"]  # fmt: skip
+        lines.append(
+            f"  - {{task: blimp_{name}, dataset_path: json, dataset_name: null, "
+            f"dataset_kwargs: {{data_files: {{train: {path}}}}}}}"
+        )
+    lines += [
+        "aggregate_metric_list:",
+        "  - metric: acc",
+        "    aggregation: mean",
+        "    weight_by_size: false",
+        "metadata:",
+        "  version: 1.0",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def format_report(result: dict) -> str:
     """Overall, per-phenomenon and per-paradigm accuracy as plain text tables."""
-    lines = [f"BLiMP: {100 * result['mean']:.1f} (mean over {len(result['paradigms'])} paradigms; "
-             f"{result['correct']:,} of {result['pairs']:,} pairs right)",
-             f"BLiMP, mean over {len(result['phenomena'])} phenomena (BabyLM's summary): "
-             f"{100 * result['phenomena_mean']:.1f}", "", "phenomenon".ljust(28) + "accuracy"]  # fmt: skip
+    lines = [
+        f"BLiMP: {100 * result['mean']:.1f} (mean over {len(result['paradigms'])} paradigms; "
+        f"{result['correct']:,} of {result['pairs']:,} pairs right)",
+        f"BLiMP, mean over {len(result['phenomena'])} phenomena (BabyLM's summary): "
+        f"{100 * result['phenomena_mean']:.1f}",
+        "",
+        "phenomenon".ljust(28) + "accuracy",
+    ]
     lines += [f"{name:<28}{100 * value:8.1f}" for name, value in result["phenomena"].items()]
     lines += ["", "paradigm".ljust(56) + "pairs  accuracy"]
-    lines += [f"{name:<56}{entry['pairs']:5d}{100 * entry['accuracy']:10.1f}" for name, entry in result["paradigms"].items()]
+    lines += [
+        f"{name:<56}{entry['pairs']:5d}{100 * entry['accuracy']:10.1f}"
+        for name, entry in result["paradigms"].items()
+    ]
     return "\n".join(lines)
 
 

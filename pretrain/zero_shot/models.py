@@ -73,8 +73,9 @@ def check_model_source(spec: str, revision: str | None = None, hub: bool = True)
         raise ZeroShotError(problem)
 
 
-def load_model(spec: str, kind: str | None = None, revision: str | None = None, from_scratch: bool = False,
-               seed: int = 0):  # fmt: skip
+def load_model(
+    spec: str, kind: str | None = None, revision: str | None = None, from_scratch: bool = False, seed: int = 0
+):
     """(model in eval mode, tokenizer, kind) for the folder or Hub id `spec`; `from_scratch`: its shape and
     tokenizer with weights drawn from `seed` (the baseline that shows what pretraining taught). Without
     `from_scratch`, a folder whose weights lack the scoring head (or any weight the model needs) is refused."""
@@ -85,21 +86,31 @@ def load_model(spec: str, kind: str | None = None, revision: str | None = None, 
 
     check_model_source(spec, revision)
     if os.path.isdir(spec) and not os.path.isfile(os.path.join(spec, "config.json")):
-        hint = f"; point --model at the model inside: {spec.rstrip('/')}/final" if os.path.isdir(os.path.join(spec, "final")) else ""
+        hint = (
+            f"; point --model at the model inside: {spec.rstrip('/')}/final"
+            if os.path.isdir(os.path.join(spec, "final"))
+            else ""
+        )
         raise ZeroShotError(f"--model {spec} holds no config.json, so it is not a saved model{hint}")
     try:
         config = read_model_config(spec, revision)
     except OSError as err:
-        raise ZeroShotError(f"--model {spec}: cannot load a model from it ({err}); point it at a saved model folder "
-                         "or a Hub id") from None  # fmt: skip
+        raise ZeroShotError(
+            f"--model {spec}: cannot load a model from it ({err}); point it at a saved model folder "
+            "or a Hub id"
+        ) from None
     if not from_scratch:
         check_scoring_head(spec, config)
     found = model_kind(config)
     kind = kind or found
     if kind is None:
-        raise ZeroShotError(f"--model {spec} is a {config.get('model_type')} model with no masked-LM or causal-LM head "
-                         "that Kiln can tell; pass --kind encoder or --kind decoder")  # fmt: skip
-    kiln_class = {"kiln_encoder": KilnEncoderForMaskedLM, "kiln_decoder": KilnDecoderForCausalLM}.get(config.get("model_type"))
+        raise ZeroShotError(
+            f"--model {spec} is a {config.get('model_type')} model with no masked-LM or causal-LM head "
+            "that Kiln can tell; pass --kind encoder or --kind decoder"
+        )
+    kiln_class = {"kiln_encoder": KilnEncoderForMaskedLM, "kiln_decoder": KilnDecoderForCausalLM}.get(
+        config.get("model_type")
+    )
     auto_class = AutoModelForMaskedLM if kind == "encoder" else AutoModelForCausalLM
     info = {}
     try:
@@ -112,8 +123,9 @@ def load_model(spec: str, kind: str | None = None, revision: str | None = None, 
             elif kiln_class is not None:
                 model, info = kiln_class.from_pretrained(spec, revision=revision, output_loading_info=True)
             else:
-                model, info = auto_class.from_pretrained(spec, revision=revision, trust_remote_code=False,
-                                                         output_loading_info=True)  # fmt: skip
+                model, info = auto_class.from_pretrained(
+                    spec, revision=revision, trust_remote_code=False, output_loading_info=True
+                )
     except (OSError, ValueError, KeyError) as err:
         message = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise ZeroShotError(f"--model {spec}: cannot load it as a {kind} ({message})") from None

@@ -84,7 +84,12 @@ def _model_device(model) -> torch.device:
 
 @torch.no_grad()
 def causal_log_likelihoods(
-    model, encoded: EncodedSentences, max_length: int, budget: int = 8192, rank: int = 0, world: int = 1,
+    model,
+    encoded: EncodedSentences,
+    max_length: int,
+    budget: int = 8192,
+    rank: int = 0,
+    world: int = 1,
     progress: bool = False,
 ) -> torch.Tensor:
     """(N,) float64: log P(sentence tokens | context) of each sentence this process scores (batches b with
@@ -94,7 +99,9 @@ def causal_log_likelihoods(
     for context, ids in zip(encoded.context, encoded.ids):
         whole = (context + ids)[-(max_length + 1) :]
         inputs.append(whole[:-1])
-        targets.append(whole[len(whole) - min(len(ids), len(whole) - 1) :])  # the sentence's tokens still in it
+        targets.append(
+            whole[len(whole) - min(len(ids), len(whole) - 1) :]
+        )  # the sentence's tokens still in it
     scores = torch.zeros(len(encoded), dtype=torch.float64)
     batches = plan_batches([(1, len(row)) for row in inputs], budget)
     for batch in with_progress(batches[rank::world], [(1, len(row)) for row in inputs], progress):
@@ -116,7 +123,12 @@ def causal_log_likelihoods(
 
 @torch.no_grad()
 def pseudo_log_likelihoods(
-    model, encoded: EncodedSentences, mask_token_id: int, budget: int = 16384, rank: int = 0, world: int = 1,
+    model,
+    encoded: EncodedSentences,
+    mask_token_id: int,
+    budget: int = 16384,
+    rank: int = 0,
+    world: int = 1,
     progress: bool = False,
 ) -> torch.Tensor:
     """(N,) float64: the pseudo-log-likelihood of each sentence this process scores (batches b with b % world ==
@@ -144,7 +156,9 @@ def pseudo_log_likelihoods(
                 for q in encoded.with_masked[i][p]:
                     input_ids[row, q] = mask_token_id
             labels[row, p] = ids[p]
-        logits = _masked_logits(model, input_ids.to(device), attention.to(device), labels.to(device))  # (M, V)
+        logits = _masked_logits(
+            model, input_ids.to(device), attention.to(device), labels.to(device)
+        )  # (M, V)
         log_probs = F.log_softmax(logits.float(), dim=-1).cpu()
         picked = log_probs.gather(-1, labels[labels != -100][:, None])[:, 0].double()  # row order
         owner = torch.tensor([i for i, _ in rows])
@@ -161,7 +175,9 @@ def _masked_logits(model, input_ids, attention_mask, labels) -> torch.Tensor:
         outputs = model(input_ids=input_ids, attention_mask=attention_mask)
         logits = outputs["prediction_logits"] if "prediction_logits" in outputs else outputs["logits"]
         return logits[labels != -100]
-    config.sparse_prediction = True  # only the labelled rows through the last block and the vocabulary projection
+    config.sparse_prediction = (
+        True  # only the labelled rows through the last block and the vocabulary projection
+    )
     try:
         outputs = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
     finally:
@@ -173,8 +189,14 @@ class SentenceScorer:
     """Scores sentences with a causal LM (kind `decoder`) or a masked LM (kind `encoder`): `encode` once with the
     model's tokenizer, then `score` with the model (the same tokens at every evaluation of a training run)."""
 
-    def __init__(self, tokenizer, kind: str, budget: int | None = None, max_length: int | None = None,
-                 pll: str = "original"):  # fmt: skip
+    def __init__(
+        self,
+        tokenizer,
+        kind: str,
+        budget: int | None = None,
+        max_length: int | None = None,
+        pll: str = "original",
+    ):
         if kind not in ("encoder", "decoder"):
             raise ValueError(f"kind must be 'encoder' or 'decoder', got {kind!r}")
         if pll not in PLL_METRICS:
@@ -198,8 +220,12 @@ class SentenceScorer:
             prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
             ids, context = [], []
             for sentence in sentences:
-                tokens = tokenizer.encode(TARGET_DELIMITER + sentence, add_special_tokens=False, verbose=False)
-                if tokens and tokens[0] == prefix:  # lm-eval: the continuation's own first token is the context
+                tokens = tokenizer.encode(
+                    TARGET_DELIMITER + sentence, add_special_tokens=False, verbose=False
+                )
+                if (
+                    tokens and tokens[0] == prefix
+                ):  # lm-eval: the continuation's own first token is the context
                     context.append(tokens[:1])
                     ids.append(tokens[1:])
                 else:
@@ -216,10 +242,16 @@ class SentenceScorer:
             with_masked = []
             for encoding, flags in zip(encodings, scored):
                 words = encoding.word_ids()
-                with_masked.append([
-                    [q for q in range(p + 1, len(words)) if flags[q] and words[q] is not None and words[q] == words[p]]
-                    for p in range(len(words))
-                ])  # fmt: skip
+                with_masked.append(
+                    [
+                        [
+                            q
+                            for q in range(p + 1, len(words))
+                            if flags[q] and words[q] is not None and words[q] == words[p]
+                        ]
+                        for p in range(len(words))
+                    ]
+                )
         return EncodedSentences(ids=ids, context=[[] for _ in ids], scored=scored, with_masked=with_masked)
 
     def score(
@@ -256,7 +288,9 @@ def max_input_length(model) -> int:
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
 
 
-def score_sentences(model, tokenizer, kind: str, sentences: Sequence[str], pll: str = "original") -> list[float]:
+def score_sentences(
+    model, tokenizer, kind: str, sentences: Sequence[str], pll: str = "original"
+) -> list[float]:
     """Each sentence's score (decoder: log-probability; encoder: pseudo-log-likelihood, `pll` as
     `SentenceScorer` takes it), on this process."""
     scorer = SentenceScorer(tokenizer, kind, pll=pll)
