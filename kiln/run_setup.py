@@ -251,19 +251,30 @@ def resolve_batch_size(training: TrainingConfig, num_processes: int) -> None:
     training.per_device_train_batch_size = total // parts
 
 
-def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerator:
-    """What every Kiln entry point does first: the Accelerator, the per-device batch size derived from
+def start_run(
+    training: TrainingConfig, logging_cfg: LoggingConfig, model_width: int | None = None
+) -> Accelerator:
+    """What every Kiln entry point does first: the precision (`kiln.precision`: bf16 by default on a CPU with bf16
+    units for a model of `model_width` wide enough), the Accelerator, the per-device batch size derived from
     total_train_batch_size, the engine aligned with Kiln's settings, the log format (main process at INFO), and
     the seed."""
     from accelerate.utils import set_seed
 
+    from .checkpoint_config import saved_run_config
     from .elastic import adapt_to_world_size, launched_processes
+    from .precision import choose_precision, cpu_bf16_units, trains_on_cpu
 
     resume = training.resume_from_checkpoint
     local = resume and not resume.startswith("hub:")
     checkpoint = resolve_checkpoint(resume, training.output_dir, quiet=True) if local else None
     # before the Accelerator is built: it takes the accumulation count a resume on another world size needs
     elastic = adapt_to_world_size(training, launched_processes(), checkpoint)
+    saved = saved_run_config(checkpoint) if checkpoint else None
+    precision, precision_line, slow = choose_precision(
+        training.mixed_precision, model_width, saved, trains_on_cpu(), cpu_bf16_units()
+    )
+    if precision is not None:
+        training.mixed_precision = precision
     accelerator = build_accelerator(training, logging_cfg)
     check_launch(accelerator, launched_processes())
     resolve_batch_size(training, accelerator.num_processes)
@@ -275,6 +286,8 @@ def start_run(training: TrainingConfig, logging_cfg: LoggingConfig) -> Accelerat
     )
     if elastic and accelerator.is_main_process:
         logger.warning(elastic)
+    if precision_line and accelerator.is_main_process:
+        (logger.warning if slow else logger.info)(precision_line)
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file checkpoint chatter
     quiet_tied_weight_warning()
     set_seed(training.seed)

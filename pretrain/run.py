@@ -292,7 +292,8 @@ def check_init_from(model) -> None:
     is imported or run here (a non-Kiln checkpoint with code of its own is refused unless model.trust_remote_code).
     A transformers BERT / ELECTRA (encoder) or GPT-2 (decoder) checkpoint is converted to Kiln (`start_folder`)."""
     from kiln.model_files import carries_code, read_model_config
-    from pretrain.convert import check_start_weights, convert_first_advice, convertible
+    from pretrain.convert import convert_first_advice, convertible
+    from pretrain.model_gate import check_model_folder
 
     try:
         found = read_model_config(model.init_from)
@@ -304,10 +305,11 @@ def check_init_from(model) -> None:
         ) from None
     expected_type = "kiln_encoder" if model.kind == "encoder" else "kiln_decoder"
     found_type = found.get("model_type")
-    if model.trust_remote_code and carries_code(found):
-        return
-    if found_type == expected_type:  # its config against its weights' header (a folder's or a Hub repo's)
-        check_start_weights(model.init_from, "--model.init_from", found, model.init_from)
+    if (
+        convertible(found) is None
+    ):  # the model gate (one converted on the way in passes it there: start_folder)
+        check_model_folder(model.init_from, "--model.init_from", found)
+    if (model.trust_remote_code and carries_code(found)) or found_type == expected_type:
         return
     kinds = {"kiln_encoder": ("a Kiln encoder", "encoder"), "kiln_decoder": ("a Kiln decoder", "decoder")}
     family = convertible(found)
@@ -511,6 +513,8 @@ def run_pretraining(config: RunConfig, card_summary: dict | None = None):
         build=partial(build_run, config, card_summary=card_summary),
         metadata={"model_kind": config.model.kind, "objective": config.model.objective},
         output_before_build=True,  # the tokenizer is trained into output_dir/tokenizer
+        # a model drawn from this config has its width known now; one started from weights learns it at the build
+        model_width=None if config.model.init_from else config.model.hidden_size,
     )
     return run_job(job).state
 
@@ -583,7 +587,7 @@ def blimp_evaluation(config: RunConfig, tokenizer, model, accelerator):
 def build_inputs(config: RunConfig, accelerator, out):
     """The tokenizer (trained or reused), the model and the examples of a run."""
     from kiln.nodes import writes_run_files
-    from kiln.run_folder import record_files
+    from kiln.run_folder import record_files, staged_run_folder
     from pretrain.data import build_pretraining_data, padded_vocab_size, prepare_tokenizer
 
     corpus = None
@@ -597,7 +601,12 @@ def build_inputs(config: RunConfig, accelerator, out):
     else:
         trained = not config.tokenizer.name_or_path and not (out / "tokenizer" / "tokenizer.json").is_file()
         tokenizer = prepare_tokenizer(
-            config.tokenizer, config.data, config.model.kind, str(out / "tokenizer"), accelerator=accelerator
+            config.tokenizer,
+            config.data,
+            config.model.kind,
+            str(out / "tokenizer"),
+            accelerator=accelerator,
+            staged=lambda _: staged_run_folder(out, "tokenizer"),  # on the record; a user's file there kept
         )
         if trained and writes_run_files(accelerator, config.training):
             record_files(out, "tokenizer")  # on the run folder's record (each node's, on node-local disks)
