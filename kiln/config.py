@@ -77,8 +77,10 @@ class TrainingConfig:
     """`lr_scheduler_type: warmup_stable_decay` only: the shape of the final decay, `linear`, `cosine` or `1-sqrt` (ModernBERT's), as transformers' `get_wsd_schedule` takes it."""
     mixed_precision: str | None = None
     """`no`, `bf16` or `fp16` (through accelerate). None: whatever accelerate was launched with (the accelerate
-    config's `mixed_precision` or `accelerate launch --mixed_precision`; `no` without either). A value given here
-    overrides the accelerate config; the run's config.yaml records the precision actually used."""
+    config's `mixed_precision` or `accelerate launch --mixed_precision`) when that is not `no`; otherwise a
+    pretraining run on a CPU with bf16 units (avx512_bf16, amx_bf16) trains a model of width 256 or more in bf16
+    (measured faster there; one start line says so), a resumed run in its own precision, and every other run in
+    fp32. A value given here overrides all of that; the run's config.yaml records the precision actually used."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     torch_compile: bool = False
