@@ -217,6 +217,10 @@ def main(argv: list[str] | None = None):
         config.data.data_files = [TASK_TEXT]
         print(config_yaml(config, None), end="")
         raise SystemExit(0)
+    from pretrain.run import check_init_from
+
+    # the start model through the model gate under this command's own option, before the task's text is read
+    check_init_from(config.model)
     documents, names = task_training_text(task_name, task_argv, config.model.init_from)
     name = Path(str(names[0])).name.replace("/", "-") if names else task_name
     config.data.data_files = [str(write_task_text(documents, name, config.data.cache_dir))]

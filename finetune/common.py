@@ -170,7 +170,8 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
     from transformers import AutoConfig
 
     import pretrain.modeling  # noqa: F401  (registers the Kiln model types with AutoConfig)
-    from pretrain.convert import check_start_weights, convert_first_advice, converted_start, convertible
+    from pretrain.convert import convert_first_advice, converted_start, convertible
+    from pretrain.model_gate import check_model_folder
 
     local = resolve_path(spec)
     if os.path.isdir(local):
@@ -200,8 +201,10 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
     advice = convert_first_advice(found, spec, option)
     if advice and "kiln_encoder" in expected:
         raise ConfigError(advice)
-    if family is None and found_type in ("kiln_encoder", "kiln_decoder") and found_type in expected:
-        check_start_weights(spec, option, found, path, revision)  # its config against its weights' header
+    if (
+        family is None
+    ):  # the model gate: its files, depth and tensors against its config (a converted one's before)
+        check_model_folder(spec, option, found, path, revision)
     if found_type not in expected:
         wanted = " or ".join(expected)
         default_dir, command = PRETRAIN_COMMANDS.get(expected[0], (None, None))

@@ -177,6 +177,10 @@ def run_classify(args: list[str]):
 
 def main(argv: list[str] | None = None) -> dict:
     args, overrides = parse_args(argv)
+    from finetune.common import resolve_start_model
+
+    # the model gate once, under GLUE's own option name, before any task's data is read or folder written
+    resolve_start_model(args.checkpoint, "--checkpoint", ("kiln_encoder",))
     out = Path(args.output_dir)
     runs, finals = {}, []
     for name in args.tasks:

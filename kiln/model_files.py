@@ -70,14 +70,70 @@ def safetensors_header(path: str | os.PathLike) -> dict:
     return header
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+def weight_files(folder: str | os.PathLike) -> list[str] | None:
+    """The safetensors files of a saved model folder: [model.safetensors], or the index followed by each shard it
+    names; None when the folder holds no safetensors weights. Each is a plain file inside the folder: an index
+    naming a shard by a path (`../x.safetensors`, an absolute name), a shard that is not there, or a file that is
+    a link leading out of the folder is an OSError (one line), so nothing outside the folder is read as its
+    weights. (A Hub download's folder is the exception that proves the rule: its files link into the same
+    repository's blobs in the Hugging Face cache.)"""
+    single, index = (os.path.join(folder, name) for name in WEIGHT_FILES)
+    if os.path.lexists(single):
+        _inside(folder, single)
+        return [single]
+    if not os.path.lexists(index):
+        return None
+    _inside(folder, index)
+    try:
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise OSError(f"model.safetensors.index.json is damaged ({first_line(err)})") from None
+    outside = [shard for shard in shards if not isinstance(shard, str) or os.path.basename(shard) != shard]
+    if outside or not shards:
+        named = f" ({outside[0]!r})" if outside else ""
+        raise OSError(f"model.safetensors.index.json names shards outside its folder{named}")
+    files = [os.path.join(folder, shard) for shard in shards]
+    for path in files:
+        if not os.path.lexists(path):
+            raise OSError(
+                f"model.safetensors.index.json names {os.path.basename(path)}, which is not in the folder"
+            )
+        _inside(folder, path)
+    return [index, *files]
+
+
+def _inside(folder: str | os.PathLike, path: str) -> None:
+    """`path` (in `folder`) is a plain file whose real path is in the folder, or, for a folder in the Hugging Face
+    cache, in the same repository's cache folder; OSError naming it when not."""
+    name = os.path.basename(path)
+    if not os.path.isfile(path):
+        what = "a dangling link" if os.path.islink(path) else "not a plain file"
+        raise OSError(f"{name} is {what}")
+    real, home = os.path.realpath(path), os.path.realpath(folder)
+    if os.path.commonpath([real, home]) == home:
+        return
+    from huggingface_hub import constants
+
+    cache = os.path.realpath(constants.HF_HUB_CACHE)
+    if os.path.commonpath([home, cache]) == cache and home != cache:
+        repo = os.path.join(cache, os.path.relpath(home, cache).split(os.sep)[0])  # models--user--name
+        if os.path.commonpath([real, repo]) == repo:
+            return
+    raise OSError(f"{name} is a link leading out of its folder (to {real})")
+
+
 def weight_shapes(
     folder: str | os.PathLike, revision: str | None = None
 ) -> dict[str, tuple[int, ...]] | None:
-    """Tensor name -> shape of the safetensors weights of a saved model folder (model.safetensors, or the shards
-    model.safetensors.index.json names), read from their headers: no tensor is loaded, nothing is built. None when
-    the folder holds no safetensors weights; OSError (one line) when they cannot be read. A Hub id (`folder` no
-    local folder, at `revision`): the headers read by range requests, no weight downloaded; None when the Hub
-    cannot say (no safetensors weights, no network: loading the model says why)."""
+    """Tensor name -> shape of the safetensors weights of a saved model folder (`weight_files`), read from their
+    headers: no tensor is loaded, nothing is built. None when the folder holds no safetensors weights; OSError
+    (one line) when they cannot be read, or lie outside the folder. A Hub id (`folder` no local folder, at
+    `revision`): the headers read by range requests, no weight downloaded; None when the Hub cannot say (no
+    safetensors weights, no network: loading the model says why)."""
     if not os.path.isdir(folder):
         from huggingface_hub import get_safetensors_metadata
 
@@ -87,23 +143,13 @@ def weight_shapes(
             return None
         files = metadata.files_metadata.values()
         return {name: tuple(info.shape) for file in files for name, info in file.tensors.items()}
-    single = os.path.join(folder, "model.safetensors")
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(single):
-        files = [single]
-    elif os.path.isfile(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise OSError(f"model.safetensors.index.json is damaged ({first_line(err)})") from None
-        if any(not isinstance(shard, str) or os.path.basename(shard) != shard for shard in shards):
-            raise OSError("model.safetensors.index.json names shards outside its folder")
-        files = [os.path.join(folder, shard) for shard in shards]
-    else:
+    files = weight_files(folder)
+    if files is None:
         return None
     shapes: dict[str, tuple[int, ...]] = {}
     for path in files:
+        if path.endswith(".index.json"):
+            continue
         header = safetensors_header(path)
         shapes.update({key: tuple(entry["shape"]) for key, entry in header.items() if key != "__metadata__"})
     return shapes
@@ -193,5 +239,6 @@ __all__ = [
     "read_model_config",
     "safetensors_header",
     "weight_file_errors",
+    "weight_files",
     "weight_shapes",
 ]

@@ -56,7 +56,8 @@ from transformers import BertConfig, GPT2Config
 
 from kiln.errors import ConfigError, first_line
 from kiln.file_hash import sha256_file
-from kiln.model_files import carries_code, read_model_config, weight_file_errors
+from kiln.model_files import WEIGHT_FILES, carries_code, read_model_config, weight_file_errors, weight_files
+from pretrain.model_gate import CONVERTIBLE, check_model_folder
 from pretrain.modeling import (
     KilnDecoderConfig,
     KilnDecoderForCausalLM,
@@ -926,6 +927,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     if problem:
         raise ValueError(problem)
     src, dst = Path(src), Path(dst)
+    hub_id = None
     if not src.is_dir() and HUB_ID.fullmatch(str(src)):  # a Hub id: its config, weights and tokenizer files
         hub_id, src = str(src), _download_start(str(src), "SRC_DIR", None)
         if not any((src / name).is_file() for name in WEIGHT_FILES):  # older repos: a torch file only
@@ -934,6 +936,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     if not config_file.is_file():
         raise ValueError(f"{src} has no config.json; pass a folder written by save_pretrained.")
     config = json.loads(config_file.read_text())
+    # the gate every model-reading command passes: its files, depth and tensor shapes, before anything is built
+    check_model_folder(hub_id or str(src), "", config, src)
     model_type = config.get("model_type")
     architecture = (config.get("architectures") or [None])[0]
     if model_type in ("bert", "electra", "modernbert", "gpt2", "llama"):
@@ -968,54 +972,6 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
 
 
 # ------------------------------------------------------------------------------------------ a run's start model
-# transformers model_type -> (the family's name, the kind of Kiln model it converts to, the Kiln model_type)
-CONVERTIBLE = {
-    "bert": ("BERT", "encoder", "kiln_encoder"),
-    "electra": ("ELECTRA", "encoder", "kiln_encoder"),
-    "gpt2": ("GPT-2", "decoder", "kiln_decoder"),
-    "llama": ("Llama", "decoder", "kiln_decoder"),
-}
-# the whole-number fields of each family's config.json whose values size the model: checked before anything is built
-SHAPE_FIELDS = {
-    "bert": (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "max_position_embeddings",
-        "type_vocab_size",
-    ),
-    "electra": (
-        "vocab_size",
-        "embedding_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "max_position_embeddings",
-        "type_vocab_size",
-    ),
-    "gpt2": ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"),
-    "llama": (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "max_position_embeddings",
-    ),
-}
-# the names of a model type's block weights (group 1: the block's index, after any prefix) and its depth field
-BLOCK_NAMES = {
-    "bert": (r"(?:^|\.)encoder\.layer\.(\d+)\.", "num_hidden_layers"),
-    "electra": (r"(?:^|\.)encoder\.layer\.(\d+)\.", "num_hidden_layers"),
-    "gpt2": (r"(?:^|\.)h\.(\d+)\.", "n_layer"),
-    "llama": (r"(?:^|\.)layers\.(\d+)\.", "num_hidden_layers"),
-    "kiln_encoder": (r"(?:^|\.)layers\.(\d+)\.", "num_hidden_layers"),
-    "kiln_decoder": (r"(?:^|\.)layers\.(\d+)\.", "num_hidden_layers"),
-}
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|[A-Za-z0-9][\w.-]*")
 _converted: dict[tuple[str, str | None], str] = {}
 _pending: list[tuple[int, str]] = []  # (logging level, line)
@@ -1076,9 +1032,13 @@ def _convert_start(spec: str, option: str, revision: str | None) -> str:
             f"save_pretrained (safetensors), or convert it first with `python -m pretrain.convert {spec} DST` "
             f"and point {option} at DST"
         )
-    keys = check_start_weights(spec, option, config, source)
+    keys = check_model_folder(spec, option, config, source, revision)
     name = _start_class(model_type, config, keys)
-    files = [source / "config.json", *_weight_files(weights), *(source / f for f in TOKENIZER_FILES)]
+    files = [
+        source / "config.json",
+        *map(Path, weight_files(source) or []),
+        *(source / f for f in TOKENIZER_FILES),
+    ]
     digest = hashlib.sha256()
     for path in files:
         if path.is_file():
@@ -1115,9 +1075,10 @@ def _convert_start(spec: str, option: str, revision: str | None) -> str:
             raise
         except (ValueError, OSError, RuntimeError) as err:
             raise ConfigError(
-                f"{option} {spec} is a transformers {family} checkpoint that Kiln could not convert "
-                f"({first_line(err)}); convert it first with `python -m pretrain.convert {spec} DST` to see why, "
-                f"and point {option} at DST"
+                # `python -m pretrain.convert` refuses it for the same reason, so the fix is another checkpoint
+                f"{option} {spec} is a transformers {family} checkpoint that Kiln cannot convert "
+                f"({first_line(err)}); point {option} at a Kiln checkpoint, or at a {family} checkpoint without "
+                "that, saved by save_pretrained"
             ) from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -1191,273 +1152,6 @@ def _download_start(spec: str, option: str, revision: str | None, more: tuple[st
         raise ConfigError(f"{option} {spec}: cannot download it from the Hub ({first_line(err)})") from None
 
 
-def _weight_files(weights: list[Path]) -> list[Path]:
-    """The safetensors files holding the weights (a sharded checkpoint's index names its shards)."""
-    if weights[0].name == "model.safetensors":
-        return weights[:1]
-    index = json.loads(weights[0].read_text())
-    shards = sorted(set(index["weight_map"].values()))
-    if any(Path(shard).name != shard for shard in shards):
-        raise ValueError(f"{weights[0].name} names shards outside its folder")
-    return [weights[0], *(weights[0].parent / shard for shard in shards)]
-
-
-def check_start_weights(
-    spec: str, option: str, config: dict, folder: str | Path, revision: str | None = None
-) -> set[str]:
-    """A start model's config.json (`config`, read as data) against its weights' safetensors headers (read as
-    JSON: no tensor is loaded, no module built), for a transformers BERT / ELECTRA / GPT-2 / Llama or a Kiln
-    checkpoint in `folder` (a local folder, or a Hub id at `revision`: its headers read by range requests): its
-    sizes are whole numbers in range that a model can be built with, its depth is the number of blocks the
-    weights hold, and the embedding tables and first block's projections have the shapes its widths, heads and
-    vocabulary give. A mismatch is a one-line ConfigError naming the field, so a config.json that asks for more
-    than its weights hold is refused before anything is built. Returns the weights' names (empty when they
-    cannot be read so, e.g. no safetensors weights: loading them says why)."""
-    from kiln.model_files import weight_shapes
-
-    model_type = config["model_type"]
-    sizes = _start_sizes(spec, option, config)
-    try:
-        shapes = weight_shapes(folder, revision)
-    except OSError as err:
-        raise ConfigError(f"{option} {spec}: its {err}; copy or save it again") from None
-    if shapes is None:
-        return set()
-    wrong = "; point it at a folder written by save_pretrained"
-    pattern, depth_field = BLOCK_NAMES[model_type]
-    blocks = {int(found.group(1)) for name in shapes if (found := re.search(pattern, name))}
-    depth = sizes[depth_field]
-    if blocks != set(range(depth)):
-        raise ConfigError(
-            f"{option} {spec}: its config.json's {depth_field} is {depth} but its weights hold {len(blocks)} "
-            f"blocks{wrong}"
-        )
-    for what, name, expected, fields in _expected_tensors(model_type, sizes):
-        found = [shape for key, shape in shapes.items() if key == name or key.endswith("." + name)]
-        if expected not in found:
-            raise ConfigError(
-                f"{option} {spec}: its weights' {what} are {found[0] if found else 'missing'} but its "
-                f"config.json gives {expected} ({fields}){wrong}"
-            )
-    return set(shapes)
-
-
-def _start_sizes(spec: str, option: str, config: dict) -> dict:
-    """The sizes of a start model's config.json (read as data), checked without building anything: whole numbers
-    in range, heads that divide the width (and key-value heads the heads), positive rotary bases. A Kiln config is
-    read by its own class (its defaults filled in) and checks itself (`check_values`)."""
-    model_type = config["model_type"]
-    if model_type in ("kiln_encoder", "kiln_decoder"):
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "embedding_size",
-            "num_key_value_heads",
-            "type_vocab_size",
-        ):
-            if isinstance(config.get(name), int) and config[name] > 10**7:  # checked before any loop over it
-                raise ConfigError(
-                    f"{option} {spec}: its config.json's {name} is {config[name]}, not a size a Kiln model has; "
-                    "point it at a folder written by save_pretrained"
-                )
-        config_class = KilnEncoderConfig if model_type == "kiln_encoder" else KilnDecoderConfig
-        try:
-            kiln = config_class.from_dict(config)
-            kiln.check_values()
-        except Exception as err:  # whatever its values make the class raise (ValueError, TypeError, ...)
-            raise ConfigError(
-                f"{option} {spec}: its config.json: {first_line(err)[:300].rstrip('.')}; point it at a folder "
-                "written by save_pretrained"
-            ) from None
-        names = [
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "position_embedding_type",
-            "mlp_type",
-        ]
-        if model_type == "kiln_encoder":
-            names += ["type_vocab_size"]
-        sizes = {name: getattr(kiln, name) for name in names}
-        if model_type == "kiln_encoder":
-            sizes["embedding_size"] = embedding_width(kiln)
-        else:
-            sizes["num_key_value_heads"] = kiln.num_key_value_heads or kiln.num_attention_heads
-        return sizes
-    family = CONVERTIBLE[model_type][0]
-    sizes = dict(config)
-    for field in SHAPE_FIELDS[model_type]:
-        value = config.get(field, config.get("hidden_size") if field == "embedding_size" else None)
-        if type(value) is not int or not 0 < value <= 10**7:
-            raise ConfigError(
-                f"{option} {spec}: its config.json's {field} is {value!r}, not a size a {family} model has; "
-                "point it at a folder written by save_pretrained"
-            )
-        sizes[field] = value
-    width, heads = ("n_embd", "n_head") if model_type == "gpt2" else ("hidden_size", "num_attention_heads")
-    optional = {"n_inner": 4 * sizes["n_embd"]} if model_type == "gpt2" else {}
-    if model_type == "llama":
-        optional = {"num_key_value_heads": sizes[heads], "head_dim": sizes[width] // sizes[heads]}
-    for field, default in optional.items():
-        value = sizes[field] = default if config.get(field) is None else config[field]
-        if type(value) is not int or not 0 < value <= 10**7:
-            raise ConfigError(
-                f"{option} {spec}: its config.json's {field} is {value!r}, not a size a {family} model has; "
-                "point it at a folder written by save_pretrained"
-            )
-    if sizes[width] % sizes[heads] or (model_type == "llama" and sizes[heads] % sizes["num_key_value_heads"]):
-        divided, by = (width, heads) if sizes[width] % sizes[heads] else (heads, "num_key_value_heads")
-        raise ConfigError(
-            f"{option} {spec}: its config.json's {by} {sizes[by]} does not divide its {divided} "
-            f"{sizes[divided]}, so no {family} model has that shape; point it at a folder written by "
-            "save_pretrained"
-        )
-    if model_type == "llama":
-        rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
-        theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
-            where = "rope_parameters' rope_theta" if "rope_theta" in rope else "rope_theta"
-            raise ConfigError(
-                f"{option} {spec}: its config.json's {where} is {theta!r}, not a positive number (the base of "
-                "the rotary frequencies); point it at a folder written by save_pretrained"
-            )
-    return sizes
-
-
-def _expected_tensors(model_type: str, s: dict) -> list[tuple[str, str, tuple[int, ...], str]]:
-    """(what, name after any prefix, shape, the fields that give it) of the tensors whose shapes a model type's
-    sizes `s` decide: its embedding tables and its first block's projections."""
-    if model_type in ("bert", "electra"):
-        h, i = s["hidden_size"], s["intermediate_size"]
-        width_field = "embedding_size" if model_type == "electra" else "hidden_size"
-        width = s[width_field]
-        tensors = [
-            (
-                "word embeddings",
-                "embeddings.word_embeddings.weight",
-                (s["vocab_size"], width),
-                f"vocab_size, {width_field}",
-            ),
-            (
-                "segment embeddings",
-                "embeddings.token_type_embeddings.weight",
-                (s["type_vocab_size"], width),
-                f"type_vocab_size, {width_field}",
-            ),
-            (
-                "first block's query projection",
-                "encoder.layer.0.attention.self.query.weight",
-                (h, h),
-                "hidden_size",
-            ),
-            (
-                "first block's feed-forward projection",
-                "encoder.layer.0.intermediate.dense.weight",
-                (i, h),
-                "intermediate_size, hidden_size",
-            ),
-        ]
-        if s.get("position_embedding_type", "absolute") == "absolute":
-            positions = (s["max_position_embeddings"], width)
-            tensors.append(
-                (
-                    "position embeddings",
-                    "embeddings.position_embeddings.weight",
-                    positions,
-                    f"max_position_embeddings, {width_field}",
-                )
-            )
-        return tensors
-    if model_type == "gpt2":
-        h = s["n_embd"]
-        return [
-            ("word embeddings", "wte.weight", (s["vocab_size"], h), "vocab_size, n_embd"),
-            ("position embeddings", "wpe.weight", (s["n_positions"], h), "n_positions, n_embd"),
-            ("first block's query-key-value projection", "h.0.attn.c_attn.weight", (h, 3 * h), "n_embd"),
-            (
-                "first block's feed-forward projection",
-                "h.0.mlp.c_fc.weight",
-                (h, s["n_inner"]),
-                "n_embd, n_inner",
-            ),
-        ]
-    h, heads = s["hidden_size"], s["num_attention_heads"]
-    if model_type == "llama":
-        head = s["head_dim"]
-        return [
-            ("word embeddings", "embed_tokens.weight", (s["vocab_size"], h), "vocab_size, hidden_size"),
-            (
-                "first block's query projection",
-                "layers.0.self_attn.q_proj.weight",
-                (heads * head, h),
-                "num_attention_heads, head_dim, hidden_size",
-            ),
-            (
-                "first block's key projection",
-                "layers.0.self_attn.k_proj.weight",
-                (s["num_key_value_heads"] * head, h),
-                "num_key_value_heads, head_dim, hidden_size",
-            ),
-            (
-                "first block's feed-forward projection",
-                "layers.0.mlp.gate_proj.weight",
-                (s["intermediate_size"], h),
-                "intermediate_size, hidden_size",
-            ),
-        ]
-    # Kiln's own: one fused query-key-value projection, a plain or gated (gate and up fused) feed-forward
-    head, kv_heads, glu = h // heads, s.get("num_key_value_heads", heads), s["mlp_type"] == "glu"
-    encoder = model_type == "kiln_encoder"
-    width = s["embedding_size"] if encoder else h
-    prefix = "embeddings." if encoder else ""
-    tensors = [
-        (
-            "word embeddings",
-            f"{prefix}word_embeddings.weight",
-            (s["vocab_size"], width),
-            "vocab_size, embedding_size or hidden_size" if encoder else "vocab_size, hidden_size",
-        ),
-        (
-            "first block's query-key-value projection",
-            "layers.0.attention.qkv.weight",
-            ((heads + 2 * kv_heads) * head, h),
-            "hidden_size, num_attention_heads, num_key_value_heads",
-        ),
-        (
-            "first block's feed-forward projection",
-            f"layers.0.mlp.{'gate_up' if glu else 'fc_in'}.weight",
-            ((2 if glu else 1) * s["intermediate_size"], h),
-            "intermediate_size, hidden_size",
-        ),
-    ]
-    if encoder and s["type_vocab_size"]:
-        tensors.append(
-            (
-                "segment embeddings",
-                "embeddings.token_type_embeddings.weight",
-                (s["type_vocab_size"], width),
-                "type_vocab_size",
-            )
-        )
-    if s["position_embedding_type"] == "learned":
-        tensors.append(
-            (
-                "position embeddings",
-                f"{prefix}position_embeddings.weight",
-                (s["max_position_embeddings"], width),
-                "max_position_embeddings",
-            )
-        )
-    return tensors
-
-
 def _start_class(model_type: str, config: dict, keys: set[str]) -> str:
     """The transformers class the weights were saved from: the config's architecture where Kiln converts it, with
     BERT's pretraining heads decided by the weights (bert-base-uncased says BertForMaskedLM but holds both)."""
@@ -1506,6 +1200,11 @@ def main(argv: list[str] | None = None) -> None:
     answer_print_config(args)
     try:
         converted = convert_checkpoint(args.src_dir, args.dst_dir)
+    except (
+        ConfigError
+    ) as error:  # SRC_DIR refused by the model gate (check_model_folder): a user error, as in a run
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     except (ValueError, OSError) as error:
         sys.exit(f"error: {error}")
     print(f"wrote {type(converted).__name__} to {args.dst_dir}")

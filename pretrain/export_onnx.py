@@ -99,6 +99,11 @@ def load(folder: Path):
         raise ValueError(
             f"{folder} holds a {architecture or config.get('model_type')} model; ONNX export supports {supported}."
         )
+    from pretrain.model_gate import check_model_folder
+
+    check_model_folder(
+        str(folder), "", config
+    )  # the model gate: files, depth, every tensor, before the build
     verbosity = transformers.logging.get_verbosity()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -188,6 +193,7 @@ def export_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     from kiln.cli import answer_print_config
+    from kiln.errors import ConfigError
 
     args = export_parser().parse_args(argv)
     answer_print_config(args)
@@ -195,6 +201,11 @@ def main(argv: list[str] | None = None) -> None:
         differences = export(args.folder, args.out, args.opset)
     except ImportError as error:
         sys.exit(f"error: {error.name} is missing; pip install onnx onnxruntime")
+    except (
+        ConfigError
+    ) as error:  # the model gate's refusal (check_model_folder): exit status 2, as every command's
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     except (ValueError, OSError) as error:
         sys.exit(f"error: {error}")
     detail = ", ".join(f"{name} {value:.1e}" for name, value in differences.items())

@@ -305,9 +305,8 @@ def check_init_from(model) -> None:
         ) from None
     expected_type = "kiln_encoder" if model.kind == "encoder" else "kiln_decoder"
     found_type = found.get("model_type")
-    if (
-        convertible(found) is None
-    ):  # the model gate (one converted on the way in passes it there: start_folder)
+    # the model gate (one converted on the way in passes it there: start_folder)
+    if convertible(found) is None:
         check_model_folder(model.init_from, "--model.init_from", found)
     if (model.trust_remote_code and carries_code(found)) or found_type == expected_type:
         return

@@ -84,6 +84,7 @@ def blimp_parser() -> argparse.ArgumentParser:
 
 def blimp(argv: list[str]) -> None:
     from kiln.cli import answer_print_config
+    from kiln.errors import ConfigError
 
     from .blimp import BlimpEvaluation, format_report, read_blimp
     from .models import check_model_source, load_model
@@ -107,6 +108,11 @@ def blimp(argv: list[str]) -> None:
         )
     except ZeroShotError as err:
         sys.exit(f"error: {err}")
+    except (
+        ConfigError
+    ) as err:  # the model gate's refusal (check_model_folder): exit status 2, as every command's
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     start = time.perf_counter()
     result = evaluation.evaluate(model, progress=True)
     seconds = time.perf_counter() - start

@@ -101,6 +101,10 @@ def load_model(
         ) from None
     if not from_scratch:
         check_scoring_head(spec, config)
+    from pretrain.model_gate import check_model_folder
+
+    # the model gate (ConfigError: said by the command as a user error): files, depth, every tensor's shape
+    check_model_folder(spec, "--model", config, revision=revision)
     found = model_kind(config)
     kind = kind or found
     if kind is None:
