@@ -479,6 +479,32 @@ def threads_table() -> str:
     return "\n".join(lines) + "\n\n" + same + "\n"
 
 
+PRECISION_RUNS = {
+    "decoder-30min-llama": "llama-preset decoder, L4/H256, 16 × 128 tokens (`decoder-30min-llama.yaml`)",
+    "encoder-30min-modern": "modernbert-preset encoder, L4/H128, 32 × 64 tokens (`encoder-30min-modern.yaml`)",
+}
+
+
+def precision_table() -> str:
+    """`bench/results/precision-end-to-end.json`: 300 pretraining steps of two 30-minute configs in fp32 and in bf16
+    autocast, tokens/s and the eval loss each reached."""
+    record = bench_record("precision-end-to-end")
+    lines = [
+        "| run | fp32 tokens/s | bf16 tokens/s | bf16 speed-up | eval loss at step 300, fp32 / bf16 |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for name, label in PRECISION_RUNS.items():
+        fp32, bf16 = record["runs"][f"{name}/fp32"], record["runs"][f"{name}/bf16"]
+        speedup = bf16["tokens_per_s_median"] / fp32["tokens_per_s_median"]
+        losses = [run["eval_at_300"].get("eval/loss") for run in (fp32, bf16)]
+        lines.append(
+            f"| {label} | {fp32['tokens_per_s_median']:,.0f} | {bf16['tokens_per_s_median']:,.0f} | "
+            f"{'**' if speedup >= 1.3 else ''}{speedup:.2f}×{'**' if speedup >= 1.3 else ''} | "
+            f"{losses[0]:.3f} / {losses[1]:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 TABLES = {
     "throughput": throughput_table,
     "mfu": mfu_table,
@@ -494,6 +520,7 @@ TABLES = {
     "default-run-time": default_run_time,
     "shipped-commands": shipped_commands_table,
     "threads": threads_table,
+    "precision": precision_table,
 }
 
 

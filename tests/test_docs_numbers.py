@@ -50,6 +50,7 @@ GENERATED = {
         "padding",
         "inference",
         "modernbert",
+        "precision",
     },
     "README.md": {"data-scale", "num-proc", "default-run", "default-run-time"},
     "docs/getting-started.md": {"default-run", "default-run-time"},
@@ -390,3 +391,12 @@ def test_every_levers_block_of_the_docs_is_its_declaration_s_records():
             )
             blocks += 1
     assert blocks >= 2
+
+
+def test_the_precision_prose_quotes_its_record():
+    record = bench("precision-end-to-end")
+    text = page("docs/performance.md")
+    fp32, bf16 = (record["matmul_gflops_one_thread"][dtype][-1] for dtype in ("fp32", "bf16"))
+    assert f"{fp32} GFLOP/s in fp32 and {bf16} GFLOP/s in bf16" in text
+    assert f"load {record['loadavg_at_start'][0]} at the start" in text
+    assert record["cpu"] in text and "avx512_bf16" in record["bf16_units"]
