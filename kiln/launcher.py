@@ -341,6 +341,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{HELP_HEADER}\n\nThe arguments, as accelerate launch has them:\n\n{accelerate_help()}"
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    problem = _launch_problem(args)
+    if problem:  # said before accelerate reads anything: its own refusals are tracebacks of 15 lines
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     # torchrun's agent (several processes) would take SIGTERM/SIGINT itself: forward them to its workers, wait up
     # to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) and raise a SignalException. Left to the handler below (torchrun's
     # own --signals_to_handle, which accelerate passes on), the workers get the signal, save a checkpoint and
@@ -370,10 +374,44 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(_exit_status(err.returncode, rank=0)) from None
     except Exception as err:
         failures = getattr(err, "failures", None)  # torchrun's ChildFailedError
+        if not failures and isinstance(err, (ValueError, TypeError, KeyError, OSError)):
+            # accelerate's own refusal of its arguments (e.g. `--multi_gpu --num_processes 1`): its words, one line
+            from .errors import first_line
+
+            print(f"error: kiln-launch: {first_line(err)}", file=sys.stderr)
+            raise SystemExit(2) from None
         if not failures:
             raise
         rank, first = _failure_that_spoke(failures)
         raise SystemExit(_exit_status(int(first.exitcode), rank)) from None
+
+
+def _launch_problem(args) -> str | None:
+    """What is wrong with the launcher's own arguments, as one line naming the fix, before accelerate reads them:
+    an accelerate config file that is missing, a folder, or not one accelerate can read (not YAML or JSON, or not
+    its fields), and a training script that is not there. None when nothing is."""
+    path = args.config_file
+    if path is not None:
+        fix = f"write one with `accelerate config --config_file {path}`, or leave --config_file out"
+        if not os.path.exists(path):
+            return f"--config_file {path} does not exist; {fix}"
+        if not os.path.isfile(path):
+            return f"--config_file {path} is not a file; {fix}"
+        from accelerate.commands.config.config_args import load_config_from_file
+
+        from .errors import first_line
+
+        try:
+            load_config_from_file(path)
+        except Exception as err:  # YAML or JSON that does not parse, a list, unknown or missing fields, ...
+            return f"--config_file {path} is not an accelerate config file ({first_line(err)}); {fix}"
+    script = args.training_script
+    if not (args.module or args.no_python) and not os.path.isfile(script):
+        return (
+            f"no training script {script}; name one, e.g. `kiln-launch pretrain/run.py --config "
+            "configs/pretrain/debug.yaml`"
+        )
+    return None
 
 
 _DEFAULT_VALUE = re.compile(r"`(--\w+)` was set to (?:a value of )?`'?([^`']*)'?`")

@@ -392,6 +392,82 @@ def test_kiln_launch_without_an_accelerate_config_starts_with_one_line_naming_ac
     )
 
 
+def test_kiln_launch_argument_errors_are_one_line_with_status_2(tmp_path):
+    """A --config_file that is missing, a folder, not YAML, or not accelerate's fields, a training script that is
+    not there, and accelerate's own refusals of its flags: one line naming the fix, status 2, no traceback (before,
+    accelerate's 15-line traceback and status 1). All started together: each is the launcher alone."""
+    (tmp_path / "broken.yaml").write_text("mixed_precision: [no\n")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "fields.yaml").write_text("hello: 1\n")
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    fix = "`, or leave --config_file out"
+    cases = {
+        (
+            "--config_file",
+            tmp_path / "missing.yaml",
+            script,
+        ): f"error: --config_file {tmp_path / 'missing.yaml'} "
+        f"does not exist; write one with `accelerate config --config_file {tmp_path / 'missing.yaml'}{fix}",
+        ("--config_file", tmp_path, script): f"error: --config_file {tmp_path} is not a file; write one with "
+        f"`accelerate config --config_file {tmp_path}{fix}",
+        (
+            "--config_file",
+            tmp_path / "broken.yaml",
+            script,
+        ): f"error: --config_file {tmp_path / 'broken.yaml'} is not an accelerate config file (",
+        (
+            "--config_file",
+            tmp_path / "list.yaml",
+            script,
+        ): f"error: --config_file {tmp_path / 'list.yaml'} is not an accelerate config file (",
+        (
+            "--config_file",
+            tmp_path / "fields.yaml",
+            script,
+        ): f"error: --config_file {tmp_path / 'fields.yaml'} is "
+        "not an accelerate config file (A `distributed_type` must be specified in the config file.)",
+        (tmp_path / "nothing.py",): f"error: no training script {tmp_path / 'nothing.py'}; name one, e.g. "
+        "`kiln-launch pretrain/run.py",
+        (
+            "--multi_gpu",
+            "--num_processes",
+            "1",
+            script,
+        ): "error: kiln-launch: You need to use at least 2 processes to use `--multi_gpu`.",
+    }
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(tmp_path / "home")}
+    procs = {
+        args: subprocess.Popen(
+            [*KILN_LAUNCH, *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for args in cases
+    }
+    for args, proc in procs.items():
+        output = proc.communicate(timeout=300)[0]
+        assert proc.returncode == 2 and "Traceback" not in output, (args, output)
+        assert len(output.strip().splitlines()) == 1 and output.startswith(cases[args]), (args, output)
+        assert "hello" not in output
+
+
+def test_a_config_file_accelerate_wrote_passes_the_launcher_check(tmp_path):
+    """The control for the refusals above: accelerate's own config file and an existing script raise nothing."""
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils import write_basic_config
+
+    from kiln.launcher import _launch_problem
+
+    write_basic_config(mixed_precision="no", save_location=str(tmp_path / "config.yaml"))
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    args = launch_command_parser().parse_args(["--config_file", str(tmp_path / "config.yaml"), str(script)])
+    assert _launch_problem(args) is None
+
+
 # ----------------------------------------------------------------------------------------------------------
 # CPU threads
 
