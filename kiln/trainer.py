@@ -55,6 +55,7 @@ from .elastic import convert_position, layout_of, saved_layout
 from .errors import ConfigError
 from .export import follow_umask
 from .fingerprint import write_fingerprint
+from .long_run import LongRunNotice
 from .nodes import writes_run_files
 from .public import save_public_config, write_public_json
 from .run_setup import check_step_counts, optimizer_steps_per_epoch, release_output_lock
@@ -678,6 +679,8 @@ class Trainer:
         if self._window is None:  # else: the resumed checkpoint's
             self._window = LogWindow()
         run_start = time.perf_counter() - state.train_time_s
+        # a long run says so once its first steps are timed on this machine, with the flag for a short first try
+        self._long_run = LongRunNotice(self.total_steps, training.max_train_time_s or None)
         done = state.global_step >= self.total_steps
         while not done:
             if self._run_epoch(self._epoch_loader(), progress, run_start):
@@ -711,6 +714,9 @@ class Trainer:
         state.tokens_seen += tokens
         self._window.add(parts, tokens)
         progress.update(1)
+        notice = self._long_run.after_step(state.global_step, state.train_time_s)
+        if notice and self.accelerator.is_main_process:
+            logger.info(notice)
         if state.global_step % self.logging_cfg.logging_steps == 0 or state.global_step >= self.total_steps:
             metrics = self._train_metrics(self._window, grad_norm, self._epoch_batches)
             self._log(metrics)
