@@ -167,7 +167,7 @@ def _check_every_tensor(spec: str, option: str, config: dict, shapes: dict[str, 
 
     from kiln.export import quiet_transformers
 
-    model_class = _model_class(config)
+    model_class = _named_class(config)
     if model_class is None:
         return
     try:
@@ -191,7 +191,7 @@ def _check_every_tensor(spec: str, option: str, config: dict, shapes: dict[str, 
             )
 
 
-def _model_class(config: dict):
+def _named_class(config: dict):
     """The class the config.json names (its first architecture; a Kiln type's pretraining class by default), or
     None: code of its own, a class transformers does not have, or one of another model type."""
     import transformers
