@@ -277,14 +277,14 @@ class HubSync(TrainerCallback):
     def on_save(self, trainer: RunningTrainer, checkpoint: Path, state: TrainState) -> None:
         if self.pusher is None or self.hub.strategy == "end":
             return
-        from .export import save_model_files
+        from .export import save_model_files, staged_folder
 
+        # written whole into a fresh folder and renamed into place at every save (never rewritten in place: a
+        # link inside the old hub-export/ is never written through), put on the run folder's record
         export = trainer.output_dir / "hub-export"
-        save_model_files(trainer.accelerator, trainer.model, self.tokenizer, export)
+        with staged_folder(trainer.accelerator, export) as staging:
+            save_model_files(trainer.accelerator, trainer.model, self.tokenizer, staging)
         if trainer.accelerator.is_main_process:
-            from .run_folder import record_files
-
-            record_files(trainer.output_dir, export.name)
             self.pusher.push(export, commit_message=f"Training in progress, step {state.global_step}")
             if self.hub.strategy == "checkpoint":
                 self.pusher.push(

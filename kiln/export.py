@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,7 +78,8 @@ def _save_pretrained(model, state_dict: dict, save_dir: Path, tokenizer) -> None
     """`model.save_pretrained` with the training-only fast paths off in the saved config, and the tokenizer."""
     from .safe_write import refuse_link
 
-    refuse_link(save_dir)  # never written through a link (a folder Kiln writes directly: hub-export/)
+    # Kiln's callers hand a fresh staging folder (`staged_folder`) or a part's folder inside one
+    refuse_link(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     config = model.config
     in_training = {name: getattr(config, name) for name in SAVED_CONFIG_DEFAULTS if hasattr(config, name)}
@@ -197,28 +197,22 @@ def export_model(
 
 @contextlib.contextmanager
 def staged_folder(accelerator: Accelerator, save_dir: Path):
-    """`with staged_folder(acc, folder) as staging:` write into `staging` (`folder.tmp`); once the block is done
-    it replaces `folder`. A fault midway (a full disk, a kill) leaves the previous `folder` as it was and no
-    half-written one; a disk fault is raised as the OSError that names it (`disk_writes`). A link at either name
-    is refused in one line, never written through (`kiln.safe_write`)."""
-    from .safe_write import new_staging_folder, replace_into
+    """`with staged_folder(acc, folder) as staging:` write into `staging`, a fresh folder beside `folder` that no
+    one chose the name of; once the block is done it replaces `folder`, which loses only the files on the run
+    folder's record (`kiln.run_folder.staged_run_folder`). Nothing is written into the old folder, so a link in it
+    is never written through; a link at `folder` is refused in one line. A fault midway (a full disk, a kill)
+    leaves the previous `folder` as it was; a disk fault is raised as the OSError that names it (`disk_writes`).
+    The main process writes; the others get a name they never write to (they only gather the weights)."""
+    from .run_folder import staged_run_folder
 
-    staging = save_dir.with_name(save_dir.name + ".tmp")
-    if accelerator.is_main_process:
-        new_staging_folder(staging, save_dir)
-    try:
+    save_dir = Path(save_dir)
+    with contextlib.ExitStack() as stack:
+        if accelerator.is_main_process:
+            staging = stack.enter_context(staged_run_folder(save_dir.parent, save_dir.name))
+        else:
+            staging = save_dir.with_name(f".{save_dir.name}.staging")
         with disk_writes(staging):
             yield staging
-    except BaseException:
-        if accelerator.is_main_process:
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if accelerator.is_main_process:
-        from .run_folder import record_files
-
-        shutil.rmtree(save_dir, ignore_errors=True)
-        replace_into(staging, save_dir)
-        record_files(save_dir.parent, save_dir.name)  # on the run folder's record (final/, best/)
     accelerator.wait_for_everyone()
 
 

@@ -34,6 +34,7 @@ following links (`kiln.safe_write`): nothing outside the folder is written throu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -45,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .safe_write import link_refusal, open_file, replace_into, write_new_file
+from .safe_write import link_refusal, open_file, replace_into, staged_folder, write_new_file
 
 MARKER = ".kiln-run.json"
 """In a run folder Kiln made: the record of every file Kiln wrote there (JSON lines)."""
@@ -267,6 +268,38 @@ def record_checkpoint(
     entries = {f"{name}/{file}": entry for file, entry in checksums.items()}
     entries[f"{name}/{CHECKSUMS_FILE}"] = {"size": manifest.stat().st_size, "sha256": sha256_file(manifest)}
     _journal(out, [{"file": file, **entry} for file, entry in sorted(entries.items())])
+
+
+def record_staged(out: str | os.PathLike, staging: Path, name: str) -> None:
+    """Put the files written in `staging` (a folder inside `out`) on the record under `name`, the folder it is
+    about to be renamed to: recorded before it is in place, so a kill in between leaves names on the record that
+    are not on disk (harmless), never files in place that the record lacks."""
+    out = Path(out)
+    if not (out / MARKER).is_file():
+        return
+    prefix = staging.relative_to(out).as_posix()
+    lines = []
+    for line in _lines_for(out, staging, False):
+        key = "link" if "link" in line else "file"
+        lines.append({**line, key: name + line[key][len(prefix) :]})
+    _journal(out, lines)
+
+
+@contextlib.contextmanager
+def staged_run_folder(out: str | os.PathLike, name: str):
+    """`with staged_run_folder(out, "final") as staging:` a folder of the run folder `out` that Kiln (or a
+    library, through `save_pretrained`) writes whole: written into a fresh staging folder beside it and renamed
+    into place (`kiln.safe_write.staged_folder`). The folder it replaces loses only the files Kiln provably wrote
+    (on the record, unchanged); anything else in it (a user's file or link) is kept, the folder renamed
+    `NAME.kept` (`set_aside_checkpoint`). The new files go on the record under `name`."""
+    out = Path(out)
+    with staged_folder(
+        out / name,
+        within=out,
+        clear=lambda _: set_aside_checkpoint(out, name),
+        record=lambda staging: record_staged(out, staging, name),
+    ) as staging:
+        yield staging
 
 
 def forget_files(out: str | os.PathLike, *paths: str | os.PathLike) -> None:
@@ -714,8 +747,10 @@ __all__ = [
     "read_record",
     "record_checkpoint",
     "record_files",
+    "record_staged",
     "refusal",
     "remove_recorded",
     "set_aside_checkpoint",
+    "staged_run_folder",
     "start_record",
 ]

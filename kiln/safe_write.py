@@ -6,12 +6,20 @@ A run folder copied or shared may hold a symbolic link where Kiln writes; writte
 Kiln replace the files it leads to, outside `--training.output_dir`. So a file is created with `O_NOFOLLOW`
 (and `O_EXCL` where it is new), a folder is made only where no link stands, a rename lands only where no link
 stands, and a link found where Kiln writes is a one-line `ConfigError` naming it (`link_refusal`); the link
-and what it leads to stay as they were."""
+and what it leads to stay as they were.
+
+A folder that a library fills (transformers' and tokenizers' `save_pretrained`: an export, a tokenizer, a
+converted model) is never written in place: it is written into a fresh folder made beside it under a name no one
+chose (`staged_folder`), then renamed into place, so a link inside the old folder is never met."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -126,7 +134,74 @@ def replace_into(staging: str | os.PathLike, final: str | os.PathLike) -> None:
     os.replace(staging, final)
 
 
+STAGING_SUFFIX = ".staging"
+"""The end of the name of a staging folder made by `fresh_staging_folder`: `.NAME.XXXXXXXX.staging`."""
+
+
+def fresh_staging_folder(target: str | os.PathLike, within: str | os.PathLike | None = None) -> Path:
+    """A new, empty folder beside `target` under a name no one can have chosen (`.NAME.XXXXXXXX.staging`, made by
+    `mkdtemp`, which fails rather than take a name something already stands at): what a library then writes into
+    it (transformers' and tokenizers' `save_pretrained`) meets nothing it could write through. A link at `target`,
+    or on the way to it from `within` (default: its folder), is refused first. Leftovers of earlier staging
+    folders for `target` (a killed writer's, found by that name) are removed, links among them only unlinked."""
+    target = Path(target)
+    refuse_link(target)
+    make_folder(target.parent, within if within is not None else target.parent)
+    prefix = f".{target.name}."
+    for old in target.parent.glob(f"{glob.escape(prefix)}*{STAGING_SUFFIX}"):
+        if old.is_symlink() or not old.is_dir():
+            continue  # not a folder Kiln made: left alone (never followed)
+        shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, suffix=STAGING_SUFFIX, dir=target.parent))
+
+
+def remove_folder(folder: Path) -> None:
+    """The default way `staged_folder` clears the folder it replaces: removed whole (a link inside is removed as a
+    link, never followed)."""
+    shutil.rmtree(folder)
+
+
+@contextlib.contextmanager
+def staged_folder(
+    target: str | os.PathLike,
+    *,
+    within: str | os.PathLike | None = None,
+    clear: Callable[[Path], None] = remove_folder,
+    record: Callable[[Path], None] | None = None,
+) -> Iterator[Path]:
+    """`with staged_folder(target) as staging:` write the whole folder into `staging` (`fresh_staging_folder`);
+    once the block ends, the folder now at `target` is cleared (`clear(target)`: removed by default; a run folder
+    removes only what its record says Kiln wrote, `kiln.run_folder.staged_run_folder`), `record(staging)` is
+    called (the files written put on a record before they are in place) and `staging` is renamed to `target`.
+    Nothing is ever written into the folder at `target` itself, so a link planted inside it (or a dangling one)
+    is never written through; a link at `target` is refused in one line. An error in the block removes `staging`
+    and leaves `target` as it was."""
+    target = Path(target)
+    staging = fresh_staging_folder(target, within)
+    try:
+        yield staging
+        refuse_link(target)
+        if target.is_dir():
+            clear(target)
+        elif target.exists():
+            raise FileExistsError(
+                f"{target} is a file where Kiln writes a folder; move it away, or pick another output folder"
+            )
+        if target.exists() or target.is_symlink():  # what `clear` kept stays apart, never merged into
+            raise FileExistsError(f"{target} is still there once cleared; move it away and run again")
+        if record is not None:
+            record(staging)
+        replace_into(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 __all__ = [
+    "STAGING_SUFFIX",
+    "fresh_staging_folder",
+    "remove_folder",
+    "staged_folder",
     "link_refusal",
     "make_folder",
     "new_staging_folder",

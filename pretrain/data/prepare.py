@@ -848,11 +848,23 @@ def load_saved_tokenizer(folder: Path):
 
 
 def _save_tokenizer(tokenizer, target: Path) -> None:
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer.save_pretrained(tmp)
+    """Saved into a fresh folder beside `target` (a name no one chose: nothing stands in it to write through) and
+    renamed into place; never over a link at `target`."""
+    import tempfile
+
+    from kiln.safe_write import STAGING_SUFFIX, refuse_link
+
+    refuse_link(target)
+    # no leftover cleared by name: other --shard parts may be saving beside this one
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=STAGING_SUFFIX, dir=target.parent))
     try:
-        os.replace(tmp, target)
+        tokenizer.save_pretrained(tmp)
+        refuse_link(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        os.rename(tmp, target)  # onto an existing, non-empty folder: refused by the system, not merged
     except OSError:  # another --shard part saved the same tokenizer first
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -251,7 +251,12 @@ def check_special_tokens(tokenizer, model_kind: str) -> None:
 
 
 def prepare_tokenizer(
-    tok_cfg: TokenizerConfig, data_cfg: DataConfig, model_kind: str, save_dir: str, accelerator=None
+    tok_cfg: TokenizerConfig,
+    data_cfg: DataConfig,
+    model_kind: str,
+    save_dir: str,
+    accelerator=None,
+    staged=None,
 ) -> PreTrainedTokenizerFast:
     """Reuse `tok_cfg.name_or_path`, or train on the training documents and save to `save_dir`.
 
@@ -259,6 +264,10 @@ def prepare_tokenizer(
     tokenizer already saved in `save_dir` (a resumed run) is loaded instead of retrained, so save_dir must belong
     to this run. kind: WordPiece for the encoder, byte-level BPE for the decoder; model_max_length is
     data_cfg.max_seq_length.
+
+    A trained tokenizer is saved into a fresh folder renamed to `save_dir` (`staged(save_dir)`, a context manager
+    yielding that folder: `kiln.safe_write.staged_folder` unless the caller keeps a record,
+    `kiln.run_folder.staged_run_folder`), never into `save_dir` itself: a link left in it is never written through.
     """
     if model_kind not in KIND_FOR_MODEL:
         raise DataError(f"--model.kind={model_kind!r}: choose 'encoder' or 'decoder'")
@@ -285,8 +294,10 @@ def prepare_tokenizer(
                 min_frequency=tok_cfg.min_frequency,
                 model_max_length=data_cfg.max_seq_length,
             )
-            save_dir.mkdir(parents=True, exist_ok=True)
-            tokenizer.save_pretrained(save_dir)
+            if staged is None:
+                from kiln.safe_write import staged_folder as staged
+            with staged(save_dir) as staging:
+                tokenizer.save_pretrained(staging)
     # trained once, on rank 0, and broadcast: every node loads the same files, whether it shares save_dir or not
     share_files(save_dir, accelerator)
     tokenizer = load_tokenizer(str(save_dir), data_cfg.max_seq_length)
