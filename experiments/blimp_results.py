@@ -124,6 +124,43 @@ def pretraining_records() -> dict[str, dict]:
     return found
 
 
+def short_cpu(name: str | None) -> str:
+    """A CPU's model name as a table names it: `Intel Xeon`, `AMD EPYC` (the trademark signs and 'Processor' off)."""
+    if not name:
+        return "an unrecorded CPU"
+    for mark in ("(R)", "(TM)", " Processor", " CPU"):
+        name = name.replace(mark, "")
+    return " ".join(name.split())
+
+
+def model_label(row: dict, runs: dict[str, dict]) -> str:
+    """What a record scored, once per record: kind, preset, precision when not fp32, corpus when not the
+    encoders', how it was scored when not the default."""
+    config = runs.get(row["pretraining"], {}).get("config", {})
+    preset = config.get("model", {}).get("preset")
+    preset = preset or ("gpt2" if row["kind"] == "decoder" else None)  # the decoder's default preset
+    what = f"Kiln {row['kind']}" + (f" ({preset} preset)" if preset else "")
+    if config.get("data", {}).get("mlm_probability", 0.15) != 0.15 and row["kind"] == "encoder":
+        what += f", {100 * config['data']['mlm_probability']:g}% masked"
+    what += ", random weights" if row["from_scratch"] else ""
+    what += ", PLL-word-l2r" if row.get("pll") == "word-l2r" else ""
+    return what
+
+
+def budget_label(row: dict, runs: dict[str, dict]) -> str:
+    """A pretraining budget as one number with its CPU: minutes of one core of the CPU the run was timed on, its
+    steps and precision, and its tag."""
+    run = runs[row["pretraining"]]
+    precision = run.get("config", {}).get("training", {}).get("mixed_precision")
+    # runs recorded before records kept their CPU: the CPU the model was scored on, marked (the same session's)
+    cpu = short_cpu(run["cpu"]) if run.get("cpu") else short_cpu(row.get("cpu")) + "†"
+    return (
+        f"{row['minutes']:g} min of one {cpu} core, {run['steps']:,} steps"
+        + (", bf16" if precision == "bf16" else "")
+        + f" (`{row['pretraining']}`)"
+    )
+
+
 def table(records: list[dict]) -> str:
     """The Markdown block between START and END."""
     rows = sorted(
@@ -145,17 +182,8 @@ def table(records: list[dict]) -> str:
                 f"{phenomena} | {row['pairs']:,} | {row['seconds'] / 60:.1f} min | |"
             )
             continue
-        preset = runs[row["pretraining"]].get("config", {}).get("model", {}).get("preset")
-        preset = preset or ("gpt2" if row["kind"] == "decoder" else None)  # the decoder's default preset
-        what = f"Kiln {row['kind']}" + (f" ({preset} preset)" if preset else "")
-        what += ", random weights" if row["from_scratch"] else ""
-        what += ", PLL-word-l2r" if row.get("pll") == "word-l2r" else ""
-        steps = runs[row["pretraining"]]["steps"]
-        pretraining = (
-            "none"
-            if row["from_scratch"]
-            else f"{row['minutes']:g} min, {steps:,} steps (`{row['pretraining']}`)"
-        )
+        what = model_label(row, runs)
+        pretraining = "none" if row["from_scratch"] else budget_label(row, runs)
         bpb = f"{row['tinystories_valid']['bits_per_byte']:.3f}" if "tinystories_valid" in row else ""
         lines.append(
             f"| {what} | {pretraining} | {100 * row['mean']:.1f} | {phenomena} | {row['pairs']:,} | "
@@ -166,6 +194,10 @@ def table(records: list[dict]) -> str:
         phenomena = sum(by_phenomenon.values()) / len(by_phenomenon)  # already in %
         lines.append(f"| {name} (paper) | | {means[key]:.1f} | {phenomena:.1f} | 67,000 | | |")
     lines.append("| chance | | 50.0 | 50.0 | | | |")
+    lines += [
+        "",
+        "† the CPU the model was scored on: its pretraining record predates records that name their CPU.",
+    ]
     trained = [row for row in rows if not row["from_scratch"] and row["kind"] not in FREQUENCY_BASELINES]
     if trained:
         best = max(trained, key=lambda r: r["mean"])
@@ -175,7 +207,7 @@ def table(records: list[dict]) -> str:
         lines += [
             "",
             f"Beside the paper's LSTM ({means[GOAL]:.1f}), the reference a small CPU-trained model is read "
-            f"against: the best model here, the {best['minutes']:g}-minute {best['kind']}, scores "
+            f"against: the best model here, the {model_label(best, runs)} of {budget_label(best, runs)}, scores "
             f"{100 * best['mean']:.1f} (standard error {error:.1f} over its {best['pairs']:,} pairs), "
             f"{verdict}.",
         ]
@@ -207,12 +239,18 @@ def plots(records: list[dict]) -> None:
     rows = latest(records).values()
     means = paper_means()
     encoders = sorted((r for r in rows if r["name"] in CURVE), key=lambda r: r["minutes"])
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(9.0, 7.2))
     ax.plot(
         [r["minutes"] for r in encoders],
         [100 * r["mean"] for r in encoders],
         "o-",
-        label="Kiln encoder (PLL)",
+        label="Kiln encoder, the compute curve (BERT-Tiny, MLM+SOP, PLL): minutes of one "
+        + (
+            budget_label(encoders[-1], pretraining_records()).split(" of one ")[1].split(" core")[0]
+            if encoders
+            else ""
+        )
+        + " core",
     )
     for r in encoders:
         ax.annotate(
@@ -223,13 +261,14 @@ def plots(records: list[dict]) -> None:
             ha="center",
             fontsize=8,
         )
+    runs = pretraining_records()
+    markers = iter("DsP^v<>*Xhpd8")
     for r in (r for r in rows if r["name"] not in CURVE and r["kind"] in ("encoder", "decoder")):
-        marker = "s" if r["kind"] == "decoder" else "D"
         ax.plot(
             [r["minutes"]],
             [100 * r["mean"]],
-            marker,
-            label=f"Kiln {r['kind']}, {r['minutes']:g} min ({r['pretraining']})",
+            next(markers, "o"),
+            label=f"{model_label(r, runs)}: {100 * r['mean']:.1f}, {budget_label(r, runs).replace('`', '')}",
         )
     for key, style in (("ngram", ":"), ("lstm", "--"), ("gpt2", "-.")):
         ax.axhline(means[key], linestyle=style, color="grey", linewidth=1)
@@ -245,9 +284,10 @@ def plots(records: list[dict]) -> None:
     ax.set_xticks(list(CURVE_MINUTES))
     ax.set_xticklabels(["random\ninit", "7.5", "15", "30", "60\n(not run)"])
     ax.set_xlim(-3, 75)
-    ax.set_xlabel("pretraining minutes (2-core CPU, one thread)")
+    ax.set_xlabel("pretraining minutes of one core (each point's CPU in the legend)")
     ax.set_ylabel("BLiMP accuracy, mean of 67 paradigms (%)")
-    ax.legend(loc="lower right", fontsize=8)
+    # below the axes, one entry a line: no entry covers a point or its label
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=1, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(CURVE_PNG, dpi=110, metadata={"Software": None})
     plt.close(fig)
