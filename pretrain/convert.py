@@ -927,6 +927,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
     if problem:
         raise ValueError(problem)
     src, dst = Path(src), Path(dst)
+    refuse_dst(src, dst)  # before anything is written
     hub_id = None
     if not src.is_dir() and HUB_ID.fullmatch(str(src)):  # a Hub id: its config, weights and tokenizer files
         hub_id, src = str(src), _download_start(str(src), "SRC_DIR", None)
@@ -964,11 +965,85 @@ def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
             f"{src} holds a `{model_type}` model; only bert, electra, modernbert, gpt2, llama, kiln_encoder, "
             "kiln_decoder convert."
         )
-    converted.save_pretrained(dst)
-    for file_name in TOKENIZER_FILES:
-        if (src / file_name).is_file():
-            shutil.copy(src / file_name, dst / file_name)
+    refuse_dst(src, dst)  # SRC resolved (a Hub id's snapshot), and DST as it is now
+    from kiln.safe_write import staged_folder
+
+    # written whole into a fresh folder beside DST and renamed into place: nothing in an earlier DST is written
+    # through or cleared by transformers (which removes shard files it did not write); the earlier DST, which
+    # `refuse_dst` found to hold only the files of an earlier conversion, is removed as the new one takes its place
+    with staged_folder(dst, clear=_clear_converted) as staging:
+        converted.save_pretrained(staging)
+        for file_name in TOKENIZER_FILES:
+            if (src / file_name).is_file():
+                shutil.copy(src / file_name, staging / file_name)
+        written = {path.name: sha256_file(path) for path in sorted(staging.iterdir()) if path.is_file()}
+        (staging / CONVERTED_RECORD).write_text(json.dumps({"files": written}, indent=1) + "\n")
     return converted
+
+
+class DestinationError(ValueError):
+    """DST_DIR is a folder `convert` may not write (a user's folder, SRC_DIR or inside it): exit status 2."""
+
+
+def _foreign_in_dst(dst: Path) -> list[str]:
+    """The entries of an existing DST_DIR that its record (`CONVERTED_RECORD`, written by an earlier convert) does
+    not list as unchanged since: everything, when it has no record."""
+    try:
+        files = json.loads((dst / CONVERTED_RECORD).read_text())["files"]
+        if not isinstance(files, dict) or (dst / CONVERTED_RECORD).is_symlink():
+            files = {}
+    except (OSError, ValueError, KeyError, TypeError):
+        files = {}
+    foreign = []
+    for path in sorted(dst.iterdir()):
+        if path.name == CONVERTED_RECORD and files:
+            continue
+        ours = (
+            not path.is_symlink()
+            and path.is_file()
+            and isinstance(files.get(path.name), str)
+            and sha256_file(path) == files[path.name]
+        )
+        if not ours:
+            foreign.append(path.name + ("/" if path.is_dir() and not path.is_symlink() else ""))
+    return foreign
+
+
+def refuse_dst(src: Path, dst: Path) -> None:
+    """Refuse a DST_DIR that convert would write over what it must keep: SRC_DIR itself or a folder inside it, a
+    link, a file, or a folder holding anything but the unchanged files of an earlier conversion (by its record)."""
+    from kiln.safe_write import link_refusal
+
+    if src.is_dir():
+        src_real, dst_real = src.resolve(), dst.resolve()
+        if dst_real == src_real or src_real in dst_real.parents:
+            raise DestinationError(
+                f"DST_DIR {dst} is SRC_DIR {src} or inside it; pick a DST_DIR outside SRC_DIR: convert writes a "
+                "new folder and never rewrites the one it reads"
+            )
+    if dst.is_symlink():
+        raise DestinationError(link_refusal(dst).replace("--training.output_dir", "DST_DIR"))
+    if dst.exists() and not dst.is_dir():
+        raise DestinationError(f"DST_DIR {dst} is a file; pick a new or empty folder as DST_DIR")
+    if dst.is_dir():
+        foreign = _foreign_in_dst(dst)
+        if foreign:
+            more = f" and {len(foreign) - 6} more" if len(foreign) > 6 else ""
+            raise DestinationError(
+                f"DST_DIR {dst} holds files convert did not write ({', '.join(foreign[:6])}{more}); pick a new or "
+                "empty DST_DIR: convert replaces only a folder an earlier convert wrote, and removes only its files"
+            )
+
+
+def _clear_converted(dst: Path) -> None:
+    """Remove an earlier conversion at DST_DIR, once more checked to hold nothing else (`refuse_dst`)."""
+    foreign = _foreign_in_dst(dst)
+    if foreign:
+        raise DestinationError(
+            f"DST_DIR {dst} holds files convert did not write ({', '.join(foreign[:6])}), put there while it "
+            "converted; pick a new or empty DST_DIR"
+        )
+    shutil.rmtree(dst)
 
 
 # ------------------------------------------------------------------------------------------ a run's start model
@@ -1200,6 +1275,11 @@ def main(argv: list[str] | None = None) -> None:
     answer_print_config(args)
     try:
         converted = convert_checkpoint(args.src_dir, args.dst_dir)
+    except (
+        DestinationError
+    ) as error:  # a folder the user fixes by naming another: said before anything is written
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     except (
         ConfigError
     ) as error:  # SRC_DIR refused by the model gate (check_model_folder): a user error, as in a run

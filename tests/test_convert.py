@@ -1,6 +1,7 @@
 """Proof of correctness: BERT / GPT-2 converted to Kiln (and back) compute the same logits and losses."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -364,3 +365,88 @@ def test_every_bert_and_gpt2_head_converts_with_equal_logits_and_loss(
     torch.testing.assert_close(kiln_out.loss, hf_out.loss, atol=1e-5, rtol=1e-6)
     assert_same_state(to_transformers(kiln_model).state_dict(), hf_model.state_dict())
     assert_same_state(from_transformers(hf_model).state_dict(), kiln_model.state_dict())
+
+
+# ------------------------------------------------------------------------------------- where convert writes DST
+def _tree(folder):
+    """Every entry under `folder` (links not followed): its bytes, its link target, or "dir"."""
+    import os
+
+    return {
+        str(path.relative_to(folder)): "-> " + os.readlink(path)
+        if path.is_symlink()
+        else ("dir" if path.is_dir() else path.read_bytes())
+        for path in sorted(folder.rglob("*"))
+    }
+
+
+@pytest.fixture
+def bert_folder(tmp_path):
+    bert = transformers.BertForPreTraining(
+        transformers.BertConfig(max_position_embeddings=32, **ENCODER_SHAPES[1])
+    )
+    bert.eval().save_pretrained(tmp_path / "bert")
+    (tmp_path / "bert" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    return tmp_path / "bert"
+
+
+def _refused(capsys, *argv) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(arg) for arg in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    return err[0]
+
+
+def test_a_users_folder_as_dst_is_refused_before_anything_is_written(bert_folder, tmp_path, capsys):
+    """transformers' save_pretrained clears the shard files it did not write and replaces config.json: a user's
+    folder as DST_DIR is refused in one line, left byte for byte as it was."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}\n')
+    (mine / "model-00001-of-00002.safetensors").write_bytes(b"my shard")
+    (mine / "notes.txt").write_text("notes\n")
+    before = _tree(tmp_path)
+    line = _refused(capsys, bert_folder, mine)
+    assert line == (
+        f"error: DST_DIR {mine} holds files convert did not write (config.json, "
+        "model-00001-of-00002.safetensors, notes.txt); pick a new or empty DST_DIR: convert replaces only a "
+        "folder an earlier convert wrote, and removes only its files"
+    )
+    assert _tree(tmp_path) == before
+
+
+def test_src_as_dst_or_a_folder_inside_it_is_refused_and_src_left_whole(bert_folder, tmp_path, capsys):
+    before = _tree(tmp_path)
+    for dst in (bert_folder, bert_folder / "kiln", bert_folder / "." / "deeper" / ".."):
+        line = _refused(capsys, bert_folder, dst)
+        assert line == (
+            f"error: DST_DIR {dst} is SRC_DIR {bert_folder} or inside it; pick a DST_DIR outside SRC_DIR: "
+            "convert writes a new folder and never rewrites the one it reads"
+        )
+        assert _tree(tmp_path) == before  # not half-converted, nothing made inside it
+
+
+def test_an_earlier_conversion_is_replaced_whole_unless_something_was_added(bert_folder, tmp_path, capsys):
+    dst = tmp_path / "kiln"
+    main([str(bert_folder), str(dst)])
+    record = json.loads((dst / "kiln-converted.json").read_text())["files"]
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= set(record)
+    main([str(bert_folder), str(dst)])  # its own earlier output: replaced (no staging folder left beside it)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert", "kiln"]
+    # a file added, a file changed, a link put in place of one: the folder is no longer only convert's
+    outside = tmp_path / "outside.json"
+    outside.write_text("mine\n")
+    for change, named in (
+        (lambda: (dst / "notes.txt").write_text("mine\n"), "notes.txt"),
+        (lambda: (dst / "vocab.txt").write_text("[PAD]\nmine\n"), "vocab.txt"),
+        (lambda: ((dst / "config.json").unlink(), (dst / "config.json").symlink_to(outside)), "config.json"),
+    ):
+        shutil.rmtree(dst)
+        main([str(bert_folder), str(dst)])
+        change()
+        before = _tree(tmp_path)
+        line = _refused(capsys, bert_folder, dst)
+        assert line.startswith(f"error: DST_DIR {dst} holds files convert did not write ({named})"), line
+        assert _tree(tmp_path) == before

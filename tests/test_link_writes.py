@@ -93,7 +93,8 @@ def test_a_link_where_kiln_writes_is_refused_at_the_start_naming_it(finished_run
 
 WRITERS = {
     # name: (flags, what the writer that meets the link writes)
-    "final.tmp": ([OVERWRITE], "the export, after training"),
+    # the export is written into a fresh folder of its own (kiln.safe_write.staged_folder), renamed to final/
+    "final": (RESUME, "the export, after training"),
     f"{STEP}.tmp": ([OVERWRITE], "the checkpoint of step 2"),
     ".kiln-run.json.tmp": ([OVERWRITE], "the new record"),
     ".kiln.lock": ([OVERWRITE], "the lock"),
@@ -119,7 +120,8 @@ def test_a_link_put_there_once_the_run_started_is_refused_by_its_writer(
         line = pretrain_refused_in_process(capsys, "--training.output_dir", out, *QUICK, *flags)
     assert line == f"error: {link_refusal(link)}", line
     assert _snapshot(outside) == before
-    target = outside if name in FOLDERS else outside / "notes.txt"
+    folder = name in FOLDERS or name == "final"
+    target = outside if folder else outside / "notes.txt"
     assert link.is_symlink() and os.readlink(link) == str(target)
     if name in FOLDERS:  # the checkpoint or export did not become the link
         final = out / name.removesuffix(".tmp")
