@@ -211,7 +211,7 @@ def staged_folder(accelerator: Accelerator, save_dir: Path):
             staging = stack.enter_context(staged_run_folder(save_dir.parent, save_dir.name))
         else:
             staging = save_dir.with_name(f".{save_dir.name}.staging")
-        with disk_writes(staging):
+        with disk_writes(save_dir):  # a fault names the folder the user knows, not the staging name
             yield staging
     accelerator.wait_for_everyone()
 

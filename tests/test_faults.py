@@ -717,8 +717,9 @@ def test_a_disk_fault_in_the_final_export_is_one_line_and_leaves_no_half_model(
     code, lines = cli_in_process(capsys, *args)
     last = lines[-1]
     assert code == 2, last
-    assert last.startswith(f"error: file size limit exceeded writing {out}/final.tmp"), last
-    assert not (out / "final").exists() and not (out / "final.tmp").exists()
+    assert last.startswith(f"error: file size limit exceeded writing {out}/final (`ulimit -f`"), last
+    # nor a staging folder left (a fresh `.final.*.staging` beside it, kiln.safe_write.staged_folder)
+    assert not (out / "final").exists() and not list(out.glob(".final*"))
     assert [p.name for p in find_checkpoints(out)] == ["step-00000002"]
 
     monkeypatch.undo()
@@ -755,7 +756,7 @@ def test_a_fault_while_overwriting_a_saved_model_folder_keeps_the_previous_one(t
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, previous)
-    assert fault.value.errno == errno.EFBIG and fault.value.filename == str(tmp_path / "best.tmp")
+    assert fault.value.errno == errno.EFBIG and fault.value.filename == str(tmp_path / "best")
     assert _checkpoint_files(best) == before and sorted(p.name for p in tmp_path.iterdir()) == ["best"]
 
 
