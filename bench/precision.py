@@ -84,7 +84,7 @@ def runners_for(preset: Preset, seed: int) -> tuple[dict[str, StepRunner], float
     return runners, flops_per_token
 
 
-def run_preset(name: str, preset: Preset, rounds: int | None, seed: int) -> dict:
+def time_preset(name: str, preset: Preset, rounds: int | None, seed: int) -> dict:
     runners, flops_per_token = runners_for(preset, seed)
     peaks = {
         "fp32": MatmulPeak(torch.device("cpu")),
@@ -118,7 +118,7 @@ def run_preset(name: str, preset: Preset, rounds: int | None, seed: int) -> dict
     return result
 
 
-def print_table(results: dict[str, dict]) -> None:
+def print_precision_table(results: dict[str, dict]) -> None:
     print(
         f"{'preset':<16} {'fp32 GF/s':>9} {'matmul fp32':>11} {'matmul bf16':>11} "
         + " ".join(f"{v + ' x':>16}" for v in VARIANTS[1:])
@@ -158,10 +158,10 @@ def main(argv: list[str] | None = None) -> dict:
         "presets": {},
     }
     for name in args.preset or list(PRESETS):
-        record["presets"][name] = run_preset(name, PRESETS[name], args.rounds, args.seed)
-        print_table({name: record["presets"][name]})
+        record["presets"][name] = time_preset(name, PRESETS[name], args.rounds, args.seed)
+        print_precision_table({name: record["presets"][name]})
     record["loadavg_at_end"] = load_average()
-    print_table(record["presets"])
+    print_precision_table(record["presets"])
     if args.json:
         with open(args.json, "w", encoding="utf-8") as file:
             json.dump(record, file, indent=1)

@@ -277,12 +277,12 @@ class HubSync(TrainerCallback):
     def on_save(self, trainer: RunningTrainer, checkpoint: Path, state: TrainState) -> None:
         if self.pusher is None or self.hub.strategy == "end":
             return
-        from .export import save_model_files, staged_folder
+        from .export import save_model_files, staged_export_folder
 
         # written whole into a fresh folder and renamed into place at every save (never rewritten in place: a
         # link inside the old hub-export/ is never written through), put on the run folder's record
         export = trainer.output_dir / "hub-export"
-        with staged_folder(trainer.accelerator, export) as staging:
+        with staged_export_folder(trainer.accelerator, export) as staging:
             save_model_files(trainer.accelerator, trainer.model, self.tokenizer, staging)
         if trainer.accelerator.is_main_process:
             self.pusher.push(export, commit_message=f"Training in progress, step {state.global_step}")

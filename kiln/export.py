@@ -78,7 +78,7 @@ def _save_pretrained(model, state_dict: dict, save_dir: Path, tokenizer) -> None
     """`model.save_pretrained` with the training-only fast paths off in the saved config, and the tokenizer."""
     from .safe_write import refuse_link
 
-    # Kiln's callers hand a fresh staging folder (`staged_folder`) or a part's folder inside one
+    # Kiln's callers hand a fresh staging folder (`staged_export_folder`) or a part's folder inside one
     refuse_link(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     config = model.config
@@ -187,7 +187,7 @@ def export_model(
     `config`: the run's config (saved as kiln_config.yaml; its training section fills the card's table)."""
     save_dir = Path(save_dir)
     check_finite_weights(accelerator.unwrap_model(model), save_dir)
-    with staged_folder(accelerator, save_dir) as staging:
+    with staged_export_folder(accelerator, save_dir) as staging:
         save_model_files(accelerator, model, tokenizer, staging)
         if accelerator.is_main_process:
             _write_run_files(config, state, staging)
@@ -196,8 +196,8 @@ def export_model(
 
 
 @contextlib.contextmanager
-def staged_folder(accelerator: Accelerator, save_dir: Path):
-    """`with staged_folder(acc, folder) as staging:` write into `staging`, a fresh folder beside `folder` that no
+def staged_export_folder(accelerator: Accelerator, save_dir: Path):
+    """`with staged_export_folder(acc, folder) as staging:` write into `staging`, a fresh folder beside `folder` that no
     one chose the name of; once the block is done it replaces `folder`, which loses only the files on the run
     folder's record (`kiln.run_folder.staged_run_folder`). Nothing is written into the old folder, so a link in it
     is never written through; a link at `folder` is refused in one line. A fault midway (a full disk, a kill)
@@ -217,10 +217,10 @@ def staged_folder(accelerator: Accelerator, save_dir: Path):
 
 
 def save_model_folder(accelerator: Accelerator, model, tokenizer, save_dir: str | Path) -> Path:
-    """`save_model_files` into `save_dir` through `staged_folder`: the folder is either the old one or the new
+    """`save_model_files` into `save_dir` through `staged_export_folder`: the folder is either the old one or the new
     one, never half of either (what fine-tuning's best/ model needs: it is overwritten at each new best)."""
     save_dir = Path(save_dir)
-    with staged_folder(accelerator, save_dir) as staging:
+    with staged_export_folder(accelerator, save_dir) as staging:
         save_model_files(accelerator, model, tokenizer, staging)
     return save_dir
 
@@ -319,5 +319,5 @@ __all__ = [
     "quiet_transformers",
     "save_model_files",
     "save_model_folder",
-    "staged_folder",
+    "staged_export_folder",
 ]

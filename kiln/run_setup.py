@@ -289,6 +289,9 @@ def start_run(
     if precision_line and accelerator.is_main_process:
         (logger.warning if slow else logger.info)(precision_line)
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file checkpoint chatter
+    # one INFO line per Hub request (a push made dozens); failures still show
+    for chatty in ("httpx", "httpx2", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     quiet_tied_weight_warning()
     set_seed(training.seed)
     return accelerator

@@ -52,9 +52,10 @@ def _assert_token_absent(*roots: Path, texts: tuple[str, ...] = ()):
         assert TEST_TOKEN not in text
 
 
-def test_push_every_save_then_load_elsewhere(hub, tmp_path, fresh_process, capfd):
+def test_push_every_save_then_load_elsewhere(hub, tmp_path, fresh_process, capfd, caplog):
     repo = f"{TEST_USER}/kiln-e2e"
     out = tmp_path / "run"
+    caplog.set_level("INFO")  # as a run logs: INFO and up from every logger
     run(
         out,
         "--training.max_steps",
@@ -72,6 +73,11 @@ def test_push_every_save_then_load_elsewhere(hub, tmp_path, fresh_process, capfd
         "my-corpus",
     )
 
+    # the pushes made dozens of requests; none of them is a log line (httpx logs one INFO line per request)
+    requests = [
+        r.getMessage() for r in caplog.records if r.name.startswith(("httpx", "httpcore"))
+    ]  # httpx2 too
+    assert not requests, requests[:3]
     files = hub.files(repo)
     for name in (
         "model.safetensors",
