@@ -28,6 +28,8 @@ from finetune.common import (  # noqa: E402
 from finetune.runner import FinetuneTask, encoder_checkpoint, encoder_head, encoder_model, run_task  # noqa: E402
 from kiln.config import HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
 from kiln.errors import ConfigError  # noqa: E402
+from kiln.option_range import bounded  # noqa: E402
+from pretrain.config import LONGEST  # noqa: E402
 
 DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for sequence
 classification: single sentences or sentence pairs (GLUE-style), labels given as names or ints (saved as
@@ -62,17 +64,17 @@ class ClassifyDataConfig:
     """A GLUE task preset (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli; finetune/glue_tasks.py): sets the data source, text and label columns, label set and best-model metric, and scores MNLI's mismatched dev set too; the data comes from glue_dir, else the Hub dataset nyu-mll/glue. The run writes to runs/glue/<task> unless training.output_dir is given."""
     glue_dir: str | None = None
     """With glue_task: the task's folder of the GLUE data (e.g. glue_data/MRPC with train.tsv, dev.tsv, test.tsv as in the GLUE zips); replaces dataset_name, the *_file options and text_columns, label_column, label_list."""
-    validation_split_percentage: float = 10.0
+    validation_split_percentage: float = bounded(10.0, 0, 100, high_open=True)
     """Percent of the training rows held out for validation when there is no validation split."""
-    max_seq_length: int | None = None
+    max_seq_length: int | None = bounded(None, 2, LONGEST)  # [CLS] and [SEP]
     """Tokens per example (a pair counts both sentences); None: the checkpoint's max_position_embeddings."""
     truncation: str = "warn"
     """Examples longer than max_seq_length are truncated: `warn` says how many, `quiet` does not, `error` refuses them."""
-    max_train_samples: int | None = None
+    max_train_samples: int | None = bounded(None, low=1)
     """Use only the first N training examples (quick runs)."""
-    max_eval_samples: int | None = None
+    max_eval_samples: int | None = bounded(None, low=1)
     """Use only the first N validation examples."""
-    max_predict_samples: int | None = None
+    max_predict_samples: int | None = bounded(None, low=1)
     """Predict only the first N test examples."""
 
 

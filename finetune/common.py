@@ -34,6 +34,7 @@ from kiln.config import TrainingConfig, resolve_path
 from kiln.errors import ConfigError, first_line
 from kiln.export import quiet_transformers
 from kiln.model_files import read_model_config
+from kiln.option_range import bounded
 from kiln.run_folder import record_files
 from kiln.safe_write import open_file, write_file
 
@@ -69,9 +70,9 @@ class EncoderModelConfig:
     """Train a new, randomly initialised head even when the checkpoint was already fine-tuned with another label set."""
     from_scratch: bool = False
     """Random weights with the shape and the tokenizer of `checkpoint` (its weights are not read): the baseline that shows what pretraining buys."""
-    classifier_dropout: float | None = None
+    classifier_dropout: float | None = bounded(None, 0, 1, high_open=True)  # 1 drops everything
     """Dropout before the classification head (None: the checkpoint's hidden_dropout_prob)."""
-    dropout: float | None = None
+    dropout: float | None = bounded(None, 0, 1, high_open=True)
     """Dropout inside the encoder while fine-tuning (hidden and attention; None: the checkpoint's). Useful when the checkpoint was pretrained without dropout."""
     attn_implementation: str = "sdpa"
     """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
@@ -126,10 +127,6 @@ def validate_common(config) -> None:
         raise ConfigError(
             f"--data.truncation must be one of {', '.join(TRUNCATION_POLICIES)}, got {data.truncation!r}"
         )
-    for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
-        value = getattr(data, name)
-        if value is not None and value <= 0:
-            raise ConfigError(f"data.{name} must be positive (or None for all), got {value}")
     attention = getattr(config.model, "attn_implementation", None)
     if attention is not None:  # a kernel Kiln's models run, and (training) one that trains on this device
         from pretrain.modeling.configuration_kiln import check_attn_implementation

@@ -177,7 +177,12 @@ def run_classify(args: list[str]):
 
 def main(argv: list[str] | None = None) -> dict:
     args, overrides = parse_args(argv)
+    from finetune.classify import ClassifyConfig
     from finetune.common import resolve_start_model
+    from kiln.config import build_config
+
+    # the options every classify run gets (their ranges among them) checked once, before the first task starts
+    build_config(ClassifyConfig, overrides, prog="python finetune/glue.py ... --")
 
     # the model gate once, under GLUE's own option name, before any task's data is read or folder written
     resolve_start_model(args.checkpoint, "--checkpoint", ("kiln_encoder",))

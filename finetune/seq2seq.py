@@ -45,6 +45,8 @@ from finetune.common import (  # noqa: E402
 from finetune.runner import FinetuneTask, Head, run_task  # noqa: E402
 from kiln.config import HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
 from kiln.errors import ConfigError  # noqa: E402
+from kiln.option_range import bounded  # noqa: E402
+from pretrain.config import LONGEST  # noqa: E402
 
 DESCRIPTION = """Fine-tune an encoder-decoder built from a pretrained Kiln encoder and a pretrained Kiln decoder
 (local runs/.../final folders or Hub ids; the decoder's cross-attention is new), or the same shapes from
@@ -118,31 +120,31 @@ class Seq2SeqDataConfig:
     """Translation: source language code, for parallel text files or a `translation` column (e.g. `en`)."""
     target_lang: str | None = None
     """Translation: target language code (e.g. `de`)."""
-    validation_split_percentage: float = 10.0
+    validation_split_percentage: float = bounded(10.0, 0, 100, high_open=True)
     """Percent of the training pairs held out for validation when there is no validation split."""
-    max_source_length: int | None = None
+    max_source_length: int | None = bounded(None, 2, LONGEST)  # [CLS] and [SEP]
     """Source tokens, [CLS] and [SEP] included; None: the encoder's max_position_embeddings."""
-    max_target_length: int | None = None
+    max_target_length: int | None = bounded(None, 1, LONGEST)
     """Target tokens trained on, end-of-text included; None: the decoder's max_position_embeddings."""
     truncation: str = "warn"
     """Longer sources and targets are truncated: `warn` says how many, `quiet` does not, `error` refuses them."""
-    max_train_samples: int | None = None
+    max_train_samples: int | None = bounded(None, low=1)
     """Use only the first N training pairs (quick runs)."""
-    max_eval_samples: int | None = None
+    max_eval_samples: int | None = bounded(None, low=1)
     """Use only the first N validation pairs (each is generated at every evaluation)."""
-    max_predict_samples: int | None = None
+    max_predict_samples: int | None = bounded(None, low=1)
     """Predict only the first N test pairs."""
 
 
 @dataclass
 class GenerationSettings:
-    num_beams: int = 1
+    num_beams: int = bounded(1, 1, 1024)
     """Beams for evaluation and --predict (1: greedy decoding)."""
-    max_new_tokens: int = 64
+    max_new_tokens: int = bounded(64, 1, LONGEST)
     """Longest output in decoder tokens (capped by the decoder's max_position_embeddings - 1)."""
-    length_penalty: float = 1.0
+    length_penalty: float = bounded(1.0)  # any finite exponent (< 0 favours shorter outputs)
     """Beam search: exponent on the length that divides the score (> 1 favours longer outputs)."""
-    no_repeat_ngram_size: int = 3
+    no_repeat_ngram_size: int = bounded(3, 0, LONGEST)
     """Never repeat an n-gram of this size in one output (0: allow repeats)."""
 
 

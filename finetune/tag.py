@@ -28,6 +28,8 @@ from finetune.common import (  # noqa: E402
 from finetune.runner import FinetuneTask, encoder_checkpoint, encoder_head, encoder_model, run_task  # noqa: E402
 from kiln.config import HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
 from kiln.errors import ConfigError  # noqa: E402
+from kiln.option_range import bounded  # noqa: E402
+from pretrain.config import LONGEST  # noqa: E402
 
 DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for token
 classification: CoNLL-style column files (tag column chosen), CoNLL-U files (UPOS or XPOS), or a Hub dataset
@@ -38,6 +40,8 @@ best model, writes test-split predictions and output_dir/final (loadable with
 pipeline("token-classification")), and can push it to the Hub. Guide: docs/finetuning.md."""
 
 IOB_PREFIXES = ("B-", "I-", "E-", "S-", "L-", "U-")
+MOST_COLUMNS = 2**10
+"""A CoNLL-style line holds at most this many columns (CoNLL-U: 10): tag_column and token_column index them."""
 
 
 @dataclass
@@ -56,9 +60,9 @@ class TagDataConfig:
     """Test data to predict after training (tags optional in json/parquet; with tags, test metrics are computed too)."""
     tag_field: str = "upos"
     """CoNLL-U files: which tags to learn, `upos` (17 universal tags) or `xpos` (language-specific tags)."""
-    tag_column: int = -1
+    tag_column: int = bounded(-1, -MOST_COLUMNS, MOST_COLUMNS - 1)  # from the end when negative
     """Other CoNLL-style files: the column holding the tag (CoNLL-2003: -1 or 3 = NER, 1 = POS, 2 = chunk)."""
-    token_column: int = 0
+    token_column: int = bounded(0, -MOST_COLUMNS, MOST_COLUMNS - 1)
     """Other CoNLL-style files: the column holding the word."""
     tokens_column: str = "tokens"
     """Hub datasets and json/parquet files: the column with the lists of words."""
@@ -68,17 +72,17 @@ class TagDataConfig:
     """The full tag set, when some tags are missing from the training split (default: the training tags)."""
     label_all_tokens: bool = False
     """Label every WordPiece of a word (B-X becoming I-X on continuation pieces) instead of only the first one; evaluation is per word either way."""
-    validation_split_percentage: float = 10.0
+    validation_split_percentage: float = bounded(10.0, 0, 100, high_open=True)
     """Percent of the training sentences held out for validation when there is no validation split."""
-    max_seq_length: int | None = None
+    max_seq_length: int | None = bounded(None, 2, LONGEST)  # [CLS] and [SEP]
     """WordPiece tokens per sentence, [CLS] and [SEP] included; None: the checkpoint's max_position_embeddings."""
     truncation: str = "warn"
     """Longer sentences are truncated (their last words get no prediction): `warn` says how many, `quiet` does not, `error` refuses them."""
-    max_train_samples: int | None = None
+    max_train_samples: int | None = bounded(None, low=1)
     """Use only the first N training sentences (quick runs)."""
-    max_eval_samples: int | None = None
+    max_eval_samples: int | None = bounded(None, low=1)
     """Use only the first N validation sentences."""
-    max_predict_samples: int | None = None
+    max_predict_samples: int | None = bounded(None, low=1)
     """Predict only the first N test sentences."""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import os
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .option_range import bounded, check_ranges, declared_bounds, numeric_kind, option_range, range_refusal
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,42 +38,42 @@ class TrainingConfig:
     """Several nodes: every node's local main process writes its own copy of the config, tokenizer and
     checkpoints into output_dir (true: node-local disks) or rank 0 writes them once (false: a folder all nodes
     share). None: detected at start (markers written by each node, see kiln/nodes.py and docs/multi-node.md)."""
-    seed: int = 42
+    seed: int = bounded(42, 0, 2**32 - 1)  # numpy's seeds (accelerate.set_seed seeds numpy too)
     """Seed for weights, data order and masking."""
-    per_device_train_batch_size: int = 32
+    per_device_train_batch_size: int = bounded(32, low=1)
     """Sequences per process per micro-step."""
-    per_device_eval_batch_size: int = 64
+    per_device_eval_batch_size: int = bounded(64, low=1)
     """Sequences per process per evaluation step."""
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int = bounded(1, low=1)
     """Micro-steps accumulated per optimizer step."""
-    total_train_batch_size: int | None = None
+    total_train_batch_size: int | None = bounded(None, low=1)
     """Sequences per optimizer step over all processes; when set, the per-device batch size is derived from it
     (it must divide evenly by processes x gradient_accumulation_steps)."""
-    max_steps: int = 600
+    max_steps: int = bounded(600, low=1, also=((-1, "train by num_train_epochs"),))
     """Optimizer steps to train (-1: use num_train_epochs)."""
-    num_train_epochs: float = 1.0
+    num_train_epochs: float = bounded(1.0, low=0, low_open=True)
     """Epochs to train when max_steps is -1."""
-    max_train_time_s: float | None = None
+    max_train_time_s: float | None = bounded(None, low=0)
     """Wall-clock budget in seconds; training stops (and saves) when it is spent."""
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, low=0, low_open=True)  # 0 trains nothing and exports the untrained model
     """Peak learning rate."""
-    weight_decay: float = 0.01
+    weight_decay: float = bounded(0.01, low=0)
     """AdamW weight decay (not applied to biases and LayerNorm weights)."""
-    adam_beta1: float = 0.9
+    adam_beta1: float = bounded(0.9, 0, 1, high_open=True)  # torch.optim.AdamW's range
     """AdamW beta1."""
-    adam_beta2: float = 0.98
+    adam_beta2: float = bounded(0.98, 0, 1, high_open=True)
     """AdamW beta2."""
-    adam_epsilon: float = 1e-6
+    adam_epsilon: float = bounded(1e-6, low=0, low_open=True)  # 0 divides by zero
     """AdamW epsilon."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = bounded(1.0, low=0)
     """Clip gradients to this global norm (0 disables)."""
     lr_scheduler_type: str = "linear"
     """transformers.get_scheduler name: linear, cosine, constant, constant_with_warmup, ..."""
-    warmup_steps: int = 0
+    warmup_steps: int = bounded(0, low=0)
     """Warmup steps (takes precedence over warmup_ratio when > 0)."""
-    warmup_ratio: float = 0.06
+    warmup_ratio: float = bounded(0.06, 0, 1)
     """Warmup as a fraction of the total steps."""
-    decay_ratio: float = 0.1
+    decay_ratio: float = bounded(0.1, 0, 1)
     """`lr_scheduler_type: warmup_stable_decay` only: the share of the total steps spent in the final decay (the learning rate holds after the warmup until then)."""
     decay_type: str = "1-sqrt"
     """`lr_scheduler_type: warmup_stable_decay` only: the shape of the final decay, `linear`, `cosine` or `1-sqrt` (ModernBERT's), as transformers' `get_wsd_schedule` takes it."""
@@ -85,17 +87,17 @@ class TrainingConfig:
     """Recompute activations in the backward pass to save memory."""
     torch_compile: bool = False
     """Compile the model with torch.compile."""
-    eval_steps: int = 200
+    eval_steps: int = bounded(200, low=0)
     """Evaluate every N optimizer steps (0: only at the end)."""
-    max_eval_batches: int | None = None
+    max_eval_batches: int | None = bounded(None, low=1)
     """Evaluate on the first max_eval_batches x per_device_eval_batch_size sequences of the validation split,
     shared by all processes: the same sequences (and numbers) on any number of processes (None: the whole split)."""
     group_by_length: bool = False
     """Batch examples of similar length together (transformers' LengthGroupedSampler: random mega-batches of 50
     batches, sorted by length inside), so little of a batch is padding; the order stays seeded by (seed, epoch)."""
-    save_steps: int = 200
+    save_steps: int = bounded(200, low=0)
     """Save a resumable checkpoint every N optimizer steps (0: never)."""
-    save_total_limit: int | None = 2
+    save_total_limit: int | None = bounded(2, low=0)
     """Keep at most this many checkpoints (oldest removed); None or 0: keep all. The newest is never removed."""
     resume_from_checkpoint: str | None = None
     """`latest`, a checkpoint folder, or `hub:user/name` to continue a run exactly."""
@@ -103,9 +105,9 @@ class TrainingConfig:
     """Resume from a checkpoint that holds pickled files (`.pkl`, `.bin`, `.pt`: an earlier Kiln version's, or
     DeepSpeed's), which are loaded by unpickling and can run any code. Only for checkpoints you wrote yourself;
     without it such a checkpoint is refused, and Kiln's own checkpoints (safetensors and JSON) need it not."""
-    max_nonfinite_steps: int = 3
+    max_nonfinite_steps: int = bounded(3, low=0)
     """Optimizer steps in a row whose loss or gradient norm is NaN/inf that are skipped (not applied) before the run stops with an error; 0: stop at the first."""
-    divergence_factor: float = 10.0
+    divergence_factor: float = bounded(10.0, low=0)
     """Stop the run as diverged (exit status 1, no final model) when the training loss stays above
     max(divergence_factor x its lowest value so far, lowest + divergence_factor) for 3 optimizer steps in a row;
     no checkpoint is saved while it is that high. 0: off (a NaN/inf loss still stops the run)."""
@@ -115,7 +117,7 @@ class TrainingConfig:
     """Eval metric that picks the best model (e.g. `accuracy`, `loss`); the best weights are kept in output_dir/best."""
     greater_is_better: bool = True
     """Whether a larger metric_for_best_model is better."""
-    early_stopping_patience: int | None = None
+    early_stopping_patience: int | None = bounded(None, low=0)
     """Stop after this many evaluations without improvement of metric_for_best_model (None: never)."""
 
 
@@ -123,13 +125,13 @@ class TrainingConfig:
 class LoggingConfig:
     report_to: str = "none"
     """Tracker: `wandb`, `tensorboard`, `all` or `none`."""
-    logging_steps: int = 10
+    logging_steps: int = bounded(10, low=1)
     """Log training metrics every N optimizer steps."""
     project: str = "kiln"
     """Tracker project name."""
     run_name: str | None = None
     """Tracker run name (default: the output_dir's name)."""
-    peak_flops: float | None = None
+    peak_flops: float | None = bounded(None, low=0, low_open=True)
     """Peak FLOP/s of one device for the MFU estimate (None: guessed from the GPU name; unknown on CPU)."""
 
 
@@ -149,11 +151,11 @@ class HubConfig:
     """License of the published model, written into the model card's metadata (an SPDX id such as `apache-2.0` or `mit`, or `other`); unset: the card names none and says that none was chosen."""
     dataset_name: str | None = None
     """How the model card names the training corpus (a Hub dataset id goes into its metadata too); default: the names of the data files and folders the run read, without their paths."""
-    timeout_s: float = 60.0
+    timeout_s: float = bounded(60.0, low=0, low_open=True)
     """Seconds a Hub request may wait for the server to answer before it counts as failed (then retried)."""
-    final_push_timeout_s: float = 1800.0
+    final_push_timeout_s: float = bounded(1800.0, low=0, low_open=True)
     """Seconds to wait for the final push at the end of training, at most; after that the run fails (exit status 1) with the model saved locally and the `hf upload` command that finishes the push."""
-    final_push_stall_s: float = 300.0
+    final_push_stall_s: float = bounded(300.0, low=0, low_open=True)
     """Seconds the final wait goes on without progress (no answer from the Hub, no upload bytes read by it) before it gives up as final_push_timeout_s does; an upload that progresses goes on."""
 
 
@@ -163,6 +165,12 @@ class HubConfig:
 
 def field_docs(cls: type) -> dict[str, str]:
     """Docstrings written under each dataclass field."""
+    return dict(_source_field_docs(cls))
+
+
+@functools.cache
+def _source_field_docs(cls: type) -> dict[str, str]:
+    # read once per class: parsing the source takes milliseconds, and every build_config walks all the fields
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
@@ -219,12 +227,16 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         try:
             if tp is int:
+                if isinstance(value, int) or (
+                    isinstance(value, str) and value.strip().lstrip("+-").isdigit()
+                ):
+                    return int(value)  # exact: through a float, a long integer would change
                 as_float = float(value)
                 if as_float != int(as_float):
                     raise ValueError
                 return int(as_float)
             return float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
             raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}") from None
     if tp is str:
         if isinstance(value, bool):
@@ -249,6 +261,12 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
             if not isinstance(value, dict):
                 raise ConfigError(f"'{dotted}' is a section; give it a mapping of keys, got {value!r}")
             _apply(getattr(obj, key), value, prefix=f"{dotted}.")
+        elif numeric_kind(tp) is not None:
+            try:
+                setattr(obj, key, _convert(value, tp, dotted))
+            except ConfigError:  # not a number of its kind ("nan" or 1.5 for an integer): say what is
+                bounds = declared_bounds(type(obj), key)
+                raise ConfigError(range_refusal(dotted, value, numeric_kind(tp), bounds)) from None
         else:
             setattr(obj, key, _convert(value, tp, dotted))
 
@@ -377,7 +395,8 @@ def option_rows(cls: type, defaults: Any = None, keys: Collection[str] | None = 
     only these; None: all), with `defaults` (an instance, e.g. after --config) as the defaults shown."""
     for key, tp, default, doc in _walk_fields(cls, defaults=defaults):
         if keys is None or key in keys:
-            yield key, _type_name(tp), default, doc
+            allowed = option_range(cls, key)  # the declared range, so --help and the reference show it
+            yield key, _type_name(tp), default, f"{doc} Range: {allowed}." if allowed else doc
 
 
 SOURCES_TEXT = "Values come from the dataclass defaults, then the YAML file (--config; `_base_:` inherits), then dotted\ncommand-line overrides."
@@ -473,6 +492,8 @@ def build_config(
     if config_path is not None:
         _apply(config, load_yaml(config_path))
     _apply(config, overrides)
+    if not wants_help:  # --help shows the values given, in range or not; anything else runs on them
+        check_ranges(config, keys)
     if wants_help:
         print(
             format_help(
@@ -493,28 +514,13 @@ def build_config(
 
 
 def validate_run_sections(config: Any) -> None:
-    """Checks of the sections every Kiln entry point shares (training, logging, hub); each script adds its own."""
-    training = config.training
-    sizes = (
-        training.per_device_train_batch_size,
-        training.per_device_eval_batch_size,
-        training.gradient_accumulation_steps,
-    )
-    if min(sizes) <= 0:
-        raise ConfigError(
-            "--training.per_device_train_batch_size, per_device_eval_batch_size and gradient_accumulation_steps "
-            f"must be positive, got {', '.join(map(str, sizes))}"
-        )
-    check_training_values(training)
-    if config.logging.logging_steps <= 0:
-        raise ConfigError(f"--logging.logging_steps must be positive, got {config.logging.logging_steps}")
+    """Checks of the sections every Kiln entry point shares (training, logging, hub); each script adds its own.
+    Every numeric option of the whole config is checked against its declared range first (`check_ranges`, as
+    build_config does: a config made in code, not parsed from a command line, is checked here)."""
+    check_ranges(config)
+    check_training_values(config.training)
     if config.hub.push_to_hub and not config.hub.model_id:
         raise ConfigError("--hub.push_to_hub needs --hub.model_id user/name")
-    for name in ("timeout_s", "final_push_timeout_s", "final_push_stall_s"):
-        if not getattr(config.hub, name) > 0:
-            raise ConfigError(
-                f"hub.{name} must be a positive number of seconds, got {getattr(config.hub, name)}"
-            )
     if config.hub.strategy not in ("end", "every_save", "checkpoint"):
         raise ConfigError(
             f"--hub.strategy must be end, every_save or checkpoint, got {config.hub.strategy!r}"
@@ -530,7 +536,8 @@ MIXED_PRECISIONS = ("no", "bf16", "fp16", "fp8")
 
 
 def check_training_values(training: Any) -> None:
-    """Signs and ranges of the training section, each a one-line ConfigError naming the fix."""
+    """The training section's checks beyond the declared ranges (`check_ranges`): the output folder, the options
+    whose values are names; each a one-line ConfigError naming the fix."""
     out = training.output_dir
     if not str(out).strip():
         raise ConfigError(
@@ -540,55 +547,13 @@ def check_training_values(training: Any) -> None:
         raise ConfigError(
             f"--training.output_dir {out} is a file, not a folder; remove it or pick another output_dir"
         )
-    if training.max_steps < -1:
-        raise ConfigError(
-            f"--training.max_steps must be positive, or -1 to train by num_train_epochs; got {training.max_steps}"
-        )
-    if training.max_steps == 0:
-        raise ConfigError(
-            "--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs"
-        )
-    if training.max_steps == -1 and not training.num_train_epochs > 0:
-        raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
-    if not (training.lr >= 0 and training.lr < float("inf")):
-        raise ConfigError(f"--training.lr must be a non-negative number, got {training.lr}")
-    if (
-        training.lr == 0
-    ):  # every step would leave the weights as they are, and the untrained model be exported
-        raise ConfigError(
-            f"--training.lr must be a positive number (0 trains nothing), got {float(training.lr)}"
-        )
     if training.mixed_precision is not None and training.mixed_precision not in MIXED_PRECISIONS:
         raise ConfigError(
             f"--training.mixed_precision {training.mixed_precision!r} is unknown; use one of: {', '.join(MIXED_PRECISIONS)}"
         )
-    if training.save_total_limit is not None and training.save_total_limit < 0:
-        raise ConfigError(
-            f"--training.save_total_limit must be a positive number of checkpoints to keep (0 or none: keep all), "
-            f"got {training.save_total_limit}"
-        )
-    for name in (
-        "eval_steps",
-        "save_steps",
-        "warmup_steps",
-        "max_grad_norm",
-        "weight_decay",
-        "max_nonfinite_steps",
-        "divergence_factor",
-    ):
-        if getattr(training, name) < 0:
-            raise ConfigError(f"training.{name} must not be negative, got {getattr(training, name)}")
-    if not 0 <= training.warmup_ratio <= 1:
-        raise ConfigError(f"--training.warmup_ratio must be in [0, 1], got {training.warmup_ratio}")
-    if not 0 <= training.decay_ratio <= 1:
-        raise ConfigError(f"--training.decay_ratio must be in [0, 1], got {training.decay_ratio}")
     if training.decay_type not in ("linear", "cosine", "1-sqrt"):
         raise ConfigError(
             f"--training.decay_type {training.decay_type!r} is unknown; use linear, cosine or 1-sqrt"
-        )
-    if training.max_train_time_s is not None and training.max_train_time_s < 0:
-        raise ConfigError(
-            f"--training.max_train_time_s must not be negative, got {training.max_train_time_s}"
         )
 
 

@@ -17,6 +17,7 @@ engine may not import; the file checks it builds on are the engine's (`kiln.mode
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -293,10 +294,10 @@ def _start_sizes(spec: str, option: str, config: dict) -> dict:
     if model_type == "llama":
         rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
         theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
             where = "rope_parameters' rope_theta" if "rope_theta" in rope else "rope_theta"
             raise ConfigError(
-                f"{_name(option, spec)}: its config.json's {where} is {theta!r}, not a positive number (the base of "
+                f"{_name(option, spec)}: its config.json's {where} is {theta!r}, not a finite positive number (the base of "
                 "the rotary frequencies); point it at a folder written by save_pretrained"
             )
     return sizes

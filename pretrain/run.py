@@ -99,10 +99,6 @@ def validate(config: RunConfig) -> None:
         )
     if model.init_from:
         check_init_from(model)
-    if config.eval.blimp < 0:
-        raise ConfigError(
-            f"eval.blimp must be a number of pairs per paradigm (0: off), got {config.eval.blimp}"
-        )
     if config.eval.blimp and model.objective == "electra":
         raise ConfigError(
             "eval.blimp scores sentences with a masked LM, and ELECTRA's discriminator has none; drop --eval.blimp "
@@ -116,18 +112,15 @@ def validate(config: RunConfig) -> None:
 
 
 def check_model_values(model) -> None:
-    """The model options as the config class checks its own values (`check_values`: sizes, heads and key-value
-    heads, rotary bases), one line before anything is written. A start checkpoint's shape is its own (checked
-    against its weights when it is read): only the rotary bases given are checked then."""
+    """The model options as the config class checks its own values (`check_values`: the head count against the
+    width, key-value heads against heads), one line before anything is written; each option's own range was
+    checked from its declaration (kiln.option_range). A start checkpoint's shape is its own (checked against its
+    weights when it is read)."""
     from pretrain.modeling import KilnDecoderConfig, KilnEncoderConfig
-    from pretrain.modeling.configuration_kiln import check_rope_theta
 
+    if model.init_from:
+        return
     try:
-        for name in ("rope_theta", "local_rope_theta"):
-            if getattr(model, name) is not None:
-                check_rope_theta(name, getattr(model, name))
-        if model.init_from:
-            return
         shape = dict(
             hidden_size=model.hidden_size,
             num_hidden_layers=model.num_hidden_layers,
@@ -259,18 +252,10 @@ def check_prepared_sources(data, given: set[str]) -> None:
 
 
 def validate_electra(model) -> None:
-    """The generator must be a model of its own: a fraction in (0, 1] whose head count divides its width."""
+    """The generator must be a model of its own: its head count divides its width (generator_size and
+    discriminator_weight are in their declared ranges: kiln.option_range)."""
     from pretrain.modeling import electra_generator_shape
 
-    if not 0 < model.generator_size <= 1:
-        raise ConfigError(
-            f"--model.generator_size {model.generator_size} must be in (0, 1] (a fraction of the discriminator; "
-            "the paper's 0.25)"
-        )
-    if model.discriminator_weight <= 0:
-        raise ConfigError(
-            f"--model.discriminator_weight {model.discriminator_weight} must be > 0 (the paper's 50)"
-        )
     hidden, heads, _ = electra_generator_shape(
         model.hidden_size, model.num_attention_heads, model.intermediate_size, model.generator_size
     )

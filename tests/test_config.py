@@ -129,9 +129,12 @@ def test_default_run_equals_encoder_tiny_config():
     [
         (
             ["--training.per_device_eval_batch_size", "0"],
-            "per_device_eval_batch_size .* must be positive, got 32, 0, 1",
+            "^--training.per_device_eval_batch_size must be an integer >= 1, got 0$",
         ),
-        (["--training.gradient_accumulation_steps", "-1"], "must be positive, got 32, 64, -1"),
+        (
+            ["--training.gradient_accumulation_steps", "-1"],
+            "^--training.gradient_accumulation_steps must be an integer >= 1, got -1$",
+        ),
         (["--hub.push_to_hub"], "needs --hub.model_id"),
         (["--hub.strategy", "always"], "hub.strategy must be end, every_save or checkpoint, got 'always'"),
         (["--logging.report_to", "mlflow"], "logging.report_to must be .* got 'mlflow'"),

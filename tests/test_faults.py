@@ -248,8 +248,8 @@ def test_sigterm_during_the_final_export_lets_it_finish(tmp_path, monkeypatch):
             "not divisible by --model.num_attention_heads",
         ),
         (["--training.lr_scheduler_type", "triangular"], "lr_scheduler_type 'triangular' is unknown"),
-        (["--training.lr", -0.001], "training.lr must be a non-negative number"),
-        (["--training.max_steps", -5], "or -1 to train by num_train_epochs"),
+        (["--training.lr", -0.001], "training.lr must be a finite number > 0, got -0.001"),
+        (["--training.max_steps", -5], r"or -1 \(train by num_train_epochs\), got -5"),
         (["--data.max_seq_length", 128], "exceeds --model.max_position_embeddings=64"),
         (
             ["--model.init_from", "/nonexistent/kiln-model"],
@@ -258,7 +258,7 @@ def test_sigterm_during_the_final_export_lets_it_finish(tmp_path, monkeypatch):
         (["--hub.push_to_hub", "--hub.model_id", "no-slash"], "hub.model_id must look like 'user/name'"),
         (
             ["--hub.push_to_hub", "--hub.model_id", "kiln-test/x", "--hub.timeout_s", 0],
-            "hub.timeout_s must be a positive",
+            "hub.timeout_s must be a finite number > 0, got 0.0",
         ),
     ],
 )

@@ -231,7 +231,7 @@ def test_an_error_under_accelerate_launch_is_said_by_the_training_process_then_a
 ):
     """What remains under plain `accelerate launch` (docs/launching.md): the process's line, then accelerate's
     CalledProcessError traceback and status 1; with accelerate's own `-q` the line is the last, still status 1."""
-    line = "error: --training.lr must be a non-negative number, got -1.0"
+    line = "error: --training.lr must be a finite number > 0, got -1.0"
     # the two launches side by side: each is 2 interpreters importing torch (the launcher; the training process,
     # whose config check needs the model classes) and nothing else, so most of their time is start-up
     proc = _launch(
@@ -262,7 +262,7 @@ def test_multi_process_kiln_launch_ends_on_the_one_line_error_said_once(tmp_path
     )
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, output
-    line = "error: --training.lr must be a non-negative number, got -1.0"
+    line = "error: --training.lr must be a finite number > 0, got -1.0"
     assert re.fullmatch(re.escape(line) + r" \(rank [01] of 2\)", output.strip().splitlines()[-1]), output
     assert output.count(line) == 1, output  # every process finds it; the first one says it
     assert "Traceback" not in output and "ChildFailedError" not in output and "exitcode" not in output

@@ -145,6 +145,9 @@ def test_kiln_and_transformers_start_models_that_disagree_with_their_weights_are
     )
     theta = edit_config(_copy(decoder, tmp_path / "theta"), rope_theta=0.0)
     assert refused(theta, *as_decoder) == (f"its config.json: rope_theta=0.0 {BASE[:-1]}")
+    # an infinite base (JSON's Infinity) rotates every position alike: no position information, not "positive"
+    endless = edit_config(_copy(decoder, tmp_path / "endless"), rope_theta=float("inf"))
+    assert refused(endless, *as_decoder) == (f"its config.json: rope_theta=inf {BASE[:-1]}")
     # a transformers Llama: its key-value heads against its key projection, its rope_parameters' base
     kv_llama = edit_config(_copy(llama, tmp_path / "kv-llama"), num_key_value_heads=4)
     assert refused(kv_llama, *as_decoder) == (
@@ -154,7 +157,7 @@ def test_kiln_and_transformers_start_models_that_disagree_with_their_weights_are
     rope = json.loads((llama / "config.json").read_text())["rope_parameters"]
     no_base = edit_config(_copy(llama, tmp_path / "no-base"), rope_parameters={**rope, "rope_theta": 0.0})
     assert refused(no_base, *as_decoder) == (
-        "its config.json's rope_parameters' rope_theta is 0.0, not a positive number (the base of the rotary "
+        "its config.json's rope_parameters' rope_theta is 0.0, not a finite positive number (the base of the rotary "
         "frequencies)"
     )
 
@@ -274,7 +277,8 @@ def test_a_converted_copy_changed_or_damaged_in_the_cache_is_converted_again(tmp
 # ----------------------------------------------------------------------------------------------------------
 # item 5: every model option checked before anything is written
 
-BASE = "must be a positive number, the base of the rotary frequencies (e.g. 10000)."
+BASE = "must be a finite positive number, the base of the rotary frequencies (e.g. 10000)."
+THETA = "a finite number > 0"  # a rotary base's declared range (pretrain/config.py)
 LLAMA = ("--model.kind", "decoder", "--model.preset", "llama")
 
 
@@ -294,16 +298,30 @@ LLAMA = ("--model.kind", "decoder", "--model.preset", "llama")
             "attn_implementation='flex_attention' cannot train on cpu: PyTorch's flex attention has no backward "
             "there (CUDA only); use 'sdpa' or 'eager'.",
         ),
-        (["--model.rope_theta", 0], f"rope_theta=0.0 {BASE}"),
-        ([*LLAMA, "--model.rope_theta", -500000], f"rope_theta=-500000.0 {BASE}"),
-        (["--model.preset", "modernbert", "--model.local_rope_theta", 0], f"local_rope_theta=0.0 {BASE}"),
-        (["--model.num_attention_heads", 0], "num_attention_heads=0 must be a whole number >= 1."),
-        (["--model.num_hidden_layers", 0], "num_hidden_layers=0 must be a whole number >= 1."),
+        # each option's own range: its declaration (kiln.option_range), the option named as given
+        (["--model.rope_theta", 0], f"error: --model.rope_theta must be {THETA}, got 0.0"),
+        (
+            [*LLAMA, "--model.rope_theta", -500000],
+            f"error: --model.rope_theta must be {THETA}, got -500000.0",
+        ),
+        (
+            ["--model.preset", "modernbert", "--model.local_rope_theta", 0],
+            f"error: --model.local_rope_theta must be {THETA}, got 0.0",
+        ),
+        (
+            ["--model.num_attention_heads", 0],
+            "error: --model.num_attention_heads must be an integer from 1 to 65536, got 0",
+        ),
+        (
+            ["--model.num_hidden_layers", 0],
+            "error: --model.num_hidden_layers must be an integer from 1 to 4096, got 0",
+        ),
     ],
 )
 def test_model_options_are_checked_before_anything_is_written(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # the run trains on the CPU, whatever this machine has
-    assert refusal(capsys, tmp_path / "run", *args) == f"error: model: {message}"
+    line = message if message.startswith("error: ") else f"error: model: {message}"
+    assert refusal(capsys, tmp_path / "run", *args) == line
 
 
 def test_flex_attention_on_a_gpu_is_refused_with_attention_dropout_only(tmp_path, capsys, monkeypatch):

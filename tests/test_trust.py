@@ -334,7 +334,7 @@ def test_settings_that_would_train_otherwise_than_asked_are_one_line(tmp_path, c
     cases = {
         "lr 0": (
             ["--config", DEBUG, "--training.lr", 0],
-            "error: --training.lr must be a positive number (0 trains nothing), got 0.0",
+            "error: --training.lr must be a finite number > 0, got 0.0",
         ),
         "fp8 typo": (
             ["--config", DEBUG, "--training.mixed_precision", "fp8x"],

@@ -654,7 +654,7 @@ def test_in_loop_blimp_refuses_what_it_cannot_score_in_one_line(tmp_path, capsys
     )
     assert status != 0 and len(err) == 1 and "eval.blimp" in err[0] and "does not exist" in err[0]
     status, err = cli_in_process(capsys, "--eval.blimp", -1, "--training.output_dir", tmp_path / "m")
-    assert status != 0 and len(err) == 1 and "eval.blimp must be" in err[0]
+    assert status != 0 and len(err) == 1 and err[0] == "error: --eval.blimp must be an integer >= 0, got -1"
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -93,9 +93,6 @@ def validate_settings(
         raise DataError(
             f"--data.max_seq_length={data_cfg.max_seq_length} is too short; use at least {shortest}"
         )
-    for name in ("short_seq_prob", "nsp_probability"):
-        if not 0 <= getattr(data_cfg, name) <= 1:
-            raise DataError(f"data.{name}={getattr(data_cfg, name)}: use a probability in [0, 1]")
 
 
 def build_pretraining_data(
@@ -122,7 +119,9 @@ def build_pretraining_data(
             make_mlm_collator(data_cfg, tokenizer, seed + 1, objective),
         )
     else:
-        collator = eval_collator = CLMCollator(tokenizer, data_cfg.pad_to_multiple_of, data_cfg.document_masking)
+        collator = eval_collator = CLMCollator(
+            tokenizer, data_cfg.pad_to_multiple_of, data_cfg.document_masking
+        )
 
     with main_process_first(accelerator):
         splits = load_documents(data_cfg)
@@ -194,7 +193,9 @@ def _content_indices(batch) -> dict[str, list[int]]:
     return {"example_index": keys}
 
 
-def make_mlm_collator(data_cfg: DataConfig, tokenizer, seed: int | None, objective: str = "mlm") -> MLMCollator:
+def make_mlm_collator(
+    data_cfg: DataConfig, tokenizer, seed: int | None, objective: str = "mlm"
+) -> MLMCollator:
     """The MLM collator configured by `data_cfg` (seed None: global torch RNG); ELECTRA's adds the uniforms its
     generator samples replacements with."""
     collator_class = ElectraCollator if objective == "electra" else MLMCollator
@@ -338,7 +339,9 @@ class _PairShaper:
 
     def train_examples(self, tokens, epoch: int):
         if isinstance(tokens, IterableDataset):
-            tokens = tokens.shuffle(seed=self.seed, buffer_size=max(self.cfg.shuffle_buffer_size, DOCUMENT_POOL))
+            tokens = tokens.shuffle(
+                seed=self.seed, buffer_size=max(self.cfg.shuffle_buffer_size, DOCUMENT_POOL)
+            )
             tokens.set_epoch(epoch)
             return self._examples(tokens, epoch, DOCUMENT_POOL)
         if len(tokens) > DOCUMENT_POOL:  # smaller corpora are one pool anyway

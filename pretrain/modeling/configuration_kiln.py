@@ -88,10 +88,11 @@ def check_heads(hidden_size: int, num_attention_heads: int) -> None:
 
 
 def check_rope_theta(name: str, value) -> None:
-    """A rotary base must be a positive number: 0 or less gives NaN angles from the first step."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # NaN too
+    """A rotary base must be a finite positive number: 0 or less gives NaN angles from the first step, inf the
+    same angle at every position (no position information)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:  # NaN too
         raise ValueError(
-            f"{name}={value!r} must be a positive number, the base of the rotary frequencies (e.g. 10000)."
+            f"{name}={value!r} must be a finite positive number, the base of the rotary frequencies (e.g. 10000)."
         )
 
 
