@@ -78,7 +78,11 @@ def markdown_table(summary: dict) -> str:
 
 
 def add_to_card(card: Path, table: str) -> None:
-    """Put the table into a model card as its `## GLUE` section (replacing an older one), before Usage."""
+    """Put the table into a model card as its `## GLUE` section (replacing an older one), before Usage; never
+    written through a link at the card (`kiln.safe_write`: refused in one line)."""
+    from kiln.safe_write import refuse_link, write_file
+
+    refuse_link(card)  # before it is read: a link's target is neither read into the card nor replaced
     text = card.read_text(encoding="utf-8") if card.is_file() else ""
     if "\n## GLUE\n" in text:
         head, rest = text.split("\n## GLUE\n", 1)
@@ -90,7 +94,7 @@ def add_to_card(card: Path, table: str) -> None:
         text = text[:at] + section + text[at:]
     else:
         text = text.rstrip("\n") + "\n\n" + section
-    card.write_text(text, encoding="utf-8")
+    write_file(card, text)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -214,9 +218,13 @@ def main(argv: list[str] | None = None) -> dict:
     from accelerate import PartialState
 
     if PartialState().is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "glue_results.json").write_text(json.dumps(summary, indent=2))
-        (out / "glue_results.md").write_text(table)
+        from kiln.safe_write import make_folder, write_file
+
+        # the tasks' run folders are in `out`, so the results are written file by file, not as a staged folder:
+        # each never through a link (a link at either name, or at `out`, is refused in one line)
+        make_folder(out)
+        write_file(out / "glue_results.json", json.dumps(summary, indent=2))
+        write_file(out / "glue_results.md", table)
         cards = [Path(final) / "README.md" for final in finals]
         if args.update_checkpoint_card and Path(args.checkpoint).is_dir():
             cards.append(Path(args.checkpoint) / "README.md")

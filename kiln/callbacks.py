@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -310,7 +309,7 @@ class HubSync(TrainerCallback):
         from .hub import download_checkpoint, set_request_timeout
         from .nodes import writes_run_files
         from .redaction import redact
-        from .safe_write import refuse_link
+        from .run_folder import staged_run_folder
 
         key = (spec, str(Path(local_dir)))
         if key in self._downloaded:
@@ -319,25 +318,28 @@ class HubSync(TrainerCallback):
         set_request_timeout(self.hub.timeout_s)
         path, error = None, None
         if writes_run_files(acc, training):
-            refuse_link(local_dir)  # never downloaded through a link (kiln.safe_write)
-            shutil.rmtree(local_dir, ignore_errors=True)
+            local = Path(local_dir)
             try:
-                path = download_checkpoint(
-                    spec, local_dir, revision=self.hub.revision, timeout=self.hub.timeout_s
-                )
-                from .run_folder import record_files
-
-                record_files(Path(local_dir).parent, Path(local_dir).name)  # on the run folder's record
+                # downloaded into a fresh staging folder, renamed into place once complete: never into the
+                # folder an earlier download left (a link in it is never written through; a file Kiln did not
+                # write is kept in hub-checkpoint.kept, not deleted), and a failed download leaves it as it was
+                with staged_run_folder(local.parent, local.name) as staging:
+                    found = download_checkpoint(
+                        spec, staging, revision=self.hub.revision, timeout=self.hub.timeout_s
+                    )
+                path = str(local / Path(found).relative_to(staging))
+            except ConfigError as err:
+                error = str(err)  # a link at local_dir (kiln.safe_write): its own line, on every process
             except Exception as err:  # unreachable Hub, missing repo, no access: one line, on every process
                 reason = " ".join(str(err).split()) or type(err).__name__
-                error = redact(f"cannot resume from {spec}: {reason[:300]}")
+                error = redact(f"cannot resume from {spec}: {reason[:300]}") + (
+                    "; check the repo id, your token and the network, or resume from a local checkpoint"
+                )
         acc.wait_for_everyone()
         if acc.num_processes > 1:  # any node's failure stops every process
             error = next((e for e in gather_object([error]) if e is not None), None)
         if error is not None:
-            raise ConfigError(
-                f"{error}; check the repo id, your token and the network, or resume from a local checkpoint"
-            )
+            raise ConfigError(error)
         if path is None:  # other processes: what their node's downloader wrote
             found = next(Path(local_dir).rglob("trainer_state.json"), None)
             if found is None:

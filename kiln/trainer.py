@@ -316,6 +316,11 @@ class Trainer:
             return None
         root = self.output_dir / "checkpoints"
         final = root / f"{CHECKPOINT_PREFIX}{self.state.global_step:08d}"
+        # a fixed staging name, not a fresh mkdtemp one (kiln.safe_write.staged_folder): every process writes its
+        # own files into this folder (FSDP and DeepSpeed shards), so a fresh name would have to be made by one
+        # process and broadcast to all. It gains nothing here: new_staging_folder refuses a link at the name,
+        # removes a leftover and makes the folder with mkdir, which fails rather than take a name something stands
+        # at, so the files written into it meet nothing planted before, as in a folder with a fresh name
         tmp = root / f"{final.name}.tmp"
         writer = writes_run_files(acc, self.training)  # rank 0, or each node's local main on node-local disks
         if writer:

@@ -49,6 +49,8 @@ COPIED = (
     "generation_config.json",
 )
 ATOL = 1e-4
+GRAPH_FILES = ("model.onnx", "model.onnx.data")
+"""What the exporter writes beside COPIED (the weights go into model.onnx.data past protobuf's 2 GB)."""
 
 
 class _Graph(torch.nn.Module):
@@ -117,8 +119,14 @@ def load(folder: Path):
 
 
 def export(folder: str | Path, out: str | Path, opset: int = 17) -> dict[str, float]:
-    """Export FOLDER's model to OUT/model.onnx; returns the largest |ONNX - PyTorch| per output (checked)."""
+    """Export FOLDER's model to OUT/model.onnx; returns the largest |ONNX - PyTorch| per output (checked). OUT is
+    written whole into a fresh staging folder beside it and renamed into place once the graph is checked
+    (`kiln.safe_write.staged_folder`): a link inside an earlier OUT is never written through, and a failed export
+    or check leaves OUT as it was. OUT must be new, empty or an earlier export (`check_export_folder`)."""
+    from kiln.safe_write import staged_folder
+
     folder, out = Path(folder), Path(out)
+    check_export_folder(folder, out)
     model = load(folder)
     output_names = [
         name
@@ -132,23 +140,49 @@ def export(folder: str | Path, out: str | Path, opset: int = 17) -> dict[str, fl
         if traced["input_ids"].dim() == 3
         else {0: "batch", 1: "sequence"}
     )
-    out.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the tracer's notes on Python-side checks (sizes, vocabulary range)
-        torch.onnx.export(
-            _Graph(model, input_names, output_names).eval(),  # the exporter restores this mode afterwards
-            tuple(traced.values()),
-            str(out / "model.onnx"),
-            dynamo=False,
-            input_names=input_names,
-            output_names=output_names,
-            dynamic_axes={name: sequence_axis for name in input_names},
-            opset_version=opset,
+    with staged_folder(out) as staging:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter(
+                "ignore"
+            )  # the tracer's notes on Python-side checks (sizes, vocabulary range)
+            torch.onnx.export(
+                _Graph(model, input_names, output_names).eval(),  # the exporter restores this mode afterwards
+                tuple(traced.values()),
+                str(staging / "model.onnx"),
+                dynamo=False,
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_axes={name: sequence_axis for name in input_names},
+                opset_version=opset,
+            )
+        for name in COPIED:
+            if (folder / name).is_file():
+                shutil.copy(folder / name, staging / name)
+        differences = check(model, staging / "model.onnx", output_names)
+    return differences
+
+
+def check_export_folder(folder: Path, out: Path) -> None:
+    """OUT is replaced whole by the export: a one-line ConfigError, before anything is loaded, when that would
+    lose something: OUT is FOLDER or holds it, is a file, or holds anything an export does not write (a user's
+    file, a folder). A link at one of an export's names goes as a link: what it leads to is never touched."""
+    from kiln.errors import ConfigError
+
+    if out.resolve() == folder.resolve() or out.resolve() in folder.resolve().parents:
+        raise ConfigError(f"OUT {out} is the model folder {folder} or holds it; export into another folder")
+    if out.exists() and not out.is_dir() and not out.is_symlink():
+        raise ConfigError(f"OUT {out} is a file; remove it or export into another folder")
+    if not out.is_dir() or out.is_symlink():
+        return  # new (a link at OUT is refused by the staged writer, naming it)
+    ours = {*GRAPH_FILES, *COPIED}
+    foreign = sorted(
+        p.name for p in out.iterdir() if p.name not in ours or not (p.is_symlink() or p.is_file())
+    )
+    if foreign:
+        raise ConfigError(
+            f"OUT {out} holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}, which an export does "
+            "not write, and the export replaces the whole folder; export into a new or empty folder"
         )
-    for name in COPIED:
-        if (folder / name).is_file():
-            shutil.copy(folder / name, out / name)
-    return check(model, out / "model.onnx", output_names)
 
 
 def check(model, onnx_path: Path, output_names) -> dict[str, float]:
