@@ -35,16 +35,28 @@ INSPECT_OPTIONS = (
 """The options of `python -m pretrain.data` besides the run config's: (flag, type, default, meaning)."""
 
 PREPARE_OPTIONS = (
-    ("--output DIR", "str", "required",
-     "the prepared folder; run the same command again to resume a killed prepare"),
+    (
+        "--output DIR",
+        "str",
+        "required",
+        "the prepared folder; run the same command again to resume a killed prepare",
+    ),
     ("--num_proc N", "int", "data.num_proc, else 1", "worker processes"),
-    ("--shard i/n", "str", "0/1",
-     "prepare only part i of n (0 <= i < n) of the shards, e.g. one part per machine into a shared folder; the "
-     "part that finishes last writes manifest.json (on node-local disks, copy the shards into one folder: "
-     "training merges their .json files)"),
-    ("--shard_size_mb M", "float", "16",
-     "text per shard: larger files are split into ranges of this size at document boundaries, smaller ones "
-     "grouped"),
+    (
+        "--shard i/n",
+        "str",
+        "0/1",
+        "prepare only part i of n (0 <= i < n) of the shards, e.g. one part per machine into a shared folder; the "
+        "part that finishes last writes manifest.json (on node-local disks, copy the shards into one folder: "
+        "training merges their .json files)",
+    ),
+    (
+        "--shard_size_mb M",
+        "float",
+        "16",
+        "text per shard: larger files are split into ranges of this size at document boundaries, smaller ones "
+        "grouped",
+    ),
 )
 """The options of `python -m pretrain.data prepare` besides the run config's: (flag, type, default, meaning)."""
 
@@ -364,8 +376,14 @@ def prepare_main(argv: list[str]) -> int:
         part, argv = _pop_value(argv, "--shard")
         shard_mb, argv = _pop_value(argv, "--shard_size_mb")
         # --help and --print_config answer here, before the checks of the options of this command
-        cfg = build_config(RunConfig, argv, prog="python -m pretrain.data prepare", description=PREPARE_DESCRIPTION,
-                           keys=PREPARE_KEYS, saves_config=False)
+        cfg = build_config(
+            RunConfig,
+            argv,
+            prog="python -m pretrain.data prepare",
+            description=PREPARE_DESCRIPTION,
+            keys=PREPARE_KEYS,
+            saves_config=False,
+        )
         if not output:
             raise ConfigError("--output DIR is required: the folder to write the prepared corpus to")
         try:
@@ -379,7 +397,9 @@ def prepare_main(argv: list[str]) -> int:
             processes = int(num_proc) if num_proc else None
         except ValueError:
             raise ConfigError(f"--num_proc {num_proc} / --shard_size_mb {shard_mb}: give numbers") from None
-        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # read when json/csv/parquet need datasets
+        os.environ.setdefault(
+            "HF_DATASETS_DISABLE_PROGRESS_BARS", "1"
+        )  # read when json/csv/parquet need datasets
         prepare(cfg, output, processes or cfg.data.num_proc or 1, shard, shard_size_mb)
     except (DataError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -400,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         examples, argv = _pop_int(argv, "--examples", 3)
         stat_sequences, argv = _pop_int(argv, "--stat_sequences", 10_000)
-        cfg = build_config(RunConfig, argv, prog="python -m pretrain.data", description=DESCRIPTION, saves_config=False)
+        cfg = build_config(
+            RunConfig, argv, prog="python -m pretrain.data", description=DESCRIPTION, saves_config=False
+        )
         import datasets
 
         datasets.disable_progress_bars()

@@ -76,7 +76,9 @@ class _SeededCalls:
 
     def example_generator(self, example_index: int) -> torch.Generator:
         """The generator of one example: (seed, epoch, example index), independent of batch and process."""
-        state = np.random.SeedSequence([self.seed, self.epoch, int(example_index)]).generate_state(2, dtype=np.uint32)
+        state = np.random.SeedSequence([self.seed, self.epoch, int(example_index)]).generate_state(
+            2, dtype=np.uint32
+        )
         return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
     def next_generator(self) -> torch.Generator | None:
@@ -224,7 +226,10 @@ class MLMCollator:
         candidates = attention_mask.bool() & ~self.is_special[input_ids]
         word_start = self._word_starts(input_ids, candidates) if self.whole_word_mask else None
         if word_start is not None:
-            select_draw, cap_draw = select_draw.gather(1, word_start), cap_draw.gather(1, word_start)  # one per word
+            select_draw, cap_draw = (
+                select_draw.gather(1, word_start),
+                cap_draw.gather(1, word_start),
+            )  # one per word
         selected = (select_draw < self.mlm_probability) & candidates
         if self.max_predictions_per_seq is not None:
             selected = self._cap(selected, word_start, cap_draw)
@@ -313,7 +318,9 @@ class CLMCollator:
         if pad_id is None:
             raise DataError("the decoder tokenizer needs a pad or eos token")
         if document_masking and tokenizer.eos_token_id is None:
-            raise DataError("document masking needs the tokenizer's eos token, which ends every packed document")
+            raise DataError(
+                "document masking needs the tokenizer's eos token, which ends every packed document"
+            )
         self.pad_id = pad_id
         self.eos_id = tokenizer.eos_token_id
         self.pad_to_multiple_of = pad_to_multiple_of

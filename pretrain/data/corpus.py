@@ -74,7 +74,9 @@ STREAMING_EVAL_DOCUMENTS = 1000  # streaming validation sets are materialised; t
 
 _ANY_HEADING = re.compile(r"^\s*=(?: =)* [^=].*?[^=] =(?: =)*\s*$")  # " = Title = ", " = = Section = = "
 _TOP_HEADING = re.compile(r"^\s*= [^=].*?[^=] =\s*$")
-_OTHER_WHITESPACE = re.compile(r"[^\S \n]")  # whitespace other than spaces and newlines (tabs, no-break spaces)
+_OTHER_WHITESPACE = re.compile(
+    r"[^\S \n]"
+)  # whitespace other than spaces and newlines (tabs, no-break spaces)
 _SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s+[\"'“‘(\[]*[A-Z])")
 ABBREVIATIONS = frozenset(
     "mr mrs ms messrs dr prof rev hon st mt sr jr capt col gen lt sgt maj gov vs etc no vol fig ch pp ca cf al "
@@ -338,7 +340,9 @@ def not_utf8_error(path: str) -> DataError:
         quoted = shlex.quote(path)
         fix = f"re-encode it with `iconv -f {encoding} -t UTF-8 {quoted} > {quoted}.utf8 && mv {quoted}.utf8 {quoted}`"
         if Path(path).suffix.lower() in COMPRESSED:
-            fix = f"decompress it, re-encode the text with `iconv -f {encoding} -t UTF-8` and compress it again"
+            fix = (
+                f"decompress it, re-encode the text with `iconv -f {encoding} -t UTF-8` and compress it again"
+            )
         return DataError(
             f"{path} is {encoding} text (it starts with a {encoding} byte-order mark); Kiln reads UTF-8: {fix}"
         )
@@ -405,7 +409,9 @@ def _load(builder_or_name: str, streaming: bool, what: str, fix: str, **kwargs):
         raise
     except Exception as err:  # datasets raises many types; the first line of its message is what matters
         # a cache that cannot be written is no fault of the data: say which cache and how to move it
-        cache_message = cache_error_message(err, kwargs.get("cache_dir")) if isinstance(err, OSError) else None
+        cache_message = (
+            cache_error_message(err, kwargs.get("cache_dir")) if isinstance(err, OSError) else None
+        )
         if cache_message is not None:
             raise DataError(cache_message) from None
         reason = str(err).strip().split("\n")[0] or type(err).__name__

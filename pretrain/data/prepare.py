@@ -39,14 +39,13 @@ import logging
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import time
 import zlib
 from collections.abc import Iterator
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,6 +53,7 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.public import public_file_names
+
 from .common import DataError
 from .corpus import (
     _ANY_HEADING,
@@ -93,7 +93,9 @@ class Source:
     name: str
     path: str
     bytes: int
-    kind: str  # "text" (plain, seekable), "compressed" (text through a decompressor), "rows" (json/csv/parquet)
+    kind: (
+        str  # "text" (plain, seekable), "compressed" (text through a decompressor), "rows" (json/csv/parquet)
+    )
     sha256: str = ""
 
     def record(self) -> dict:
@@ -147,8 +149,9 @@ def _boundary_test(separator: str):
     if separator == "line":
         return lambda line: True
     if separator == "heading":
-        return lambda line: line.lstrip().startswith(b"=") and bool(
-            _TOP_HEADING.match(line.decode("utf-8", "replace").rstrip("\r\n"))
+        return lambda line: (
+            line.lstrip().startswith(b"=")
+            and bool(_TOP_HEADING.match(line.decode("utf-8", "replace").rstrip("\r\n")))
         )
     return None
 
@@ -226,12 +229,20 @@ def _iter_row_documents(path: str, text_column: str, separator: str) -> Iterator
     from .corpus import _builder_for, _documents_batch, _load
 
     builder = _builder_for(path, "data.data_files")
-    stream = _load(builder, True, f"{builder} file {path}", "Check that the file is well-formed",
-                   data_files=[path], split="train")
+    stream = _load(
+        builder,
+        True,
+        f"{builder} file {path}",
+        "Check that the file is well-formed",
+        data_files=[path],
+        split="train",
+    )
     batch: list = []
     for row in stream:
         if text_column not in row:
-            raise DataError(f"column {text_column!r} not found in {path}; set --data.text_column to one of {list(row)}")
+            raise DataError(
+                f"column {text_column!r} not found in {path}; set --data.text_column to one of {list(row)}"
+            )
         batch.append(row[text_column])
         if len(batch) == 1000:
             yield _documents_batch({"text": batch}, "text", separator, separator == "heading")["text"]
@@ -390,8 +401,9 @@ def shard_schema(vocab_size: int) -> pa.Schema:
     return pa.schema([("sentence_ids", pa.list_(pa.list_(value))), ("document_hash", pa.uint32())])
 
 
-def documents_record_batch(documents: list[str], encoder: TokenEncoder, sentence_split: str | None,
-                           vocab_size: int) -> pa.RecordBatch:
+def documents_record_batch(
+    documents: list[str], encoder: TokenEncoder, sentence_split: str | None, vocab_size: int
+) -> pa.RecordBatch:
     """One record batch: per document its non-empty sentences' token ids (sentence_split None: the whole
     document as one sentence, for the decoder) and the crc32 of its text."""
     if sentence_split is None:
@@ -620,18 +632,26 @@ def prepare(
     if kind not in KIND_FOR_MODEL:
         raise DataError(f"--model.kind={kind!r}: choose 'encoder' or 'decoder'")
     if data.dataset_name:
-        raise DataError("prepare reads local files (--data.data_files); export the Hub dataset to parquet first")
+        raise DataError(
+            "prepare reads local files (--data.data_files); export the Hub dataset to parquet first"
+        )
     if not data.document_separator:
-        raise DataError(f"--data.document_separator is empty: use one of {', '.join(DOCUMENT_MODES)} or a literal string")
+        raise DataError(
+            f"--data.document_separator is empty: use one of {', '.join(DOCUMENT_MODES)} or a literal string"
+        )
     if data.sentence_split not in SENTENCE_MODES:
-        raise DataError(f"--data.sentence_split={data.sentence_split!r}: choose one of {', '.join(SENTENCE_MODES)}")
+        raise DataError(
+            f"--data.sentence_split={data.sentence_split!r}: choose one of {', '.join(SENTENCE_MODES)}"
+        )
     index, count = shard
     if not (count >= 1 and 0 <= index < count):
         raise DataError(f"--shard {index}/{count}: use i/n with 0 <= i < n")
     if num_proc < 1:
         raise DataError(f"--num_proc {num_proc}: use 1 or more processes")
     if cfg.tokenizer.input_sentence_size < 0:
-        raise DataError(f"--tokenizer.input_sentence_size={cfg.tokenizer.input_sentence_size}: use 0 (all) or more")
+        raise DataError(
+            f"--tokenizer.input_sentence_size={cfg.tokenizer.input_sentence_size}: use 0 (all) or more"
+        )
     shard_bytes = max(int(shard_size_mb * (1 << 20)), 1)
     clock = _PhaseClock()
     # --num_proc is the number of cores used: also for the tokenizer training's Rust threads (read at their start)
@@ -663,8 +683,9 @@ def prepare(
         # num_proc threads (the workers hash the files meanwhile). An executor rather than multiprocessing.Pool:
         # a worker killed outright (the out-of-memory killer) breaks it with an error, where a Pool would replace
         # the worker and wait forever for the lost shard
-        pool = ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=_one_thread_worker)
+        pool = ProcessPoolExecutor(
+            num_proc, mp_context=multiprocessing.get_context("fork"), initializer=_one_thread_worker
+        )
     try:
         clock.lap("start")
         hashing = [pool.submit(file_sha256, s.path) for s in all_sources] if pool else None
@@ -684,9 +705,13 @@ def prepare(
             "settings": settings,
             "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
             "sources": {split: [s.record() for s in sources] for split, sources in splits.items()},
-            "shards": {split: [shard_name(split, t.index) for t in tasks if t.split == split] for split in splits},
+            "shards": {
+                split: [shard_name(split, t.index) for t in tasks if t.split == split] for split in splits
+            },
         }
-        plan["settings_fingerprint"] = fingerprint({k: plan[k] for k in ("settings", "tokenizer_fingerprint", "sources")})
+        plan["settings_fingerprint"] = fingerprint(
+            {k: plan[k] for k in ("settings", "tokenizer_fingerprint", "sources")}
+        )
         if previous is not None and previous != plan:
             field, old, new = _first_difference(previous, plan)
             raise DataError(
@@ -704,10 +729,14 @@ def prepare(
         arguments = [(str(folder), t, splits[t.split], settings) for t in todo]
         results = pool.map(_run_task_star, arguments) if pool else map(_run_task_star, arguments)
         for n, record in enumerate(results, 1):
-            say(f"prepare: {record['file']} ({record['rows']:,} documents, {record['tokens']:,} tokens) [{n}/{len(todo)}]")
+            say(
+                f"prepare: {record['file']} ({record['rows']:,} documents, {record['tokens']:,} tokens) [{n}/{len(todo)}]"
+            )
         clock.lap("shards")
     except BaseException:
-        if pool is not None:  # stop the workers now: an interrupted or failed prepare leaves no process behind
+        if (
+            pool is not None
+        ):  # stop the workers now: an interrupted or failed prepare leaves no process behind
             for process in list((getattr(pool, "_processes", None) or {}).values()):
                 process.terminate()
             pool.shutdown(wait=True, cancel_futures=True)
@@ -733,7 +762,9 @@ def _lock_part(folder: Path, index: int, count: int):
     handle = open(path, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:  # held: as kiln/run_setup.py's output-folder lock tells a held lock from a missing one
+    except (
+        BlockingIOError
+    ):  # held: as kiln/run_setup.py's output-folder lock tells a held lock from a missing one
         handle.seek(0)
         holder = handle.read().strip() or "?"
         handle.close()
@@ -741,7 +772,9 @@ def _lock_part(folder: Path, index: int, count: int):
             f"another prepare (PID {holder}) is writing part {index}/{count} of {folder}; wait for it to finish "
             "(or stop it), or prepare into another --output"
         ) from None
-    except OSError:  # a file system without flock (some network mounts): prepare unguarded, as training runs do
+    except (
+        OSError
+    ):  # a file system without flock (some network mounts): prepare unguarded, as training runs do
         return handle
     handle.seek(0)
     handle.truncate()
@@ -760,11 +793,15 @@ def stopped_message(err: BaseException, folder) -> str | None:
     if isinstance(err, KeyboardInterrupt):
         return f"prepare: interrupted; {resume}"
     if isinstance(err, BrokenProcessPool):
-        return (f"prepare: a worker process was killed (out of memory? try fewer --num_proc or a smaller "
-                f"--shard_size_mb); {resume}")
+        return (
+            f"prepare: a worker process was killed (out of memory? try fewer --num_proc or a smaller "
+            f"--shard_size_mb); {resume}"
+        )
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (f"prepare: no space left on the device of {folder} ({err.strerror}); free some space or prepare "
-                f"into another --output; {resume}")
+        return (
+            f"prepare: no space left on the device of {folder} ({err.strerror}); free some space or prepare "
+            f"into another --output; {resume}"
+        )
     return None
 
 
@@ -812,14 +849,19 @@ def _prepare_tokenizer(cfg: RunConfig, sources: list[Source], folder: Path, num_
         _save_tokenizer(tokenizer, target)
     else:
         lines = sample_lines(
-            sources, cfg.tokenizer.input_sentence_size, cfg.training.seed, cfg.data.document_separator,
+            sources,
+            cfg.tokenizer.input_sentence_size,
+            cfg.training.seed,
+            cfg.data.document_separator,
             cfg.data.text_column,
         )
         clock.lap("sample")
         if not lines:
             raise DataError(f"the corpus is empty: no text in {', '.join(s.name for s in sources)}; add text")
-        say(f"prepare: training a {KIND_FOR_MODEL[kind]} tokenizer (vocab {cfg.tokenizer.vocab_size}) on "
-            f"{len(lines):,} sampled lines ({sum(map(len, lines)) / 1e6:.1f} MB)")
+        say(
+            f"prepare: training a {KIND_FOR_MODEL[kind]} tokenizer (vocab {cfg.tokenizer.vocab_size}) on "
+            f"{len(lines):,} sampled lines ({sum(map(len, lines)) / 1e6:.1f} MB)"
+        )
         tokenizer = train_tokenizer(
             lines,
             kind=KIND_FOR_MODEL[kind],
@@ -840,7 +882,10 @@ def load_saved_tokenizer(folder: Path):
     tokenizer (always, for one trained here) it is loaded through that class, as AutoTokenizer would pick it:
     AutoTokenizer imports torch, seconds that prepare and every worker process would spend before any work."""
     config = json.loads((folder / "tokenizer_config.json").read_text())
-    if config.get("tokenizer_class") not in ("TokenizersBackend", "PreTrainedTokenizerFast") or "auto_map" in config:
+    if (
+        config.get("tokenizer_class") not in ("TokenizersBackend", "PreTrainedTokenizerFast")
+        or "auto_map" in config
+    ):
         return load_tokenizer(str(folder))
     from transformers import PreTrainedTokenizerFast
 
@@ -873,13 +918,17 @@ def write_manifest(folder: Path, say=print) -> dict | None:
     """manifest.json from plan.json and every shard's .json, once all are there (None and a note otherwise)."""
     manifest = merged_manifest(folder)
     if isinstance(manifest, list):
-        say(f"prepare: {len(manifest)} shard(s) still missing (e.g. {manifest[0]}); the other --shard parts write "
-            "them, and the last one to finish writes manifest.json")
+        say(
+            f"prepare: {len(manifest)} shard(s) still missing (e.g. {manifest[0]}); the other --shard parts write "
+            "them, and the last one to finish writes manifest.json"
+        )
         return None
     _write_json(folder / MANIFEST, manifest)
     totals = manifest["totals"]
-    say(f"prepare: wrote {folder / MANIFEST}: {totals['documents']:,} documents, {totals['tokens']:,} tokens in "
-        f"{totals['shards']} shards ({totals['bytes'] / 1e6:.1f} MB)")
+    say(
+        f"prepare: wrote {folder / MANIFEST}: {totals['documents']:,} documents, {totals['tokens']:,} tokens in "
+        f"{totals['shards']} shards ({totals['bytes'] / 1e6:.1f} MB)"
+    )
     return manifest
 
 

@@ -69,16 +69,27 @@ class PreparedCorpus:
     def open(cls, folder: str) -> PreparedCorpus:
         path = Path(resolve_path(folder))
         if (path / MANIFEST).is_file():
-            manifest = _read_json(path / MANIFEST, folder, "delete it: training then merges the shards' .json "
-                                  "files, or run the same prepare command again")
+            manifest = _read_json(
+                path / MANIFEST,
+                folder,
+                "delete it: training then merges the shards' .json "
+                "files, or run the same prepare command again",
+            )
         elif (path / PLAN).is_file():
             plan = _read_json(path / PLAN, folder, "run the same prepare command again")
-            _check_names(path, folder, plan, PLAN,
-                         lambda name: [f"{name}.json", f"{name}.arrow"] if isinstance(name, str) else [None])
+            _check_names(
+                path,
+                folder,
+                plan,
+                PLAN,
+                lambda name: [f"{name}.json", f"{name}.arrow"] if isinstance(name, str) else [None],
+            )
             try:
                 manifest = merged_manifest(path)
             except ValueError as err:  # a plan.json or a shard's .json cut short
-                raise DataError(f"--data.prepared {folder}: {err}; run the same prepare command again") from None
+                raise DataError(
+                    f"--data.prepared {folder}: {err}; run the same prepare command again"
+                ) from None
             if isinstance(manifest, list):
                 raise DataError(
                     f"--data.prepared {folder} is incomplete: {len(manifest)} shard(s) missing (e.g. {manifest[0]}); "
@@ -135,8 +146,10 @@ class PreparedCorpus:
             digests = list(pool.map(lambda r: file_sha256(str(self.folder / r["file"])), records))
         for record, digest in zip(records, digests):
             if digest != record["sha256"]:
-                return (f"data.prepared {self.folder}: shard {record['file']} differs from the sha256 its manifest "
-                        "records (damaged on disk or in a copy); copy it again or prepare again")
+                return (
+                    f"data.prepared {self.folder}: shard {record['file']} differs from the sha256 its manifest "
+                    "records (damaged on disk or in a copy); copy it again or prepare again"
+                )
         return None
 
     @property
@@ -187,7 +200,8 @@ class PreparedCorpus:
         if config.tokenizer.name_or_path:
             given = load_tokenizer(config.tokenizer.name_or_path)
             expected["tokenizer.name_or_path"] = (
-                self.manifest["tokenizer_fingerprint"], tokenizer_fingerprint(given)
+                self.manifest["tokenizer_fingerprint"],
+                tokenizer_fingerprint(given),
             )
         elif not settings["tokenizer"]["name_or_path"]:
             for key in ("vocab_size", "lowercase", "min_frequency"):
@@ -209,13 +223,22 @@ def _read_json(path: Path, folder, fix: str) -> dict:
     try:
         return json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError):
-        raise DataError(f"--data.prepared {folder}: {path.name} is not valid JSON (cut short?); {fix}") from None
+        raise DataError(
+            f"--data.prepared {folder}: {path.name} is not valid JSON (cut short?); {fix}"
+        ) from None
 
 
 def _plain_name_problem(folder: Path, name) -> str | None:
     """Why `name` is not a plain file name inside `folder` (a path of other folders, `..`, an absolute path, a
     symbolic link leading out of it), or None. Checked before any file it names is opened or measured."""
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+    ):
         return "is not a plain file name in the folder"
     path = folder / name
     if path.is_symlink():
@@ -233,7 +256,9 @@ def _check_names(path: Path, folder, listing: dict, source: str, files) -> None:
     file name inside the folder: a name like `../../x.arrow` or `/etc/passwd` is refused before anything is read."""
     shards = listing.get("shards") if isinstance(listing, dict) else None
     if not isinstance(shards, dict) or not all(isinstance(v, list) for v in shards.values()):
-        raise DataError(f"--data.prepared {folder}: {source} does not list its shards by split; prepare again")
+        raise DataError(
+            f"--data.prepared {folder}: {source} does not list its shards by split; prepare again"
+        )
     for entries in shards.values():
         for entry in entries:
             for name in files(entry):
@@ -251,6 +276,7 @@ _RECORD_FIELDS = {"file": str, "bytes": int, "rows": int, "sha256": str}
 def _check_records(path: Path, folder, manifest: dict) -> None:
     """The manifest's shard records: plain file names inside the folder (`_check_names`), sizes and row counts
     as whole numbers, a sha256 as 64 hex digits."""
+
     def names(record):
         return [record.get("file") if isinstance(record, dict) else None]
 
@@ -272,7 +298,9 @@ def _check_records(path: Path, folder, manifest: dict) -> None:
 def _check_shard_list(path: Path, folder, manifest: dict) -> None:
     """The manifest lists every shard the prepare planned (plan.json) and its totals add up: a shard dropped from
     it by hand would silently change the training or evaluation set."""
-    listed = {split: [r["file"].rsplit(".", 1)[0] for r in records] for split, records in manifest["shards"].items()}
+    listed = {
+        split: [r["file"].rsplit(".", 1)[0] for r in records] for split, records in manifest["shards"].items()
+    }
     if (path / PLAN).is_file():
         planned = _read_json(path / PLAN, folder, "run the same prepare command again")["shards"]
         if planned != listed:
@@ -284,7 +312,9 @@ def _check_shard_list(path: Path, folder, manifest: dict) -> None:
             )
     totals = manifest.get("totals", {})
     every = [r for records in manifest["shards"].values() for r in records]
-    if totals and (totals.get("shards") != len(every) or totals.get("documents") != sum(r["rows"] for r in every)):
+    if totals and (
+        totals.get("shards") != len(every) or totals.get("documents") != sum(r["rows"] for r in every)
+    ):
         raise DataError(
             f"--data.prepared {folder}: {MANIFEST} lists {len(every)} shards but its totals count "
             f"{totals.get('shards')}: it was edited; prepare again"
@@ -292,7 +322,13 @@ def _check_shard_list(path: Path, folder, manifest: dict) -> None:
 
 
 _INDEX_ARRAYS = {"doc_sentences": np.int64, "sentence_tokens": np.int64, "document_hash": np.uint32}
-_PLAN_ARRAYS = {"a_start": np.int64, "a_end": np.int64, "b_start": np.int64, "b_end": np.int64, "label": np.int8}
+_PLAN_ARRAYS = {
+    "a_start": np.int64,
+    "a_end": np.int64,
+    "b_start": np.int64,
+    "b_end": np.int64,
+    "label": np.int8,
+}
 _COMPLETE = "arrays.json"
 
 
@@ -339,7 +375,9 @@ def _cached_arrays(folder: Path, spec: dict, fill) -> tuple[dict[str, np.ndarray
             fill(sinks)
             for sink in sinks.values():
                 sink.close()
-            (tmp / _COMPLETE).write_text(json.dumps({name: np.dtype(dtype).str for name, dtype in spec.items()}))
+            (tmp / _COMPLETE).write_text(
+                json.dumps({name: np.dtype(dtype).str for name, dtype in spec.items()})
+            )
             os.replace(tmp, folder)
             written = True
         except OSError as err:
@@ -495,23 +533,46 @@ class PairPlan:
     label: np.ndarray
 
 
-def plan_pairs(index: DocumentIndex, documents: np.ndarray, max_seq_length: int, short_seq_prob: float,
-               nsp_probability: float, seed: int, epoch, task: str, pool: int) -> PairPlan:
+def plan_pairs(
+    index: DocumentIndex,
+    documents: np.ndarray,
+    max_seq_length: int,
+    short_seq_prob: float,
+    nsp_probability: float,
+    seed: int,
+    epoch,
+    task: str,
+    pool: int,
+) -> PairPlan:
     """The epoch's pairs over `documents` (in order) in pools of `pool`, each pool seeded as the in-memory
     path's `datasets.map` batch (pair_examples_batch) is: the same random draws as nsp.build_pair_instances."""
     sinks = {name: _ArraySink() for name in _PLAN_ARRAYS}
-    plan_pools(index, documents, max_seq_length, short_seq_prob, nsp_probability, seed, epoch, task, pool, sinks)
+    plan_pools(
+        index, documents, max_seq_length, short_seq_prob, nsp_probability, seed, epoch, task, pool, sinks
+    )
     return PairPlan(*(sinks[name].array(dtype) for name, dtype in _PLAN_ARRAYS.items()))
 
 
-def plan_pools(index: DocumentIndex, documents: np.ndarray, max_seq_length: int, short_seq_prob: float,
-               nsp_probability: float, seed: int, epoch, task: str, pool: int, sinks: dict) -> None:
+def plan_pools(
+    index: DocumentIndex,
+    documents: np.ndarray,
+    max_seq_length: int,
+    short_seq_prob: float,
+    nsp_probability: float,
+    seed: int,
+    epoch,
+    task: str,
+    pool: int,
+    sinks: dict,
+) -> None:
     """plan_pairs, a pool at a time into `sinks` (name -> _ArraySink): memory holds one pool's pairs."""
     if task not in TASKS:
         raise DataError(f"sentence-pair task {task!r} is unknown; use one of {', '.join(TASKS)}")
     max_num_tokens = max_seq_length - (3 if task != "none" else 2)
     if max_num_tokens < 2:
-        raise DataError(f"--data.max_seq_length={max_seq_length} leaves no room for two segments; use at least 8")
+        raise DataError(
+            f"--data.max_seq_length={max_seq_length} leaves no room for two segments; use at least 8"
+        )
     for first in range(0, len(documents), pool):
         pool_docs = np.asarray(documents[first : first + pool])
         if task == "nsp" and len(pool_docs) < 2:  # a lone document at the end of the data
@@ -521,16 +582,27 @@ def plan_pools(index: DocumentIndex, documents: np.ndarray, max_seq_length: int,
         starts = index.doc_sentences[pool_docs]
         ends = index.doc_sentences[pool_docs + 1]
         # each document's sentence start offsets, and its end: sentences[d][i] is where its sentence i starts
-        sentences = [index.sentence_tokens[s0 : s1 + 1].tolist() for s0, s1 in zip(starts.tolist(), ends.tolist())]
-        truncated, draws = _plan_pool(sentences, max_num_tokens, short_seq_prob, nsp_probability, rng, task, out)
+        sentences = [
+            index.sentence_tokens[s0 : s1 + 1].tolist() for s0, s1 in zip(starts.tolist(), ends.tolist())
+        ]
+        truncated, draws = _plan_pool(
+            sentences, max_num_tokens, short_seq_prob, nsp_probability, rng, task, out
+        )
         if truncated:
             _truncate_pairs(out[:4], np.frombuffer(truncated, dtype=np.int64), draws, max_num_tokens)
         for name, values in zip(_PLAN_ARRAYS, out):
             sinks[name].write(np.frombuffer(values, dtype=_PLAN_ARRAYS[name]))
 
 
-def _plan_pool(sentences: list[list[int]], max_num_tokens: int, short_seq_prob: float, nsp_probability: float,
-               rng: random.Random, task: str, out) -> tuple[array, bytearray]:
+def _plan_pool(
+    sentences: list[list[int]],
+    max_num_tokens: int,
+    short_seq_prob: float,
+    nsp_probability: float,
+    rng: random.Random,
+    task: str,
+    out,
+) -> tuple[array, bytearray]:
     """nsp._PairBuilder.from_document / pair_from_chunk / random_segment on token offsets: every draw from `rng`
     happens in the same order as there, and consumes the same Mersenne Twister words.
 
@@ -628,7 +700,9 @@ def _truncate_pairs(ranges: list[array], pairs: np.ndarray, draws: bytearray, ma
     excess = la + lb - max_num_tokens
     at_end = (np.frombuffer(draws, dtype="<u4")[0::2] >> 31).astype(bool)  # per draw, pair by pair
     pair_of_draw = np.repeat(np.arange(len(pairs)), excess)
-    draw = np.arange(len(at_end)) - np.repeat(np.cumsum(excess) - excess, excess)  # its number within its pair
+    draw = np.arange(len(at_end)) - np.repeat(
+        np.cumsum(excess) - excess, excess
+    )  # its number within its pair
     first_is_a = la > lb
     prefix = np.minimum(excess, np.where(first_is_a, la - lb, lb - la + 1))[pair_of_draw]
     hits_first = (draw < prefix) | ((draw - prefix) % 2 == 1)
@@ -755,7 +829,9 @@ def build_prepared_data(
             f"--data.prepared was prepared for a {corpus.model_kind} but --model.kind is {model_kind}; prepare again"
         )
     cache = corpus.cache_folder(data_cfg.cache_dir)
-    with main_process_first(accelerator):  # a node's first process writes the offset arrays, the others map them
+    with main_process_first(
+        accelerator
+    ):  # a node's first process writes the offset arrays, the others map them
         train_index = DocumentIndex(corpus.shard_paths("train"), cache / "index-train")
     has_validation = bool(corpus.manifest["shards"].get("validation"))
     train_docs, validation_docs = split_documents_like_memory(train_index, data_cfg, has_validation)
@@ -789,8 +865,13 @@ def build_prepared_data(
             key = _digest([*settings, task, str(epoch), pool, str(index.cache)], documents.tobytes())
             folder = cache / f"pairs-{name}-{key}"
             with main_process_first(accelerator):
-                arrays, wrote = _cached_arrays(folder, _PLAN_ARRAYS, lambda sinks: plan_pools(
-                    index, documents, *settings[:3], settings[3], epoch, task, pool, sinks))
+                arrays, wrote = _cached_arrays(
+                    folder,
+                    _PLAN_ARRAYS,
+                    lambda sinks: plan_pools(
+                        index, documents, *settings[:3], settings[3], epoch, task, pool, sinks
+                    ),
+                )
             if epoch != EVAL_EPOCH:
                 for old in written:  # a mapping of it (another process) stays valid
                     shutil.rmtree(old, ignore_errors=True)
@@ -813,9 +894,13 @@ def build_prepared_data(
                     f"the validation split has {len(validation_docs)} document(s) but NSP needs 2: raise "
                     "--data.validation_split_percentage, give --data.validation_files, or use --model.objective=mlm+sop"
                 )
-            eval_dataset = examples(validation_index, "eval", validation_docs, EVAL_EPOCH, max(len(validation_docs), 1))
+            eval_dataset = examples(
+                validation_index, "eval", validation_docs, EVAL_EPOCH, max(len(validation_docs), 1)
+            )
     else:
-        collator = eval_collator = CLMCollator(tokenizer, data_cfg.pad_to_multiple_of, data_cfg.document_masking)
+        collator = eval_collator = CLMCollator(
+            tokenizer, data_cfg.pad_to_multiple_of, data_cfg.document_masking
+        )
         blocks = BlockExamples(train_index, train_docs, data_cfg.max_seq_length, tokenizer.eos_token_id)
 
         def build_train(epoch: int):

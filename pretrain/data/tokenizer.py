@@ -20,6 +20,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from kiln.config import resolve_path
+
 from .common import DataError, main_process_first, share_files
 from .corpus import iter_texts, load_documents
 
@@ -61,7 +62,9 @@ def train_tokenizer(
     if kind == "wordpiece":
         specials = list(WORDPIECE_SPECIAL_TOKENS.values())
         if vocab_size <= len(specials) + len(ASCII_ALPHABET):
-            raise DataError(f"--tokenizer.vocab_size={vocab_size} is too small for WordPiece; use at least 256")
+            raise DataError(
+                f"--tokenizer.vocab_size={vocab_size} is too small for WordPiece; use at least 256"
+            )
         backend = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
         backend.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
@@ -75,7 +78,9 @@ def train_tokenizer(
         # two trainings on the same text gave different vocabularies (huggingface/tokenizers#1794). With these
         # ids fixed, every tie is broken the same way. ASCII letters and digits are always included, so no
         # ASCII word ever becomes [UNK].
-        continuing = sorted(_continuation_chars(texts, backend.normalizer) | {c for c in alphabet if c.isalnum()})
+        continuing = sorted(
+            _continuation_chars(texts, backend.normalizer) | {c for c in alphabet if c.isalnum()}
+        )
         trainer = trainers.WordPieceTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
@@ -141,7 +146,9 @@ def _continuation_chars(texts: list[str], normalizer) -> set[str]:
     # Normalisation works character by character and a space stays a space, so the continuations of a text are
     # those of its space-separated pieces; ASCII pieces can only contribute ASCII letters and digits, which are
     # always added. So only the distinct non-ASCII pieces are normalised (much faster than every text).
-    pieces = {piece for text in texts if not text.isascii() for piece in text.split(" ") if not piece.isascii()}
+    pieces = {
+        piece for text in texts if not text.isascii() for piece in text.split(" ") if not piece.isascii()
+    }
     found: set[str] = set()
     for piece in pieces:
         found.update(_AFTER_NON_SPACE.findall(normalizer.normalize_str(piece)))
@@ -207,7 +214,9 @@ def check_tokenizer_fits(tokenizer, vocab_size: int) -> None:
 
 def load_tokenizer(name_or_path: str, model_max_length: int | None = None) -> PreTrainedTokenizerFast:
     """Load a saved tokenizer (folder or Hub id) as a fast tokenizer."""
-    from transformers import AutoTokenizer  # imports torch: here, not when `prepare` (which needs no torch) starts
+    from transformers import (
+        AutoTokenizer,
+    )  # imports torch: here, not when `prepare` (which needs no torch) starts
 
     location = resolve_path(name_or_path)
     try:
