@@ -412,3 +412,24 @@ def test_the_spaced_sentence_rule_gives_the_general_rules_sentences(monkeypatch)
     fast = [corpus.split_sentences(doc) for doc in documents]
     monkeypatch.setattr(corpus, "_OTHER_WHITESPACE", re.compile(r""))  # every document takes the general rule
     assert fast == [corpus.split_sentences(doc) for doc in documents]
+
+
+def test_prepare_draws_a_progress_bar_on_a_terminal_and_writes_lines_in_a_log(
+    prepared, tmp_path, monkeypatch, capsys
+):
+    """On a terminal, one bar over the shards with its count, rate and ETA instead of a line per shard; in a log
+    (not a terminal), the lines, and no bar."""
+    from pretrain.data.prepare import prepare
+
+    cfg = _config(prepared[0])
+    said = []
+    prepare(cfg, str(tmp_path / "log"), shard_size_mb=0.1, say=said.append)
+    shard_lines = [line for line in said if line.startswith("prepare: ") and "tokens) [" in line]
+    assert len(shard_lines) > 1 and "prepare:" not in capsys.readouterr().err
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    said.clear()
+    prepare(cfg, str(tmp_path / "terminal"), shard_size_mb=0.1, say=said.append)
+    drawn = capsys.readouterr().err
+    assert not [line for line in said if "tokens) [" in line]
+    assert f"{len(shard_lines)}/{len(shard_lines)}" in drawn and "shard" in drawn and "tokens" in drawn

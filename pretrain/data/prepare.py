@@ -728,10 +728,22 @@ def prepare(
         _remove_stale_temporaries(folder, todo)
         arguments = [(str(folder), t, splits[t.split], settings) for t in todo]
         results = pool.map(_run_task_star, arguments) if pool else map(_run_task_star, arguments)
+        # on a terminal a bar with its ETA (shards are of one size, so their count measures the work); in a log,
+        # a line per shard
+        bar = _shard_bar(len(todo))
+        tokens = 0
         for n, record in enumerate(results, 1):
-            say(
-                f"prepare: {record['file']} ({record['rows']:,} documents, {record['tokens']:,} tokens) [{n}/{len(todo)}]"
-            )
+            tokens += record["tokens"]
+            if bar is None:
+                say(
+                    f"prepare: {record['file']} ({record['rows']:,} documents, {record['tokens']:,} tokens) "
+                    f"[{n}/{len(todo)}]"
+                )
+            else:
+                bar.update(1)
+                bar.set_postfix_str(f"{tokens:,} tokens", refresh=False)
+        if bar is not None:
+            bar.close()
         clock.lap("shards")
     except BaseException:
         if (
@@ -751,6 +763,17 @@ def prepare(
     clock.lap("manifest")
     say(f"prepare: seconds per phase: {clock}")
     return manifest
+
+
+def _shard_bar(total: int):
+    """A progress bar over the shards to write, or None where it cannot draw (not a terminal: a pipe, a log file)."""
+    import sys
+
+    if not total or not sys.stderr.isatty():
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="prepare", unit="shard", dynamic_ncols=True)
 
 
 def _lock_part(folder: Path, index: int, count: int):
