@@ -180,7 +180,8 @@ def export_model(
 ) -> Path:
     """Write a complete, loadable model folder with a model card; returns its path.
 
-    The folder is written next to its place (`final.tmp`) and renamed into it once complete, so a fault midway
+    The folder is written next to its place (a fresh `.final.XXXXXXXX.staging`, `staged_export_folder`) and
+    renamed into it once complete, so a fault midway
     (a full disk, a kill) never leaves half a model where a whole one is expected; a disk fault is raised as the
     OSError that names it (`disk_writes`).
 

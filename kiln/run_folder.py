@@ -26,7 +26,7 @@ What a run may do:
 An overwrite is also refused, before anything is removed, when one of the run's own inputs (its start model,
 tokenizer, prepared corpus, data files) lies inside the folder (`inputs_inside`).
 
-A symbolic link where a run writes (its record, lock and staging names such as `final.tmp` or
+A symbolic link where a run writes (its record, lock and the fixed staging names `metrics.jsonl.tmp` and
 `checkpoints/step-N.tmp`, whatever the flags; a run's own names too, unless an overwrite clears them by the
 record) is refused in one line naming it (`links_where_kiln_writes`), and every writer creates its files without
 following links (`kiln.safe_write`): nothing outside the folder is written through one.
@@ -58,9 +58,7 @@ NODE_MARKER_PREFIX = ".kiln-node-"
 RUN_FILES = (
     "checkpoints",
     "final",
-    "final.tmp",
     "best",
-    "best.tmp",
     "logs",
     "metrics.jsonl",
     "config.yaml",
@@ -364,7 +362,7 @@ def _matches(path: Path, entry: dict[str, Any] | None) -> bool:
 def _staging(rel: str) -> bool:
     """Staging names Kiln's writers clear themselves before writing (a half-written checkpoint or export)."""
     parts = rel.split("/")
-    return parts[0] in ("final.tmp", "best.tmp", "metrics.jsonl.tmp") or (
+    return parts[0] == "metrics.jsonl.tmp" or (
         parts[0] == "checkpoints" and len(parts) > 1 and parts[1].endswith(".tmp")
     )
 
@@ -475,13 +473,15 @@ def _kind_of_folder(out: Path) -> str | None:
     return None
 
 
-_WRITES_AT = (MARKER, MARKER + ".tmp", LOCK_FILE, "final.tmp", "best.tmp", "metrics.jsonl.tmp")
-"""The names Kiln writes at whatever a run does: its record, lock and staging names (never on the record)."""
+_WRITES_AT = (MARKER, MARKER + ".tmp", LOCK_FILE, "metrics.jsonl.tmp")
+"""The names Kiln writes at whatever a run does: its record, lock and fixed staging names (never on the record).
+final/, best/ and the other folders written whole are staged under fresh names (`kiln.safe_write.staged_folder`),
+which nothing can stand at before: `final.tmp` and `best.tmp`, an earlier Kiln's, are no longer among them."""
 
 
 def links_where_kiln_writes(out: Path, *, run_names: bool = False) -> list[str]:
     """The symbolic links (by name in `out`) standing where a run writes: its record, lock and staging names
-    (`final.tmp`, `checkpoints/step-N.tmp`, a tokenizer file's `.NAME.tmp`) and, with `run_names`, a run's own
+    (`metrics.jsonl.tmp`, `checkpoints/step-N.tmp`, a tokenizer file's `.NAME.tmp`) and, with `run_names`, a run's own
     names too (`final`, `checkpoints/step-N`, `metrics.jsonl`, ...: those an overwrite clears by the record)."""
     names = [*_WRITES_AT, *(RUN_FILES if run_names else ())]
     found = [name for name in names if os.path.islink(out / name)]

@@ -1,6 +1,6 @@
 """Writing into a run folder without following links: every file and folder Kiln writes there (its record,
-its lock, `metrics.jsonl`, staging names such as `final.tmp` or `checkpoints/step-N.tmp`, the exports and
-checkpoints renamed into place) is made here or checked here first.
+its lock, `metrics.jsonl`, staging names such as `checkpoints/step-N.tmp` or a fresh `.final.XXXXXXXX.staging`,
+the exports and checkpoints renamed into place) is made here or checked here first.
 
 A run folder copied or shared may hold a symbolic link where Kiln writes; written through, the link would make
 Kiln replace the files it leads to, outside `--training.output_dir`. So a file is created with `O_NOFOLLOW`

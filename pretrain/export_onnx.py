@@ -219,7 +219,11 @@ def export_parser() -> argparse.ArgumentParser:
         "check it against PyTorch with onnxruntime. Guide: docs/models.md; every option: docs/configuration.md.",
     )
     parser.add_argument("folder", metavar="FOLDER", help="a folder written by Kiln (save_pretrained)")
-    parser.add_argument("out", metavar="OUT", help="output folder (created)")
+    parser.add_argument(
+        "out",
+        metavar="OUT",
+        help="output folder: new, empty or an earlier export, replaced whole once the export is checked",
+    )
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     add_print_config(parser)
     return parser
