@@ -105,6 +105,40 @@ def bounded(
     return field(default=default, metadata={RANGE_KEY: bounds})
 
 
+class NumberArgument:
+    """The `type=` of a numeric argparse option, its range declared beside it as `bounded` declares a field's:
+    `parser.add_argument("--pairs", type=number_argument(int, low=1))`. It converts the text and refuses a value
+    outside the range as argparse refuses any (exit status 2), naming the option, the value and the range."""
+
+    def __init__(self, kind: type, bounds: Bounds):
+        self.kind, self.bounds = kind, bounds
+        self.__name__ = kind.__name__  # what argparse and the configuration reference call the type
+
+    def __call__(self, text: str):
+        import argparse
+
+        try:
+            value = self.kind(text)
+        except ValueError:
+            value = None
+        if value is None or not self.bounds.admits(value, self.kind):
+            raise argparse.ArgumentTypeError(f"must be {self.bounds.describe(self.kind)}, got {text}")
+        return value
+
+
+def number_argument(
+    kind: type,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    finite: bool = True,
+) -> NumberArgument:
+    """A numeric argparse option's `type=` with its range (`NumberArgument`)."""
+    return NumberArgument(kind, Bounds(low, high, low_open, high_open, (), finite))
+
+
 def numeric_kind(tp: Any) -> type | None:
     """int or float for a field annotated int, float or either of them | None; None for anything else."""
     if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
@@ -169,10 +203,12 @@ def check_ranges(config: Any, keys: typing.Collection[str] | None = None) -> Non
 __all__ = [
     "Bounds",
     "INT64",
+    "NumberArgument",
     "bounded",
     "check_ranges",
     "declared_bounds",
     "numeric_fields",
+    "number_argument",
     "numeric_kind",
     "option_range",
     "range_refusal",

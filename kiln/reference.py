@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from .config import REPO_ROOT, option_rows
+from .option_range import NumberArgument
 
 PAGE = REPO_ROOT / "docs" / "configuration.md"
 
@@ -165,7 +166,10 @@ def own_options(command: Command) -> list[tuple[str, str, Any, str]]:
             if action.nargs in ("+", "*"):
                 kind = f"list[{kind}]"
             default = "required" if (action.required or not action.option_strings) else action.default
-            rows.append((flag, kind, default, action.help or ""))
+            meaning = action.help or ""
+            if isinstance(action.type, NumberArgument):  # its declared range, as a config option's
+                meaning += f"; range: {action.type.bounds.describe(action.type.kind)}"
+            rows.append((flag, kind, default, meaning))
     return rows
 
 

@@ -212,6 +212,7 @@ def check(model, onnx_path: Path, output_names) -> dict[str, float]:
 def export_parser() -> argparse.ArgumentParser:
     """The command line of `python -m pretrain.export_onnx`."""
     from kiln.cli import add_print_config
+    from kiln.option_range import number_argument
 
     parser = argparse.ArgumentParser(
         prog="python -m pretrain.export_onnx",
@@ -224,7 +225,10 @@ def export_parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="output folder: new, empty or an earlier export, replaced whole once the export is checked",
     )
-    parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    # 7: the first opset torch's exporter writes; a newer one than it knows is its own one-line error
+    parser.add_argument(
+        "--opset", type=number_argument(int, low=7), default=17, help="ONNX opset (default 17)"
+    )
     add_print_config(parser)
     return parser
 

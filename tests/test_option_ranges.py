@@ -234,3 +234,45 @@ def test_a_sample_of_refusals_is_one_line_exit_2_and_no_output_folder_under_kiln
     finally:
         for *_, proc in procs:
             proc.kill()
+
+
+PARSERS = [(command.command, command.parser) for command in COMMANDS if command.parser]
+
+
+@pytest.mark.parametrize("command, spec", PARSERS, ids=[c[0] for c in PARSERS])
+def test_the_numeric_options_of_commands_without_a_config_are_declared_and_checked_too(command, spec, capsys):
+    """convert, ONNX export, zero-shot, GLUE, kiln-launch: an argparse option's range is declared in its `type=`
+    (kiln.option_range.number_argument); a value outside it is argparse's refusal, exit 2, naming it."""
+    from kiln.option_range import NumberArgument
+
+    parser = load_spec(spec)()
+    required = []
+    for action in parser._actions:  # a value for each required option, so only the option tried is refused
+        if action.required or (not action.option_strings and action.nargs not in ("?", "*")):
+            required += ([action.option_strings[0]] if action.option_strings else []) + ["x"]
+    for action in parser._actions:
+        if action.type in (int, float):
+            pytest.fail(f"{command} {action.option_strings}: a numeric option without a declared range")
+        if not isinstance(action.type, NumberArgument):
+            continue
+        for text in TRIED:
+            value = as_number(text)
+            kind, bounds = action.type.kind, action.type.bounds
+            if kind is int:  # an integer option takes integers as written, nothing else
+                takes = text.lstrip("-").isdigit() and bounds.admits(int(text), kind)
+            else:
+                takes = not math.isnan(value) and bounds.admits(value, kind)
+            if math.isnan(value) or math.isinf(value) or value < 0 or (kind is int and value > 2**63):
+                assert not takes, f"{command} {action.option_strings[0]} takes {text}"
+            if takes:
+                assert (
+                    getattr(parser.parse_args([*required, f"{action.option_strings[0]}={text}"]), action.dest)
+                    == value
+                )
+                continue
+            with pytest.raises(SystemExit) as status:
+                parser.parse_args([*required, f"{action.option_strings[0]}={text}"])
+            last = capsys.readouterr().err.strip().splitlines()[-1]
+            assert status.value.code == 2 and last.endswith(
+                f"error: argument {'/'.join(action.option_strings)}: must be {bounds.describe(kind)}, got {text}"
+            ), last

@@ -17,6 +17,7 @@ accuracy overall (mean over paradigms), per phenomenon and per paradigm. Guide: 
 def blimp_parser() -> argparse.ArgumentParser:
     """The command line of `python -m pretrain.zero_shot blimp`."""
     from kiln.cli import add_print_config
+    from kiln.option_range import number_argument
 
     parser = argparse.ArgumentParser(prog="python -m pretrain.zero_shot blimp", description=BLIMP_DESCRIPTION)
     parser.add_argument(
@@ -35,7 +36,7 @@ def blimp_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pairs",
         metavar="N",
-        type=int,
+        type=number_argument(int, low=1),
         default=None,
         help="the first N pairs of every paradigm (default: all, 1,000 each)",
     )
@@ -61,7 +62,9 @@ def blimp_parser() -> argparse.ArgumentParser:
         help="random weights with the shape and tokenizer of --model (drawn from --seed): the "
         "baseline that shows what pretraining taught",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of --from_scratch's weights")
+    parser.add_argument(
+        "--seed", type=number_argument(int, 0, 2**32 - 1), default=0, help="seed of --from_scratch's weights"
+    )
     parser.add_argument(
         "--pll",
         choices=("original", "word-l2r"),
@@ -73,7 +76,7 @@ def blimp_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--batch_tokens",
         metavar="B",
-        type=int,
+        type=number_argument(int, low=1),
         default=None,
         help="rows x longest length of one batch (default: 16384 for an encoder, whose rows are "
         "each sentence's masked copies; 8192 for a decoder)",
