@@ -186,15 +186,16 @@ def range_refusal(key: str, value: Any, kind: type, bounds: Bounds) -> str:
     return f"--{key} must be {bounds.describe(kind)}{limit}, got {shown}"
 
 
-def check_ranges(config: Any, keys: typing.Collection[str] | None = None) -> None:
+def check_ranges(config: Any, keys: typing.Collection[str] | None = None, prefix: str = "") -> None:
     """Every numeric option of `config` (a config dataclass instance) inside its declared range, else a one-line
     ConfigError naming the option, the value and the range. `keys`: only these dotted options (those a command
-    reads); None: all. The one range check: run before anything is written."""
-    for key, kind, bounds in numeric_fields(type(config)):
+    reads); None: all. `prefix`: where `config` is in the whole config (`training.` for its training section).
+    The one range check: run before anything is written."""
+    for key, kind, bounds in numeric_fields(type(config), prefix):
         if keys is not None and key not in keys:
             continue
         value = config
-        for part in key.split("."):
+        for part in key.removeprefix(prefix).split("."):
             value = getattr(value, part)
         if value is not None and not (bounds or Bounds()).admits(value, kind):
             raise ConfigError(range_refusal(key, value, kind, bounds or Bounds()))

@@ -531,22 +531,12 @@ def release_output_lock(out: str | os.PathLike) -> None:
         handle.close()  # closing the last descriptor releases the flock
 
 
-def check_step_counts(training: TrainingConfig) -> None:
-    if training.max_steps == 0:
-        raise ConfigError(
-            "--training.max_steps 0 trains nothing; give a positive number, or -1 to train by epochs"
-        )
-    if training.max_steps < 0 and training.num_train_epochs <= 0:
-        raise ConfigError("--training.num_train_epochs must be > 0 when max_steps is -1")
-
-
 __all__ = [
     "adapt_to_downloaded_checkpoint",
     "build_accelerator",
     "check_launch",
     "check_output_folder",
     "check_scheduler",
-    "check_step_counts",
     "configure_deepspeed",
     "optimizer_steps_per_epoch",
     "prepare_output",

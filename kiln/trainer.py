@@ -57,8 +57,9 @@ from .export import follow_umask
 from .fingerprint import write_fingerprint
 from .long_run import LongRunNotice
 from .nodes import writes_run_files
+from .option_range import check_ranges
 from .public import save_public_config, write_public_json
-from .run_setup import check_step_counts, optimizer_steps_per_epoch, release_output_lock
+from .run_setup import optimizer_steps_per_epoch, release_output_lock
 from .safe_write import new_staging_folder, open_file, replace_into, write_new_file
 from .throughput import LogWindow, count_real_tokens, format_metrics, guess_peak_flops
 from .train_state import TrainState
@@ -191,7 +192,7 @@ class Trainer:
         """The logging window: the optimizer steps since the last logged line (saved with every checkpoint)."""
         self.steps_per_epoch: int | None = None
 
-        check_step_counts(training)
+        check_ranges(training, prefix="training.")  # a Trainer built in code, not through run_job's checks
         self._prepare(model)
 
     def _prepare(self, model: torch.nn.Module) -> None:

@@ -167,6 +167,27 @@ def test_a_config_made_in_code_is_range_checked_by_the_engine_too():
         validate_run_sections(config)
 
 
+def test_a_trainer_built_in_code_checks_its_training_section_before_preparing_anything():
+    """kiln.trainer.Trainer used as a library, without run_job: the same check, before the optimizer is made."""
+    from kiln.config import LoggingConfig, TrainingConfig
+    from kiln.trainer import Trainer
+
+    for field, value, line in (
+        (
+            "max_steps",
+            0,
+            "--training.max_steps must be an integer >= 1, or -1 (train by num_train_epochs), got 0",
+        ),
+        ("adam_beta2", 1.0, "--training.adam_beta2 must be a number in [0, 1), got 1.0"),
+    ):
+        training = TrainingConfig(**{field: value})
+        with pytest.raises(ConfigError) as error:
+            Trainer(
+                None, None, training=training, logging_cfg=LoggingConfig(), train_dataset=None, collator=None
+            )  # nothing else is looked at first: no accelerator or model is needed to be refused
+        assert str(error.value) == line
+
+
 def test_glue_checks_the_options_it_hands_every_classify_run_before_reading_the_checkpoint(tmp_path):
     from finetune.glue import main
 
