@@ -291,6 +291,13 @@ def run_phase(jobs: list[Job], workers: int, logs: Path, records: Path) -> bool:
         if status != 0:
             print(f"FAILED (exit {status}): {job.shell()}", file=sys.stderr)
             failed.set()
+        elif (
+            job.tag and (REPO / job.out / "config.yaml").is_file() and not (REPO / job.out / "final").is_dir()
+        ):
+            # stopped before its last step (a signal: the checkpoint is kept): a record would pass it off as done
+            print(
+                f"not recorded, stopped before its end: {job.shell()} --training.resume_from_checkpoint latest"
+            )
         elif job.tag:
             row = record(job, time.perf_counter() - start, records)
             print(json.dumps({k: v for k, v in row.items() if k not in ("config", "command")}))
