@@ -104,6 +104,8 @@ def validate(config: RunConfig) -> None:
             "eval.blimp scores sentences with a masked LM, and ELECTRA's discriminator has none; drop --eval.blimp "
             "and score its generator afterwards (python -m pretrain.zero_shot blimp --model OUTPUT/final/generator)"
         )
+    if config.eval.blimp and config.eval.blimp_data != "hub":
+        check_blimp_folder(config.eval.blimp_data)
     if not model.init_from and config.data.max_seq_length > model.max_position_embeddings:
         raise ConfigError(
             f"--data.max_seq_length={config.data.max_seq_length} exceeds --model.max_position_embeddings="
@@ -546,6 +548,18 @@ def build_run(config: RunConfig, accelerator, card_summary: dict | None = None):
         loss_weights={"rtd_loss": model_cfg.discriminator_weight, "rtd_accuracy": 0.0} if electra else None,
         num_workers=data_cfg.num_workers,
     )
+
+
+def check_blimp_folder(source: str) -> None:
+    """eval.blimp's folder holds BLiMP's files: said in one line before any tokenizer or data work."""
+    from kiln.config import resolve_path
+    from pretrain.zero_shot import ZeroShotError
+    from pretrain.zero_shot.blimp import blimp_files
+
+    try:
+        blimp_files(resolve_path(source))
+    except ZeroShotError as err:
+        raise ConfigError(f"eval.blimp: {err} (eval.blimp_data {source})") from None
 
 
 def blimp_evaluation(config: RunConfig, tokenizer, model, accelerator):
