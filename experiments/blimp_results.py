@@ -298,13 +298,15 @@ def plots(records: list[dict]) -> None:
     best = max(trained, key=lambda r: r["mean"])
     names = sorted(best["phenomena"])
     lstm, gpt2 = paper_phenomena("lstm"), paper_phenomena("gpt2")
-    fig, ax = plt.subplots(figsize=(7.0, 4.4))
+    fig, ax = plt.subplots(figsize=(7.0, 5.2))
     y = range(len(names))
     ax.barh(
         [i + 0.27 for i in y],
         [100 * best["phenomena"][n] for n in names],
         height=0.27,
-        label=f"Kiln {best['kind']}, {best['minutes']:g} min",
+        label=f"{model_label(best, pretraining_records())}, {budget_label(best, pretraining_records())}".replace(
+            "`", ""
+        ),
     )
     ax.barh(list(y), [lstm[n] for n in names], height=0.27, label="LSTM (paper)")
     ax.barh([i - 0.27 for i in y], [gpt2[n] for n in names], height=0.27, label="GPT-2 (paper)")
@@ -314,7 +316,7 @@ def plots(records: list[dict]) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("accuracy (%)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.12), ncol=3, fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(-0.3, -0.12), ncol=1, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(PHENOMENA_PNG, dpi=110, metadata={"Software": None})
     plt.close(fig)
