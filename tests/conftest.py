@@ -167,3 +167,20 @@ def _stop_signals_restored():
     for sig, handler in saved.items():
         if handler is not None and signal.getsignal(sig) is not handler:
             signal.signal(sig, handler)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """Each test leaves the root logger's handlers and level as it found them. A command run in-process calls
+    logging.basicConfig, whose handler writes to the sys.stderr of that moment: a test's capture stream, closed when
+    the test ends. Kept, it made every later log line in the worker a 'Logging error' traceback on the stderr of
+    whichever test was running (test_link_walk's no-traceback check failed after tests/test_run_folder.py)."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
