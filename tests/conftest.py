@@ -169,18 +169,27 @@ def _stop_signals_restored():
             signal.signal(sig, handler)
 
 
-@pytest.fixture(autouse=True)
-def _root_logging_restored():
-    """Each test leaves the root logger's handlers and level as it found them. A command run in-process calls
-    logging.basicConfig, whose handler writes to the sys.stderr of that moment: a test's capture stream, closed when
-    the test ends. Kept, it made every later log line in the worker a 'Logging error' traceback on the stderr of
-    whichever test was running (test_link_walk's no-traceback check failed after tests/test_run_folder.py)."""
+def _repoint_closed_log_streams() -> None:
+    """Every logging StreamHandler whose stream is closed writes to this test's stderr instead. Libraries add
+    their handler once, on the sys.stderr of that moment (huggingface_hub's and transformers' library loggers, a
+    command's logging.basicConfig): when that was a test's capture stream, closed at the test's end, every later log
+    line in the worker (a Hub upload thread's included) became a 'Logging error' traceback on the stderr of
+    whichever test was running, failing test_link_walk's no-traceback check after tests/test_run_folder.py."""
     import logging
+    import sys
 
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            stream = getattr(handler, "stream", None)
+            if type(handler) is logging.StreamHandler and getattr(stream, "closed", False):
+                with handler.lock:  # not setStream: it flushes the old stream, which raises once closed
+                    handler.stream = sys.stderr
+
+
+@pytest.fixture(autouse=True)
+def _log_streams_open():
+    """Each test starts and ends with every log handler writing to an open stream (_repoint_closed_log_streams)."""
+    _repoint_closed_log_streams()
     yield
-    for handler in root.handlers[:]:
-        if handler not in handlers:
-            root.removeHandler(handler)
-    root.setLevel(level)
+    _repoint_closed_log_streams()
