@@ -108,7 +108,7 @@ def _toy_trainer(tmp_path, micro_batches=10, **overrides):
         gradient_accumulation_steps=4,
         max_steps=-1,
         num_train_epochs=2,
-        lr=0.0,
+        lr=1e-12,  # > 0, as the range asks; AdamW moves w by ~lr a step, so the loss stays -1 to 1e-9
         eval_steps=0,
         save_steps=0,
         lr_scheduler_type="constant",
@@ -290,7 +290,7 @@ def test_group_by_length_batches_similar_lengths_and_stays_seeded(tmp_path, grou
             num_train_epochs=1,
             save_steps=0,
             eval_steps=0,
-            lr=0.0,
+            lr=1e-12,  # > 0, as the range asks; AdamW moves w by ~lr a step, so the loss stays -1 to 1e-9
             group_by_length=group,
         )
         logging_cfg = LoggingConfig(logging_steps=10, report_to="none")
