@@ -147,13 +147,19 @@ def model_label(row: dict, runs: dict[str, dict]) -> str:
     return what
 
 
+def budget_cpu(row: dict, runs: dict[str, dict]) -> str:
+    """The CPU a record's pretraining minutes were timed on; for runs recorded before records kept their CPU, the
+    CPU the model was scored on, marked † (the same session's)."""
+    run = runs.get(row["pretraining"], {})
+    return short_cpu(run["cpu"]) if run.get("cpu") else short_cpu(row.get("cpu")) + "†"
+
+
 def budget_label(row: dict, runs: dict[str, dict]) -> str:
     """A pretraining budget as one number with its CPU: minutes of one core of the CPU the run was timed on, its
     steps and precision, and its tag."""
     run = runs[row["pretraining"]]
     precision = run.get("config", {}).get("training", {}).get("mixed_precision")
-    # runs recorded before records kept their CPU: the CPU the model was scored on, marked (the same session's)
-    cpu = short_cpu(run["cpu"]) if run.get("cpu") else short_cpu(row.get("cpu")) + "†"
+    cpu = budget_cpu(row, runs)
     return (
         f"{row['minutes']:g} min of one {cpu} core, {run['steps']:,} steps"
         + (", bf16" if precision == "bf16" else "")
@@ -237,7 +243,7 @@ def plots(records: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     rows = latest(records).values()
-    means = paper_means()
+    means, runs = paper_means(), pretraining_records()
     encoders = sorted((r for r in rows if r["name"] in CURVE), key=lambda r: r["minutes"])
     fig, ax = plt.subplots(figsize=(9.0, 7.2))
     ax.plot(
@@ -245,11 +251,7 @@ def plots(records: list[dict]) -> None:
         [100 * r["mean"] for r in encoders],
         "o-",
         label="Kiln encoder, the compute curve (BERT-Tiny, MLM+SOP, PLL): minutes of one "
-        + (
-            budget_label(encoders[-1], pretraining_records()).split(" of one ")[1].split(" core")[0]
-            if encoders
-            else ""
-        )
+        + (budget_cpu(encoders[-1], runs) if encoders else "")
         + " core",
     )
     for r in encoders:
@@ -261,7 +263,6 @@ def plots(records: list[dict]) -> None:
             ha="center",
             fontsize=8,
         )
-    runs = pretraining_records()
     markers = iter("DsP^v<>*Xhpd8")
     for r in (r for r in rows if r["name"] not in CURVE and r["kind"] in ("encoder", "decoder")):
         ax.plot(
@@ -304,9 +305,7 @@ def plots(records: list[dict]) -> None:
         [i + 0.27 for i in y],
         [100 * best["phenomena"][n] for n in names],
         height=0.27,
-        label=f"{model_label(best, pretraining_records())}, {budget_label(best, pretraining_records())}".replace(
-            "`", ""
-        ),
+        label=f"{model_label(best, runs)}, {budget_label(best, runs)}".replace("`", ""),
     )
     ax.barh(list(y), [lstm[n] for n in names], height=0.27, label="LSTM (paper)")
     ax.barh([i - 0.27 for i in y], [gpt2[n] for n in names], height=0.27, label="GPT-2 (paper)")

@@ -3,6 +3,8 @@ paired against fp32, its achieved FLOP/s set against the matmul peak of its own 
 
 import json
 
+import torch
+
 from bench import precision
 from bench.throughput import Preset
 
@@ -36,17 +38,5 @@ def test_the_variants_start_from_the_same_weights():
     fp32, autocast, weights = (dict(runners[v].model.named_parameters()) for v in precision.VARIANTS)
     assert all(weights[name].dtype.is_floating_point for name in weights)
     for name, value in fp32.items():
-        assert torch_equal(value, autocast[name]) and value.data_ptr() != autocast[name].data_ptr()
-        assert weights[name].dtype == torch_bf16() and torch_equal(value.to(torch_bf16()), weights[name])
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return torch.equal(a, b)
-
-
-def torch_bf16():
-    import torch
-
-    return torch.bfloat16
+        assert torch.equal(value, autocast[name]) and value.data_ptr() != autocast[name].data_ptr()
+        assert weights[name].dtype == torch.bfloat16 and torch.equal(value.to(torch.bfloat16), weights[name])
