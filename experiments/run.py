@@ -69,6 +69,7 @@ class Job:
     argv: list[str]
     stop_at_step: int | None = None  # pretraining: SIGTERM at this step, then write final/ there
     env: dict = field(default_factory=dict)
+    resumed_from_step: int = 0  # pretraining: the checkpoint a stopped run continued from (0: from scratch)
 
     def shell(self) -> str:
         env = " ".join(f"{key}={value}" for key, value in self.env.items())
@@ -161,12 +162,19 @@ def finetuning_jobs(declaration: dict) -> list[Job]:
     return jobs
 
 
-def plan(declaration: dict) -> list[list[Job]]:
-    """Phases, each run side by side: the corpus, the pretraining runs, the fine-tuning grid, what comes after."""
+def plan(declaration: dict, only: list[str] | None = None) -> list[list[Job]]:
+    """Phases, each run side by side: the corpus, the pretraining runs, the fine-tuning grid, what comes after.
+    `only`: just these pretraining runs (by name) after the corpus, no fine-tuning and nothing after."""
     phases = []
     if declaration.get("corpus"):
         phases.append([Job("", "", "", ["python", "experiments/make_corpus.py"])])
-    phases += [jobs for jobs in (pretraining_jobs(declaration), finetuning_jobs(declaration)) if jobs]
+    pretraining = pretraining_jobs(declaration)
+    if only:
+        unknown = sorted(set(only) - {job.tag for job in pretraining})
+        if unknown:
+            sys.exit(f"error: --only names no pretraining run of the declaration: {', '.join(unknown)}")
+        return phases + [[job for job in pretraining if job.tag in only]]
+    phases += [jobs for jobs in (pretraining, finetuning_jobs(declaration)) if jobs]
     after = [Job("", "", "", shlex.split(command)) for command in declaration.get("after", [])]
     return phases + ([after] if after else [])
 
@@ -229,6 +237,7 @@ def record(job: Job, wall_s: float, records: Path) -> dict:
         "command": job.shell(),
         "note": job.note,
         "cpu": cpu_name(),
+        **({"resumed_from_step": job.resumed_from_step} if job.resumed_from_step else {}),
         **summarise(REPO / job.out),
     }
     with open(records, "a", encoding="utf-8") as file:
@@ -246,6 +255,11 @@ def last_checkpoint_step(out: Path) -> int:
 
 
 def execute(job: Job, log, env: dict) -> int:
+    out = REPO / job.out if job.out else None
+    if job.tag and out is not None and not (out / "final").is_dir() and last_checkpoint_step(out):
+        # a pretraining run stopped before its end (a session's cut, a signal): continue it, never start it over
+        job.resumed_from_step = last_checkpoint_step(out)
+        job.argv = [*job.argv, "--training.resume_from_checkpoint", "latest"]
     process = subprocess.Popen(
         job.argv, cwd=REPO, env={**env, **job.env}, stdout=log, stderr=subprocess.STDOUT
     )
@@ -267,7 +281,7 @@ def execute(job: Job, log, env: dict) -> int:
         return process.returncode
     step = last_checkpoint_step(REPO / job.out)
     resume = [
-        *job.argv,
+        *(job.argv[:-2] if job.resumed_from_step else job.argv),  # without the resume flag execute() added
         "--training.resume_from_checkpoint",
         "latest",
         "--training.max_steps",
@@ -296,7 +310,8 @@ def run_phase(jobs: list[Job], workers: int, logs: Path, records: Path) -> bool:
         ):
             # stopped before its last step (a signal: the checkpoint is kept): a record would pass it off as done
             print(
-                f"not recorded, stopped before its end: {job.shell()} --training.resume_from_checkpoint latest"
+                f"not recorded, stopped before its end: {job.tag} (running the experiment again continues it from its "
+                "last checkpoint)"
             )
         elif job.tag:
             row = record(job, time.perf_counter() - start, records)
@@ -742,6 +757,13 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--jobs", type=int, default=2, help="runs side by side (one thread each)")
     run.add_argument("--dry-run", action="store_true", help="print the commands, run and record nothing")
     run.add_argument("--records", type=Path, default=RECORDS)
+    run.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help="run just these pretraining runs of the declaration (after its corpus); a run stopped before its end "
+        "continues from its last checkpoint",
+    )
     summarize = commands.add_parser("summarize", help="docs/results/finetune.md and .json from the records")
     summarize.add_argument("--records", type=Path, default=RECORDS)
     summarize.add_argument(
@@ -790,7 +812,7 @@ def main(argv: list[str] | None = None) -> None:
             replace_generated(page, text, name, LEVERS_BEGIN)
         print(text, end="")
     else:
-        phases = plan(load_declaration(args.experiment))
+        phases = plan(load_declaration(args.experiment), args.only)
         if not phases:
             sys.exit(
                 f"error: {args.experiment} declares no runs (only tables made from the records: `levers`, "

@@ -217,6 +217,78 @@ def test_every_experiment_declaration_plans_its_runs():
     ) in phases[2]
 
 
+def _runner():
+    spec = importlib.util.spec_from_file_location("kiln_experiments_run", REPO / "experiments/run.py")
+    runner = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = runner  # dataclasses look their module up there
+    spec.loader.exec_module(runner)
+    return runner
+
+
+def test_only_plans_the_named_pretraining_runs_after_the_corpus():
+    """`run X.yaml --only NAME`: the corpus, then just that pretraining run (no fine-tuning); a name the
+    declaration does not have is a one-line error naming it."""
+    done = command(
+        sys.executable,
+        "experiments/run.py",
+        "run",
+        "experiments/grid.yaml",
+        "--only",
+        "grid-decoder-wsd",
+        "--dry-run",
+    )
+    phases = [block.strip().splitlines()[1:] for block in done.stdout.split("# phase ")[1:]]
+    assert phases == [
+        ["python experiments/make_corpus.py"],
+        [
+            "accelerate launch pretrain/run.py --config configs/experiments/grid-decoder-wsd.yaml "
+            "--training.output_dir runs/grid-decoder-wsd"
+        ],
+    ]
+    failed = subprocess.run(
+        [
+            sys.executable,
+            "experiments/run.py",
+            "run",
+            "experiments/grid.yaml",
+            "--only",
+            "grid-nothing",
+            "--dry-run",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and "grid-nothing" in failed.stderr
+
+
+def test_a_pretraining_run_stopped_before_its_end_continues_from_its_checkpoint(tmp_path):
+    """A run folder with checkpoints and no final/ (a session's cut): `run` continues it with
+    `--training.resume_from_checkpoint latest` and its record says from which step; a finished run or a fresh folder
+    runs its command as declared."""
+    runner = _runner()
+    argv_file = tmp_path / "argv.json"
+    script = f"import json, sys; json.dump(sys.argv[1:], open({str(argv_file)!r}, 'w'))"
+
+    def run(out):
+        job = runner.Job("grid-x", str(out), "", [sys.executable, "-c", script, "--config", "x.yaml"])
+        with open(tmp_path / "log", "a") as log:
+            assert runner.execute(job, log, dict(os.environ)) == 0
+        return job, json.loads(argv_file.read_text())
+
+    stopped = tmp_path / "stopped"
+    (stopped / "checkpoints" / "step-600").mkdir(parents=True)
+    (stopped / "checkpoints" / "step-1200").mkdir()
+    job, argv = run(stopped)
+    assert argv == ["--config", "x.yaml", "--training.resume_from_checkpoint", "latest"]
+    assert job.resumed_from_step == 1200
+    (stopped / "final").mkdir()  # finished: nothing to continue
+    job, argv = run(stopped)
+    assert argv == ["--config", "x.yaml"] and job.resumed_from_step == 0
+    job, argv = run(tmp_path / "fresh")
+    assert argv == ["--config", "x.yaml"] and job.resumed_from_step == 0
+
+
 def _record(task: str, init: str, lr: str, seed: int, dev: float, ckpt: str, samples=None, epochs=1) -> dict:
     note = f"{task} {init} lr={lr} seed={seed} ckpt={ckpt}"
     config = {"training": {"num_train_epochs": epochs}, "data": {"max_train_samples": samples}}
