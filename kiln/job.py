@@ -97,28 +97,47 @@ def run_job(job: TrainingJob) -> Trainer:
     """Run `job` from start to end (module docstring); returns the finished Trainer (its state, its end, its
     callbacks). Whatever ends the run, every callback's on_train_end has run; the error that ended it is raised."""
     from .callbacks import FinalExport, HubSync, Trackers
-    from .checkpoint_files import check_checkpoint_metadata, resolve_checkpoint
     from .config import validate_run_sections
+    from .elastic import launched_processes
+    from .resume import (
+        HUB_FOLDER,
+        check_metadata,
+        check_plan,
+        is_hub,
+        launched_as_main,
+        plan_resume,
+        run_config,
+    )
     from .run_setup import (
-        adapt_to_downloaded_checkpoint,
         check_output_folder,
         check_services,
         prepare_output,
         start_run,
+        use_downloaded_layout,
     )
     from .trainer import Trainer
 
-    config = job.config
+    validate_run_sections(job.config)
+    spec = job.config.training.resume_from_checkpoint
+    plan = None
+    if spec and not is_hub(spec):
+        # every decision about the resume, before the Accelerator: it takes the plan's batch layout
+        plan = plan_resume(job.config, launched_processes(), job.metadata, main_process=launched_as_main())
+    config = run_config(job.config, plan)  # the run's copy: what the engine derives never reaches the user's
     training = config.training
-    validate_run_sections(config)
-    resume = training.resume_from_checkpoint
-    if job.metadata and resume and not resume.startswith("hub:"):
-        check_checkpoint_metadata(resolve_checkpoint(resume, training.output_dir, quiet=True), job.metadata)
-    accelerator = start_run(training, config.logging, model_width=job.model_width)
+    accelerator = start_run(
+        training,
+        config.logging,
+        model_width=job.model_width,
+        resumed_config=plan.saved_config if plan else None,
+        elastic=plan.elastic if plan else None,
+    )
     check_output_folder(
         training, accelerator, config
     )  # a folder the run may not write into: refused before anything
     check_services(config, accelerator)  # W&B and the Hub take this run: said before anything is built
+    if plan is not None:  # a changed run is refused before the output folder is touched
+        plan = check_plan(plan, accelerator, config)
     # pretraining writes its tokenizer into the folder while building; the others prepare it after the build
     out = prepare_output(config, accelerator) if job.output_before_build else None
     parts = job.build(accelerator)
@@ -130,12 +149,23 @@ def run_job(job: TrainingJob) -> Trainer:
     if config.hub.dataset_name:  # the user's own name for the corpus replaces the data files' names
         card = dataclasses.replace(card, datasets=[config.hub.dataset_name])
     hub_sync = HubSync(config.hub, parts.tokenizer)
-    if resume and resume.startswith("hub:"):
-        # downloaded now, not when the trainer resumes: its layout decides the accumulation the trainer is built with
-        local_dir = str(Path(training.output_dir) / "hub-checkpoint")
-        adapt_to_downloaded_checkpoint(
-            accelerator, training, hub_sync.fetch(accelerator, training, resume, local_dir)
+    metadata = {**job.metadata, **parts.metadata}
+    if is_hub(spec):
+        # downloaded into the prepared run folder, then planned as a local checkpoint is
+        folder = hub_sync.fetch(accelerator, training, spec, str(Path(training.output_dir) / HUB_FOLDER))
+        plan = plan_resume(
+            config,
+            accelerator.num_processes,
+            metadata,
+            main_process=accelerator.is_main_process,
+            folder=folder,
         )
+        training.per_device_train_batch_size = plan.layout.per_device_train_batch_size
+        training.gradient_accumulation_steps = plan.layout.gradient_accumulation_steps
+        use_downloaded_layout(accelerator, training, plan.elastic)
+        plan = check_plan(plan, accelerator, config)
+    elif plan is not None:
+        check_metadata(plan, parts.metadata)  # what the app knows once built (a task, its number of labels)
     trainer = Trainer(
         accelerator,
         parts.model,
@@ -148,7 +178,8 @@ def run_job(job: TrainingJob) -> Trainer:
         evaluator=parts.evaluator,
         flops_per_token=parts.flops_per_token,
         loss_weights=parts.loss_weights,
-        metadata={**job.metadata, **parts.metadata},
+        metadata=metadata,
+        resume=plan,
         # on_train_end runs in this order: the app's (best model, final scores), export, push and wait, trackers
         callbacks=[
             *parts.callbacks,

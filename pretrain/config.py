@@ -217,7 +217,7 @@ class RunConfig:
     @staticmethod
     def compared_on_resume(flat: dict[str, Any]) -> dict[str, Any]:
         """A config, saved or new, flattened (`model.hidden_act`, ...), as a resume compares it
-        (kiln.checkpoint_files.check_config_change): the preset-dependent model options by the values the
+        (kiln.resume.setting_changes): the preset-dependent model options by the values the
         model is built with, so a value left unset and the same value given are the same run. Before these
         options defaulted to None, a run's config.yaml held all four (gelu, 0.1, 0.1, 1e-12 when not given)
         and a decoder of another preset than `gpt2` read a value equal to those as not given: a config holding
