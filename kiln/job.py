@@ -2,13 +2,16 @@
 and the engine runs all of it.
 
     run_job(job)
-      the engine's sections checked (training, logging, hub) -> a resume checkpoint of another kind refused
-      (job.metadata) -> accelerator, batch size, logging, seed -> output folder checked (kiln.run_folder) ->
-      W&B and the Hub asked whether they take the run (kiln.run_setup.check_services) -> output folder
-      prepared when the app writes into it while building -> job.build(accelerator): the app's
-      model, data, metrics and callbacks -> the evaluation interval of one epoch -> output folder prepared and
-      locked (config changes against the run being resumed checked, config.yaml written) -> Trainer: trackers,
-      resume, summary, loop, evaluation, final export, Hub, every callback ended whatever ends the run
+      the engine's sections checked (training, logging, hub) -> a local resume planned (kiln.resume.plan_resume:
+      the checkpoint, its files verified, its kind, its batch layout and the one this run takes) -> the run's
+      copy of the config (`run_copy`: what the engine derives goes there) -> accelerator, batch size, logging,
+      seed (kiln.run_setup.start_run) -> output folder checked (kiln.run_folder) -> W&B and the Hub asked
+      whether they take the run (kiln.run_setup.check_services) -> the resume checked on every process (config
+      and data changes, kiln.resume.check_plan) -> output folder prepared when the app writes into it while
+      building -> job.build(accelerator): the app's model, data, metrics and callbacks -> the evaluation
+      interval of one epoch -> output folder prepared and locked (config.yaml written) -> a `hub:` checkpoint
+      downloaded, then planned and checked as a local one -> Trainer: trackers, resume from the plan, summary,
+      loop, evaluation, final export, Hub, every callback ended whatever ends the run
 
 An app never calls the steps itself, so the rules for output folders and resume live here, once. A run that only
 predicts (fine-tuning's --predict) has no folder to keep and nothing to resume: it calls `start_predicting`.
@@ -16,6 +19,7 @@ predicts (fine-tuning's --predict) has no folder to keep and nothing to resume: 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
 
     from .callbacks import TrainerCallback
     from .export import ModelCardFacts
+    from .resume import ResumePlan
     from .trainer import Trainer
 
 
@@ -106,7 +111,6 @@ def run_job(job: TrainingJob) -> Trainer:
         is_hub,
         launched_as_main,
         plan_resume,
-        run_config,
     )
     from .run_setup import (
         check_output_folder,
@@ -123,7 +127,8 @@ def run_job(job: TrainingJob) -> Trainer:
     if spec and not is_hub(spec):
         # every decision about the resume, before the Accelerator: it takes the plan's batch layout
         plan = plan_resume(job.config, launched_processes(), job.metadata, main_process=launched_as_main())
-    config = run_config(job.config, plan)  # the run's copy: what the engine derives never reaches the user's
+    # what the engine derives is written into the run's copy, never into the user's config
+    config = run_copy(job.config, plan)
     training = config.training
     accelerator = start_run(
         training,
@@ -160,8 +165,7 @@ def run_job(job: TrainingJob) -> Trainer:
             main_process=accelerator.is_main_process,
             folder=folder,
         )
-        training.per_device_train_batch_size = plan.layout.per_device_train_batch_size
-        training.gradient_accumulation_steps = plan.layout.gradient_accumulation_steps
+        take_layout(training, plan)
         use_downloaded_layout(accelerator, training, plan.elastic)
         plan = check_plan(plan, accelerator, config)
     elif plan is not None:
@@ -193,6 +197,23 @@ def run_job(job: TrainingJob) -> Trainer:
     trainer.train()
     _let_gloo_finish_its_work(accelerator)
     return trainer
+
+
+def run_copy(config: Any, plan: ResumePlan | None) -> Any:
+    """The run's own copy of the user's `config`, with the batch layout a resume `plan` takes. What the engine
+    derives (this layout, the precision, the per-device batch of a total, the evaluation interval of an epoch) is
+    written into the copy, which config.yaml and every checkpoint record, never into the user's object."""
+    run = copy.copy(config)
+    run.training = copy.copy(config.training)
+    if plan is not None:
+        take_layout(run.training, plan)
+    return run
+
+
+def take_layout(training: Any, plan: ResumePlan) -> None:
+    """The run's `training` section (its copy) takes the per-device batch and accumulation the plan decided."""
+    training.per_device_train_batch_size = plan.layout.per_device_train_batch_size
+    training.gradient_accumulation_steps = plan.layout.gradient_accumulation_steps
 
 
 def _let_gloo_finish_its_work(accelerator: Accelerator, seconds: float = 0.5) -> bool:
@@ -231,4 +252,4 @@ def evaluate_each_epoch(training, train_dataset, num_processes: int, each_epoch:
         training.eval_steps = steps_per_epoch
 
 
-__all__ = ["RunParts", "TrainingJob", "evaluate_each_epoch", "run_job", "start_predicting"]
+__all__ = ["RunParts", "TrainingJob", "evaluate_each_epoch", "run_copy", "run_job", "start_predicting"]

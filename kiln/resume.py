@@ -13,13 +13,12 @@
       falls back to the next older checkpoint (`fallback`)
 
 The user's config is never changed: the layout this run takes lives in the plan, and in the run's own copy of the
-config (`run_config`), which is what config.yaml and every checkpoint record. torchtitan's CheckpointManager is
+config (`kiln.job.run_copy`), which is what config.yaml and every checkpoint record. torchtitan's CheckpointManager is
 the anchor: one object decides which checkpoint a run loads, the training loop only loads it.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
@@ -147,18 +146,6 @@ def plan_resume(
         pickled=bool(pickle_files(folder)) and not (folder / LOOP_STATE_FILE).is_file(),
         data_changes=data_changes_since(folder, config) if main_process else None,
     )
-
-
-def run_config(config: Any, plan: ResumePlan | None) -> Any:
-    """The run's own copy of the user's `config`, with the batch layout the plan takes: what the engine derives
-    (this layout, the precision, the per-device batch of a total) is written into the copy, which config.yaml and
-    every checkpoint record, never into the user's object."""
-    run = copy.copy(config)
-    run.training = copy.copy(config.training)
-    if plan is not None:
-        run.training.per_device_train_batch_size = plan.layout.per_device_train_batch_size
-        run.training.gradient_accumulation_steps = plan.layout.gradient_accumulation_steps
-    return run
 
 
 def check_plan(plan: ResumePlan, accelerator, config: Any) -> ResumePlan:
@@ -499,6 +486,5 @@ __all__ = [
     "new_layout",
     "plan_resume",
     "read_saved_layout",
-    "run_config",
     "setting_changes",
 ]
