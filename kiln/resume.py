@@ -169,7 +169,13 @@ def check_plan(plan: ResumePlan, accelerator, config: Any) -> ResumePlan:
         data = broadcast_object_list([data])[0]
     plan = dataclasses.replace(
         plan,
-        setting_changes=setting_changes(plan.saved_config, config, plan.saved_layout, plan.layout),
+        # compared as the run has them: its per-device batch, precision and layout as the engine derived them
+        setting_changes=setting_changes(
+            plan.saved_config,
+            config,
+            plan.saved_layout,
+            layout_of(config.training, accelerator.num_processes),
+        ),
         data_changes=tuple(data),
     )
     problems = []
@@ -356,9 +362,8 @@ def new_layout(
     written on as many processes (or unknown), the configured one; on another number, the accumulation that keeps
     its global batch (the per-device batch stays, so each device's memory does not change), or a one-line
     refusal when none does."""
-    configured = layout_of(training, num_processes)
     if saved is None or saved.num_processes == num_processes:
-        return configured, None
+        return _configured_layout(training, num_processes), None
     if training.total_train_batch_size is not None:
         # the per-device batch would be derived from the total; keep the saved one, the total stays the same
         per_device = saved.per_device_train_batch_size
@@ -380,6 +385,16 @@ def new_layout(
         "sequences"
     )
     return BatchLayout(num_processes, per_device, accumulation), message
+
+
+def _configured_layout(training: Any, num_processes: int) -> BatchLayout:
+    """The layout the config names: its per-device batch, or the one its total_train_batch_size gives
+    (`kiln.run_setup.resolve_batch_size` derives it alike once the run starts, or refuses an uneven total)."""
+    layout = layout_of(training, num_processes)
+    total, parts = training.total_train_batch_size, num_processes * layout.gradient_accumulation_steps
+    if total is not None and total > 0 and total % parts == 0:
+        return dataclasses.replace(layout, per_device_train_batch_size=total // parts)
+    return layout
 
 
 # ----------------------------------------------------------------------------------------------------------

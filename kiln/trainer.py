@@ -428,7 +428,9 @@ class Trainer:
         self.state.stop_reason = None
         # written on another number of processes: the same examples of the epoch, counted in this run's batches
         self.state.batches_in_epoch = convert_position(
-            self.state.batches_in_epoch, plan.saved_layout, plan.layout
+            self.state.batches_in_epoch,
+            plan.saved_layout,
+            layout_of(self.training, self.accelerator.num_processes),
         )
         if self.run_config is not None and self.accelerator.is_main_process:
             save_config(

@@ -207,15 +207,15 @@ def test_a_global_batch_no_layout_keeps_is_one_line(tmp_path):
     assert "\n" not in message and "global batch of 24 sequences" in message and "1, 2, 3, 6" in message
     layout, message = new_layout(saved, training, 3, checkpoint)
     assert layout == BatchLayout(3, 4, 2) and "gradient accumulation 3 -> 2" in message
-    assert (
-        training.gradient_accumulation_steps == 3
-    )  # the plan holds the new layout; the user's config keeps its own
+    # the plan holds the new layout; the user's config keeps its own
+    assert training.gradient_accumulation_steps == 3
     # the per-device batch a total_train_batch_size would derive is the saved one
     training = TrainingConfig(
         total_train_batch_size=24, per_device_train_batch_size=6, gradient_accumulation_steps=3
     )
     assert new_layout(saved, training, 1, checkpoint)[0] == BatchLayout(1, 4, 6)
-    assert new_layout(saved, training, 2, checkpoint) == (BatchLayout(2, 6, 3), None)  # as many processes
+    # on as many processes: the layout the config names, the per-device batch its total gives (24 / (2 x 3))
+    assert new_layout(saved, training, 2, checkpoint) == (BatchLayout(2, 4, 3), None)
 
 
 def test_data_position_converts_to_the_same_examples():
