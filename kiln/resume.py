@@ -4,17 +4,18 @@
       plan_resume (before the Accelerator; for `hub:` right after the download): which checkpoint (`latest`
       skips damaged ones), its files verified against its checksums.json (each file read and hashed once), the
       kind of run that wrote it, its saved batch layout and the one this run takes (the accumulation that keeps
-      the global batch on another number of processes, or a one-line refusal), its saved config, and what
-      changed since: settings, data (hashed by the main process only)
-      check_plan (every process, once the Accelerator is up): the same checkpoint everywhere, the main process's
-      data verdict shared, a changed run refused (or warned of with --training.allow_config_change), pickles
-      refused without --training.trust_checkpoint_pickles
-      Trainer.resume(plan): the state loaded (kiln.checkpoint_state); a `latest` whose state turns out damaged
-      falls back to the next older checkpoint (`fallback`)
+      the global batch on another number of processes, or a one-line refusal), its saved config, and its data
+      compared with this run's (hashed by the main process only)
+      check_plan (every process, once the Accelerator is up): the same checkpoint everywhere, the settings
+      compared with the run's own (as the engine derived them), the main process's data verdict shared, a
+      changed run refused (or warned of with --training.allow_config_change), pickles refused without
+      --training.trust_checkpoint_pickles; returns the completed plan
+      Trainer.resume(plan): the state checked and loaded (kiln.checkpoint_state); a `latest` whose state turns out
+      damaged falls back to the next older checkpoint (`fallback`, a new plan)
 
 The user's config is never changed: the layout this run takes lives in the plan, and in the run's own copy of the
-config (`kiln.job.run_copy`), which is what config.yaml and every checkpoint record. torchtitan's CheckpointManager is
-the anchor: one object decides which checkpoint a run loads, the training loop only loads it.
+config (`kiln.job.run_copy`), which config.yaml and every checkpoint record. torchtitan's CheckpointManager is the
+anchor: one object decides which checkpoint a run loads; the training loop only loads it.
 """
 
 from __future__ import annotations
