@@ -2,9 +2,9 @@
 and the engine runs all of it.
 
     run_job(job)
-      the engine's sections checked (training, logging, hub) -> a local resume planned (kiln.resume.plan_resume:
-      the checkpoint, its files verified, its kind, its batch layout and the one this run takes) -> the run's
-      copy of the config (`run_copy`: what the engine derives goes there) -> accelerator, batch size, logging,
+      the run's copy of the config (`run_copy`: what the engine derives goes there) -> the engine's sections
+      checked (training, logging, hub) -> a local resume planned (kiln.resume.plan_resume: the checkpoint, its
+      files verified, its kind, its batch layout and the one this run takes) -> accelerator, batch size, logging,
       seed (kiln.run_setup.start_run) -> output folder checked (kiln.run_folder) -> W&B and the Hub asked
       whether they take the run (kiln.run_setup.check_services) -> the resume checked on every process (config
       and data changes, kiln.resume.check_plan) -> output folder prepared when the app writes into it while
@@ -121,15 +121,16 @@ def run_job(job: TrainingJob) -> Trainer:
     )
     from .trainer import Trainer
 
-    validate_run_sections(job.config)
-    spec = job.config.training.resume_from_checkpoint
+    # what the engine derives is written into the run's copy, never into the user's config
+    config = run_copy(job.config)
+    training = config.training
+    validate_run_sections(config)
+    spec = training.resume_from_checkpoint
     plan = None
     if spec and not is_hub(spec):
         # every decision about the resume, before the Accelerator: it takes the plan's batch layout
-        plan = plan_resume(job.config, launched_processes(), job.metadata, main_process=launched_as_main())
-    # what the engine derives is written into the run's copy, never into the user's config
-    config = run_copy(job.config, plan)
-    training = config.training
+        plan = plan_resume(config, launched_processes(), job.metadata, main_process=launched_as_main())
+        take_layout(training, plan)
     accelerator = start_run(
         training,
         config.logging,
@@ -199,14 +200,12 @@ def run_job(job: TrainingJob) -> Trainer:
     return trainer
 
 
-def run_copy(config: Any, plan: ResumePlan | None) -> Any:
-    """The run's own copy of the user's `config`, with the batch layout a resume `plan` takes. What the engine
-    derives (this layout, the precision, the per-device batch of a total, the evaluation interval of an epoch) is
-    written into the copy, which config.yaml and every checkpoint record, never into the user's object."""
+def run_copy(config: Any) -> Any:
+    """The run's own copy of the user's `config`. What the engine derives (a resume's batch layout, the precision,
+    the per-device batch of a total, the evaluation interval of an epoch) is written into the copy, which
+    config.yaml and every checkpoint record, never into the user's object."""
     run = copy.copy(config)
     run.training = copy.copy(config.training)
-    if plan is not None:
-        take_layout(run.training, plan)
     return run
 
 
