@@ -505,6 +505,27 @@ def precision_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def precision_step_table() -> str:
+    """`bench/results/precision-amd-epyc-bf16.json` (`python bench/precision.py`): the step alone in fp32, bf16
+    autocast and all-bf16 weights, each against the matmul peak of its own compute precision."""
+    record = bench_record("precision-amd-epyc-bf16")
+    lines = [
+        "| preset | shape (L/H, batch × length) | fp32 GFLOP/s (% of fp32 peak) | bf16 autocast GFLOP/s "
+        "(% of bf16 peak) | autocast speed-up | all-bf16 speed-up |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, row in record["presets"].items():
+        shape = row["preset"]
+        fp32, autocast, weights = row["fp32"], row["bf16-autocast"], row["bf16-weights"]
+        lines.append(
+            f"| {name} | L{shape['layers']}/H{shape['hidden']}, {shape['batch_size']} × {shape['seq_len']} | "
+            f"{fp32['gflops']:.0f} ({fp32['share_of_own_peak']:.0%}) | "
+            f"{autocast['gflops']:.0f} ({autocast['share_of_own_peak']:.0%}) | "
+            f"{autocast['speedup_over_fp32']:.2f}× | {weights['speedup_over_fp32']:.2f}× |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 TABLES = {
     "throughput": throughput_table,
     "mfu": mfu_table,
@@ -521,6 +542,7 @@ TABLES = {
     "shipped-commands": shipped_commands_table,
     "threads": threads_table,
     "precision": precision_table,
+    "precision-step": precision_step_table,
 }
 
 
@@ -531,6 +553,7 @@ MEASURED_BY = {
     "threads": "python bench/threads.py",
     "modernbert": "python bench/throughput.py --preset modernbert-tiny --preset modernbert-base --json bench/results/modernbert.json",
     "llama": "python bench/throughput.py --preset llama-l4 --preset llama-125m --json bench/results/llama.json",
+    "precision-step": "python bench/precision.py --json bench/results/precision-amd-epyc-bf16.json",
 }
 """The command that writes a table's record, where it is one script."""
 

@@ -14,7 +14,7 @@ and hands each the one config section it needs:
                        HubSync: push final/, wait for the pushes  Trackers: close the trackers
       RunEnd.failure (what ended the run) or RunEnd.error raised, once every callback has run
 
-`download_checkpoint` answers a `hub:user/name` resume for the Trainer.
+`HubSync.fetch` downloads a `hub:user/name` checkpoint for kiln.job.run_job, which plans its resume (kiln.resume).
 """
 
 from __future__ import annotations
@@ -96,10 +96,6 @@ class TrainerCallback:
     def on_train_end(self, trainer: RunningTrainer, end: RunEnd) -> None:
         """After the loop and its final evaluation; also when a signal, an error or a divergence ended the run
         (`end.completed` is then False): close what on_train_begin opened, export nothing."""
-
-    def download_checkpoint(self, trainer: RunningTrainer, spec: str, local_dir: str) -> str | None:
-        """The local folder of the `hub:` checkpoint `spec` downloaded into `local_dir`; None: not this callback's."""
-        return None
 
 
 class Trackers(TrainerCallback):
@@ -255,7 +251,6 @@ class HubSync(TrainerCallback):
         self.hub = hub
         self.tokenizer = tokenizer
         self.pusher = None
-        self._downloaded: dict[tuple[str, str], str] = {}
 
     def on_train_begin(self, trainer: RunningTrainer) -> None:
         if not self.hub.push_to_hub:
@@ -295,14 +290,10 @@ class HubSync(TrainerCallback):
                     immutable=True,  # written once, renamed into place, only ever deleted
                 )
 
-    def download_checkpoint(self, trainer: RunningTrainer, spec: str, local_dir: str) -> str:
-        return self.fetch(trainer.accelerator, trainer.training, spec, local_dir)
-
     def fetch(self, accelerator, training, spec: str, local_dir: str) -> str:
         """Download the `hub:` checkpoint `spec` into `local_dir` where every process can read it: the processes
         that write the run folder download it (rank 0 on a shared folder, each node's local main process on
-        node-local disks), the others wait for them. Downloaded once per run (the run's start reads its layout
-        before the trainer resumes from it)."""
+        node-local disks), the others wait for them. Called once per run, by kiln.job.run_job."""
         from accelerate.utils import gather_object
 
         from .errors import ConfigError
@@ -311,9 +302,6 @@ class HubSync(TrainerCallback):
         from .redaction import redact
         from .run_folder import staged_run_folder
 
-        key = (spec, str(Path(local_dir)))
-        if key in self._downloaded:
-            return self._downloaded[key]
         acc = accelerator
         set_request_timeout(self.hub.timeout_s)
         path, error = None, None
@@ -348,7 +336,6 @@ class HubSync(TrainerCallback):
                     "give every node the same --training.save_on_each_node setting as its disks (shared or not)"
                 )
             path = str(found.parent)
-        self._downloaded[key] = path
         return path
 
     def on_train_end(self, trainer: RunningTrainer, end: RunEnd) -> None:

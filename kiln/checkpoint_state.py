@@ -23,13 +23,16 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator, DistributedType
 
 from .errors import ConfigError, first_line
 from .train_state import TrainState
+
+if TYPE_CHECKING:
+    from .resume import ResumePlan
 
 logger = logging.getLogger("kiln")
 
@@ -639,28 +642,26 @@ def check_training_state(
 
 
 def expected_of(
-    folder: Path, training, total_steps: int, steps_per_epoch: int | None, compared: bool
+    plan: ResumePlan, training, total_steps: int, steps_per_epoch: int | None, compared: bool
 ) -> Expected:
     """What a run of `training` settings (`total_steps` steps, `steps_per_epoch` a stream's None) expects of the
-    checkpoint `folder`'s state. `compared`: the run's config was compared with the checkpoint's (its own
-    settings unless --training.allow_config_change)."""
-    from .checkpoint_config import saved_run_config
-    from .checkpoint_files import CHECKPOINT_PREFIX, TRAINER_STATE_FILE
-    from .elastic import saved_layout
+    state of the checkpoint `plan` resumes. `compared`: the run's config was compared with the checkpoint's (its
+    own settings unless --training.allow_config_change)."""
+    from .checkpoint_files import CHECKPOINT_PREFIX
 
-    folder = Path(folder)
+    folder = plan.folder
     digits = folder.name[len(CHECKPOINT_PREFIX) :]
-    saved = saved_layout(folder)
+    saved = plan.saved_layout
     accumulation = training.gradient_accumulation_steps
     if saved is not None and saved.gradient_accumulation_steps >= 1:
         accumulation = saved.gradient_accumulation_steps
     return Expected(
-        global_step=json.loads((folder / TRAINER_STATE_FILE).read_text())["global_step"],
+        global_step=plan.saved_state["global_step"],
         folder_step=int(digits) if folder.name.startswith(CHECKPOINT_PREFIX) and digits.isdigit() else None,
         total_steps=total_steps,
         steps_per_epoch=steps_per_epoch,
         accumulation=accumulation,
-        same_schedule=compared and not training.allow_config_change and saved_run_config(folder) is not None,
+        same_schedule=compared and not training.allow_config_change and plan.saved_config is not None,
     )
 
 
@@ -669,19 +670,24 @@ def check_on_every_process(
     model,
     optimizer,
     scheduler,
-    folder: Path,
+    plan: ResumePlan,
     expected: Expected,
 ) -> tuple[CheckedState | None, tuple[str, str] | None]:
-    """`check_training_state` on every process, and one verdict for all (a collective: every process calls it):
-    (the checked state, None), or (None, (kind, why)) where any process found a fault: `damaged`, or `unfit`
-    for weights of another model after a deliberate config change (or a checkpoint of another engine)."""
-    from .elastic import saved_layout
-
+    """`check_training_state` of the checkpoint `plan` resumes on every process, and one verdict for all (a
+    collective: every process calls it): (the checked state, None), or (None, (kind, why)) where any process
+    found a fault: `damaged`, or `unfit` for weights of another model after a deliberate config change (or a
+    checkpoint of another engine)."""
     checked, verdict = None, None
     try:
-        saved = saved_layout(folder)
+        saved = plan.saved_layout
         checked = check_training_state(
-            accelerator, model, optimizer, scheduler, folder, expected, saved.num_processes if saved else None
+            accelerator,
+            model,
+            optimizer,
+            scheduler,
+            plan.folder,
+            expected,
+            saved.num_processes if saved else None,
         )
     except ModelMismatch as err:  # another model shape: a changed config's doing, or a damaged file
         verdict = ("damaged" if expected.same_schedule else "unfit", str(err))

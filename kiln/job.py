@@ -2,13 +2,16 @@
 and the engine runs all of it.
 
     run_job(job)
-      the engine's sections checked (training, logging, hub) -> a resume checkpoint of another kind refused
-      (job.metadata) -> accelerator, batch size, logging, seed -> output folder checked (kiln.run_folder) ->
-      W&B and the Hub asked whether they take the run (kiln.run_setup.check_services) -> output folder
-      prepared when the app writes into it while building -> job.build(accelerator): the app's
-      model, data, metrics and callbacks -> the evaluation interval of one epoch -> output folder prepared and
-      locked (config changes against the run being resumed checked, config.yaml written) -> Trainer: trackers,
-      resume, summary, loop, evaluation, final export, Hub, every callback ended whatever ends the run
+      the run's copy of the config (`run_copy`: what the engine derives goes there) -> the engine's sections
+      checked (training, logging, hub) -> a local resume planned (kiln.resume.plan_resume: the checkpoint, its
+      files verified, its kind, its batch layout and the one this run takes) -> accelerator, batch size, logging,
+      seed (kiln.run_setup.start_run) -> output folder checked (kiln.run_folder) -> W&B and the Hub asked
+      whether they take the run (kiln.run_setup.check_services) -> the resume checked on every process (config
+      and data changes, kiln.resume.check_plan) -> output folder prepared when the app writes into it while
+      building -> job.build(accelerator): the app's model, data, metrics and callbacks -> the evaluation
+      interval of one epoch -> output folder prepared and locked (config.yaml written) -> a `hub:` checkpoint
+      downloaded, then planned and checked as a local one -> Trainer: trackers, resume from the plan, summary,
+      loop, evaluation, final export, Hub, every callback ended whatever ends the run
 
 An app never calls the steps itself, so the rules for output folders and resume live here, once. A run that only
 predicts (fine-tuning's --predict) has no folder to keep and nothing to resume: it calls `start_predicting`.
@@ -16,6 +19,7 @@ predicts (fine-tuning's --predict) has no folder to keep and nothing to resume: 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
 
     from .callbacks import TrainerCallback
     from .export import ModelCardFacts
+    from .resume import ResumePlan
     from .trainer import Trainer
 
 
@@ -97,28 +102,48 @@ def run_job(job: TrainingJob) -> Trainer:
     """Run `job` from start to end (module docstring); returns the finished Trainer (its state, its end, its
     callbacks). Whatever ends the run, every callback's on_train_end has run; the error that ended it is raised."""
     from .callbacks import FinalExport, HubSync, Trackers
-    from .checkpoint_files import check_checkpoint_metadata, resolve_checkpoint
     from .config import validate_run_sections
+    from .elastic import launched_processes
+    from .resume import (
+        HUB_FOLDER,
+        check_metadata,
+        check_plan,
+        is_hub,
+        launched_as_main,
+        plan_resume,
+    )
     from .run_setup import (
-        adapt_to_downloaded_checkpoint,
         check_output_folder,
         check_services,
         prepare_output,
         start_run,
+        use_downloaded_layout,
     )
     from .trainer import Trainer
 
-    config = job.config
+    # what the engine derives is written into the run's copy, never into the user's config
+    config = run_copy(job.config)
     training = config.training
     validate_run_sections(config)
-    resume = training.resume_from_checkpoint
-    if job.metadata and resume and not resume.startswith("hub:"):
-        check_checkpoint_metadata(resolve_checkpoint(resume, training.output_dir, quiet=True), job.metadata)
-    accelerator = start_run(training, config.logging, model_width=job.model_width)
+    spec = training.resume_from_checkpoint
+    plan = None
+    if spec and not is_hub(spec):
+        # every decision about the resume, before the Accelerator: it takes the plan's batch layout
+        plan = plan_resume(config, launched_processes(), job.metadata, main_process=launched_as_main())
+        take_layout(training, plan)
+    accelerator = start_run(
+        training,
+        config.logging,
+        model_width=job.model_width,
+        resumed_config=plan.saved_config if plan else None,
+        elastic=plan.elastic if plan else None,
+    )
     check_output_folder(
         training, accelerator, config
     )  # a folder the run may not write into: refused before anything
     check_services(config, accelerator)  # W&B and the Hub take this run: said before anything is built
+    if plan is not None:  # a changed run is refused before the output folder is touched
+        plan = check_plan(plan, accelerator, config)
     # pretraining writes its tokenizer into the folder while building; the others prepare it after the build
     out = prepare_output(config, accelerator) if job.output_before_build else None
     parts = job.build(accelerator)
@@ -130,12 +155,22 @@ def run_job(job: TrainingJob) -> Trainer:
     if config.hub.dataset_name:  # the user's own name for the corpus replaces the data files' names
         card = dataclasses.replace(card, datasets=[config.hub.dataset_name])
     hub_sync = HubSync(config.hub, parts.tokenizer)
-    if resume and resume.startswith("hub:"):
-        # downloaded now, not when the trainer resumes: its layout decides the accumulation the trainer is built with
-        local_dir = str(Path(training.output_dir) / "hub-checkpoint")
-        adapt_to_downloaded_checkpoint(
-            accelerator, training, hub_sync.fetch(accelerator, training, resume, local_dir)
+    metadata = {**job.metadata, **parts.metadata}
+    if is_hub(spec):
+        # downloaded into the prepared run folder, then planned as a local checkpoint is
+        folder = hub_sync.fetch(accelerator, training, spec, str(Path(training.output_dir) / HUB_FOLDER))
+        plan = plan_resume(
+            config,
+            accelerator.num_processes,
+            metadata,
+            main_process=accelerator.is_main_process,
+            folder=folder,
         )
+        take_layout(training, plan)
+        use_downloaded_layout(accelerator, training, plan.elastic)
+        plan = check_plan(plan, accelerator, config)
+    elif plan is not None:
+        check_metadata(plan, parts.metadata)  # what the app knows once built (a task, its number of labels)
     trainer = Trainer(
         accelerator,
         parts.model,
@@ -148,7 +183,8 @@ def run_job(job: TrainingJob) -> Trainer:
         evaluator=parts.evaluator,
         flops_per_token=parts.flops_per_token,
         loss_weights=parts.loss_weights,
-        metadata={**job.metadata, **parts.metadata},
+        metadata=metadata,
+        resume=plan,
         # on_train_end runs in this order: the app's (best model, final scores), export, push and wait, trackers
         callbacks=[
             *parts.callbacks,
@@ -162,6 +198,21 @@ def run_job(job: TrainingJob) -> Trainer:
     trainer.train()
     _let_gloo_finish_its_work(accelerator)
     return trainer
+
+
+def run_copy(config: Any) -> Any:
+    """The run's own copy of the user's `config`. What the engine derives (a resume's batch layout, the precision,
+    the per-device batch of a total, the evaluation interval of an epoch) is written into the copy, which
+    config.yaml and every checkpoint record, never into the user's object."""
+    run = copy.copy(config)
+    run.training = copy.copy(config.training)
+    return run
+
+
+def take_layout(training: Any, plan: ResumePlan) -> None:
+    """The run's `training` section (its copy) takes the per-device batch and accumulation the plan decided."""
+    training.per_device_train_batch_size = plan.layout.per_device_train_batch_size
+    training.gradient_accumulation_steps = plan.layout.gradient_accumulation_steps
 
 
 def _let_gloo_finish_its_work(accelerator: Accelerator, seconds: float = 0.5) -> bool:
@@ -200,4 +251,4 @@ def evaluate_each_epoch(training, train_dataset, num_processes: int, each_epoch:
         training.eval_steps = steps_per_epoch
 
 
-__all__ = ["RunParts", "TrainingJob", "evaluate_each_epoch", "run_job", "start_predicting"]
+__all__ = ["RunParts", "TrainingJob", "evaluate_each_epoch", "run_copy", "run_job", "start_predicting"]

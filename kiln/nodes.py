@@ -72,8 +72,14 @@ def resolve_disk_layout(accelerator, training: TrainingConfig) -> None:
 
 def writes_run_files(accelerator, training: TrainingConfig) -> bool:
     """Whether this process writes the run folder's files that every node needs (config, tokenizer,
-    checkpoints): rank 0 on a shared folder, each node's local main process on node-local disks."""
-    if training.save_on_each_node:
+    checkpoints): rank 0 on a shared folder, each node's local main process on node-local disks. A `training`
+    left at None (the user's own config: the engine settles the run's copy) reads the layout settled into the
+    accelerator (`resolve_disk_layout`)."""
+    each_node = training.save_on_each_node
+    if each_node is None:
+        project = getattr(accelerator, "project_configuration", None)
+        each_node = getattr(project, "save_on_each_node", False)
+    if each_node:
         return accelerator.is_local_main_process
     return accelerator.is_main_process
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 
-from .checkpoint_files import check_config_change, resolve_checkpoint
 from .config import LoggingConfig, TrainingConfig, save_config
 from .errors import ConfigError, first_line
 from .nodes import resolve_disk_layout, writes_run_files
@@ -252,26 +252,25 @@ def resolve_batch_size(training: TrainingConfig, num_processes: int) -> None:
 
 
 def start_run(
-    training: TrainingConfig, logging_cfg: LoggingConfig, model_width: int | None = None
+    training: TrainingConfig,
+    logging_cfg: LoggingConfig,
+    model_width: int | None = None,
+    resumed_config: Mapping[str, Any] | None = None,
+    elastic: str | None = None,
 ) -> Accelerator:
     """What every Kiln entry point does first: the precision (`kiln.precision`: bf16 by default on a CPU with bf16
-    units for a model of `model_width` wide enough), the Accelerator, the per-device batch size derived from
-    total_train_batch_size, the engine aligned with Kiln's settings, the log format (main process at INFO), and
-    the seed."""
+    units for a model of `model_width` wide enough; a resumed run's, from its saved `resumed_config`), the
+    Accelerator, the per-device batch size derived from total_train_batch_size, the engine aligned with Kiln's
+    settings, the log format (main process at INFO), and the seed. `elastic`: the resume plan's note that the
+    batch layout in `training` keeps a checkpoint's global batch on another number of processes (kiln.resume),
+    logged, or refused under DeepSpeed."""
     from accelerate.utils import set_seed
 
-    from .checkpoint_config import saved_run_config
-    from .elastic import adapt_to_world_size, launched_processes
+    from .elastic import launched_processes
     from .precision import choose_precision, cpu_bf16_units, trains_on_cpu
 
-    resume = training.resume_from_checkpoint
-    local = resume and not resume.startswith("hub:")
-    checkpoint = resolve_checkpoint(resume, training.output_dir, quiet=True) if local else None
-    # before the Accelerator is built: it takes the accumulation count a resume on another world size needs
-    elastic = adapt_to_world_size(training, launched_processes(), checkpoint)
-    saved = saved_run_config(checkpoint) if checkpoint else None
     precision, precision_line, slow = choose_precision(
-        training.mixed_precision, model_width, saved, trains_on_cpu(), cpu_bf16_units()
+        training.mixed_precision, model_width, resumed_config, trains_on_cpu(), cpu_bf16_units()
     )
     if precision is not None:
         training.mixed_precision = precision
@@ -279,7 +278,7 @@ def start_run(
     check_launch(accelerator, launched_processes())
     resolve_batch_size(training, accelerator.num_processes)
     align_engine(accelerator, training)
-    _refuse_elastic_deepspeed(accelerator, elastic)
+    refuse_elastic_deepspeed(accelerator, elastic)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if accelerator.is_main_process else logging.WARNING,
@@ -297,7 +296,7 @@ def start_run(
     return accelerator
 
 
-def _refuse_elastic_deepspeed(accelerator: Accelerator, elastic: str | None) -> None:
+def refuse_elastic_deepspeed(accelerator: Accelerator, elastic: str | None) -> None:
     if elastic and accelerator.state.deepspeed_plugin is not None:
         raise ConfigError(
             f"{elastic}, but DeepSpeed's ZeRO checkpoints hold one optimizer partition per process and load only "
@@ -305,18 +304,12 @@ def _refuse_elastic_deepspeed(accelerator: Accelerator, elastic: str | None) -> 
         )
 
 
-def adapt_to_downloaded_checkpoint(
-    accelerator: Accelerator, training: TrainingConfig, checkpoint: Path | str
-) -> None:
-    """A `hub:` checkpoint, downloaded once the run has started: the elastic rules of a local one (the
-    accumulation that keeps its global batch on this number of processes, or a one-line refusal), applied to the
-    accelerator already built."""
-    from .elastic import adapt_to_world_size
-
-    elastic = adapt_to_world_size(training, accelerator.num_processes, checkpoint)
+def use_downloaded_layout(accelerator: Accelerator, training: TrainingConfig, elastic: str | None) -> None:
+    """A `hub:` checkpoint's plan, made once the run has started: its layout (already in `training`, the run's
+    copy of the config) given to the Accelerator already built, refused under DeepSpeed, and logged."""
     if elastic is None:
         return
-    _refuse_elastic_deepspeed(accelerator, elastic)
+    refuse_elastic_deepspeed(accelerator, elastic)
     accelerator.gradient_accumulation_steps = training.gradient_accumulation_steps
     if accelerator.is_main_process:
         logger.warning(elastic)
@@ -381,8 +374,8 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
     refused, naming what is in it. A run folder that holds a run (a checkpoint or a final model) is refused
     unless resuming or asked to overwrite (then the files on its record that still match it are removed, and
     nothing else; a run's own input inside it is a refusal). When resuming, the checkpoint's config is
-    compared with this one (see `check_config_change`) and config.yaml is only rewritten once the resume has
-    succeeded (Trainer.resume)."""
+    compared with this one before (`kiln.resume.check_plan`) and config.yaml is only rewritten once the resume
+    has succeeded (Trainer.resume)."""
     from . import run_folder
 
     training = config.training
@@ -394,9 +387,6 @@ def prepare_output(config: Any, accelerator: Accelerator) -> Path:
         check_push_settings(hub_cfg.model_id)
     out = Path(training.output_dir)
     resume = bool(training.resume_from_checkpoint)
-    spec = training.resume_from_checkpoint
-    if resume and not spec.startswith("hub:"):
-        check_config_change(resolve_checkpoint(spec, str(out), quiet=True), config, accelerator)
 
     def refusal() -> str | None:
         return run_folder.refusal(out, resume=resume, overwrite=training.overwrite_output_dir)
@@ -532,7 +522,6 @@ def release_output_lock(out: str | os.PathLike) -> None:
 
 
 __all__ = [
-    "adapt_to_downloaded_checkpoint",
     "build_accelerator",
     "check_launch",
     "check_output_folder",
@@ -540,7 +529,9 @@ __all__ = [
     "configure_deepspeed",
     "optimizer_steps_per_epoch",
     "prepare_output",
+    "refuse_elastic_deepspeed",
     "release_output_lock",
     "resolve_batch_size",
     "start_run",
+    "use_downloaded_layout",
 ]

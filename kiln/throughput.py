@@ -13,6 +13,10 @@ def count_real_tokens(batch: dict[str, torch.Tensor]) -> int:
     """Tokens that are not padding (tokens/s, tokens_seen and MFU count these). A packed causal-LM batch carries
     no padding mask (its documents are read from its position ids); its padding is where the labels are -100."""
     mask = batch.get("attention_mask")
+    if (
+        torch.is_tensor(mask) and mask.dim() == 4
+    ):  # (B, 1, T, T) query x key, as the hybrid objective's: keys some
+        return int(mask[:, 0].any(-2).sum())  # query sees (its padding queries see only the first token)
     if torch.is_tensor(mask):
         return int(mask.sum())
     labels = batch.get("labels")

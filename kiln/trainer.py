@@ -31,27 +31,18 @@ from . import run_folder
 from .batch_order import EpochPrefix, RandomOrder, micro_batch_seed, with_example_index
 from .callbacks import RunEnd, TrainerCallback
 from .checkpoint_config import CONFIG_FILE
-from .checkpoint_files import (
-    CHECKPOINT_PREFIX,
-    TRAINER_STATE_FILE,
-    check_checkpoint_metadata,
-    check_config_change,
-    find_checkpoints,
-    resolve_checkpoint,
-    write_checksums,
-)
+from .checkpoint_files import CHECKPOINT_PREFIX, TRAINER_STATE_FILE, find_checkpoints, write_checksums
 from .checkpoint_state import (
     DamagedCheckpoint,
     apply_training_state,
     check_on_every_process,
     expected_of,
     load_pickled_state,
-    refuse_pickles,
     save_training_state,
 )
 from .config import LoggingConfig, TrainingConfig, save_config
 from .disk import disk_writes
-from .elastic import convert_position, layout_of, saved_layout
+from .elastic import convert_position, layout_of
 from .errors import ConfigError
 from .export import follow_umask
 from .fingerprint import write_fingerprint
@@ -59,6 +50,7 @@ from .long_run import LongRunNotice
 from .nodes import writes_run_files
 from .option_range import check_ranges
 from .public import save_public_config, write_public_json
+from .resume import ResumePlan, fallback
 from .run_setup import optimizer_steps_per_epoch, release_output_lock
 from .safe_write import new_staging_folder, open_file, replace_into, write_new_file
 from .throughput import LogWindow, count_real_tokens, format_metrics, guess_peak_flops
@@ -158,6 +150,7 @@ class Trainer:
         loss_items: LossItems | None = None,
         loss_weights: dict[str, float] | None = None,
         run_config: Any = None,
+        resume: ResumePlan | None = None,
     ):
         self.accelerator = accelerator
         self.training = training
@@ -179,6 +172,12 @@ class Trainer:
         self.loss_weights = dict(loss_weights or {})
         self.run_config = run_config
         """The run's whole config (saved with each checkpoint, compared on resume); None: neither."""
+        self.plan = resume
+        """The checkpoint to continue from and everything decided about it (kiln.resume); None: a new run."""
+        if training.resume_from_checkpoint and resume is None:
+            raise ValueError(
+                "a Trainer resumes from the plan kiln.resume.plan_resume makes (kiln.job.run_job)"
+            )
         self.output_dir = Path(training.output_dir)
         self.state = TrainState()
         self._stop_signal: int | None = None
@@ -421,33 +420,22 @@ class Trainer:
             if old != keep:
                 run_folder.set_aside_checkpoint(self.output_dir, old.relative_to(self.output_dir).as_posix())
 
-    def resume(self, spec: str) -> Path:
-        """Continue from `spec` (`latest`, a folder, `hub:user/name`), every file checked first (`_load_state`):
-        a damaged one is one line naming the folder, or, for `latest`, the newest one that passes is resumed."""
-        skipped: dict[str, str] = {}
+    def resume(self, plan: ResumePlan) -> Path:
+        """Continue from the checkpoint `plan` names (its files verified, the run checked against it: kiln.resume),
+        its state checked on every process first (`_load_state`): a damaged one is one line naming the folder,
+        or, for `latest`, the next older one is planned and resumed."""
         while True:
-            path = resolve_checkpoint(spec, str(self.output_dir), self._download_checkpoint, skip=skipped)
-            shown = path if spec == "latest" else spec  # a refusal names the folder `latest` resolved to
-            self._check_same_checkpoint(path)
-            check_checkpoint_metadata(path, self.metadata)
-            if self.run_config is not None:
-                check_config_change(path, self.run_config, self.accelerator)
-            pickled = refuse_pickles(path, str(shown), self.training.trust_checkpoint_pickles)
-            problem = self._load_state(path, pickled, shown)
+            problem = self._load_state(plan)
             if problem is None:
                 break
-            if spec != "latest":
-                raise ConfigError(
-                    f"checkpoint {shown} is damaged: {problem}; resume from an older checkpoint "
-                    "(--training.resume_from_checkpoint latest picks the newest valid one)"
-                )
-            skipped[path.name] = problem  # and the next older one is tried
+            plan = fallback(plan, problem, self.run_config, self.metadata, self.accelerator)
+        self.plan = plan
         # why the saved run stopped (a signal, the time budget) is no reason for this one to stop
         self.state.stop_reason = None
         # written on another number of processes: the same examples of the epoch, counted in this run's batches
         self.state.batches_in_epoch = convert_position(
             self.state.batches_in_epoch,
-            saved_layout(path),
+            plan.saved_layout,
             layout_of(self.training, self.accelerator.num_processes),
         )
         if self.run_config is not None and self.accelerator.is_main_process:
@@ -457,26 +445,26 @@ class Trainer:
             run_folder.record_files(self.output_dir, "config.yaml")
         if self.accelerator.is_main_process:
             self._forget_metrics_after(self.state.global_step)
-        logger.info("resumed from %s at step %d", path, self.state.global_step)
-        return path
+        logger.info("resumed from %s at step %d", plan.folder, self.state.global_step)
+        return plan.folder
 
-    def _load_state(self, path: Path, pickled: bool, shown) -> str | None:
+    def _load_state(self, plan: ResumePlan) -> str | None:
         """The checkpoint's state into the run's objects once every process has checked it: None, or why it is
-        damaged (nothing loaded). `pickled`: accelerate's format, with --training.trust_checkpoint_pickles."""
-        acc = self.accelerator
-        if pickled:
+        damaged (nothing loaded). A `plan.pickled` checkpoint is in accelerate's format (trusted by the user)."""
+        acc, path = self.accelerator, plan.folder
+        if plan.pickled:
             try:
                 load_pickled_state(acc, self.scheduler, self.state, path)
             except DamagedCheckpoint as err:
                 raise ConfigError(
-                    f"checkpoint {shown} is damaged: {err}; resume from an older checkpoint"
+                    f"checkpoint {plan.shown} is damaged: {err}; resume from an older checkpoint"
                 ) from None
             return None
         expected = expected_of(
-            path, self.training, self.total_steps, self.steps_per_epoch, self.run_config is not None
+            plan, self.training, self.total_steps, self.steps_per_epoch, self.run_config is not None
         )
         checked, verdict = check_on_every_process(
-            acc, self.model, self.optimizer, self.scheduler, path, expected
+            acc, self.model, self.optimizer, self.scheduler, plan, expected
         )
         if verdict is None:
             window = apply_training_state(
@@ -491,29 +479,6 @@ class Trainer:
                 "was written with"
             )
         return problem
-
-    def _check_same_checkpoint(self, path: Path) -> None:
-        """Every process resumes the same step: on node-local disks each node resolves `latest` in its own folder,
-        and a node whose newest checkpoint is missing or damaged would otherwise resume elsewhere."""
-        acc = self.accelerator
-        if acc.num_processes == 1:
-            return
-        from accelerate.utils import gather_object
-
-        steps = gather_object([int(json.loads((path / TRAINER_STATE_FILE).read_text())["global_step"])])
-        if len(set(steps)) > 1:
-            raise ConfigError(
-                f"the processes would resume different checkpoints (steps {steps} by rank): a node's newest "
-                f"checkpoint is missing or damaged; resume all from one step, e.g. --training.resume_from_checkpoint "
-                f"{path.parent}/{CHECKPOINT_PREFIX}{min(steps):08d}"
-            )
-
-    def _download_checkpoint(self, spec: str, local_dir: str) -> str:
-        for callback in self.callbacks:
-            path = callback.download_checkpoint(self, spec, local_dir)
-            if path is not None:
-                return path
-        raise ConfigError("resuming from the Hub needs the hub module")
 
     # --- evaluation ---------------------------------------------------------------------------------------
 
@@ -643,8 +608,8 @@ class Trainer:
             if writes_run_files(self.accelerator, self.training):
                 self.output_dir.mkdir(parents=True, exist_ok=True)
             self._remove_partial_checkpoints()
-            if self.training.resume_from_checkpoint:
-                self.resume(self.training.resume_from_checkpoint)
+            if self.plan is not None:
+                self.resume(self.plan)
             if self.accelerator.is_main_process and self.run_config is not None:
                 self._data_fingerprint()  # the data as this run read it, saved with every checkpoint
             self._print_summary()

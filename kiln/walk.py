@@ -6,11 +6,13 @@ it comes back to a room it had left. A maintainer's measurement of how one-way t
 
 What is counted (`trace_walk`): from the moment `kiln.config.build_config` returns the run config, every call to a
 function defined in `kiln/`, `finetune/` or `pretrain/` that receives **the whole run config** as an argument (`self`
-aside), or a dataclass that carries it (a job), is recorded with its module. Consecutive calls in one module are one
-*stay*; a stay in a module that already had one is a *return to a room already left*. Calls that receive only a
-section (`config.training`, `config.data`, ...) are not counted: a component built from its own section is the design
-(torchtitan's habit); the walk asks how often the run's whole set of decisions is carried back and forth. With
-`sections=True` (`--sections`) they count too: then every engine helper handed `config.training` is a stay.
+aside), or a dataclass that carries it (a job), is recorded with its module; the engine's copy of it
+(`kiln.job.run_copy`, where what the engine derives is written) is the same run's config. Consecutive calls in one
+module are one *stay*; a stay in a module that already had one is a *return to a room already left*. Calls that
+receive only a section (`config.training`, `config.data`, ...) are not counted: a component built from its own
+section is the design (torchtitan's habit); the walk asks how often the run's whole set of decisions is carried
+back and forth. With `sections=True` (`--sections`) they count too: then every engine helper handed
+`config.training` is a stay.
 """
 
 from __future__ import annotations
@@ -87,17 +89,29 @@ def trace_walk(main: Callable[[], Any], sections: bool = False) -> tuple[Walk, A
         if id(value) in tracked:
             return True
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return any(getattr(value, f.name, None) is config[0] for f in dataclasses.fields(value))
+            return any(
+                any(getattr(value, f.name, None) is known for known in config)
+                for f in dataclasses.fields(value)
+            )
         return False
+
+    def track(run_config: Any) -> None:
+        config.append(run_config)
+        tracked.add(id(run_config))
+        if sections:
+            values = (getattr(run_config, f.name) for f in dataclasses.fields(run_config))
+            tracked.update(id(v) for v in values if dataclasses.is_dataclass(v))
 
     def on_build_config_return(frame, event, arg):
         if event == "return" and arg is not None and not config:
-            config.append(arg)
-            tracked.add(id(arg))
-            if sections:
-                values = (getattr(arg, f.name) for f in dataclasses.fields(arg))
-                tracked.update(id(v) for v in values if dataclasses.is_dataclass(v))
+            track(arg)
         return on_build_config_return
+
+    def on_run_copy_return(frame, event, arg):
+        # the engine's copy of the run config (kiln.job.run_copy) is the same run's config from there on
+        if event == "return" and arg is not None:
+            track(arg)
+        return on_run_copy_return
 
     def on_call(frame, event, arg):
         code = frame.f_code
@@ -129,6 +143,8 @@ def trace_walk(main: Callable[[], Any], sections: bool = False) -> tuple[Walk, A
             )
             if any(carries_config(v) for v in values):
                 walk.calls.append((room, code.co_qualname))
+                if room == "kiln/job.py" and code.co_name == "run_copy":
+                    return on_run_copy_return
                 break
         return None
 

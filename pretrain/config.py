@@ -27,7 +27,7 @@ class ModelConfig:
     kind: str = "encoder"
     """`encoder` (BERT-like, masked LM) or `decoder` (GPT-like, causal LM)."""
     objective: str = "mlm+nsp"
-    """Encoder pretraining objective: `mlm+nsp`, `mlm+sop` (sentence-order prediction), `mlm`, or `electra` (replaced-token detection with a small MLM generator, docs/electra.md). Decoders always use `clm`."""
+    """Encoder pretraining objective: `mlm+nsp`, `mlm+sop` (sentence-order prediction), `mlm`, or `electra` (replaced-token detection with a small MLM generator, docs/electra.md). Decoders use `clm`, or `clm+mntp`: GPT-BERT's hybrid (Charpentier & Samuel 2024), where a share `data.causal_share` of the rows trains causally and the rest by masked next-token prediction (tokens masked at `data.mlm_probability`, attention over the whole document, each masked token predicted at the position before it), one model usable both ways (docs/zero-shot.md)."""
     generator_size: float = bounded(0.25, 0, 1, low_open=True)  # a fraction of the discriminator
     """ELECTRA only: the generator's hidden size, attention heads and feed-forward width as a fraction of this model's (the paper's 1/4); same depth."""
     discriminator_weight: float = bounded(50.0, low=0, low_open=True)
@@ -173,11 +173,13 @@ class DataConfig:
     mlm_probability: float = bounded(
         0.15, 0, 1, low_open=True, high_open=True
     )  # 0 or 1: nothing to learn from
-    """Fraction of tokens selected for masked LM."""
+    """Fraction of tokens selected for masked LM (and for the masked rows of a decoder's `clm+mntp`)."""
     mask_replace_prob: float = bounded(0.8, 0, 1)  # with random_replace_prob at most 1: the collator
     """Of the selected tokens, fraction replaced by [MASK]."""
     random_replace_prob: float = bounded(0.1, 0, 1)
     """Of the selected tokens, fraction replaced by a random token (the rest stay unchanged)."""
+    causal_share: float = bounded(0.0625, 0, 1)
+    """Decoder objective `clm+mntp` only: the share of training rows trained causally, the rest by masked next-token prediction; drawn per row from the run's seed. 0.0625 is GPT-BERT's 1:15 causal-to-masked ratio."""
     whole_word_mask: bool = False
     """Mask all WordPiece pieces of a word together."""
     max_predictions_per_seq: int | None = bounded(None, low=1)
@@ -228,7 +230,7 @@ class RunConfig:
     @staticmethod
     def compared_on_resume(flat: dict[str, Any]) -> dict[str, Any]:
         """A config, saved or new, flattened (`model.hidden_act`, ...), as a resume compares it
-        (kiln.checkpoint_files.check_config_change): the preset-dependent model options by the values the
+        (kiln.resume.setting_changes): the preset-dependent model options by the values the
         model is built with, so a value left unset and the same value given are the same run. Before these
         options defaulted to None, a run's config.yaml held all four (gelu, 0.1, 0.1, 1e-12 when not given)
         and a decoder of another preset than `gpt2` read a value equal to those as not given: a config holding

@@ -34,6 +34,7 @@ shared accelerate loop with evaluation, resumable checkpoints and tracking, then
 Guide: docs/pretraining.md."""
 
 ENCODER_OBJECTIVES = ("mlm+nsp", "mlm+sop", "mlm", "electra")
+DECODER_OBJECTIVES = ("clm", "clm+mntp")
 
 
 def check_pieces(model) -> None:
@@ -77,7 +78,12 @@ def validate(config: RunConfig) -> None:
     if model.kind not in ("encoder", "decoder"):
         raise ConfigError(f"--model.kind must be 'encoder' or 'decoder', got {model.kind!r}")
     if model.kind == "decoder":
-        model.objective = "clm"
+        if model.objective == "mlm+nsp":  # the field's default (the encoder's): the decoder's usual one
+            model.objective = "clm"
+        elif model.objective not in DECODER_OBJECTIVES:
+            raise ConfigError(
+                f"--model.objective for a decoder must be one of {DECODER_OBJECTIVES}, got {model.objective!r}"
+            )
     elif model.objective not in ENCODER_OBJECTIVES:
         raise ConfigError(
             f"--model.objective for an encoder must be one of {ENCODER_OBJECTIVES}, got {model.objective!r}"
@@ -605,6 +611,7 @@ def build_inputs(config: RunConfig, accelerator, out):
             str(out / "tokenizer"),
             accelerator=accelerator,
             staged=lambda _: staged_run_folder(out, "tokenizer"),  # on the record; a user's file there kept
+            objective=config.model.objective,
         )
         if trained and writes_run_files(accelerator, config.training):
             record_files(out, "tokenizer")  # on the run folder's record (each node's, on node-local disks)

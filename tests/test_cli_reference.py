@@ -260,6 +260,7 @@ def test_print_config_of_the_other_commands(name):
             "from_scratch": False,
             "seed": 0,
             "pll": "original",
+            "decoder_scoring": "causal",
             "batch_tokens": None,
         },
     }[name]

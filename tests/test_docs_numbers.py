@@ -51,6 +51,7 @@ GENERATED = {
         "inference",
         "modernbert",
         "precision",
+        "precision-step",
     },
     "README.md": {"data-scale", "num-proc", "default-run", "default-run-time"},
     "docs/getting-started.md": {"default-run", "default-run-time"},
@@ -400,3 +401,31 @@ def test_the_precision_prose_quotes_its_record():
     assert f"{fp32} GFLOP/s in fp32 and {bf16} GFLOP/s in bf16" in text
     assert f"load {record['loadavg_at_start'][0]} at the start" in text
     assert record["cpu"] in text and "avx512_bf16" in record["bf16_units"]
+
+
+def test_the_step_precision_prose_quotes_its_record():
+    """The prose under the step-level table: its load, and the gains it sets against the end-to-end ones and
+    against autocast, as the records give them."""
+    step, run = bench("precision-amd-epyc-bf16"), bench("precision-end-to-end")
+    text = page("docs/performance.md")
+    assert (
+        f"load {step['loadavg_at_start'][0]} at the start and {step['loadavg_at_end'][0]} at the end" in text
+    )
+    presets = step["presets"]
+    llama = presets["llama-tiny"]["bf16-autocast"]["speedup_over_fp32"]
+    modern = presets["modernbert-tiny"]["bf16-autocast"]["speedup_over_fp32"]
+    whole = {
+        name: run["runs"][f"{name}/bf16"]["tokens_per_s_median"]
+        / run["runs"][f"{name}/fp32"]["tokens_per_s_median"]
+        for name in ("decoder-30min-llama", "encoder-30min-modern")
+    }
+    assert f"{llama:.2f}× against {whole['decoder-30min-llama']:.2f}× for the llama decoder" in text
+    assert f"{modern:.2f}× against {whole['encoder-30min-modern']:.2f}× for" in text
+    beyond = {
+        name: row["bf16-weights"]["speedup_over_fp32"] / row["bf16-autocast"]["speedup_over_fp32"] - 1
+        for name, row in presets.items()
+    }
+    base = max(value for name, value in beyond.items() if name.endswith("-base"))
+    tiny = [value for name, value in beyond.items() if name.endswith("-tiny")]
+    assert f"at most {base:.0%} over autocast at base shapes" in text
+    assert f"and {max(0.0, min(tiny)) * 100:.0f}–{max(tiny):.0%} at the" in text

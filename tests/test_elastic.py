@@ -25,8 +25,9 @@ from kiln_testing import (
 )
 
 from kiln.config import TrainingConfig
-from kiln.elastic import BatchLayout, adapt_to_world_size, convert_position, saved_layout
+from kiln.elastic import BatchLayout, convert_position
 from kiln.errors import ConfigError
+from kiln.resume import new_layout, read_saved_layout
 
 BOOK = str(REPO / "data/pretrain/the_time_machine.txt")
 # Global batch 18 = 3 per device x 2 processes x 3 accumulation steps = 1 x 6 = 3 x 2, on 97 training pairs
@@ -141,7 +142,7 @@ def test_a_resume_on_another_number_of_processes_continues_the_same_run(tmp_path
         assert f"examples = {examples}\n" in printed and f"({steps} optimizer steps each)" in printed, (
             printed[-3000:]
         )
-        assert saved_layout(full[processes] / "checkpoints" / f"step-{RESUME_AT:08d}") == BatchLayout(
+        assert read_saved_layout(full[processes] / "checkpoints" / f"step-{RESUME_AT:08d}") == BatchLayout(
             processes, 3, ACCUMULATION[processes]
         )
     assert max(losses(full[1])) == 3 * steps  # epochs 2 and 3 hold as many pairs as the first
@@ -197,20 +198,24 @@ def _checkpoint(folder: Path, processes: int, batch: int, accumulation: int) -> 
 
 def test_a_global_batch_no_layout_keeps_is_one_line(tmp_path):
     checkpoint = _checkpoint(tmp_path / "step-00000003", processes=2, batch=4, accumulation=3)  # 24 sequences
+    saved = read_saved_layout(checkpoint)
+    assert saved == BatchLayout(2, 4, 3)
     training = TrainingConfig(per_device_train_batch_size=4, gradient_accumulation_steps=3)
     with pytest.raises(ConfigError) as err:
-        adapt_to_world_size(training, 5, checkpoint)
+        new_layout(saved, training, 5, checkpoint)
     message = str(err.value)
     assert "\n" not in message and "global batch of 24 sequences" in message and "1, 2, 3, 6" in message
-    assert (
-        adapt_to_world_size(training, 3, checkpoint) is not None and training.gradient_accumulation_steps == 2
-    )
+    layout, message = new_layout(saved, training, 3, checkpoint)
+    assert layout == BatchLayout(3, 4, 2) and "gradient accumulation 3 -> 2" in message
+    # the plan holds the new layout; the user's config keeps its own
+    assert training.gradient_accumulation_steps == 3
     # the per-device batch a total_train_batch_size would derive is the saved one
     training = TrainingConfig(
         total_train_batch_size=24, per_device_train_batch_size=6, gradient_accumulation_steps=3
     )
-    adapt_to_world_size(training, 1, checkpoint)
-    assert (training.per_device_train_batch_size, training.gradient_accumulation_steps) == (4, 6)
+    assert new_layout(saved, training, 1, checkpoint)[0] == BatchLayout(1, 4, 6)
+    # on as many processes: the layout the config names, the per-device batch its total gives (24 / (2 x 3))
+    assert new_layout(saved, training, 2, checkpoint) == (BatchLayout(2, 4, 3), None)
 
 
 def test_data_position_converts_to_the_same_examples():

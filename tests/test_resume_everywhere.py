@@ -30,6 +30,8 @@ RUNS = {
     "decoder-acc3": (DECODER_SMALL, 3, 6),
     "encoder-acc1": (ENCODER_SMALL, 1, 14),
     "decoder-acc1": (DECODER_SMALL, 1, 10),
+    # the hybrid objective: each row's kind and masks drawn from its example's generator
+    "hybrid-acc2": ([*DECODER_SMALL, "--model.objective", "clm+mntp", "--data.causal_share", 0.5], 2, 6),
 }
 
 

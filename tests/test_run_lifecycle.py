@@ -97,10 +97,11 @@ def test_only_the_main_process_hashes_the_data_and_every_process_gets_its_verdic
     import accelerate.utils
 
     import kiln.fingerprint
-    from kiln.checkpoint_files import check_config_change
+    from kiln.resume import check_plan, plan_resume
 
     checkpoint = tmp_path / "step-00000002"
     checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "epoch": 0}))
     (checkpoint / "data_fingerprint.json").write_text(json.dumps({"a.txt": "10 bytes, sha256 aa"}))
     hashed, shared = [], []
     monkeypatch.setattr(
@@ -111,18 +112,32 @@ def test_only_the_main_process_hashes_the_data_and_every_process_gets_its_verdic
     monkeypatch.setattr(
         accelerate.utils, "broadcast_object_list", lambda objects: shared.append(objects) or [["from main"]]
     )
-    config = SimpleNamespace(data=SimpleNamespace(), training=SimpleNamespace(allow_config_change=False))
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda objects: objects * 2)  # both at step 2
+    training = SimpleNamespace(
+        resume_from_checkpoint=str(checkpoint),
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=1,
+        total_train_batch_size=None,
+        allow_config_change=False,
+        trust_checkpoint_pickles=False,
+    )
+    config = SimpleNamespace(data=SimpleNamespace(), training=training)
 
     other_rank = SimpleNamespace(is_main_process=False, num_processes=2)
+    plan = plan_resume(config, 2, main_process=False)
+    assert hashed == [] and plan.data_changes is None  # it hashed nothing
     with pytest.raises(ConfigError, match="changed data: from main;"):
-        check_config_change(checkpoint, config, other_rank)
-    assert hashed == [] and shared == [[[]]]  # it hashed nothing and took the main process's verdict
+        check_plan(plan, other_rank, config)
+    assert shared == [[[]]]  # and took the main process's verdict
 
     main_rank = SimpleNamespace(is_main_process=True, num_processes=2)
     shared.clear()
+    plan = plan_resume(config, 2, main_process=True)
+    assert len(hashed) == 1 and plan.data_changes == ("a.txt 10 -> 12 bytes",)
     with pytest.raises(ConfigError, match="changed data: from main;"):
-        check_config_change(checkpoint, config, main_rank)
-    assert len(hashed) == 1 and shared == [[["a.txt 10 -> 12 bytes"]]]  # it hashed and sent its own verdict
+        check_plan(plan, main_rank, config)
+    assert shared == [[["a.txt 10 -> 12 bytes"]]]  # it sent its own verdict
 
 
 def test_two_processes_both_refuse_a_changed_corpus_on_resume(tmp_path):

@@ -343,9 +343,81 @@ class CLMCollator:
         return batch
 
 
+class HybridCollator(MLMCollator):
+    """GPT-BERT's hybrid objective (Charpentier & Samuel 2024, "GPT or BERT: why not both?") for the decoder: each
+    packed block is, by a draw of its own, a causal row (share `causal_share`: labels are its tokens, attention
+    causal) or a masked row (tokens chosen at `mlm_probability` and replaced 80/10/10 as in MLM, attention over the
+    whole document, labels only at the chosen tokens). The decoder's loss shifts labels by one, so a masked token
+    is predicted at the position before it ("masked next-token prediction"): the same head and the same shift as
+    the causal rows, which is what lets one model score sentences both ways.
+
+    Every row's draws come from its example's own generator (seed, epoch, example index: `MLMCollator`), so a
+    row's kind and masks are the same on any number of processes and after a resume. The batch carries
+    `position_ids` restarting after every EOS (each document positioned alone, as `CLMCollator` with document
+    masking) and a (B, 1, T, T) bool `attention_mask`: a token sees its own document only (causal rows: its
+    earlier tokens), never padding; a padding query sees the row's first token only, so no row of the softmax is
+    empty and `count_real_tokens` reads the real tokens as the keys some query sees. The first token of a block
+    has no position before it and is never chosen."""
+
+    draw_rows = 5
+    """MLM's four uniforms per position, and a fifth whose first column draws the row's kind."""
+
+    def __init__(self, tokenizer, causal_share: float = 0.0625, document_masking: bool = True, **mlm_options):
+        if tokenizer.mask_token_id is None or tokenizer.eos_token_id is None:
+            raise DataError(
+                "--model.objective clm+mntp needs a tokenizer with a mask token and an eos token; unset "
+                "--tokenizer.name_or_path to train one (a decoder's tokenizer trained for clm+mntp has <|mask|>)"
+            )
+        if not 0 <= causal_share <= 1:
+            raise DataError(f"--data.causal_share={causal_share}: use a value in [0, 1]")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        super().__init__(tokenizer, **mlm_options)
+        self.causal_share = causal_share
+        self.eos_id = tokenizer.eos_token_id
+        self.document_masking = document_masking
+
+    def __call__(self, features: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+        batch = pad_batch(features, self.pad_id, self.pad_to_multiple_of)
+        input_ids, real = batch["input_ids"], batch["attention_mask"].bool()
+        draws = self._draws(features, batch["attention_mask"])
+        causal_rows = draws[4][:, 0] < self.causal_share  # (B,)
+        choosable = real.clone()
+        choosable[:, 0] = False  # nothing before it to predict it from
+        masked_ids, masked_labels = self.mask_tokens(input_ids, choosable.long(), draws=draws[:4])
+        rows = causal_rows[:, None]
+        batch["labels"] = torch.where(rows, input_ids.masked_fill(~real, -100), masked_labels)
+        batch["input_ids"] = torch.where(rows, input_ids, masked_ids)
+        length = input_ids.shape[1]
+        if self.document_masking:
+            positions = document_positions(
+                input_ids, self.eos_id
+            )  # from the unmasked ids: EOS is never chosen
+            documents = (positions == 0).long().cumsum(-1)  # (B, T)
+            batch["position_ids"] = positions
+            visible = documents[:, :, None] == documents[:, None, :]  # (B, T, T)
+        else:
+            visible = torch.ones(len(input_ids), length, length, dtype=torch.bool)
+        earlier = torch.ones(length, length, dtype=torch.bool).tril()
+        visible = visible & real[:, None, :] & (earlier | ~rows[:, :, None])
+        first_only = torch.zeros(length, dtype=torch.bool)
+        first_only[0] = True
+        visible = torch.where(real[:, :, None], visible, first_only)  # padding queries: the first token only
+        batch["attention_mask"] = visible[:, None]  # (B, 1, T, T)
+        return batch
+
+    @staticmethod
+    def loss_items(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The loss averages over the predicted tokens: labels shifted by one (a causal row's every next token, a
+        masked row's chosen ones)."""
+        return {"loss": (batch["labels"][:, 1:] != -100).sum()}
+
+
 def real_tokens(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """(B, T) bool: the tokens of a collated batch that are not padding. A packed causal-LM batch carries no
     padding mask (`CLMCollator` with document masking); its padding is where the labels are -100."""
+    if "attention_mask" in batch and batch["attention_mask"].dim() == 4:  # query x key (`HybridCollator`)
+        return batch["attention_mask"][:, 0].any(-2)
     if "attention_mask" in batch:
         return batch["attention_mask"].bool()
     return batch["labels"] != -100
@@ -362,4 +434,12 @@ def document_positions(input_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
     return index - start_of_document
 
 
-__all__ = ["CLMCollator", "ElectraCollator", "MLMCollator", "document_positions", "pad_batch", "real_tokens"]
+__all__ = [
+    "CLMCollator",
+    "ElectraCollator",
+    "HybridCollator",
+    "MLMCollator",
+    "document_positions",
+    "pad_batch",
+    "real_tokens",
+]

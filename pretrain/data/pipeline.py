@@ -25,7 +25,7 @@ from datasets.distributed import split_dataset_by_node
 from datasets.fingerprint import Hasher
 
 from .clm import BlockPacker
-from .collator import CLMCollator, ElectraCollator, MLMCollator
+from .collator import CLMCollator, ElectraCollator, HybridCollator, MLMCollator
 from .common import DataError, main_process_first, num_proc_for, process_rank_and_count
 from .corpus import load_documents, split_sentences
 from .nsp import pair_examples_batch
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = {"encoder": ("mlm+nsp", "mlm+sop", "mlm", "electra"), "decoder": ("clm",)}
+OBJECTIVES = {"encoder": ("mlm+nsp", "mlm+sop", "mlm", "electra"), "decoder": ("clm", "clm+mntp")}
 PAIR_TASK = {"mlm+nsp": "nsp", "mlm+sop": "sop", "mlm": "none", "electra": "none"}  # ELECTRA: single segments
 DOCUMENT_POOL = 1000
 """Documents per map batch: NotNext segments are drawn from the same batch. The training documents are
@@ -110,7 +110,7 @@ def build_pretraining_data(
     `vocab_size` (the model's, when known) is checked against the tokenizer.
     """
     validate_settings(data_cfg, model_kind, objective, max_position_embeddings)
-    check_special_tokens(tokenizer, model_kind)
+    check_special_tokens(tokenizer, model_kind, objective)
     if vocab_size is not None:
         check_tokenizer_fits(tokenizer, vocab_size)
     if model_kind == "encoder":
@@ -119,9 +119,7 @@ def build_pretraining_data(
             make_mlm_collator(data_cfg, tokenizer, seed + 1, objective),
         )
     else:
-        collator = eval_collator = CLMCollator(
-            tokenizer, data_cfg.pad_to_multiple_of, data_cfg.document_masking
-        )
+        collator, eval_collator = make_decoder_collators(data_cfg, tokenizer, seed, objective)
 
     with main_process_first(accelerator):
         splits = load_documents(data_cfg)
@@ -191,6 +189,26 @@ def _content_indices(batch) -> dict[str, list[int]]:
         digest.update(np.asarray(types, dtype=np.int8).tobytes())
         keys.append(int.from_bytes(digest.digest(), "little") >> 1)
     return {"example_index": keys}
+
+
+def make_decoder_collators(data_cfg: DataConfig, tokenizer, seed: int, objective: str = "clm"):
+    """(training, evaluation) collators of a decoder: causal LM; for `clm+mntp` the training rows mix causal and
+    masked next-token prediction (`HybridCollator`) while evaluation stays causal, so its loss and perplexity
+    compare with any causal run's."""
+    causal = CLMCollator(tokenizer, data_cfg.pad_to_multiple_of, data_cfg.document_masking)
+    if objective != "clm+mntp":
+        return causal, causal
+    hybrid = HybridCollator(
+        tokenizer,
+        causal_share=data_cfg.causal_share,
+        document_masking=data_cfg.document_masking,
+        mlm_probability=data_cfg.mlm_probability,
+        mask_replace_prob=data_cfg.mask_replace_prob,
+        random_replace_prob=data_cfg.random_replace_prob,
+        pad_to_multiple_of=data_cfg.pad_to_multiple_of,
+        seed=seed,
+    )
+    return hybrid, causal
 
 
 def make_mlm_collator(

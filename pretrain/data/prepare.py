@@ -892,11 +892,12 @@ def _prepare_tokenizer(cfg: RunConfig, sources: list[Source], folder: Path, num_
             lowercase=cfg.tokenizer.lowercase,
             min_frequency=cfg.tokenizer.min_frequency,
             model_max_length=cfg.data.max_seq_length,
+            mask_token=kind == "decoder" and cfg.model.objective == "clm+mntp",
         )
         _save_tokenizer(tokenizer, target)
         tokenizer = load_saved_tokenizer(target)
         clock.lap("tokenizer")
-    check_special_tokens(tokenizer, kind)
+    check_special_tokens(tokenizer, kind, cfg.model.objective)
     return tokenizer
 
 

@@ -40,7 +40,6 @@ import torch
 from kiln.config import resolve_path
 from kiln.errors import first_line
 
-from .collator import CLMCollator
 from .common import DataError, main_process_first
 from .nsp import IS_NEXT, NOT_NEXT, TASKS
 from .pipeline import (
@@ -48,6 +47,7 @@ from .pipeline import (
     EVAL_EPOCH,
     PAIR_TASK,
     PretrainingData,
+    make_decoder_collators,
     make_mlm_collator,
     validate_settings,
 )
@@ -821,7 +821,7 @@ def build_prepared_data(
     `build_pretraining_data` does, so every process must call this and `train_dataset` together.
     """
     validate_settings(data_cfg, model_kind, objective, max_position_embeddings)
-    check_special_tokens(tokenizer, model_kind)
+    check_special_tokens(tokenizer, model_kind, objective)
     if vocab_size is not None:
         check_tokenizer_fits(tokenizer, vocab_size)
     if corpus.model_kind != model_kind:
@@ -898,9 +898,7 @@ def build_prepared_data(
                 validation_index, "eval", validation_docs, EVAL_EPOCH, max(len(validation_docs), 1)
             )
     else:
-        collator = eval_collator = CLMCollator(
-            tokenizer, data_cfg.pad_to_multiple_of, data_cfg.document_masking
-        )
+        collator, eval_collator = make_decoder_collators(data_cfg, tokenizer, seed, objective)
         blocks = BlockExamples(train_index, train_docs, data_cfg.max_seq_length, tokenizer.eos_token_id)
 
         def build_train(epoch: int):

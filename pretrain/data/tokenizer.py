@@ -39,6 +39,7 @@ WORDPIECE_SPECIAL_TOKENS = {
     "mask_token": "[MASK]",
 }
 EOS = "<|endoftext|>"
+MASK = "<|mask|>"  # a decoder's mask token, for the clm+mntp objective
 KIND_FOR_MODEL = {"encoder": "wordpiece", "decoder": "bpe"}
 # Always in the WordPiece alphabet (letters and digits also as ## pieces), so ASCII text never needs [UNK].
 ASCII_ALPHABET = sorted(set(string.ascii_letters + string.digits + string.punctuation))
@@ -51,12 +52,14 @@ def train_tokenizer(
     lowercase: bool = True,
     min_frequency: int = 2,
     model_max_length: int = 512,
+    mask_token: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a tokenizer on `texts` (strings or batches of strings).
 
     kind="wordpiece": BERT normalizer and pre-tokenizer, `[PAD] [UNK] [CLS] [SEP] [MASK]` (ids 0-4), `##` pieces,
     post-processor `[CLS] A [SEP]` / `[CLS] A [SEP] B [SEP]` with token_type_ids 0/1.
     kind="bpe": GPT-2 style byte-level BPE with `<|endoftext|>` as bos/eos/unk/pad; no special tokens added.
+    `mask_token` (bpe): also `<|mask|>` as its mask token (id 1), for a decoder trained with `clm+mntp`.
     `lowercase` only applies to WordPiece.
     """
     if kind == "wordpiece":
@@ -101,7 +104,7 @@ def train_tokenizer(
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
-            special_tokens=[EOS],
+            special_tokens=[EOS, MASK] if mask_token else [EOS],
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=_terminal(),
         )
@@ -136,6 +139,7 @@ def train_tokenizer(
         eos_token=EOS,
         unk_token=EOS,
         pad_token=EOS,
+        **({"mask_token": MASK} if mask_token else {}),
         model_input_names=["input_ids", "attention_mask"],
     )
 
@@ -238,8 +242,9 @@ def load_tokenizer(name_or_path: str, model_max_length: int | None = None) -> Pr
     return tokenizer
 
 
-def check_special_tokens(tokenizer, model_kind: str) -> None:
-    """The encoder needs [CLS]/[SEP]/[MASK]/[PAD]; the decoder needs an EOS token (pad falls back to it)."""
+def check_special_tokens(tokenizer, model_kind: str, objective: str = "clm") -> None:
+    """The encoder needs [CLS]/[SEP]/[MASK]/[PAD]; the decoder needs an EOS token (pad falls back to it), and a
+    mask token for `clm+mntp`."""
     if model_kind == "encoder":
         missing = [
             name
@@ -255,7 +260,12 @@ def check_special_tokens(tokenizer, model_kind: str) -> None:
         raise DataError(
             "the tokenizer has no eos_token, which separates documents for the decoder; set one or train one"
         )
-    elif tokenizer.pad_token is None:
+    elif objective == "clm+mntp" and tokenizer.mask_token is None:
+        raise DataError(
+            "the tokenizer has no mask_token, which --model.objective clm+mntp needs; unset --tokenizer.name_or_path "
+            f"to train one (with {MASK}) or use a tokenizer that has one"
+        )
+    if model_kind != "encoder" and tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
 
@@ -266,13 +276,14 @@ def prepare_tokenizer(
     save_dir: str,
     accelerator=None,
     staged=None,
+    objective: str = "clm",
 ) -> PreTrainedTokenizerFast:
     """Reuse `tok_cfg.name_or_path`, or train on the training documents and save to `save_dir`.
 
     With an accelerator, the main process trains and saves while the others wait, then load the saved files. A
     tokenizer already saved in `save_dir` (a resumed run) is loaded instead of retrained, so save_dir must belong
     to this run. kind: WordPiece for the encoder, byte-level BPE for the decoder; model_max_length is
-    data_cfg.max_seq_length.
+    data_cfg.max_seq_length; a decoder's for `objective` clm+mntp also has a mask token.
 
     A trained tokenizer is saved into a fresh folder renamed to `save_dir` (`staged(save_dir)`, a context manager
     yielding that folder: `kiln.safe_write.staged_folder` unless the caller keeps a record,
@@ -282,7 +293,7 @@ def prepare_tokenizer(
         raise DataError(f"--model.kind={model_kind!r}: choose 'encoder' or 'decoder'")
     if tok_cfg.name_or_path:
         tokenizer = load_tokenizer(tok_cfg.name_or_path, data_cfg.max_seq_length)
-        check_special_tokens(tokenizer, model_kind)
+        check_special_tokens(tokenizer, model_kind, objective)
         return tokenizer
     save_dir = Path(save_dir)
     is_main = accelerator is None or accelerator.is_main_process
@@ -302,6 +313,7 @@ def prepare_tokenizer(
                 lowercase=tok_cfg.lowercase,
                 min_frequency=tok_cfg.min_frequency,
                 model_max_length=data_cfg.max_seq_length,
+                mask_token=model_kind == "decoder" and objective == "clm+mntp",
             )
             if staged is None:
                 from kiln.safe_write import staged_folder as staged
@@ -310,7 +322,7 @@ def prepare_tokenizer(
     # trained once, on rank 0, and broadcast: every node loads the same files, whether it shares save_dir or not
     share_files(save_dir, accelerator)
     tokenizer = load_tokenizer(str(save_dir), data_cfg.max_seq_length)
-    check_special_tokens(tokenizer, model_kind)
+    check_special_tokens(tokenizer, model_kind, objective)
     return tokenizer
 
 

@@ -74,6 +74,14 @@ def blimp_parser() -> argparse.ArgumentParser:
         "for words of many tokens)",
     )
     parser.add_argument(
+        "--decoder_scoring",
+        choices=("causal", "masked"),  # scoring.DECODER_SCORING
+        default="causal",
+        help="a decoder's score: `causal` (its log-probability, left to right) or `masked` (each token masked "
+        "alone and predicted at the position before it, with attention over the whole sentence: for a decoder "
+        "pretrained with the clm+mntp objective)",
+    )
+    parser.add_argument(
         "--batch_tokens",
         metavar="B",
         type=number_argument(int, low=1),
@@ -107,7 +115,13 @@ def blimp(argv: list[str]) -> None:
             args.model, args.kind, args.revision, args.from_scratch, args.seed
         )
         evaluation = BlimpEvaluation(
-            pairs, tokenizer, kind, args.batch_tokens, max_input_length(model), args.pll
+            pairs,
+            tokenizer,
+            kind,
+            args.batch_tokens,
+            max_input_length(model),
+            args.pll,
+            args.decoder_scoring,
         )
     except ZeroShotError as err:
         sys.exit(f"error: {err}")
@@ -130,6 +144,7 @@ def blimp(argv: list[str]) -> None:
             "from_scratch": args.from_scratch,
             "seconds": round(seconds, 1),
             "pll": args.pll if kind == "encoder" else None,
+            "decoder_scoring": args.decoder_scoring if kind == "decoder" else None,
         }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({**result, **facts}, f, indent=1)

@@ -246,11 +246,12 @@ class BlimpEvaluation:
         budget: int | None = None,
         max_length: int | None = None,
         pll: str = "original",
+        decoder_scoring: str = "causal",
     ):
         if not pairs:
             raise ZeroShotError("no BLiMP pairs to evaluate")
         self.pairs = list(pairs)
-        self.scorer = SentenceScorer(tokenizer, kind, budget, max_length, pll)
+        self.scorer = SentenceScorer(tokenizer, kind, budget, max_length, pll, decoder_scoring)
         self.encoded = self.scorer.encode([p.good for p in self.pairs] + [p.bad for p in self.pairs])
 
     @torch.no_grad()

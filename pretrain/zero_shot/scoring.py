@@ -11,6 +11,12 @@ task's target delimiter (a space), encoded without special tokens; the prefix is
 EOS where it has none), and when the continuation itself starts with that token, its first token is the context
 instead. Sequences longer than the model keep their last tokens, as lm-eval truncates.
 
+A decoder pretrained with the hybrid objective (`clm+mntp`, GPT-BERT's) can also be scored as a masked LM
+(`masked_next_token_log_likelihoods`, `decoder_scoring="masked"`): each token of the sentence is replaced by the
+mask token in its own copy, the copy is read with attention over the whole sentence, and the log-probability of
+the original token is read one position earlier, where the objective predicts it; the sum over the copies is the
+sentence's pseudo-log-likelihood, after the same prefix token as the causal score.
+
 Encoders (`pseudo_log_likelihoods`): Salazar et al. (2020), "Masked Language Model Scoring": each token of the
 sentence (not [CLS]/[SEP]) is replaced by [MASK] in its own copy, and the log-probability the model gives the
 original token there is summed over the copies. PLL-word-l2r (Kauf & Ivanova 2023, "A Better Way to Do Masked
@@ -27,6 +33,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+DECODER_SCORING = ("causal", "masked")
+"""How a decoder scores a sentence: its log-probability left to right, or (a `clm+mntp` decoder) the masked
+next-token pseudo-log-likelihood."""
 
 PLL_METRICS = ("original", "word-l2r")
 """An encoder's pseudo-log-likelihood: Salazar et al.'s (each token masked alone) or Kauf & Ivanova's
@@ -167,6 +177,52 @@ def pseudo_log_likelihoods(
     return scores
 
 
+@torch.no_grad()
+def masked_next_token_log_likelihoods(
+    model,
+    encoded: EncodedSentences,
+    mask_token_id: int,
+    max_length: int,
+    budget: int = 16384,
+    rank: int = 0,
+    world: int = 1,
+    progress: bool = False,
+) -> torch.Tensor:
+    """(N,) float64: each sentence's masked next-token pseudo-log-likelihood (module docstring) on this process's
+    batches (b % world == rank), 0 elsewhere. A copy is the prefix and the sentence (its last `max_length`
+    tokens) with one sentence token masked; attention is over the whole copy, given as a (rows, 1, T, T) bool
+    mask, so any decoder that takes 4-D masks reads it bidirectionally."""
+    device = _model_device(model)
+    inputs = [(context + ids)[-max_length:] for context, ids in zip(encoded.context, encoded.ids)]
+    firsts = [len(row) - min(len(ids), len(row) - 1) for row, ids in zip(inputs, encoded.ids)]
+    scores = torch.zeros(len(encoded), dtype=torch.float64)
+    costs = [(len(row) - first, len(row)) for row, first in zip(inputs, firsts)]
+    batches = plan_batches(costs, budget)
+    for batch in with_progress(batches[rank::world], costs, progress):
+        rows = [(i, p) for i in batch for p in range(firsts[i], len(inputs[i]))]
+        if not rows:
+            continue
+        length = max(len(inputs[i]) for i in batch)
+        input_ids = torch.zeros(len(rows), length, dtype=torch.long)
+        real = torch.zeros(len(rows), length, dtype=torch.bool)
+        for row, (i, p) in enumerate(rows):
+            input_ids[row, : len(inputs[i])] = torch.tensor(inputs[i])
+            real[row, : len(inputs[i])] = True
+            input_ids[row, p] = mask_token_id
+        first_only = torch.zeros(length, dtype=torch.bool)
+        first_only[0] = True
+        visible = torch.where(real[:, :, None], real[:, None, :], first_only)  # padding queries: one key
+        logits = model(input_ids=input_ids.to(device), attention_mask=visible[:, None].to(device))["logits"]
+        before = torch.tensor([p - 1 for _, p in rows])
+        targets = torch.tensor([inputs[i][p] for i, p in rows])
+        picked = logits[torch.arange(len(rows)), before.to(device)].float().log_softmax(-1).cpu()
+        picked = picked.gather(-1, targets[:, None])[:, 0].double()
+        owner = torch.tensor([i for i, _ in rows])
+        for i in batch:  # each sentence's rows summed in row order: the same on any number of processes
+            scores[i] = picked[owner == i].sum()
+    return scores
+
+
 def _masked_logits(model, input_ids, attention_mask, labels) -> torch.Tensor:
     """(M, V) vocabulary logits at the M labelled positions, in the order of `labels.view(-1)`."""
     config = model.config
@@ -196,9 +252,20 @@ class SentenceScorer:
         budget: int | None = None,
         max_length: int | None = None,
         pll: str = "original",
+        decoder_scoring: str = "causal",
     ):
         if kind not in ("encoder", "decoder"):
             raise ValueError(f"kind must be 'encoder' or 'decoder', got {kind!r}")
+        if decoder_scoring not in DECODER_SCORING:
+            raise ValueError(
+                f"decoder_scoring must be one of {', '.join(DECODER_SCORING)}, got {decoder_scoring!r}"
+            )
+        if kind == "decoder" and decoder_scoring == "masked" and tokenizer.mask_token_id is None:
+            raise ZeroShotError(
+                "masked scoring of a decoder needs a mask token in its tokenizer: a decoder pretrained with "
+                "--model.objective clm+mntp has one; score this one causally"
+            )
+        self.decoder_scoring = decoder_scoring
         if pll not in PLL_METRICS:
             raise ValueError(f"pll must be one of {', '.join(PLL_METRICS)}, got {pll!r}")
         if pll == "word-l2r" and not getattr(tokenizer, "is_fast", False):
@@ -209,7 +276,8 @@ class SentenceScorer:
         if kind == "decoder" and tokenizer.bos_token_id is None and tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has neither a BOS nor an EOS token to start a sentence with")
         self.tokenizer, self.kind, self.max_length = tokenizer, kind, max_length
-        self.budget = budget or (16384 if kind == "encoder" else 8192)
+        masked = kind == "encoder" or decoder_scoring == "masked"
+        self.budget = budget or (16384 if masked else 8192)
         """Rows x longest length of one batch (a masked LM has one row per token of its sentences)."""
         # `max_length`: the model's longest input; an encoder's sentence keeps its first tokens within it (a
         # decoder's keeps its last, as lm-eval truncates, when scored)
@@ -261,6 +329,17 @@ class SentenceScorer:
         `progress`, a progress bar with its ETA on stderr."""
         if self.kind == "decoder":
             max_length = self.max_length or max_input_length(model)
+            if self.decoder_scoring == "masked":
+                return masked_next_token_log_likelihoods(
+                    model,
+                    encoded,
+                    self.tokenizer.mask_token_id,
+                    max_length,
+                    self.budget,
+                    rank,
+                    world,
+                    progress,
+                )
             return causal_log_likelihoods(model, encoded, max_length, self.budget, rank, world, progress)
         return pseudo_log_likelihoods(
             model, encoded, self.tokenizer.mask_token_id, self.budget, rank, world, progress
@@ -303,7 +382,9 @@ __all__ = [
     "SentenceScorer",
     "TARGET_DELIMITER",
     "ZeroShotError",
+    "DECODER_SCORING",
     "causal_log_likelihoods",
+    "masked_next_token_log_likelihoods",
     "max_input_length",
     "plan_batches",
     "pseudo_log_likelihoods",
