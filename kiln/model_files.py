@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import pickle
+import warnings
 from collections.abc import Iterator
 
 from .errors import ConfigError, first_line
@@ -71,6 +72,9 @@ def safetensors_header(path: str | os.PathLike) -> dict:
 
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+# torch's pickled weight files (`save_pretrained(safe_serialization=False)`, older Hub repos): unpickled only when
+# the user opts in (`pickle_weight_shapes`)
+PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def weight_files(folder: str | os.PathLike) -> list[str] | None:
@@ -80,7 +84,18 @@ def weight_files(folder: str | os.PathLike) -> list[str] | None:
     a link leading out of the folder is an OSError (one line), so nothing outside the folder is read as its
     weights. (A Hub download's folder is the exception that proves the rule: its files link into the same
     repository's blobs in the Hugging Face cache.)"""
-    single, index = (os.path.join(folder, name) for name in WEIGHT_FILES)
+    return _named_files(folder, *WEIGHT_FILES)
+
+
+def pickle_weight_files(folder: str | os.PathLike) -> list[str] | None:
+    """`weight_files` for torch's pickled weights: [pytorch_model.bin], or its index followed by each shard it
+    names; None when the folder holds none. The same checks (plain files inside the folder); nothing is read but
+    the index."""
+    return _named_files(folder, *PICKLE_WEIGHT_FILES)
+
+
+def _named_files(folder: str | os.PathLike, single_name: str, index_name: str) -> list[str] | None:
+    single, index = os.path.join(folder, single_name), os.path.join(folder, index_name)
     if os.path.lexists(single):
         _inside(folder, single)
         return [single]
@@ -91,17 +106,15 @@ def weight_files(folder: str | os.PathLike) -> list[str] | None:
         with open(index, encoding="utf-8") as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise OSError(f"model.safetensors.index.json is damaged ({first_line(err)})") from None
+        raise OSError(f"{index_name} is damaged ({first_line(err)})") from None
     outside = [shard for shard in shards if not isinstance(shard, str) or os.path.basename(shard) != shard]
     if outside or not shards:
         named = f" ({outside[0]!r})" if outside else ""
-        raise OSError(f"model.safetensors.index.json names shards outside its folder{named}")
+        raise OSError(f"{index_name} names shards outside its folder{named}")
     files = [os.path.join(folder, shard) for shard in shards]
     for path in files:
         if not os.path.lexists(path):
-            raise OSError(
-                f"model.safetensors.index.json names {os.path.basename(path)}, which is not in the folder"
-            )
+            raise OSError(f"{index_name} names {os.path.basename(path)}, which is not in the folder")
         _inside(folder, path)
     return [index, *files]
 
@@ -153,6 +166,73 @@ def weight_shapes(
         header = safetensors_header(path)
         shapes.update({key: tuple(entry["shape"]) for key, entry in header.items() if key != "__metadata__"})
     return shapes
+
+
+def pickle_weight_shapes(folder: str | os.PathLike) -> dict[str, tuple[int, ...]] | None:
+    """Tensor name -> shape of the pickled weights of a saved model folder (`pickle_weight_files`), for a folder
+    whose user opted in to reading pickles: each file loaded by torch's restricted unpickler (`weights_only=True`:
+    tensors and plain containers only, no other object built) and memory-mapped, no tensor copied into memory.
+    None when the folder holds none; OSError (one line) when a file cannot be read as a dict of tensors (damaged,
+    truncated, holding Python objects), or lies outside the folder."""
+    import torch
+
+    files = pickle_weight_files(folder)
+    if files is None:
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        if path.endswith(".index.json"):
+            continue
+        name = os.path.basename(path)
+        try:
+            # torch's notes on a pickle's protocol are not said: the one line says what matters
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                state = _load_tensors(torch, path)
+        except pickle.UnpicklingError:
+            raise OSError(
+                f"{name} is not a plain tensor file (it holds Python objects, which are not loaded)"
+            ) from None
+        except (RuntimeError, EOFError, ValueError) as err:
+            raise OSError(f"{name} is damaged or truncated ({first_line(err)})") from None
+        if not isinstance(state, dict):
+            raise OSError(f"{name} holds a {type(state).__name__}, not a dict of tensors")
+        for key, tensor in state.items():
+            if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
+                raise OSError(f"{name} holds {key!r}, which is not a named tensor")
+            shapes[key] = tuple(tensor.shape)
+    return shapes
+
+
+def _load_tensors(torch, path: str):
+    """torch.load with its restricted unpickler, memory-mapped (torch's legacy format, which cannot be, read whole)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as err:
+        if "mmap" not in str(err):
+            raise
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def hub_pickle_only(spec: str, revision: str | None = None) -> bool:
+    """Whether the Hub repo `spec` holds its weights only as torch pickles (pytorch_model.bin or its shards' index)
+    and no safetensors weights; False when the Hub cannot say (no network, no access). Offline (HF_HUB_OFFLINE):
+    what the Hugging Face cache holds of it."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    def cached(name: str) -> bool:
+        return isinstance(try_to_load_from_cache(spec, name, revision=revision), str)
+
+    try:
+        if hub_offline():
+            return not any(map(cached, WEIGHT_FILES)) and any(map(cached, PICKLE_WEIGHT_FILES))
+        api = HfApi()
+        exists = [
+            api.file_exists(spec, name, revision=revision) for name in WEIGHT_FILES + PICKLE_WEIGHT_FILES
+        ]
+    except Exception:  # no network, no access, an invalid id: the load that follows says why
+        return False
+    return not any(exists[:2]) and any(exists[2:])
 
 
 TRAIN_FIRST = "`kiln-launch pretrain/run.py` leaves runs/encoder-tiny/final"
@@ -234,8 +314,11 @@ def weight_file_errors(spec: str, option: str = "") -> Iterator[None]:
 __all__ = [
     "carries_code",
     "hub_offline",
+    "hub_pickle_only",
     "looks_local",
     "model_source_problem",
+    "pickle_weight_files",
+    "pickle_weight_shapes",
     "read_model_config",
     "safetensors_header",
     "weight_file_errors",

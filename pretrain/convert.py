@@ -48,7 +48,8 @@ if (
 
     _named = [arg for arg in sys.argv[1:] if not arg.startswith("-")]
     if len(_named) == 2 and (_problem := model_source_problem(_named[0], "SRC_DIR")):
-        sys.exit(f"error: {_problem}")
+        print(f"error: {_problem}", file=sys.stderr)  # a refused input: exit status 2, as argparse's
+        sys.exit(2)
 
 import torch
 import transformers
@@ -56,7 +57,15 @@ from transformers import BertConfig, GPT2Config
 
 from kiln.errors import ConfigError, first_line
 from kiln.file_hash import sha256_file
-from kiln.model_files import WEIGHT_FILES, carries_code, read_model_config, weight_file_errors, weight_files
+from kiln.model_files import (
+    PICKLE_WEIGHT_FILES,
+    WEIGHT_FILES,
+    carries_code,
+    pickle_weight_files,
+    read_model_config,
+    weight_file_errors,
+    weight_files,
+)
 from pretrain.model_gate import CONVERTIBLE, check_model_folder
 from pretrain.modeling import (
     KilnDecoderConfig,
@@ -919,27 +928,51 @@ TOKENIZER_FILES = (
 )
 
 
-def convert_checkpoint(src: str | Path, dst: str | Path) -> torch.nn.Module:
-    """Load SRC (transformers BERT/GPT-2 or Kiln), convert it, save it to DST with the tokenizer files."""
+# the one-line fix of convert's refusal of weights in torch's pickle format (the model gate's)
+PICKLE_FIX = "pass --trust_pickles to read them (only for a file you trust)"
+# a Hub repo's pickled weights, downloaded only with --trust_pickles
+PICKLE_PATTERNS = (*PICKLE_WEIGHT_FILES, "pytorch_model-*-of-*.bin")
+
+
+def convert_checkpoint(src: str | Path, dst: str | Path, trust_pickles: bool = False) -> torch.nn.Module:
+    """Load SRC (transformers BERT/GPT-2 or Kiln), convert it, save it to DST with the tokenizer files.
+
+    SRC's weights are read from safetensors; weights only in torch's pickle format (pytorch_model.bin, older Hub
+    repos) are refused (a ConfigError, one line) unless `trust_pickles`: they are then loaded by torch's restricted
+    unpickler (`weights_only`), their shapes checked against the config first. A SRC the command refuses (no
+    model there, its files or shapes wrong, a model type or shape that does not convert) is a ValueError; an
+    OSError is a failure while reading or writing."""
     from kiln.model_files import model_source_problem
 
     problem = model_source_problem(str(src), "SRC_DIR")
     if problem:
-        raise ValueError(problem)
-    src, dst = Path(src), Path(dst)
+        raise ConfigError(problem)
+    spec, src, dst = str(src), Path(src), Path(dst)
     refuse_dst(src, dst)  # before anything is written
     hub_id = None
     if not src.is_dir() and HUB_ID.fullmatch(str(src)):  # a Hub id: its config, weights and tokenizer files
         hub_id, src = str(src), _download_start(str(src), "SRC_DIR", None)
         if not any((src / name).is_file() for name in WEIGHT_FILES):  # older repos: a torch file only
-            src = _download_start(hub_id, "SRC_DIR", None, more=("pytorch_model.bin",))
-    config_file = src / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"{src} has no config.json; pass a folder written by save_pretrained.")
-    config = json.loads(config_file.read_text())
+            if not trust_pickles:  # the gate asks the Hub: a repo of pickles only is refused in one line
+                check_model_folder(hub_id, "", pickle_fix=PICKLE_FIX)
+            else:
+                src = _download_start(hub_id, "SRC_DIR", None, more=PICKLE_PATTERNS)
+    if not (src / "config.json").is_file():
+        raise ConfigError(f"{spec} has no config.json; pass a folder written by save_pretrained")
+    try:
+        config = read_model_config(str(src))
+    except OSError as err:
+        raise ConfigError(
+            f"{spec}: cannot read a model from it ({err}); pass a folder written by save_pretrained"
+        ) from None
     # the gate every model-reading command passes: its files, depth and tensor shapes, before anything is built
-    check_model_folder(hub_id or str(src), "", config, src)
+    check_model_folder(spec, "", config, src, trust_pickles=trust_pickles, pickle_fix=PICKLE_FIX)
     model_type = config.get("model_type")
+    converts = ("bert", "electra", "modernbert", "gpt2", "llama", "kiln_encoder", "kiln_decoder")
+    if model_type in converts and weight_files(src) is None and pickle_weight_files(src) is None:
+        raise ConfigError(
+            f"{spec} holds no weights (no model.safetensors); pass a folder written by save_pretrained"
+        )
     architecture = (config.get("architectures") or [None])[0]
     if model_type in ("bert", "electra", "modernbert", "gpt2", "llama"):
         default = {
@@ -1100,14 +1133,15 @@ def _convert_start(spec: str, option: str, revision: str | None) -> str:
         raise ConfigError(f"{option} {spec}: {err}") from None
     model_type = config.get("model_type")
     family = CONVERTIBLE[model_type][0]
-    weights = [source / name for name in WEIGHT_FILES if (source / name).is_file()]
-    if not weights:
-        raise ConfigError(
-            f"{option} {spec} is a transformers {family} checkpoint without a model.safetensors; save it with "
-            f"save_pretrained (safetensors), or convert it first with `python -m pretrain.convert {spec} DST` "
-            f"and point {option} at DST"
-        )
+    # the gate first: weights only in torch's pickle format are refused there (convert them first)
     keys = check_model_folder(spec, option, config, source, revision)
+    if weight_files(source) is None:
+        if source != Path(spec):  # a Hub repo (its download holds no pickles): the gate asks the Hub
+            check_model_folder(spec, option, config, revision=revision)
+        raise ConfigError(
+            f"{option} {spec} is a transformers {family} checkpoint without a model.safetensors; point {option} "
+            "at a folder written by save_pretrained (safetensors)"
+        )
     name = _start_class(model_type, config, keys)
     files = [
         source / "config.json",
@@ -1264,6 +1298,12 @@ def convert_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("src_dir", metavar="SRC_DIR", help="folder written by save_pretrained, or a Hub id")
     parser.add_argument("dst_dir", metavar="DST_DIR", help="output folder (created)")
+    parser.add_argument(
+        "--trust_pickles",
+        action="store_true",
+        help="read SRC_DIR's weights when they are only in torch's pickle format (pytorch_model.bin), loaded by "
+        "torch's restricted unpickler; only for a file you trust: without it such a SRC_DIR is refused",
+    )
     add_print_config(parser)
     return parser
 
@@ -1274,18 +1314,14 @@ def main(argv: list[str] | None = None) -> None:
     args = convert_parser().parse_args(argv)
     answer_print_config(args)
     try:
-        converted = convert_checkpoint(args.src_dir, args.dst_dir)
-    except (
-        DestinationError
-    ) as error:  # a folder the user fixes by naming another: said before anything is written
-        print(f"error: {error}", file=sys.stderr)
+        converted = convert_checkpoint(args.src_dir, args.dst_dir, args.trust_pickles)
+    except ValueError as error:
+        # a refused input, said before anything is written: DST_DIR (DestinationError), SRC_DIR (a ConfigError:
+        # nothing there, refused by the model gate), a model that does not convert (ValueError): exit status 2,
+        # as argparse's
+        print(f"error: {first_line(error, 2000)}", file=sys.stderr)
         sys.exit(2)
-    except (
-        ConfigError
-    ) as error:  # SRC_DIR refused by the model gate (check_model_folder): a user error, as in a run
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    except (ValueError, OSError) as error:
+    except OSError as error:  # a failure while reading or writing files (a full disk): exit status 1
         sys.exit(f"error: {error}")
     print(f"wrote {type(converted).__name__} to {args.dst_dir}")
 

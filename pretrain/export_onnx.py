@@ -15,7 +15,6 @@ Needs `pip install onnx onnxruntime` (in the dev extras).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import warnings
@@ -88,24 +87,46 @@ def example_inputs(model, batch_size: int, seq_len: int, seed: int) -> dict[str,
     return inputs
 
 
+# the fix the model gate names for a folder whose weights are only in torch's pickle format: convert them to a
+# transformers folder (safetensors) and back to Kiln
+PICKLE_FIX = (
+    "convert them to safetensors first with `python -m pretrain.convert {folder} DST --trust_pickles` (only for a "
+    "file you trust) and back with `python -m pretrain.convert DST KILN`, and export KILN"
+)
+
+
 def load(folder: Path):
+    """FOLDER's Kiln model, in eval mode: a ConfigError (one line) when FOLDER is no Kiln model folder this export
+    takes (no folder, no readable config.json, another architecture, or refused by the model gate)."""
     import transformers
 
     import pretrain.modeling as modeling
-    from kiln.model_files import weight_file_errors
+    from kiln.errors import ConfigError
+    from kiln.model_files import read_model_config, weight_file_errors, weight_files
 
-    config = json.loads((folder / "config.json").read_text())
+    if not folder.is_dir():
+        raise ConfigError(f"FOLDER {folder} does not exist; point it at a model folder written by Kiln")
+    if not (folder / "config.json").is_file():
+        hint = f"; point it at the model inside: {folder / 'final'}" if (folder / "final").is_dir() else ""
+        raise ConfigError(f"FOLDER {folder} holds no config.json, so it is not a saved model{hint}")
+    try:
+        config = read_model_config(str(folder))
+    except OSError as err:
+        raise ConfigError(f"FOLDER {folder}: {err}; point it at a model folder written by Kiln") from None
     architecture = (config.get("architectures") or [None])[0]
     if architecture not in OUTPUTS:
         supported = ", ".join(OUTPUTS)
-        raise ValueError(
+        raise ConfigError(
             f"{folder} holds a {architecture or config.get('model_type')} model; ONNX export supports {supported}."
         )
     from pretrain.model_gate import check_model_folder
 
-    check_model_folder(
-        str(folder), "", config
-    )  # the model gate: files, depth, every tensor, before the build
+    # the model gate: files, depth, every tensor, before the build
+    check_model_folder(str(folder), "", config, pickle_fix=PICKLE_FIX.format(folder=folder))
+    if weight_files(folder) is None:
+        raise ConfigError(
+            f"{folder} holds no weights (no model.safetensors); point it at a model folder written by Kiln"
+        )
     verbosity = transformers.logging.get_verbosity()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -145,16 +166,28 @@ def export(folder: str | Path, out: str | Path, opset: int = 17) -> dict[str, fl
             warnings.simplefilter(
                 "ignore"
             )  # the tracer's notes on Python-side checks (sizes, vocabulary range)
-            torch.onnx.export(
-                _Graph(model, input_names, output_names).eval(),  # the exporter restores this mode afterwards
-                tuple(traced.values()),
-                str(staging / "model.onnx"),
-                dynamo=False,
-                input_names=input_names,
-                output_names=output_names,
-                dynamic_axes={name: sequence_axis for name in input_names},
-                opset_version=opset,
-            )
+            try:
+                torch.onnx.export(
+                    _Graph(
+                        model, input_names, output_names
+                    ).eval(),  # the exporter restores this mode afterwards
+                    tuple(traced.values()),
+                    str(staging / "model.onnx"),
+                    dynamo=False,
+                    input_names=input_names,
+                    output_names=output_names,
+                    dynamic_axes={name: sequence_axis for name in input_names},
+                    opset_version=opset,
+                )
+            except RuntimeError as err:  # an opset newer than torch's exporter writes: the option refused
+                if "Unsupported onnx_opset_version" not in str(err):
+                    raise
+                from kiln.errors import ConfigError, first_line
+
+                raise ConfigError(
+                    f"--opset {opset}: torch's ONNX exporter does not write it ({first_line(err)}); pick an "
+                    "older opset (the default is 17)"
+                ) from None
         for name in COPIED:
             if (folder / name).is_file():
                 shutil.copy(folder / name, staging / name)
@@ -225,7 +258,7 @@ def export_parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="output folder: new, empty or an earlier export, replaced whole once the export is checked",
     )
-    # 7: the first opset torch's exporter writes; a newer one than it knows is its own one-line error
+    # 7: the first opset torch's exporter writes; a newer one than it knows is refused in one line (`export`)
     parser.add_argument(
         "--opset", type=number_argument(int, low=7), default=17, help="ONNX opset (default 17)"
     )
@@ -241,14 +274,14 @@ def main(argv: list[str] | None = None) -> None:
     answer_print_config(args)
     try:
         differences = export(args.folder, args.out, args.opset)
-    except ImportError as error:
+    except ImportError as error:  # the environment, not the input: exit status 1
         sys.exit(f"error: {error.name} is missing; pip install onnx onnxruntime")
-    except (
-        ConfigError
-    ) as error:  # the model gate's refusal (check_model_folder): exit status 2, as every command's
+    except ConfigError as error:
+        # a refused input, said before anything is built or written: FOLDER (no Kiln model there, one this export
+        # does not take, refused by the model gate) or OUT (check_export_folder): exit status 2, as argparse's
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError) as error:  # a failure during the export (a graph that differs, a full disk)
         sys.exit(f"error: {error}")
     detail = ", ".join(f"{name} {value:.1e}" for name, value in differences.items())
     print(f"wrote {Path(args.out) / 'model.onnx'}; onnxruntime vs PyTorch, largest difference: {detail}")

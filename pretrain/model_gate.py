@@ -87,11 +87,19 @@ def check_model_folder(
     config: dict | None = None,
     folder: str | Path | None = None,
     revision: str | None = None,
+    trust_pickles: bool = False,
+    pickle_fix: str | None = None,
 ) -> set[str]:
     """The gate (see the module's docstring) for the model folder or Hub id `spec`, named by the command-line
     option `option` in its one-line ConfigError; `config`: its config.json when the caller has read it already;
     `folder`: where its files are, when not at `spec` (a Hub download); `revision`: a Hub id's. Returns the
-    weights' names (empty when there are no safetensors weights to read so: loading them says why)."""
+    weights' names (empty when there are no weights to read so: loading them says why).
+
+    Weights only in torch's pickle format (pytorch_model.bin or its shards, no safetensors): refused in one line
+    ending in `pickle_fix` (default: convert them first with `python -m pretrain.convert --trust_pickles`), since
+    unpickling a file can run code; with `trust_pickles` (the user's opt-in: convert's `--trust_pickles`) their
+    shapes are read from the files, loaded by torch's restricted unpickler (`weights_only`, memory-mapped), and
+    checked as safetensors headers are."""
     folder = spec if folder is None else folder
     if config is None:
         try:
@@ -105,6 +113,8 @@ def check_model_folder(
 
     try:
         shapes = weight_shapes(folder, revision)
+        if shapes is None:
+            shapes = _pickled_shapes(spec, option, str(folder), revision, trust_pickles, pickle_fix)
     except OSError as err:
         raise ConfigError(f"{_name(option, spec)}: its {err}; copy or save it again") from None
     _check_against(spec, option, config, shapes)
@@ -118,6 +128,40 @@ def check_model_folder(
             }
             _check_against(spec, option, config[part], named if shapes is not None else None, f"{part} ")
     return set(shapes or ())
+
+
+def _pickled_shapes(
+    spec: str, option: str, folder: str, revision: str | None, trust: bool, fix: str | None
+) -> dict[str, tuple[int, ...]] | None:
+    """A folder or Hub repo without safetensors weights: the shapes of its pickled weights when the user opted in
+    (`trust`: a local folder's, read by `pickle_weight_shapes`), a one-line refusal naming `fix` when it holds
+    pickled weights and the user did not, None when it holds none (or the Hub cannot say)."""
+    import os
+
+    from kiln.model_files import hub_pickle_only, pickle_weight_files, pickle_weight_shapes
+
+    if os.path.isdir(folder):
+        files = pickle_weight_files(folder)
+        if files is None:
+            return None
+        if trust:
+            return pickle_weight_shapes(folder)
+        found = os.path.basename(files[0])
+        found = f"the shards {found} names" if found.endswith(".index.json") else found
+    elif hub_pickle_only(folder, revision):
+        found = "pytorch_model.bin"
+    else:
+        return None
+    if fix is None:
+        point = f"point {option} at DST" if option else "use DST"
+        fix = (
+            f"convert them to safetensors first with `python -m pretrain.convert {spec} DST --trust_pickles` (only "
+            f"for a file you trust) and {point}"
+        )
+    raise ConfigError(
+        f"{_name(option, spec)}: its weights are only in {found}, torch's pickle format, which Kiln does not "
+        f"unpickle unless you opt in (unpickling can run code); {fix}"
+    )
 
 
 def _check_against(

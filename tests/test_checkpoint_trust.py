@@ -439,7 +439,9 @@ def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_error
     tmp_path, kiln_checkpoints, capsys
 ):
     """Fine-tuning, conversion and ONNX export, each given a folder whose weights are a pickle (in a fresh
-    process, as users run them) and one whose weights are truncated (the same command lines in this process)."""
+    process, as users run them) and one whose weights are truncated (the same command lines in this process). The
+    pickle is refused by the model gate before anything reads it (weights only in torch's pickle format); with
+    convert's opt-in, `--trust_pickles`, torch's restricted unpickler refuses the objects it holds."""
     import subprocess
     import sys
 
@@ -463,9 +465,20 @@ def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_error
             "finetune/classify.py", *classify_args(tmp_path, pickled, "f-pickled")
         )
     }
-    for module in ("pretrain.convert", "pretrain.export_onnx"):
+    for module, opt_in in (
+        ("pretrain.convert", []),
+        ("pretrain.export_onnx", []),
+        ("pretrain.convert --trust_pickles", ["--trust_pickles"]),
+    ):
         procs[("pickled", module)] = subprocess.Popen(
-            [sys.executable, "-m", module, str(pickled), str(tmp_path / f"{module}-pickled")],
+            [
+                sys.executable,
+                "-m",
+                module.split()[0],
+                str(pickled),
+                str(tmp_path / f"{module}-pickled"),
+                *opt_in,
+            ],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -487,9 +500,11 @@ def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_error
         assert code != 0, (name, command, output[-3000:])
         line = error_line(output)
         problem = (
-            "its pytorch_model.bin is not a plain tensor file"
-            if name == "pickled"
-            else "its model.safetensors is damaged or truncated"
+            "its model.safetensors is damaged or truncated"
+            if name == "truncated"
+            else "its pytorch_model.bin is not a plain tensor file"
+            if command.endswith("--trust_pickles")
+            else "its weights are only in pytorch_model.bin, torch's pickle format, which Kiln does not unpickle"
         )
         option = "--model.checkpoint " if command == "classify" else ""
         assert line.startswith(f"error: {option}{tmp_path / name}: {problem}"), (command, line)

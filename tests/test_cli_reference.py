@@ -247,7 +247,7 @@ def test_print_config_of_the_other_commands(name):
             "update_checkpoint_card": False,
             "classify_options": ["--training.lr", "1e-4"],
         },
-        "convert": {"src_dir": "a", "dst_dir": "b"},
+        "convert": {"src_dir": "a", "dst_dir": "b", "trust_pickles": False},
         "export_onnx": {"folder": "a", "out": "b", "opset": 18},
         "zero_shot": {
             "model": "m",

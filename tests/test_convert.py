@@ -1,11 +1,16 @@
 """Proof of correctness: BERT / GPT-2 converted to Kiln (and back) compute the same logits and losses."""
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 import transformers
+from kiln_testing import REPO
 
 from pretrain.convert import from_transformers, main, to_transformers
 from pretrain.modeling import (
@@ -265,13 +270,45 @@ def test_cli_converts_a_bert_checkpoint_to_kiln_and_back(tmp_path):
     assert_same_state(back.state_dict(), bert.state_dict())
 
 
-def test_cli_refuses_an_unknown_model_type(tmp_path):
+def test_cli_refuses_an_unknown_model_type(tmp_path, capsys):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(
-        SystemExit, match="`t5` model; only bert, electra, modernbert, gpt2, llama, kiln_encoder"
-    ):
-        main([str(tmp_path / "src"), str(tmp_path / "dst")])
+    line = _refused(capsys, tmp_path / "src", tmp_path / "dst")
+    assert (
+        line.startswith("error: ")
+        and "`t5` model; only bert, electra, modernbert, gpt2, llama, kiln_encoder" in line
+    )
+
+
+def test_cli_refuses_a_source_it_cannot_read_with_status_2(tmp_path, capsys):
+    """A user's input refused (exit status 2, one line), as every Kiln command's: no config.json, one that is
+    not JSON, a folder without weights, a model whose settings do not convert."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _refused(capsys, empty, tmp_path / "dst") == (
+        f"error: {empty} has no config.json; pass a folder written by save_pretrained"
+    )
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    assert _refused(capsys, broken, tmp_path / "dst").startswith(
+        f"error: {broken}: cannot read a model from it (cannot read config.json: "
+    )
+    bert = transformers.BertConfig(max_position_embeddings=32, **ENCODER_SHAPES[1])
+    bare = tmp_path / "bare"
+    bert.save_pretrained(bare)
+    assert _refused(capsys, bare, tmp_path / "dst") == (
+        f"error: {bare} holds no weights (no model.safetensors); pass a folder written by save_pretrained"
+    )
+    relative = tmp_path / "relative"
+    transformers.BertForPreTraining(
+        transformers.BertConfig(
+            max_position_embeddings=32, position_embedding_type="relative_key", **ENCODER_SHAPES[1]
+        )
+    ).save_pretrained(relative)
+    line = _refused(capsys, relative, tmp_path / "dst")
+    assert line.startswith("error: ") and "relative" in line, line
+    assert not (tmp_path / "dst").exists()
 
 
 def test_cli_names_a_missing_source_folder_in_one_line_without_the_hub(tmp_path, monkeypatch, capsys):
@@ -282,18 +319,33 @@ def test_cli_names_a_missing_source_folder_in_one_line_without_the_hub(tmp_path,
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
     for spec in ("runs/decoder-tiny/final", str(tmp_path / "nothing"), "./nothing", "a/b/c"):
-        with pytest.raises(
-            SystemExit, match=f"^error: no model folder {spec}; train one first .* or give a Hub id"
-        ):
-            main([spec, str(tmp_path / "dst")])
+        assert re.match(
+            f"^error: no model folder {re.escape(spec)}; train one first .* or give a Hub id",
+            _refused(capsys, spec, tmp_path / "dst"),
+        )
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(
-        SystemExit,
-        match="SRC_DIR nobody-kiln/never-cached is not in the Hugging Face cache and "
-        "HF_HUB_OFFLINE is set; unset HF_HUB_OFFLINE",
-    ):
-        main(["nobody-kiln/never-cached", str(tmp_path / "dst")])
+    assert _refused(capsys, "nobody-kiln/never-cached", tmp_path / "dst").startswith(
+        "error: SRC_DIR nobody-kiln/never-cached is not in the Hugging Face cache and HF_HUB_OFFLINE is set; unset "
+        "HF_HUB_OFFLINE"
+    )
     assert not (tmp_path / "dst").exists()
+
+
+def test_a_missing_source_folder_is_status_2_before_torch_loads(tmp_path):
+    """`python -m pretrain.convert` says a missing SRC_DIR before it imports torch: exit status 2, one line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pretrain.convert", str(tmp_path / "nothing"), str(tmp_path / "dst")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 2 and not done.stdout, (done.returncode, done.stdout, done.stderr)
+    assert done.stderr.splitlines() == [
+        f"error: no model folder {tmp_path / 'nothing'}; train one first (`kiln-launch pretrain/run.py` leaves "
+        "runs/encoder-tiny/final) or give a Hub id (user/name)"
+    ]
 
 
 # ------------------------------------------------------------------------------- the rest of the head family

@@ -48,10 +48,52 @@ def test_every_head_exports_and_onnxruntime_matches_pytorch(class_name, tmp_path
         torch.testing.assert_close(actual, reference, atol=1e-4, rtol=0)
 
 
-def test_a_folder_that_does_not_export_names_what_does(tmp_path):
+def refused(capsys, *argv) -> str:
+    """`python -m pretrain.export_onnx ARGV` refusing its input: exit status 2 and its one line on stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1 and not out.strip(), (exit_info.value.code, out, err)
+    return lines[0]
+
+
+def test_a_folder_that_does_not_export_names_what_does(tmp_path, capsys):
     (tmp_path / "s2s").mkdir()
     (tmp_path / "s2s" / "config.json").write_text(json.dumps({"architectures": ["KilnEncoderDecoderModel"]}))
-    with pytest.raises(
-        SystemExit, match="holds a KilnEncoderDecoderModel model; ONNX export supports KilnEncoderModel"
-    ):
-        main([str(tmp_path / "s2s"), str(tmp_path / "out")])
+    assert refused(capsys, tmp_path / "s2s", tmp_path / "out").startswith(
+        f"error: {tmp_path / 's2s'} holds a KilnEncoderDecoderModel model; ONNX export supports KilnEncoderModel"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_what_export_cannot_read_is_refused_with_status_2(tmp_path, capsys):
+    """A user's input refused, as every Kiln command's: exit status 2, one line `error: ...`, nothing written."""
+    out = tmp_path / "out"
+    assert refused(capsys, tmp_path / "nothing", out) == (
+        f"error: FOLDER {tmp_path / 'nothing'} does not exist; point it at a model folder written by Kiln"
+    )
+    (tmp_path / "run" / "final").mkdir(parents=True)
+    assert refused(capsys, tmp_path / "run", out) == (
+        f"error: FOLDER {tmp_path / 'run'} holds no config.json, so it is not a saved model; point it at the model "
+        f"inside: {tmp_path / 'run' / 'final'}"
+    )
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    assert refused(capsys, tmp_path / "broken", out).startswith(
+        f"error: FOLDER {tmp_path / 'broken'}: cannot read config.json: "
+    )
+    model = modeling.KilnEncoderForMaskedLM(tiny_encoder_config())
+    model.config.architectures = ["KilnEncoderForMaskedLM"]
+    model.config.save_pretrained(tmp_path / "bare")  # its config alone
+    assert refused(capsys, tmp_path / "bare", out) == (
+        f"error: {tmp_path / 'bare'} holds no weights (no model.safetensors); point it at a model folder written "
+        "by Kiln"
+    )
+    model.save_pretrained(tmp_path / "model")
+    line = refused(capsys, tmp_path / "model", out, "--opset", 99)
+    assert line.startswith("error: --opset 99: torch's ONNX exporter does not write it (") and line.endswith(
+        "; pick an older opset (the default is 17)"
+    )
+    assert not out.exists()

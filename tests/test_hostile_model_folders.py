@@ -222,3 +222,146 @@ def test_each_command_refuses_in_a_fresh_process_as_users_run_it(tiny, tmp_path)
     for command, (proc, folder, problem, out) in started.items():
         output = proc.communicate(timeout=300)[0]
         assert_refused(command, folder, problem, proc.returncode, output, out)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# weights only in torch's pickle format (pytorch_model.bin): never unpickled unless the user opts in
+
+WRONG_TENSOR = "model.layers.1.mlp.fc_in.weight"
+
+
+def pickled(tiny: Path, root: Path, wrong_shape: bool = False) -> Path:
+    """A copy of `tiny` whose weights are only in pytorch_model.bin (`torch.save` of its tensors, as
+    `save_pretrained(safe_serialization=False)` writes them); with `wrong_shape`, one tensor of the second block a
+    row short (found only by reading every tensor's shape)."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = _copy(tiny, root / ("pickled-wrong-shape" if wrong_shape else "pickled") / "model")
+    tensors = load_file(folder / "model.safetensors")
+    if wrong_shape:
+        tensors[WRONG_TENSOR] = tensors[WRONG_TENSOR][:-1].clone()
+    torch.save(tensors, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def pickle_problem(command: str, folder: Path) -> str:
+    """The one line's problem and fix for a folder of pickled weights, without the opt-in: the fix is convert's
+    --trust_pickles (for convert itself, the flag; for ONNX export, a round trip back to a Kiln folder)."""
+    from pretrain.convert import PICKLE_FIX as CONVERT_FIX
+    from pretrain.export_onnx import PICKLE_FIX as EXPORT_FIX
+
+    said = (
+        "its weights are only in pytorch_model.bin, torch's pickle format, which Kiln does not unpickle unless you "
+        "opt in (unpickling can run code); "
+    )
+    if command == "convert":
+        return said + CONVERT_FIX
+    if command == "export_onnx":
+        return said + EXPORT_FIX.format(folder=folder)
+    option = COMMANDS[command][1]
+    return said + (
+        f"convert them to safetensors first with `python -m pretrain.convert {folder} DST --trust_pickles` (only "
+        f"for a file you trust) and point {option} at DST"
+    )
+
+
+def shape_problem(tiny: Path) -> str:
+    from safetensors import safe_open
+
+    with safe_open(tiny / "model.safetensors", "pt") as f:
+        expected = tuple(f.get_slice(WRONG_TENSOR).get_shape())
+    found = (expected[0] - 1, expected[1])
+    return f"its weights' {WRONG_TENSOR} is {found} but its config.json gives {expected} (KilnEncoderForPreTraining){WRONG}"
+
+
+@pytest.mark.parametrize("wrong_shape", [False, True], ids=["pickled", "pickled-wrong-shape"])
+def test_every_command_refuses_pickled_weights_without_the_opt_in(
+    tiny, tmp_path, capsys, monkeypatch, wrong_shape
+):
+    """Whatever the pickle holds, no command loads it: the gate refuses first, naming the fix."""
+    import torch
+
+    folder = pickled(tiny, tmp_path, wrong_shape)
+    loads = []
+    real_load = torch.load
+    monkeypatch.setattr(
+        torch, "load", lambda *args, **kwargs: loads.append(args) or real_load(*args, **kwargs)
+    )
+    for command, (script, _, argv) in COMMANDS.items():
+        out = tmp_path / f"out-{command}"
+        code, output = run_in_process(capsys, script, *argv(folder, out, tmp_path))
+        assert_refused(command, folder, pickle_problem(command, folder), code, output, out)
+        assert output.strip().endswith(pickle_problem(command, folder)), (command, output)
+    assert not loads, f"a pickle was loaded: {loads}"
+
+
+def test_convert_with_the_opt_in_checks_every_pickled_tensor_then_converts(tiny, tmp_path, capsys):
+    """`--trust_pickles`: the shapes are read from the loaded state dict and checked against the config before
+    anything is built (a wrong one is one line); right ones convert to the same weights as the safetensors do."""
+    import torch
+    from safetensors.torch import load_file
+
+    wrong = pickled(tiny, tmp_path, wrong_shape=True)
+    out = tmp_path / "out-wrong"
+    code, output = run_in_process(capsys, "pretrain.convert", wrong, out, "--trust_pickles")
+    assert_refused("convert", wrong, shape_problem(tiny), code, output, out)
+
+    folder = pickled(tiny, tmp_path)
+    code, output = run_in_process(capsys, "pretrain.convert", folder, tmp_path / "bert", "--trust_pickles")
+    assert code == 0, output[-3000:]
+    code, output = run_in_process(capsys, "pretrain.convert", tiny, tmp_path / "bert-from-safetensors")
+    assert code == 0, output[-3000:]
+    ours, theirs = (
+        load_file(tmp_path / name / "model.safetensors") for name in ("bert", "bert-from-safetensors")
+    )
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in ours)
+
+
+def test_convert_with_the_opt_in_still_builds_no_object_a_pickle_names(tiny, tmp_path, capsys):
+    """The opt-in reads tensors only (torch's restricted unpickler): a pickle that would run code when loaded
+    is refused in one line, and its code never runs."""
+    import pickle
+
+    folder = _copy(tiny, tmp_path / "planted" / "model")
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.write_text, (marker, "the pickle's code ran"))
+
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"weight": Planted()}))
+    out = tmp_path / "out"
+    code, output = run_in_process(capsys, "pretrain.convert", folder, out, "--trust_pickles")
+    problem = (
+        "its pytorch_model.bin is not a plain tensor file (it holds Python objects, which are not loaded)"
+    )
+    assert_refused("convert", folder, problem, code, output, out)
+    assert not marker.exists()
+
+
+def test_each_command_refuses_pickled_weights_in_a_fresh_process_as_users_run_it(tiny, tmp_path):
+    """The folder whose pickled weights hold a wrong shape, given to each command in its own process: without the
+    opt-in each says in one line how to opt in (exit status 2, nothing written); `convert --trust_pickles` reads
+    the shapes and names the wrong one."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    folder = pickled(tiny, tmp_path, wrong_shape=True)
+    runs = [(command, [], pickle_problem(command, folder)) for command in COMMANDS]
+    runs.append(("convert", ["--trust_pickles"], shape_problem(tiny)))
+    started = []
+    for i, (command, extra, problem) in enumerate(runs):
+        script, _, argv = COMMANDS[command]
+        out, root = tmp_path / f"out-{i}", tmp_path / f"root-{i}"
+        root.mkdir()
+        entry = [str(REPO / script)] if script.endswith(".py") else ["-m", script.removesuffix(".__main__")]
+        args = [sys.executable, *entry, *map(str, argv(folder, out, root)), *extra]
+        proc = subprocess.Popen(
+            args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        started.append((command, proc, problem, out))
+    for command, proc, problem, out in started:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert_refused(command, folder, problem, proc.returncode, stdout + stderr, out)
+        assert stderr.strip().endswith(problem) and not stdout.strip(), (command, stdout, stderr)

@@ -380,15 +380,25 @@ def test_a_start_that_cannot_be_converted_is_one_line_naming_the_fix(tmp_path, c
         f"error: --model.init_from {modern} is a transformers ModernBERT checkpoint; convert it first with "
         f"`python -m pretrain.convert {modern} DST` and point --model.init_from at DST"
     )
-    # weights as a pickle only: not read here; the converter's command does it
+    # weights as a pickle only: not read here (the model gate refuses them); the converter's command does it when
+    # the user opts in
     pickled = tmp_path / "pickled"
     pickled.mkdir()
     (pickled / "config.json").write_text((bert / "config.json").read_text())
     (pickled / "pytorch_model.bin").write_bytes(b"not read")
     assert cli_error(capsys, "--model.init_from", pickled) == (
-        f"error: --model.init_from {pickled} is a transformers BERT checkpoint without a model.safetensors; save it "
-        f"with save_pretrained (safetensors), or convert it first with `python -m pretrain.convert {pickled} DST` "
-        "and point --model.init_from at DST"
+        f"error: --model.init_from {pickled}: its weights are only in pytorch_model.bin, torch's pickle format, which "
+        "Kiln does not unpickle unless you opt in (unpickling can run code); convert them to safetensors first with "
+        f"`python -m pretrain.convert {pickled} DST --trust_pickles` (only for a file you trust) and point "
+        "--model.init_from at DST"
+    )
+    # no weights at all: said so
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((bert / "config.json").read_text())
+    assert cli_error(capsys, "--model.init_from", bare) == (
+        f"error: --model.init_from {bare} is a transformers BERT checkpoint without a model.safetensors; point "
+        "--model.init_from at a folder written by save_pretrained (safetensors)"
     )
     # a config.json whose sizes are not sizes, or that disagree with the weights: checked before anything is built
     for field, value, said in (

@@ -346,7 +346,7 @@ def test_without_a_folder_and_offline_it_is_one_line():
         check=False,
         env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
     )
-    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "nyu-mll/blimp" in done.stderr and "--data" in done.stderr
 
 
@@ -435,17 +435,19 @@ def test_the_command_prints_and_writes_the_accuracies(kiln_checkpoints, tmp_path
 def test_the_command_refuses_what_it_cannot_score_in_one_line(kiln_checkpoints, tmp_path, capsys):
     run_folder = kiln_checkpoints[0].parent
     status, _, err = blimp_command(capsys, "--model", run_folder, "--data", "data/blimp")
-    assert status == 1 and err.count("\n") == 1 and f"{run_folder}/final" in err
+    assert status == 2 and err.count("\n") == 1 and f"{run_folder}/final" in err
     status, _, err = blimp_command(capsys, "--model", kiln_checkpoints[0], "--data", tmp_path)
-    assert status == 1 and "holds no <paradigm>.jsonl" in err
+    assert status == 2 and err.count("\n") == 1 and "holds no <paradigm>.jsonl" in err
     status, _, err = blimp_command(capsys, "--model", tmp_path / "nothing", "--data", "data/blimp")
     assert (
-        status == 1
+        status == 2
         and f"no model folder {tmp_path / 'nothing'}; train one first" in err
         and err.count("\n") == 1
     )
     done = python("-m", "pretrain.zero_shot", check=False)  # as a user types it
-    assert done.returncode == 1 and "name a task" in done.stderr
+    assert (
+        done.returncode == 2 and done.stderr.startswith("error: name a task") and done.stderr.count("\n") == 1
+    )
 
 
 def test_a_missing_model_folder_is_named_in_one_line_before_the_data_or_the_hub(capsys, monkeypatch):
@@ -463,7 +465,7 @@ def test_a_missing_model_folder_is_named_in_one_line_before_the_data_or_the_hub(
     monkeypatch.setattr(pretrain.zero_shot.blimp, "read_blimp", no_network)
     for spec in ("runs/decoder-tiny/final", "./nowhere", "/nowhere/model", "~/nowhere", "a/b/c", "not an id"):
         status, _, err = blimp_command(capsys, "--model", spec)
-        assert status == 1 and err.count("\n") == 1, err
+        assert status == 2 and err.count("\n") == 1, err
         assert (
             err.startswith(f"error: no model folder {spec}; train one first (") and "or give a Hub id" in err
         )
@@ -480,7 +482,7 @@ def test_a_missing_model_folder_is_named_in_one_line_before_the_data_or_the_hub(
         "--paradigms",
         "wh_island",
     )
-    assert status == 1 and err.count("\n") == 1, err
+    assert status == 2 and err.count("\n") == 1, err
     assert "nobody-kiln/never-cached is not in the Hugging Face cache and HF_HUB_OFFLINE is set" in err
 
 
@@ -521,7 +523,7 @@ def test_a_folder_without_its_scoring_head_is_refused_naming_what_it_holds(tmp_p
     }
     for args, line in refused.items():
         status, printed, err = blimp_command(capsys, "--model", *args, "--data", "data/blimp", "--pairs", 1)
-        assert (status, err, printed) == (1, f"error: --model {line}\n", ""), err
+        assert (status, err, printed) == (2, f"error: --model {line}\n", ""), err
     # a config.json that names no class: the weights the masked LM needs, missing, say it
     unnamed = tmp_path / "unnamed"
     shutil.copytree(classifier, unnamed)
@@ -529,7 +531,7 @@ def test_a_folder_without_its_scoring_head_is_refused_naming_what_it_holds(tmp_p
     del written["architectures"]
     (unnamed / "config.json").write_text(json.dumps(written))
     status, printed, err = blimp_command(capsys, "--model", unnamed, "--data", "data/blimp", "--pairs", 1)
-    assert status == 1 and err.count("\n") == 1 and printed == "", err
+    assert status == 2 and err.count("\n") == 1 and printed == "", err
     assert err.startswith(
         f"error: --model {unnamed} (kiln_encoder) lacks weights its masked-LM model needs (mlm_head."
     ), err
@@ -562,12 +564,12 @@ def test_json_into_a_folder_that_cannot_take_it_is_refused_before_scoring(tmp_pa
         "another file\n"
     )
     model = ["--model", tmp_path / "model", "--data", "data/blimp"]
-    assert blimp_command(capsys, *model, "--json", missing) == (1, "", said)
+    assert blimp_command(capsys, *model, "--json", missing) == (2, "", said)
     status, _, err = blimp_command(capsys, *model, "--json", tmp_path)
-    assert status == 1 and err.startswith(f"error: --json {tmp_path} is a folder; name a file to write")
+    assert status == 2 and err.startswith(f"error: --json {tmp_path} is a folder; name a file to write")
     # as a user types it, in a fresh process
     done = python("-m", "pretrain.zero_shot", "blimp", *model, "--json", missing, check=False)
-    assert (done.returncode, done.stderr) == (1, said)
+    assert (done.returncode, done.stderr) == (2, said)
     assert not missing.parent.exists()
 
 

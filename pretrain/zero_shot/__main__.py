@@ -123,11 +123,9 @@ def blimp(argv: list[str]) -> None:
             args.pll,
             args.decoder_scoring,
         )
-    except ZeroShotError as err:
-        sys.exit(f"error: {err}")
-    except (
-        ConfigError
-    ) as err:  # the model gate's refusal (check_model_folder): exit status 2, as every command's
+    except (ZeroShotError, ConfigError) as err:
+        # a refused input, said before any pair is scored: the model (nothing there, no scoring head, refused by
+        # the model gate), the data, --json, an option the model cannot take: exit status 2, as argparse's
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     start = time.perf_counter()
@@ -198,9 +196,11 @@ def main(argv: list[str] | None = None) -> None:
                 "Commands: blimp (BLiMP's minimal pairs). Guide: docs/zero-shot.md."
             )
             return
-        sys.exit(
-            "error: name a task: python -m pretrain.zero_shot blimp --model FOLDER_OR_HUB_ID (see --help)"
+        print(
+            "error: name a task: python -m pretrain.zero_shot blimp --model FOLDER_OR_HUB_ID (see --help)",
+            file=sys.stderr,
         )
+        sys.exit(2)  # a usage error, as argparse's
     COMMANDS[argv[0]](argv[1:])
 
 

@@ -272,9 +272,9 @@ class SentenceScorer:
             raise ZeroShotError("PLL-word-l2r needs a fast tokenizer, which tells each token's word")
         self.pll = pll
         if kind == "encoder" and tokenizer.mask_token_id is None:
-            raise ValueError("the tokenizer has no mask token, which pseudo-log-likelihood scoring needs")
+            raise ZeroShotError("the tokenizer has no mask token, which pseudo-log-likelihood scoring needs")
         if kind == "decoder" and tokenizer.bos_token_id is None and tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has neither a BOS nor an EOS token to start a sentence with")
+            raise ZeroShotError("the tokenizer has neither a BOS nor an EOS token to start a sentence with")
         self.tokenizer, self.kind, self.max_length = tokenizer, kind, max_length
         masked = kind == "encoder" or decoder_scoring == "masked"
         self.budget = budget or (16384 if masked else 8192)
