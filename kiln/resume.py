@@ -132,7 +132,7 @@ def plan_resume(
     if layout is None:
         layout, elastic = new_layout(saved_layout, training, num_processes, folder)
     saved_config = saved_run_config(folder)
-    from .checkpoint_state import LOOP_STATE_FILE, pickle_files
+    from .checkpoint_format import LOOP_STATE_FILE, pickle_files
 
     return ResumePlan(
         spec=spec,
@@ -154,7 +154,7 @@ def check_plan(plan: ResumePlan, accelerator, config: Any) -> ResumePlan:
     process resumes the same step, the settings of the run's `config` (its copy, with what the engine derived)
     compared with the saved ones, the main process's data verdict made everyone's; a changed run refused unless
     --training.allow_config_change, pickles without their opt-in refused. Returns the completed plan."""
-    from .checkpoint_state import refuse_pickles
+    from .checkpoint_format import refuse_pickles
 
     if plan.skipped:
         logger.warning(
