@@ -91,6 +91,7 @@ def record_blimp_run(args) -> None:
         "seconds": result["seconds"],
         "pairs": result["pairs"],
         "pll": result.get("pll"),
+        **({"decoder_scoring": result["decoder_scoring"]} if result.get("decoder_scoring") else {}),
         "mean": result["mean"],
         "phenomena": result["phenomena"],
         "paradigms": {name: entry["accuracy"] for name, entry in result["paradigms"].items()},
@@ -142,8 +143,14 @@ def model_label(row: dict, runs: dict[str, dict]) -> str:
     what = f"Kiln {row['kind']}" + (f" ({preset} preset)" if preset else "")
     if config.get("data", {}).get("mlm_probability", 0.15) != 0.15 and row["kind"] == "encoder":
         what += f", {100 * config['data']['mlm_probability']:g}% masked"
+    if config.get("model", {}).get("objective") == "clm+mntp":
+        share = config.get("data", {}).get("causal_share", 0.0625)
+        whole = round(1 / share) if share else 0
+        causal = f"1 row in {whole}" if whole and abs(whole * share - 1) < 1e-9 else f"{share:.0%} of rows"
+        what += f", hybrid causal + masked next-token ({causal} causal)"
     what += ", random weights" if row["from_scratch"] else ""
     what += ", PLL-word-l2r" if row.get("pll") == "word-l2r" else ""
+    what += ", scored masked" if row.get("decoder_scoring") == "masked" else ""
     return what
 
 
