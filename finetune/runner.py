@@ -177,8 +177,10 @@ def run_task(task: FinetuneTask, argv: list[str] | None = None) -> FinetuneResul
         accelerator = start_predicting(config)
         return run_prediction(config, accelerator, build_job(task, config, accelerator))
 
-    def build(accelerator):
-        return run_parts(build_job(task, config, accelerator), config.model, config.training, config.eval)
+    def build(accelerator, run_config):  # the run's copy: the task's default best-model metric is set there
+        return run_parts(
+            build_job(task, run_config, accelerator), run_config.model, run_config.training, run_config.eval
+        )
 
     return finetune_result(run_job(TrainingJob(config, build, eval_each_epoch=config.eval.each_epoch)))
 

@@ -8,7 +8,7 @@ and the engine runs all of it.
       seed (kiln.run_setup.start_run) -> output folder checked (kiln.run_folder) -> W&B and the Hub asked
       whether they take the run (kiln.run_setup.check_services) -> the resume checked on every process (config
       and data changes, kiln.resume.check_plan) -> output folder prepared when the app writes into it while
-      building -> job.build(accelerator): the app's model, data, metrics and callbacks -> the evaluation
+      building -> job.build(accelerator, the run's copy of the config): the app's model, data, metrics and callbacks -> the evaluation
       interval of one epoch -> output folder prepared and locked (config.yaml written) -> a `hub:` checkpoint
       downloaded, then planned and checked as a local one -> Trainer: trackers, resume from the plan, summary,
       loop, evaluation, final export, Hub, every callback ended whatever ends the run
@@ -70,8 +70,10 @@ class TrainingJob:
     config: Any
     """The app's whole config: the engine's sections (training, logging, hub) and the app's own (model, data, ...);
     saved as output_dir/config.yaml and with every checkpoint, compared with the checkpoint's on resume."""
-    build: Callable[[Accelerator], RunParts]
-    """Builds the run's parts once the accelerator is started and seeded (new weights are drawn from the seed)."""
+    build: Callable[[Accelerator, Any], RunParts]
+    """(accelerator, config) -> the run's parts, built once the accelerator is started and seeded (new weights are
+    drawn from the seed). `config` is the run's copy of `config`: what the app derives while building (a task's
+    default best-model metric) goes there, where the engine reads it, and the user's object stays as given."""
     metadata: dict = field(default_factory=dict)
     """What is known of the run before it is built (pretraining: model kind and objective): a resume checkpoint
     written with other values is refused before any tokenizer or data work; stored in every checkpoint."""
@@ -146,7 +148,7 @@ def run_job(job: TrainingJob) -> Trainer:
         plan = check_plan(plan, accelerator, config)
     # pretraining writes its tokenizer into the folder while building; the others prepare it after the build
     out = prepare_output(config, accelerator) if job.output_before_build else None
-    parts = job.build(accelerator)
+    parts = job.build(accelerator, config)
     if job.eval_each_epoch is not None:
         evaluate_each_epoch(training, parts.train_dataset(0), accelerator.num_processes, job.eval_each_epoch)
     if out is None:

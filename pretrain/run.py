@@ -502,7 +502,7 @@ def run_pretraining(config: RunConfig, card_summary: dict | None = None):
     validate(config)
     job = TrainingJob(
         config,
-        build=partial(build_run, config, card_summary=card_summary),
+        build=lambda accelerator, run_config: build_run(run_config, accelerator, card_summary=card_summary),
         metadata={"model_kind": config.model.kind, "objective": config.model.objective},
         output_before_build=True,  # the tokenizer is trained into output_dir/tokenizer
         # a model drawn from this config has its width known now; one started from weights learns it at the build
