@@ -62,6 +62,7 @@ def task_config(tmp_path):
     return config
 
 
+@pytest.mark.slow
 def test_adapt_on_the_task_text_resumes_exactly_and_feeds_the_task_script(
     kiln_checkpoints, task_config, tmp_path
 ):

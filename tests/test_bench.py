@@ -45,6 +45,7 @@ def tiny_presets(throughput, monkeypatch):
     return presets
 
 
+@pytest.mark.slow
 def test_throughput_times_every_variant_of_the_same_function(throughput, tiny_presets, tmp_path, capsys):
     out = tmp_path / "result.json"
     throughput.main(
@@ -237,6 +238,7 @@ def finetune_bench():
     return load_bench("finetune")
 
 
+@pytest.mark.slow
 def test_finetune_bench_trains_both_from_the_same_start_and_passes_kiln_options(
     finetune_bench, tiny_sst2, tmp_path
 ):
@@ -316,6 +318,7 @@ def tiny_conll(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_finetune_bench_tagging_mode_trains_both_and_scores_the_same_way(
     finetune_bench, tiny_conll, tmp_path
 ):
@@ -373,6 +376,7 @@ def test_finetune_bench_refuses_a_start_that_is_not_the_same_function(finetune_b
         finetune_bench.same_start(reference, kiln, tokenizer, sentences)
 
 
+@pytest.mark.slow
 def test_throughput_profile_splits_a_step_into_phases_and_op_categories(throughput, tiny_presets, tmp_path):
     out = tmp_path / "profile.json"
     throughput.main(["--preset", "encoder-test", "--profile", "--no-memory", "--json", str(out)])
@@ -384,6 +388,7 @@ def test_throughput_profile_splits_a_step_into_phases_and_op_categories(throughp
         assert "matmul (linear layers, LM head)" in profile["categories_s"]
 
 
+@pytest.mark.slow
 def test_padding_bench_counts_real_tokens_and_profiles_the_runs_step(tmp_path, monkeypatch):
     """bench/padding.py on the shipped corpus, a small run: the counts add up, the padding fraction is what they
     say, the profile (bench/throughput.py's op categories) and data-path timing (README "Pretraining on real
@@ -436,6 +441,7 @@ def test_padding_bench_counts_real_tokens_and_profiles_the_runs_step(tmp_path, m
     assert check["loss_padded"] == pytest.approx(check["loss_unpadded"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_data_scale_bench_prepares_its_corpus_and_writes_the_measurements(tmp_path):
     """bench/data_scale.py on a 0.3 MB corpus: the generated corpus has the asked size in both layouts, and one
     prepare (2 worker processes) and a 1-step run from it are measured into the JSON (the README's corpus-size
@@ -474,6 +480,7 @@ def test_data_scale_bench_prepares_its_corpus_and_writes_the_measurements(tmp_pa
 
 
 # ------------------------------------------------------------------------------------------------- bench/gpu.py
+@pytest.mark.slow
 def test_gpu_bench_runs_every_stage_and_makes_its_tables_from_the_record(tiny_sst2, tmp_path, capsys):
     """bench/gpu.py --smoke: every stage (pretraining step, engines with resume and final/, fine-tuning, inference)
     runs the real benchmark script in a fresh process and keeps its record (the engines stage is

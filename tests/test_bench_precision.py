@@ -3,12 +3,14 @@ paired against fp32, its achieved FLOP/s set against the matmul peak of its own 
 
 import json
 
+import pytest
 import torch
 
 from bench import precision
 from bench.throughput import Preset
 
 
+@pytest.mark.slow
 def test_the_precision_bench_records_every_variant_against_both_peaks(tmp_path, monkeypatch):
     monkeypatch.setattr(
         precision,

@@ -26,6 +26,7 @@ shipped = load("kiln_bench_shipped_commands", "bench/shipped_commands.py")
 report = load("kiln_bench_report_for_records", "bench/report.py")
 
 
+@pytest.mark.slow
 def test_shipped_commands_quick_runs_the_documented_command_and_records_its_results(
     kiln_checkpoints, tmp_path, monkeypatch, capsys
 ):
@@ -86,6 +87,7 @@ def test_shipped_commands_quick_runs_the_documented_command_and_records_its_resu
     assert "Not run (no local copy): sst2." in table
 
 
+@pytest.mark.slow
 def test_shipped_commands_run_the_documented_config_paths_from_a_fresh_folder(tmp_path):
     """The documented commands name `--config configs/...` relative to the folder they run in: each command's fresh
     folder sees the repository's configs/, as a user's checkout does."""
@@ -200,6 +202,7 @@ def test_the_shipped_commands_table_formats_every_row_from_the_record(tmp_path, 
 threads = load("kiln_bench_threads", "bench/threads.py")
 
 
+@pytest.mark.slow
 def test_threads_quick_runs_the_default_command_pinned_and_per_core(tmp_path, monkeypatch):
     """`bench/threads.py --quick`: the default run twice through `accelerate launch`, once with OMP_NUM_THREADS=1 and
     once without it (whatever this process's environment says), each with the thread count it printed, its logged

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from kiln_testing import REPO, launch_two_processes
 
@@ -49,6 +50,7 @@ MUST_SHRINK = [
 ]
 
 
+@pytest.mark.slow
 def test_bert_base_config_dry_run_on_two_processes(tmp_path):
     from pretrain.data.__main__ import prepare_main
 

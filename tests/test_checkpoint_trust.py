@@ -127,6 +127,7 @@ def resume(out: Path, spec, *extra, env_extra=None) -> tuple[int, str]:
     return code, output
 
 
+@pytest.mark.slow
 def test_a_checkpoint_is_safetensors_and_json_only(reference):
     checkpoint = find_checkpoints(reference[0])[0]
     names = sorted(p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file())
@@ -145,6 +146,7 @@ def test_a_checkpoint_is_safetensors_and_json_only(reference):
         assert not head.startswith((b"\x80", b"PK")), f"{name} is a pickle or a torch zip archive"
 
 
+@pytest.mark.slow
 def test_planted_pickles_are_refused_in_one_line_and_never_run(tmp_path, reference, hub, capsys):
     from huggingface_hub import HfApi
 
@@ -227,6 +229,7 @@ def to_pickled_format(folder: Path) -> None:
     write_checksums(folder)
 
 
+@pytest.mark.slow
 def test_a_pickled_checkpoint_resumes_only_with_the_opt_in(tmp_path, reference, capsys):
     old = step2_copy(reference, tmp_path / "old")
     to_pickled_format(old)
@@ -354,6 +357,7 @@ def test_fsdp2_state_round_trips_through_plain_files_on_two_processes(tmp_path):
 # damaged state files: one line, never skipped, never taken as step 0
 
 
+@pytest.mark.slow
 def test_damaged_state_files_are_one_line_errors(tmp_path, reference, capsys):
     """Each file damaged in a way its checksum no longer catches (checksums.json regenerated, or lost): the resume
     stops in one line naming the file, rather than going on with other random numbers or from step 0. The
@@ -435,6 +439,7 @@ def test_damaged_state_files_are_one_line_errors(tmp_path, reference, capsys):
 # model folders given to fine-tuning, conversion and ONNX export
 
 
+@pytest.mark.slow
 def test_weight_files_that_are_not_plain_tensors_or_truncated_are_one_line_errors(
     tmp_path, kiln_checkpoints, capsys
 ):
@@ -591,6 +596,7 @@ def optimizer_line(size: int) -> str:
     )
 
 
+@pytest.mark.slow
 def test_an_optimizer_state_of_another_model_is_refused_before_any_step(
     tmp_path, reference, foreign_optimizers, hub, capsys
 ):
@@ -672,6 +678,7 @@ def halve_optimizer_state(folder: Path) -> None:
     write_checksums(folder)
 
 
+@pytest.mark.slow
 def test_fine_tuning_refuses_an_optimizer_state_of_another_model(tmp_path, kiln_checkpoints, capsys):
     """classify.py and adapt.py resumed from their own checkpoint whose optimizer state is that of a smaller
     model: one line naming the file and the parameter, before any step. classify.py trains with `accelerate
@@ -797,6 +804,7 @@ def edit_state(folder: Path, counters=None, scheduler=None, lr=None) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_loop_state_out_of_range_is_refused_in_one_line(tmp_path, reference, capsys):
     """loop_state.json with step 10**18 (trainer_state.json agreeing), a step past its folder's name, a NaN
     learning rate (the optimizer agreeing) or the string "NaN": one line each, naming the file and the field,

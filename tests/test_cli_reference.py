@@ -73,6 +73,7 @@ def helps() -> dict[str, str]:
 # the reference page
 
 
+@pytest.mark.slow
 def test_the_configuration_reference_is_what_the_code_gives():
     assert PAGE.read_text(encoding="utf-8") == render(), (
         "docs/configuration.md is stale: python -m kiln.reference"
@@ -80,6 +81,7 @@ def test_the_configuration_reference_is_what_the_code_gives():
     assert python("-m", "kiln.reference", "--check").returncode == 0
 
 
+@pytest.mark.slow
 def test_every_option_of_every_help_is_in_the_reference(helps):
     for name, text in helps.items():
         shown = set(re.findall(r"^\s+(--[\w.-]+)", text, flags=re.M)) - {"--help"}

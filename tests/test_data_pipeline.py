@@ -156,6 +156,7 @@ def test_inspection_command_prints_examples_and_statistics(tmp_path, capsys):
     assert "--stat_sequences" in help_text and "--data.mlm_probability" in help_text
 
 
+@pytest.mark.slow
 def test_streamed_examples_are_masked_alike_on_any_number_of_processes(tmp_path, tokenizer):
     """A streamed example's masks follow from its content, not from its rank or batch: the examples one process
     and each of two processes stream (single segments, no short targets: the same examples in every split) get
@@ -188,6 +189,7 @@ def test_streamed_examples_are_masked_alike_on_any_number_of_processes(tmp_path,
     assert any(label != -100 for key in common for label in masks[0][key][1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["mlm+nsp", "mlm+sop"])
 def test_pair_examples_are_the_same_for_any_num_proc(tmp_path, tokenizer, objective):
     """2,500 documents are 3 pools of 834: with datasets' own sharding, 2 or 3 processes cut the pools at other

@@ -97,6 +97,7 @@ def test_shards_hold_every_document_of_the_files_read_whole(prepared):
     assert len(rows) == len(whole) and rows.column_names == ["sentence_ids", "document_hash"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["mlm+nsp", "mlm+sop", "mlm"])
 def test_prepared_examples_and_masks_equal_the_in_memory_path(prepared, objective):
     """Same tokenizer, same settings: every example of two epochs and of the validation set is identical, and so
@@ -236,6 +237,7 @@ def _same_folder(a: Path, b: Path):
     assert filecmp.cmp(a / "tokenizer/tokenizer.json", b / "tokenizer/tokenizer.json", shallow=False)
 
 
+@pytest.mark.slow
 def test_a_prepare_killed_with_sigkill_resumes_to_identical_shards(prepared, tmp_path):
     config_path, _, reference = prepared
     output = tmp_path / "killed"
@@ -304,6 +306,7 @@ def test_a_run_that_disagrees_with_the_manifest_is_one_line(prepared, tmp_path, 
     ]
 
 
+@pytest.mark.slow
 def test_training_from_a_prepared_folder_on_1_process_and_through_accelerate_launch_on_2(prepared, tmp_path):
     """The in-memory run with the prepared tokenizer, the run on the prepared folder with 1 process (in this
     process, as the in-memory one), and `accelerate launch` on the prepared folder with 2 processes (half the

@@ -84,6 +84,7 @@ def _prepare_with_cache_limit(config: Path, output: Path, limit: int | None, *ex
     )
 
 
+@pytest.mark.slow
 def test_the_wide_corpus_has_a_growing_vocabulary_and_is_the_same_in_both_layouts(tmp_path):
     from bench.wide_corpus import write_wide_corpus
 
@@ -103,6 +104,7 @@ def test_the_wide_corpus_has_a_growing_vocabulary_and_is_the_same_in_both_layout
         assert text.count(pattern) > 500, pattern
 
 
+@pytest.mark.slow
 def test_a_full_piece_cache_starts_again_without_losing_the_batch(tmp_path):
     from bench.wide_corpus import write_wide_corpus
 
@@ -160,6 +162,7 @@ def _with_truncation_and_padding(source: Path, target: Path) -> None:
     assert json.loads((target / "tokenizer.json").read_text())["truncation"]["max_length"] == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
 def test_a_given_tokenizer_with_truncation_saved_never_cuts_a_document(tmp_path, kind):
     corpus = tmp_path / "corpus"

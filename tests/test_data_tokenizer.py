@@ -138,6 +138,7 @@ def _tie_heavy_corpus(folder):
     return folder
 
 
+@pytest.mark.slow
 def test_the_same_command_twice_gives_the_same_tokenizer_and_losses(tmp_path):
     """Two fresh processes (Rust hash maps seeded differently in each) train byte-identical WordPiece files
     and then log identical losses; tokenizers alone numbers ## pieces in hash order (tokenizers#1794)."""

@@ -59,6 +59,7 @@ class SilentServer:
             conn.close()
 
 
+@pytest.mark.slow
 def test_the_final_push_gives_up_on_a_silent_hub_after_its_no_progress_limit(tmp_path):
     server = SilentServer()
     out = tmp_path / "silent"
@@ -200,6 +201,7 @@ def _node(rank: int, port: int, out, *args, nodes: int = 2) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_node_0_waiting_for_a_node_that_never_starts_says_so_and_ends_on_a_stop_signal(tmp_path, sig, status):
     from kiln_testing import free_port
@@ -233,6 +235,7 @@ def test_node_0_waiting_for_a_node_that_never_starts_says_so_and_ends_on_a_stop_
     assert "Traceback" not in rest
 
 
+@pytest.mark.slow
 def test_a_node_killed_outright_leaves_one_line_on_the_surviving_node(tmp_path):
     from kiln_testing import free_port
 
@@ -287,6 +290,7 @@ def test_a_node_killed_outright_leaves_one_line_on_the_surviving_node(tmp_path):
 # a launch of several processes that accelerate runs one by one: not "another run" holding the folder
 
 
+@pytest.mark.slow
 def test_two_processes_launched_without_cpu_on_a_machine_without_gpus_are_told_why(tmp_path):
     import torch
 

@@ -59,6 +59,7 @@ def test_every_relative_link_in_the_readme_resolves():
     assert not broken, broken
 
 
+@pytest.mark.slow
 def test_docs_build_fails_on_a_broken_anchor_or_link(tmp_path):
     """The validation settings in mkdocs.yml make strict mode fail on what would otherwise only be logged: a broken
     anchor and a broken page link, in one build, are each a WARNING (strict mode fails on any warning)."""
@@ -173,6 +174,7 @@ def overflowing(report) -> list[str]:
     return wide
 
 
+@pytest.mark.slow
 def test_docs_site_builds_strictly_and_key_pages_show_every_table_whole_at_1280_px(tmp_path):
     """The site builds strictly, the records and the changelog in it. The built site at a 1280 px window in
     headless Chromium: no table of the key pages runs past the content column or needs sideways scrolling, and each
@@ -206,6 +208,7 @@ def test_docs_site_builds_strictly_and_key_pages_show_every_table_whole_at_1280_
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_the_width_check_sees_a_table_wider_than_the_page(tmp_path):
     """Under MkDocs' built-in readthedocs theme (a narrow column, cells that do not wrap) the records table hides
     columns behind sideways scrolling: the check above catches a theme that hides them."""

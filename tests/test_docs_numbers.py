@@ -253,6 +253,7 @@ def test_model_shapes_are_named_as_they_are():
         assert "bert-mini (l2" not in text and "bert-mini l2" not in text, where
 
 
+@pytest.mark.slow
 def test_the_stated_test_count_is_the_collected_one():
     """getting-started.md says how many tests CI runs; `pytest --collect-only` counts them (within 10%)."""
     text = page("docs/getting-started.md")

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 from kiln_testing import REPO
 
@@ -84,6 +85,7 @@ def test_data_bench_measures_every_stage(tmp_path):
     assert report["examples_per_epoch"] > 10
 
 
+@pytest.mark.slow
 def test_throughput_plot_draws_the_committed_results(tmp_path):
     """docs/performance.md's `python bench/throughput.py --plot ... --png docs/throughput.png`."""
     png = tmp_path / "throughput.png"

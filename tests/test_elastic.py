@@ -114,6 +114,7 @@ def prepared_corpus(folder: Path) -> list[str]:
     return [*data, "--data.prepared", str(folder)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data", ["map-style", "prepared"])
 def test_a_resume_on_another_number_of_processes_continues_the_same_run(tmp_path, data, caplog):
     """2 -> 1, 1 -> 2 and 2 -> 3 processes, each resumed inside the first epoch of a 3-epoch run: every later step
@@ -230,6 +231,7 @@ def _eval_rows(output_dir) -> list[dict]:
     return [row for row in rows if "eval/loss" in row]
 
 
+@pytest.mark.slow
 def test_a_hub_resume_reaches_every_node_and_a_truncated_evaluation_reads_the_same_examples_anywhere(
     hub, tmp_path
 ):

@@ -848,6 +848,7 @@ def test_a_full_then_read_only_disk_is_one_line_and_keeps_every_completed_checkp
     assert {c.name: _checkpoint_files(c) for c in find_checkpoints(out) if c.name in kept} == kept
 
 
+@pytest.mark.slow
 def test_a_full_disk_under_a_multi_process_launch_ends_every_process_with_the_one_line(small_disk):
     """The disk fills while the first process writes a checkpoint: the others (waiting for it) must not hang."""
     out = small_disk / "run"

@@ -455,6 +455,7 @@ def test_a_partial_suite_says_so_and_a_new_table_replaces_the_old_one(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_glue_runs_with_no_arguments_from_the_hub_and_the_default_checkpoint(kiln_checkpoints, tmp_path, hub):
     """`python finetune/glue.py`, nothing else: the nine tasks from the Hub dataset nyu-mll/glue (here the test Hub
     serves it in the Hub's layout: a folder of parquet files per config, declared in the card) and the encoder

@@ -204,6 +204,7 @@ def test_the_gate_lets_the_folder_it_was_made_from_through(tiny, tmp_path):
     assert check_model_folder(str(sharded), "--model.init_from") == names
 
 
+@pytest.mark.slow
 def test_each_command_refuses_in_a_fresh_process_as_users_run_it(tiny, tmp_path):
     """One hostile folder per command, each command in its own process (`python SCRIPT` or `python -m MODULE`),
     started together: the one line is what a user sees, with nothing a library prints around it."""
@@ -342,6 +343,7 @@ def test_convert_with_the_opt_in_still_builds_no_object_a_pickle_names(tiny, tmp
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_each_command_refuses_pickled_weights_in_a_fresh_process_as_users_run_it(tiny, tmp_path):
     """The folder whose pickled weights hold a wrong shape, given to each command in its own process: without the
     opt-in each says in one line how to opt in (exit status 2, nothing written); `convert --trust_pickles` reads

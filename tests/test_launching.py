@@ -472,6 +472,7 @@ def test_a_config_file_accelerate_wrote_passes_the_launcher_check(tmp_path):
 # CPU threads
 
 
+@pytest.mark.slow
 def test_accelerate_launch_trains_on_every_core_of_a_cpu_machine_unless_told_otherwise(tmp_path):
     """accelerate's launcher pins a single process to one thread unless `--cpu`, its flag or OMP_NUM_THREADS is
     given (its default for GPU training); on a machine without an accelerator the training process takes one

@@ -113,6 +113,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "recorded", "dangling"),
     CASES,

@@ -128,6 +128,7 @@ def _resume_latest(run_dir, disks, port: int, node_local: bool):
     assert losses(run_dir) == reference  # steps 3 and 4 logged again, bit-identical
 
 
+@pytest.mark.slow
 def test_two_nodes_share_one_run_folder(tmp_path):
     run_dir = tmp_path / "run"
     two_nodes(run_dir, free_port(), False, *ARGS)
@@ -140,6 +141,7 @@ def test_two_nodes_share_one_run_folder(tmp_path):
     _resume_latest(run_dir, [run_dir], free_port(), False)
 
 
+@pytest.mark.slow
 def test_two_nodes_with_node_local_disks(tmp_path):
     reason = _can_unshare()
     if reason:
@@ -173,6 +175,7 @@ def test_two_nodes_with_node_local_disks(tmp_path):
     _resume_latest(run_dir, [run_dir, node1], free_port(), True)
 
 
+@pytest.mark.slow
 def test_a_refusal_on_node_1_is_said_by_node_1_and_no_link_is_written_through(tmp_path):
     """Node-local disks, node 1's folder refused at the start: a link at a staging name only node 1 writes (a
     tokenizer file's, written there as rank 0's tokenizer reaches node 1's disk), and a user's file where the

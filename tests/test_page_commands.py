@@ -138,6 +138,7 @@ def test_every_page_gives_the_one_install_command_and_states_the_torch_build_onc
     assert (REPO / "docs/installation.md").read_text().count("https://download.pytorch.org/whl/cpu") == 1
 
 
+@pytest.mark.slow
 def test_the_readme_runs_in_page_order_getting_started_with_it_and_the_main_job_leaves_a_loadable_folder(
     tmp_path, hub
 ):
@@ -263,6 +264,7 @@ def my_conll(rng: random.Random) -> str:
     return "\n\n".join(sentences) + "\n"
 
 
+@pytest.mark.slow
 def test_the_task_recipes_run_in_page_order_on_files_of_the_user(tmp_path, hub):
     rng = random.Random(0)
     work = fresh_folder(tmp_path, {**my_text(rng), "reviews.csv": my_csv(rng), "ner.conll": my_conll(rng)})

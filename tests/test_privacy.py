@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from kiln_testing import DEBUG, REPO, cli_in_process, one_torch_thread, run_main
 from test_finetune_scripts import write_sentiment
 from test_trust import ONE_STEP, error_line, finish, launch, pushed_files
@@ -50,6 +51,7 @@ def folder_files(folder: Path, label: str) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow
 def test_nothing_published_names_the_users_disk(tmp_path, hub):
     home, train, validation = corpus_in_two_trees(tmp_path)
     env = {"HOME": str(home), "USER": USER, "LOGNAME": USER}

@@ -123,6 +123,7 @@ def _launch(args, **kwargs):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["encoder-acc5", "decoder-acc3"])
 def test_two_processes_resume_across_an_epoch_end_bit_identically(tmp_path, name):
     extra, accumulation, steps = RUNS[name]

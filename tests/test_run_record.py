@@ -65,6 +65,7 @@ def test_the_record_lists_every_file_the_run_wrote(finished_run):
     assert removed == written and kept == []
 
 
+@pytest.mark.slow
 def test_a_copied_run_keeps_a_users_files_resumes_and_then_overwrites_only_kilns(
     finished_run, tmp_path, capsys
 ):

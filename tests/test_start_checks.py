@@ -391,6 +391,7 @@ def test_every_shipped_hub_dataset_config_offline_names_the_dataset_and_the_loca
     assert ("--data.glue_task" in message) == name.startswith("classify-"), message
 
 
+@pytest.mark.slow
 def test_hub_dataset_configs_and_glue_without_the_hub_end_in_one_line(kiln_checkpoints, tmp_path):
     encoder, _ = kiln_checkpoints
     # offline (HF_HUB_OFFLINE=1) with an empty cache; the configs: the test above

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from kiln_testing import REPO
 
 
@@ -34,6 +35,7 @@ def _run_transformers_common_tests(tmp_path, ci: bool) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.slow
 def test_transformers_common_tests_fail_under_ci_and_skip_offline_when_they_cannot_be_fetched(tmp_path):
     ci = _run_transformers_common_tests(tmp_path, ci=True)
     assert ci.returncode != 0 and "could not be fetched" in ci.stdout, ci.stdout[-3000:]

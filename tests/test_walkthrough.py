@@ -122,6 +122,7 @@ def as_run_here(command: str) -> tuple[list[str], dict]:
     return argv, env
 
 
+@pytest.mark.slow
 def test_the_walkthrough_runs_end_to_end(tmp_path, hub):
     page = REPO / "docs/walkthrough.md"
     commands = documented_commands(page)
@@ -235,6 +236,7 @@ def make_checkpoint(kind: str, folder: Path) -> None:
 KINDS = ["bert", "gpt2", "llama"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_continued_pretraining_from_bert_gpt2_and_llama(tmp_path, kind):
     page = REPO / "docs/continue-pretraining.md"

@@ -142,6 +142,7 @@ def test_scores_do_not_depend_on_batching_or_the_number_of_processes(kiln_checkp
 # (b) lm-evaluation-harness on a Kiln decoder folder
 
 
+@pytest.mark.slow
 def test_lm_eval_on_a_kiln_decoder_folder_gives_the_same_accuracy(kiln_checkpoints, tmp_path):
     """docs/zero-shot.md's lm-eval command, as a user types it: lm-eval's own blimp_<paradigm> tasks reading the
     shipped files (configs/lm-eval/blimp-sample.yaml), through its `hf` model with trust_remote_code on a Kiln
@@ -582,6 +583,7 @@ def final_blimp(output_dir) -> float:
     return [row["eval/blimp"] for row in rows if "eval/blimp" in row][-1]
 
 
+@pytest.mark.slow
 def test_in_loop_blimp_on_two_processes_is_the_one_process_score_of_the_same_weights(tmp_path):
     """`--eval.blimp 3` on two CPU processes (each scoring its share of the batches): the final evaluation's
     eval/blimp is exactly what one process gives the saved final/ weights; on the progress line and the card."""
