@@ -367,3 +367,43 @@ def test_each_command_refuses_pickled_weights_in_a_fresh_process_as_users_run_it
         stdout, stderr = proc.communicate(timeout=300)
         assert_refused(command, folder, problem, proc.returncode, stdout + stderr, out)
         assert stderr.strip().endswith(problem) and not stdout.strip(), (command, stdout, stderr)
+
+
+def test_a_hub_repo_is_told_pickle_only_from_the_hub_or_from_the_cache_offline(tmp_path, monkeypatch):
+    """`hub_pickle_only`, which makes the gate refuse a Hub id before anything is downloaded: from the Hub's file
+    list online (no safetensors weights, a pytorch_model.bin), from the Hugging Face cache offline; a Hub that
+    cannot answer says nothing (the load that follows says why)."""
+    from huggingface_hub import HfApi, constants
+
+    from kiln.model_files import hub_pickle_only
+
+    present: set[str] = set()
+    monkeypatch.setattr(HfApi, "file_exists", lambda self, repo, name, revision=None: name in present)
+    present |= {"config.json", "pytorch_model.bin"}
+    assert hub_pickle_only("someone/pickled") is True
+    present.add("model.safetensors")
+    assert hub_pickle_only("someone/pickled") is False
+    present -= {"model.safetensors", "pytorch_model.bin"}
+    present.add("pytorch_model.bin.index.json")  # sharded pickles
+    assert hub_pickle_only("someone/pickled") is True
+
+    def unreachable(self, repo, name, revision=None):
+        raise OSError("no network")
+
+    monkeypatch.setattr(HfApi, "file_exists", unreachable)
+    assert hub_pickle_only("someone/pickled") is False
+
+    # offline: what the cache holds (huggingface_hub's layout: refs/main names the snapshot)
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--cached" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (cache / "models--someone--cached" / "refs").mkdir()
+    (cache / "models--someone--cached" / "refs" / "main").write_text("a" * 40)
+    (snapshot / "config.json").write_text("{}")
+    (snapshot / "pytorch_model.bin").write_bytes(b"\x80\x02")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert hub_pickle_only("someone/cached") is True
+    (snapshot / "model.safetensors").write_bytes(b"")
+    assert hub_pickle_only("someone/cached") is False
+    assert hub_pickle_only("someone/not-cached") is False
