@@ -256,10 +256,11 @@ def last_checkpoint_step(out: Path) -> int:
 
 def execute(job: Job, log, env: dict) -> int:
     out = REPO / job.out if job.out else None
-    if job.tag and out is not None and not (out / "final").is_dir() and last_checkpoint_step(out):
+    if job.tag and out is not None and not (out / "final").is_dir():
         # a pretraining run stopped before its end (a session's cut, a signal): continue it, never start it over
         job.resumed_from_step = last_checkpoint_step(out)
-        job.argv = [*job.argv, "--training.resume_from_checkpoint", "latest"]
+        if job.resumed_from_step:
+            job.argv = [*job.argv, "--training.resume_from_checkpoint", "latest"]
     process = subprocess.Popen(
         job.argv, cwd=REPO, env={**env, **job.env}, stdout=log, stderr=subprocess.STDOUT
     )
@@ -281,9 +282,8 @@ def execute(job: Job, log, env: dict) -> int:
         return process.returncode
     step = last_checkpoint_step(REPO / job.out)
     resume = [
-        *(job.argv[:-2] if job.resumed_from_step else job.argv),  # without the resume flag execute() added
-        "--training.resume_from_checkpoint",
-        "latest",
+        *job.argv,
+        *([] if job.resumed_from_step else ["--training.resume_from_checkpoint", "latest"]),
         "--training.max_steps",
         str(step),
         "--training.allow_config_change",

@@ -275,3 +275,22 @@ def test_a_hybrid_run_through_the_entry_point_is_scored_both_ways(tmp_path):
         text=True,
     )
     assert refused.returncode != 0 and "clm+mntp" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_the_hybrid_takes_every_masking_option_of_the_data_section(tokenizer):
+    """`make_decoder_collators` hands the hybrid's masked rows the same options an encoder's MLM gets: the cap on
+    chosen tokens holds per row, and whole-word masking, which needs WordPiece pieces, is refused in one line."""
+    from pretrain.config import DataConfig
+    from pretrain.data.pipeline import make_decoder_collators
+
+    hybrid, causal = make_decoder_collators(
+        DataConfig(causal_share=0.0, mlm_probability=0.5, max_predictions_per_seq=2), tokenizer, 3, "clm+mntp"
+    )
+    assert isinstance(hybrid, HybridCollator) and isinstance(causal, CLMCollator)
+    batch = hybrid(_features(_blocks(tokenizer, 50)))
+    chosen = (batch["labels"] != -100).sum(1)
+    assert chosen.max() == 2 and (chosen > 0).all()  # half the tokens drawn, two kept per row
+    with pytest.raises(DataError, match="WordPiece"):
+        make_decoder_collators(DataConfig(whole_word_mask=True), tokenizer, 3, "clm+mntp")
+    plain, same = make_decoder_collators(DataConfig(), tokenizer, 3, "clm")
+    assert plain is same and isinstance(plain, CLMCollator)

@@ -202,13 +202,22 @@ def make_decoder_collators(data_cfg: DataConfig, tokenizer, seed: int, objective
         tokenizer,
         causal_share=data_cfg.causal_share,
         document_masking=data_cfg.document_masking,
-        mlm_probability=data_cfg.mlm_probability,
-        mask_replace_prob=data_cfg.mask_replace_prob,
-        random_replace_prob=data_cfg.random_replace_prob,
-        pad_to_multiple_of=data_cfg.pad_to_multiple_of,
         seed=seed,
+        **masking_options(data_cfg),
     )
     return hybrid, causal
+
+
+def masking_options(data_cfg: DataConfig) -> dict:
+    """The `data` section's masking options, as `MLMCollator` (and the hybrid's masked rows) take them."""
+    return {
+        "mlm_probability": data_cfg.mlm_probability,
+        "mask_replace_prob": data_cfg.mask_replace_prob,
+        "random_replace_prob": data_cfg.random_replace_prob,
+        "whole_word_mask": data_cfg.whole_word_mask,
+        "max_predictions_per_seq": data_cfg.max_predictions_per_seq,
+        "pad_to_multiple_of": data_cfg.pad_to_multiple_of,
+    }
 
 
 def make_mlm_collator(
@@ -217,16 +226,7 @@ def make_mlm_collator(
     """The MLM collator configured by `data_cfg` (seed None: global torch RNG); ELECTRA's adds the uniforms its
     generator samples replacements with."""
     collator_class = ElectraCollator if objective == "electra" else MLMCollator
-    return collator_class(
-        tokenizer,
-        mlm_probability=data_cfg.mlm_probability,
-        mask_replace_prob=data_cfg.mask_replace_prob,
-        random_replace_prob=data_cfg.random_replace_prob,
-        whole_word_mask=data_cfg.whole_word_mask,
-        max_predictions_per_seq=data_cfg.max_predictions_per_seq,
-        pad_to_multiple_of=data_cfg.pad_to_multiple_of,
-        seed=seed,
-    )
+    return collator_class(tokenizer, seed=seed, **masking_options(data_cfg))
 
 
 # ----------------------------------------------------------------------------------------------------------
