@@ -294,3 +294,44 @@ def test_the_hybrid_takes_every_masking_option_of_the_data_section(tokenizer):
         make_decoder_collators(DataConfig(whole_word_mask=True), tokenizer, 3, "clm+mntp")
     plain, same = make_decoder_collators(DataConfig(), tokenizer, 3, "clm")
     assert plain is same and isinstance(plain, CLMCollator)
+
+
+def test_masked_scoring_reads_a_transformers_decoder_bidirectionally(tokenizer):
+    """docs/zero-shot.md: the 4-D mask the masked scorer passes is read as given by transformers' own decoders, so
+    a LlamaForCausalLM's masked score equals the direct computation with attention over the whole sentence."""
+    import transformers
+
+    from pretrain.zero_shot.scoring import SentenceScorer
+
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(2)
+    model = transformers.LlamaForCausalLM(config).eval()
+    scorer = SentenceScorer(tokenizer, "decoder", decoder_scoring="masked")
+    encoded = scorer.encode(["the dog ran in the park."])
+    score = float(scorer.score(model, encoded)[0])
+    whole = torch.tensor([encoded.context[0] + encoded.ids[0]])
+    direct = 0.0
+    for p in range(1, whole.shape[1]):
+        copy = whole.clone()
+        copy[0, p] = tokenizer.mask_token_id
+        with torch.no_grad():
+            logits = model(input_ids=copy).logits[0, p - 1]  # causal: the masked token is not seen before it
+        direct += float(logits.double().log_softmax(-1)[whole[0, p]])
+    # read causally, position p - 1 never sees the mask at p, so the masked score must differ from this
+    assert not math.isclose(score, direct, rel_tol=1e-6)
+    bidirectional = 0.0
+    for p in range(1, whole.shape[1]):
+        copy = whole.clone()
+        copy[0, p] = tokenizer.mask_token_id
+        everything = torch.ones(1, 1, whole.shape[1], whole.shape[1], dtype=torch.bool)
+        with torch.no_grad():
+            logits = model(input_ids=copy, attention_mask=everything).logits[0, p - 1]
+        bidirectional += float(logits.double().log_softmax(-1)[whole[0, p]])
+    assert math.isclose(score, bidirectional, rel_tol=1e-5)
