@@ -753,7 +753,7 @@ def _usage_section(task: str, repo: str) -> list[str]:
     usage = [
         f"from transformers import {auto_class}, AutoTokenizer",
         "",
-        f"tokenizer = AutoTokenizer.from_pretrained({json.dumps(repo)}, trust_remote_code=False)  # no code needed",
+        f"tokenizer = AutoTokenizer.from_pretrained({json.dumps(repo)}, trust_remote_code=True)",
         f"model = {auto_class}.from_pretrained({json.dumps(repo)}, trust_remote_code=True)",
     ]
     if task in _USAGE_TAIL:
@@ -762,8 +762,9 @@ def _usage_section(task: str, repo: str) -> list[str]:
         "",
         "## Usage",
         "",
-        "The model code ships with the weights, hence `trust_remote_code=True` for the model; the tokenizer is a "
-        "plain `tokenizer.json` and needs none.",
+        "The model code ships with the weights, hence `trust_remote_code=True`. The tokenizer is a plain "
+        "`tokenizer.json`: `AutoTokenizer` reads the model's config first (through the same code), and "
+        "`PreTrainedTokenizerFast.from_pretrained` loads the same tokenizer without running any code.",
         "",
     ]
     return lines + ["```python", *usage, "```", ""]

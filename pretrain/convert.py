@@ -934,6 +934,38 @@ PICKLE_FIX = "pass --trust_pickles to read them (only for a file you trust)"
 PICKLE_PATTERNS = (*PICKLE_WEIGHT_FILES, "pytorch_model-*-of-*.bin")
 
 
+class _Stages:
+    """A progress bar over a conversion's stages (check, load, convert, write), each named as it starts, on a
+    terminal only (in a log or a pipe: nothing). Downloading and loading draw their own bars inside theirs
+    (huggingface_hub's, transformers'); writing the converted folder and its checksums has none of its own."""
+
+    NAMES = ("check", "load", "convert", "write")
+
+    def __init__(self):
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(
+                total=len(self.NAMES), desc="convert", unit="stage", dynamic_ncols=True, leave=False
+            )
+        self.done = 0
+
+    def start(self, name: str) -> None:
+        if self.bar is None:
+            return
+        self.bar.update(self.NAMES.index(name) - self.done)
+        self.done = self.NAMES.index(name)
+        self.bar.set_postfix_str(name)
+
+    def close(self, finished: bool = True) -> None:
+        if self.bar is not None:
+            if finished:
+                self.bar.update(len(self.NAMES) - self.done)
+                self.bar.refresh()  # drawn whole once, however fast the last stage was
+            self.bar.close()
+
+
 def convert_checkpoint(src: str | Path, dst: str | Path, trust_pickles: bool = False) -> torch.nn.Module:
     """Load SRC (transformers BERT/GPT-2 or Kiln), convert it, save it to DST with the tokenizer files.
 
@@ -942,8 +974,22 @@ def convert_checkpoint(src: str | Path, dst: str | Path, trust_pickles: bool = F
     unpickler (`weights_only`), their shapes checked against the config first. A SRC the command refuses (no
     model there, its files or shapes wrong, a model type or shape that does not convert) is a ValueError; an
     OSError is a failure while reading or writing."""
+    stages = _Stages()
+    try:
+        converted = _convert_in_stages(src, dst, trust_pickles, stages)
+    except BaseException:
+        stages.close(finished=False)
+        raise
+    stages.close()
+    return converted
+
+
+def _convert_in_stages(
+    src: str | Path, dst: str | Path, trust_pickles: bool, stages: _Stages
+) -> torch.nn.Module:
     from kiln.model_files import model_source_problem
 
+    stages.start("check")
     problem = model_source_problem(str(src), "SRC_DIR")
     if problem:
         raise ConfigError(problem)
@@ -974,6 +1020,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, trust_pickles: bool = F
             f"{spec} holds no weights (no model.safetensors); pass a folder written by save_pretrained"
         )
     architecture = (config.get("architectures") or [None])[0]
+    stages.start("load")
     if model_type in ("bert", "electra", "modernbert", "gpt2", "llama"):
         default = {
             "bert": "BertForPreTraining",
@@ -985,6 +1032,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, trust_pickles: bool = F
         name = architecture if architecture in TO_KILN else default[model_type]
         with weight_file_errors(str(src)):
             loaded = getattr(transformers, name).from_pretrained(src)
+        stages.start("convert")
         converted = from_transformers(loaded)
     elif model_type in ("kiln_encoder", "kiln_decoder"):
         by_name = {kiln_class.__name__: kiln_class for kiln_class in TO_TRANSFORMERS}
@@ -992,6 +1040,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, trust_pickles: bool = F
         kiln_class = by_name[architecture if architecture in by_name else default]
         with weight_file_errors(str(src)):
             loaded = kiln_class.from_pretrained(src)
+        stages.start("convert")
         converted = to_transformers(loaded)
     else:
         raise ValueError(
@@ -1001,6 +1050,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, trust_pickles: bool = F
     refuse_dst(src, dst)  # SRC resolved (a Hub id's snapshot), and DST as it is now
     from kiln.safe_write import staged_folder
 
+    stages.start("write")
     # written whole into a fresh folder beside DST and renamed into place: nothing in an earlier DST is written
     # through or cleared by transformers (which removes shard files it did not write); the earlier DST, which
     # `refuse_dst` found to hold only the files of an earlier conversion, is removed as the new one takes its place

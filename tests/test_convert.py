@@ -270,6 +270,36 @@ def test_cli_converts_a_bert_checkpoint_to_kiln_and_back(tmp_path):
     assert_same_state(back.state_dict(), bert.state_dict())
 
 
+def test_conversion_draws_its_stages_on_a_terminal_and_nothing_in_a_log(tmp_path, monkeypatch, capsys):
+    """On a terminal, one bar over check, load, convert and write, each stage named as it starts, gone when the
+    folder is written; in a log (not a terminal) no bar at all, just the closing line."""
+    import sys
+
+    bert = transformers.BertForPreTraining(
+        transformers.BertConfig(max_position_embeddings=32, **ENCODER_SHAPES[1])
+    )
+    bert.eval().save_pretrained(tmp_path / "bert")
+    main([str(tmp_path / "bert"), str(tmp_path / "log")])
+    logged = capsys.readouterr()
+    assert "stage" not in logged.err and logged.out.startswith("wrote KilnEncoderForPreTraining")
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    main([str(tmp_path / "bert"), str(tmp_path / "terminal")])
+    drawn = capsys.readouterr().err
+    shown = []  # the stage each redraw names, in order, repeats dropped
+    for name in re.findall(r", (\w+)\]", drawn):
+        if not shown or shown[-1] != name:
+            shown.append(name)
+    assert shown == ["check", "load", "convert", "write"], drawn
+    assert "4/4" in drawn and (tmp_path / "terminal" / "model.safetensors").is_file()
+
+    # a refused source stops the bar where it was: the stages after it never show
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "empty"), str(tmp_path / "never")])
+    assert "write]" not in capsys.readouterr().err
+
+
 def test_cli_refuses_an_unknown_model_type(tmp_path, capsys):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "t5"}))
