@@ -328,6 +328,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_fsdp2_state_round_trips_through_plain_files_on_two_processes(tmp_path):
     """accelerate's FSDP2 preparation with the shipped config, 2 gloo processes on CPU: the sharded weights and
     optimizer are gathered into the same safetensors files as without FSDP (the model's own names), and loaded

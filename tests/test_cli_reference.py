@@ -127,6 +127,7 @@ def test_help_shows_the_values_of_the_config_file_as_defaults():
     assert "--model.kind (str, default: 'encoder')" in plain and "those of --config" not in plain
 
 
+@pytest.mark.slow
 def test_prepare_help_lists_only_what_prepare_reads(helps):
     from pretrain.data.__main__ import PREPARE_KEYS
 

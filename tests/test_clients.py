@@ -284,6 +284,7 @@ save()
 DECODERS = pytest.mark.parametrize("decoder", ["decoder", "decoder-llama"])
 
 
+@pytest.mark.slow
 @DECODERS
 def test_the_example_scripts_calls_train_and_evaluate_without_kiln(folders, tmp_path, decoder):
     results = run_child(SCRIPTS, tmp_path, folders / "encoder", folders / decoder, tmp_path / "work")
@@ -345,6 +346,7 @@ save()
 """
 
 
+@pytest.mark.slow
 def test_the_no_trainer_mlm_loop_runs_under_accelerate_without_kiln(folders, tmp_path):
     results = run_child(NO_TRAINER, tmp_path, folders / "encoder", tmp_path / "saved")
     assert len(results["train_losses"]) == 4 and all(math.isfinite(x) for x in results["train_losses"])
@@ -391,6 +393,7 @@ save()
 """
 
 
+@pytest.mark.slow
 @DECODERS
 def test_peft_lora_defaults_train_save_and_reload_equal_without_kiln(folders, tmp_path, decoder):
     results = run_child(PEFT, tmp_path, folders / decoder, folders / "encoder", tmp_path / "adapter")
@@ -426,6 +429,7 @@ save()
 """
 
 
+@pytest.mark.slow
 def test_sentence_transformers_encodes_and_fits_without_kiln(folders, tmp_path):
     from pretrain.modeling import KilnEncoderModel
 
@@ -481,6 +485,7 @@ save()
 """
 
 
+@pytest.mark.slow
 @DECODERS
 def test_torch_export_and_static_cache_generate_without_kiln(folders, tmp_path, decoder):
     results = run_child(EXPORT, tmp_path, folders / "encoder", folders / decoder)

@@ -12,11 +12,13 @@ pretraining run that makes the encoder is traced too: its config goes to the eng
 app's own checks and comes back to `pretrain/run.py` once, to build (before, `main` called the engine's steps).
 """
 
+import pytest
 from kiln_testing import DEBUG, one_torch_thread, reset_accelerate, run_main
 
 from kiln.walk import trace_walk
 
 
+@pytest.mark.slow
 @one_torch_thread()
 def test_a_runs_config_enters_the_engine_once_and_a_fine_tuning_walk_returns_at_most_four_times(tmp_path):
     from finetune.classify import main as classify

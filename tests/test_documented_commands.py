@@ -227,9 +227,9 @@ def _runner():
     return runner
 
 
-def test_only_plans_the_named_pretraining_runs_after_the_corpus():
-    """`run X.yaml --only NAME`: the corpus, then just that pretraining run (no fine-tuning); a name the
-    declaration does not have is a one-line error naming it."""
+def test_only_plans_the_named_runs_after_the_corpus():
+    """`run X.yaml --only NAME`: the corpus, then just that pretraining run (no fine-tuning), or just the fine-tuning
+    run of that folder name; a name the declaration does not have is a one-line error naming it."""
     done = command(
         sys.executable,
         "experiments/run.py",
@@ -262,6 +262,21 @@ def test_only_plans_the_named_pretraining_runs_after_the_corpus():
         text=True,
     )
     assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and "grid-nothing" in failed.stderr
+
+    # fine-tuning runs by their folder's name: just those (no corpus in this declaration), nothing else
+    done = command(
+        sys.executable,
+        "experiments/run.py",
+        "run",
+        "experiments/grid-finetune.yaml",
+        "--only",
+        "ud-pos-pretrained-lr4e-3-s1-grid-encoder-mask30",
+        "--dry-run",
+    )
+    phases = [block.strip().splitlines()[1:] for block in done.stdout.split("# phase ")[1:]]
+    assert len(phases) == 1 and len(phases[0]) == 1, phases
+    assert "--model.checkpoint runs/grid-encoder-mask30/final" in phases[0][0]
+    assert "--training.output_dir runs/ft/ud-pos-pretrained-lr4e-3-s1-grid-encoder-mask30 " in phases[0][0]
 
 
 def test_a_pretraining_run_stopped_before_its_end_continues_from_its_checkpoint(tmp_path):

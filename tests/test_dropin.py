@@ -341,6 +341,7 @@ torch.save({"class": type(model).__module__ + "." + type(model).__name__, "gener
 )
 
 
+@pytest.mark.slow
 def test_the_seq2seq_folder_carries_its_code_and_loads_with_trust_remote_code_in_a_fresh_process(tmp_path):
     import os
     import subprocess

@@ -376,6 +376,7 @@ torch.save(results, out_file)
 )
 
 
+@pytest.mark.slow
 def test_final_loads_with_remote_code_where_kiln_is_not_installed(electra_run, tmp_path):
     out, _ = electra_run
     final = out / "final"
@@ -471,6 +472,7 @@ def test_resume_is_bit_identical(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), folder
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
     """DDP over 2 gloo processes with half the batch: the same losses, accuracies and evaluations as 1 process
     (dropout off): masks and the generator's samples are drawn per example, not per process."""

@@ -134,6 +134,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_fsdp2_on_two_processes_matches_one_and_saves_a_loadable_folder(tmp_path):
     """accelerate's own FSDP2 preparation with the shipped config, 2 gloo processes on CPU, half the batch each:
     the wrap units resolve on both families, the tied embeddings survive sharding, loss and gradients equal the

@@ -61,6 +61,7 @@ def two_process_windows(tmp_path_factory):
     return {kind: torch.load(folder / f"{kind}.pt") for kind in KINDS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_accumulation_and_processes_take_the_same_step(tmp_path, kind, two_process_windows):
     """accumulation 4 x batch 2 == accumulation 1 x batch 8 == 2 processes x batch 4: the same gradient, although

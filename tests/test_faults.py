@@ -144,6 +144,7 @@ def test_classify_resume_after_sigterm_writes_final(tmp_path, monkeypatch, kiln_
 # item 2: a Hub that accepts connections and never answers
 
 
+@pytest.mark.slow
 def test_stalled_hub_costs_a_bounded_wait_then_one_line_error_and_exit_1(tmp_path, hub):
     hub.stall()
     out = tmp_path / "stalled"
@@ -184,6 +185,7 @@ def test_stalled_hub_costs_a_bounded_wait_then_one_line_error_and_exit_1(tmp_pat
 # item 7: SIGTERM to the launcher, and the launcher's ending: tests/test_launching.py
 
 
+@pytest.mark.slow
 def test_sigterm_during_set_up_stops_with_status_0_and_loses_nothing(tmp_path):
     """A SIGTERM while the tokenizer is trained and the data built (before the loop's handler): one line and
     status 0, or, where Python swallowed the stop (inside a callback), a stop at the first step with a checkpoint."""
@@ -622,6 +624,7 @@ def test_model_card_names_the_run_and_uses_the_right_article(tmp_path):
     assert 'from_pretrained("path/to/final"' in card and str(tmp_path) not in card and "final.tmp" not in card
 
 
+@pytest.mark.slow
 def test_resuming_from_a_missing_or_stalled_hub_repo_is_a_one_line_error(tmp_path, hub):
     with pytest.raises(
         ConfigError, match=r"cannot resume from hub:kiln-test/nothing: Hub repo kiln-test/nothing not"
@@ -811,6 +814,7 @@ def _remount(mount_point, options: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{options}", mount_point], check=True, capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_full_then_read_only_disk_is_one_line_and_keeps_every_completed_checkpoint(small_disk, capsys):
     """The full disk through the command in a fresh process; the read-only disk (the same one-line path for a disk
     fault) and the resume with room again through the same command line in this process."""

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from kiln_testing import DEBUG, REPO
 from test_finetune_scripts import synthetic_ner_sentences, write_conll
 
@@ -41,6 +42,7 @@ def assert_one_line_error(status: int, output: str) -> str:
 # item 7: a CoNLL line that lost its tag column
 
 
+@pytest.mark.slow
 def test_a_conll_word_line_without_its_tag_is_named_not_learnt_as_a_tag(kiln_checkpoints, tmp_path):
     encoder, _ = kiln_checkpoints
     train = write_conll(tmp_path / "train.txt", synthetic_ner_sentences(16, 0))
@@ -115,6 +117,7 @@ def multi_process_launch(script: str, *args, env_extra=None, timeout=300) -> tup
     return done.returncode, done.stdout
 
 
+@pytest.mark.slow
 def test_mlm_alone_trains_on_two_processes_and_exports_a_fill_mask_model(tmp_path):
     import json
 
@@ -161,6 +164,7 @@ def test_mlm_alone_trains_on_two_processes_and_exports_a_fill_mask_model(tmp_pat
 # item 16: empty text cells in a classification file
 
 
+@pytest.mark.slow
 def test_empty_text_cells_in_a_classification_file_are_named_by_file_column_and_row(
     kiln_checkpoints, tmp_path
 ):
@@ -355,6 +359,7 @@ def read_only_command(folder) -> list[str]:
     return ["unshare", "-m", "sh", "-c", mount, str(folder)]
 
 
+@pytest.mark.slow
 def test_a_read_only_hf_home_names_the_datasets_cache_and_how_to_move_it(tmp_path):
     home = tmp_path / "hf-home"
     home.mkdir()
@@ -557,6 +562,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_the_best_model_under_fsdp2_is_saved_and_loaded_back_into_the_shards(tmp_path):
     """BestModel with accelerate's own FSDP2 preparation of the shipped config, 2 gloo processes on CPU (as
     tests/test_engines.py; accelerate runs FSDP on CPU only at this level): the best weights saved from the

@@ -380,6 +380,7 @@ def test_download_checkpoint_roundtrip(hub, tmp_path):
         download_checkpoint(REPO, tmp_path / "x")
 
 
+@pytest.mark.slow
 def test_from_pretrained_in_a_fresh_process(hub, tmp_path, monkeypatch, fresh_process):
     import torch
     from transformers import BertConfig, BertModel

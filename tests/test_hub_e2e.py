@@ -52,6 +52,7 @@ def _assert_token_absent(*roots: Path, texts: tuple[str, ...] = ()):
         assert TEST_TOKEN not in text
 
 
+@pytest.mark.slow
 def test_push_every_save_then_load_elsewhere(hub, tmp_path, fresh_process, capfd, caplog):
     repo = f"{TEST_USER}/kiln-e2e"
     out = tmp_path / "run"

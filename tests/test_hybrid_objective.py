@@ -202,6 +202,7 @@ def test_masked_scoring_equals_a_direct_computation_and_splits_across_processes(
         SentenceScorer(plain, "decoder", decoder_scoring="masked")
 
 
+@pytest.mark.slow
 def test_a_hybrid_run_through_the_entry_point_is_scored_both_ways(tmp_path):
     """`pretrain/run.py --model.objective clm+mntp`: the run trains a tokenizer with <|mask|>, evaluates causally
     (eval/loss is the causal LM loss), and its folder scores BLiMP causally and masked from the command line;

@@ -119,6 +119,7 @@ def _checkpointed_at_last_step(out, output):
 # SIGTERM to the launcher
 
 
+@pytest.mark.slow
 @linux_only
 def test_sigterm_to_accelerate_launch_from_another_checkout_saves_a_checkpoint(tmp_path, checkout):
     """Only the launcher gets the signal (as from `kill PID`, `timeout` or a container runtime): it ends at once
@@ -161,6 +162,7 @@ def test_sigterm_to_accelerate_launch_from_another_checkout_saves_a_checkpoint(t
     assert "Traceback" not in output and "SignalStop" not in output, output
 
 
+@pytest.mark.slow
 @linux_only
 def test_sigterm_to_kiln_launch_from_another_checkout_saves_a_checkpoint_and_exits_0(tmp_path, checkout):
     out = tmp_path / "launched"
@@ -182,6 +184,7 @@ def test_sigterm_to_kiln_launch_from_another_checkout_saves_a_checkpoint_and_exi
     assert "Traceback" not in output
 
 
+@pytest.mark.slow
 @linux_only
 @pytest.mark.parametrize("launcher", ["python -m accelerate.commands.launch", "kiln-launch"])
 def test_sigterm_to_a_multi_process_launch_saves_a_checkpoint(tmp_path, launcher):
@@ -291,6 +294,7 @@ def test_kiln_launch_ends_with_the_status_of_the_process_that_spoke_not_of_a_pee
     assert _failure_that_spoke(run_errors)[0] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["python -m accelerate.commands.launch", "kiln-launch"])
 def test_an_error_on_one_node_is_said_once_by_that_process_and_every_node_stops(tmp_path, launcher):
     """Two nodes of one process each on loopback (gloo); node 1 cannot read the data (as on a node-local disk
@@ -392,6 +396,7 @@ def test_kiln_launch_without_an_accelerate_config_starts_with_one_line_naming_ac
     )
 
 
+@pytest.mark.slow
 def test_kiln_launch_argument_errors_are_one_line_with_status_2(tmp_path):
     """A --config_file that is missing, a folder, not YAML, or not accelerate's fields, a training script that is
     not there, and accelerate's own refusals of its flags: one line naming the fix, status 2, no traceback (before,

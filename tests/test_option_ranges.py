@@ -67,6 +67,7 @@ def test_every_numeric_option_declares_its_range(command, cls, keys):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, cls, keys", CONFIGS, ids=[c[0] for c in CONFIGS])
 def test_every_numeric_option_refuses_what_it_cannot_take_in_one_line(command, cls, keys):
     tried = 0
@@ -207,6 +208,7 @@ def test_glue_checks_the_options_it_hands_every_classify_run_before_reading_the_
     assert not (tmp_path / "glue").exists()
 
 
+@pytest.mark.slow
 def test_a_sample_of_refusals_is_one_line_exit_2_and_no_output_folder_under_kiln_launch(tmp_path):
     """In fresh processes, as a user starts a run: the audit's two rows and a seeded sample of the generated
     refusals of pretrain/run.py's options (kiln-launch: `accelerate launch` whose status is the run's own; plain

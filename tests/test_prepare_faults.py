@@ -169,6 +169,7 @@ def _finishes_like_the_reference(config_path, output: Path, reference: Path) -> 
 
 
 # ------------------------------------------------------------------------------------------------- prepare
+@pytest.mark.slow
 def test_a_worker_killed_outright_ends_the_prepare_in_one_line(long_setup, tmp_path):
     config_path, reference = long_setup
     output = tmp_path / "out"
@@ -347,6 +348,7 @@ def _train_in_process(capsys, config_path, folder, out) -> tuple[int, str]:
     return exit_info.value.code, capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_damaged_prepared_folders_are_refused_in_one_line_before_training(setup, tmp_path, capsys):
     """The first case through the command in a fresh process (run alongside), the others in this process through
     the same command line (`pretrain.run.cli`); the undamaged folder trains."""
@@ -454,6 +456,7 @@ def _another_dtype(folder: Path) -> None:
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.mark.slow
 def test_a_manifest_names_only_files_of_its_own_folder(setup, tmp_path, capsys):
     """Shard names are plain file names inside the prepared folder: a name leading out of it (`../x`, an absolute
     path, a symbolic link, or such a name in plan.json) is refused in one line before the file is read, even when

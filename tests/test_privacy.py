@@ -196,6 +196,7 @@ def rendered(card: str) -> str:
     return MarkdownIt("commonmark").enable("table").render(body)
 
 
+@pytest.mark.slow
 def test_a_prepared_runs_card_names_the_prepared_sources_as_text_and_conflicting_data_is_one_line(
     tmp_path, capsys
 ):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from kiln_testing import WITHOUT_THE_PROJECT
 
@@ -65,6 +66,7 @@ torch.save(results, out_file)
 )
 
 
+@pytest.mark.slow
 def test_checkpoints_load_with_trust_remote_code_without_pretrain(tmp_path):
     torch.manual_seed(0)
     encoder_config = KilnEncoderConfig(

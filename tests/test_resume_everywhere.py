@@ -162,6 +162,7 @@ def test_two_processes_resume_across_an_epoch_end_bit_identically(tmp_path, name
     assert all((weights[k] == v).all() for k, v in reference_weights.items())
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_latest_continues_identically(tmp_path):
     """SIGKILL at a random moment after the first checkpoints (possibly inside a checkpoint write): `latest` picks
     the newest complete checkpoint and the run ends as the uninterrupted one did."""

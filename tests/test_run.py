@@ -64,6 +64,7 @@ def test_debug_run_learns_and_leaves_a_loadable_model(tmp_path):
     assert len(eval_rows) == 2 and all(0 <= r["eval/nsp_accuracy"] <= 1 for r in eval_rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind,accumulation",
     [("encoder", 1), ("encoder", 2), ("decoder", 2), ("encoder-streaming", 1)],
@@ -229,6 +230,7 @@ def test_bad_config_is_one_line_error(tmp_path):
     assert "Traceback" not in output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["decoder", "encoder"])
 def test_two_processes_match_one(tmp_path, kind):
     """DDP over 2 CPU processes with half the per-device batch follows the 1-process run (dropout off): the same

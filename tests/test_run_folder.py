@@ -117,6 +117,7 @@ def _foreign(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [[], [OVERWRITE]], ids=["plain", "overwrite"])
 def test_a_users_folder_is_refused_naming_what_is_there_and_left_as_it_was(tmp_path, flags, capsys):
     out = _user_folder(tmp_path / "mine")
@@ -170,6 +171,7 @@ def test_a_prepared_corpus_folder_as_output_dir_is_refused_and_keeps_its_tokeniz
     assert _snapshot(prepared) == before
 
 
+@pytest.mark.slow
 def test_overwriting_a_run_removes_only_its_recorded_files_and_never_follows_a_link(tmp_path, capsys):
     """The trainings run in this process (a fresh process's overwrite: tests/test_run_record.py); the refusal users
     meet most, of a folder already holding a run, in a fresh process; the others through the same command line
@@ -222,6 +224,7 @@ def test_overwriting_a_run_removes_only_its_recorded_files_and_never_follows_a_l
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [[], [OVERWRITE]], ids=["plain", "overwrite"])
 def test_a_fine_tuning_script_refuses_a_users_folder_before_building(
     tmp_path, kiln_checkpoints, flags, capsys

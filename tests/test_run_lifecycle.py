@@ -140,6 +140,7 @@ def test_only_the_main_process_hashes_the_data_and_every_process_gets_its_verdic
     assert shared == [[["a.txt 10 -> 12 bytes"]]]  # it sent its own verdict
 
 
+@pytest.mark.slow
 def test_two_processes_both_refuse_a_changed_corpus_on_resume(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -281,6 +282,7 @@ def test_a_loss_far_above_its_lowest_stops_the_run_as_diverged_with_no_export(tm
 # item 8: two runs into one output folder
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_busy_output_folder_is_refused_with_one_line(tmp_path, capsys):
     out = tmp_path / "shared"
     args = ["--training.output_dir", out, "--training.max_steps", 100000, "--training.save_steps", 0, *QUICK]
@@ -376,6 +378,7 @@ def test_an_error_in_the_loop_still_waits_for_queued_pushes_and_closes_the_track
 # item 14: a stop signal while the final push stalls ends the run at once, with the command to finish it
 
 
+@pytest.mark.slow
 def test_a_stop_signal_during_a_stalled_final_push_ends_the_run_with_the_hf_upload_line(tmp_path, hub):
     hub.stall()
     out = tmp_path / "stalled"

@@ -170,6 +170,7 @@ def _wandb_env(tmp_path, **settings) -> dict[str, str]:
     return {**env, "HOME": str(tmp_path / "home"), "NETRC": str(tmp_path / "home" / "netrc"), **settings}
 
 
+@pytest.mark.slow
 def test_wandb_online_without_a_key_or_a_network_is_one_line_within_seconds(tmp_path):
     quick = ["--config", DEBUG, "--logging.report_to", "wandb", "--training.max_steps", 1]
     offline = "or set WANDB_MODE=offline to log to disk (`wandb sync` uploads later)"

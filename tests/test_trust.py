@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from kiln_testing import DEBUG, REPO
 from test_finetune_scripts import write_sentiment
 
@@ -176,6 +177,7 @@ def pretrain_and_fine_tune_from(
     return finish(pretraining, launch("finetune/classify.py", *args, env_extra=env_extra, umask=umask))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(
     tmp_path, kiln_checkpoints, capsys
 ):
@@ -199,6 +201,7 @@ def test_a_checkpoint_of_another_type_with_code_is_refused_without_running_it(
     assert not (tmp_path / "p").exists() and not (tmp_path / "f").exists()
 
 
+@pytest.mark.slow
 def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes_and_saves_by_the_umask(
     tmp_path, kiln_checkpoints
 ):
@@ -233,6 +236,7 @@ def test_a_kiln_checkpoint_naming_other_code_trains_with_kilns_classes_and_saves
     assert {name: mode for name, mode in modes.items() if mode != oct(0o644)} == {}
 
 
+@pytest.mark.slow
 def test_a_hub_checkpoint_of_another_type_with_code_is_refused_without_running_it(
     tmp_path, hub, kiln_checkpoints
 ):
@@ -275,6 +279,7 @@ def pushed_files(hub, repo_id: str) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow
 def test_nothing_published_names_a_local_path(tmp_path, hub):
     home = tmp_path / "home" / "alice"
     corpus = home / "corpus"
