@@ -164,17 +164,24 @@ def finetuning_jobs(declaration: dict) -> list[Job]:
 
 def plan(declaration: dict, only: list[str] | None = None) -> list[list[Job]]:
     """Phases, each run side by side: the corpus, the pretraining runs, the fine-tuning grid, what comes after.
-    `only`: just these pretraining runs (by name) after the corpus, no fine-tuning and nothing after."""
+    `only`: just these runs after the corpus, pretraining runs by name and fine-tuning runs by folder name (those
+    named in one phase each), and nothing after."""
     phases = []
     if declaration.get("corpus"):
         phases.append([Job("", "", "", ["python", "experiments/make_corpus.py"])])
-    pretraining = pretraining_jobs(declaration)
+    pretraining, finetuning = pretraining_jobs(declaration), finetuning_jobs(declaration)
     if only:
-        unknown = sorted(set(only) - {job.tag for job in pretraining})
+        unknown = sorted(
+            set(only) - {job.tag for job in pretraining} - {Path(job.out).name for job in finetuning}
+        )
         if unknown:
-            sys.exit(f"error: --only names no pretraining run of the declaration: {', '.join(unknown)}")
-        return phases + [[job for job in pretraining if job.tag in only]]
-    phases += [jobs for jobs in (pretraining, finetuning_jobs(declaration)) if jobs]
+            sys.exit(f"error: --only names no run of the declaration: {', '.join(unknown)}")
+        chosen = [
+            [job for job in pretraining if job.tag in only],
+            [j for j in finetuning if Path(j.out).name in only],
+        ]
+        return phases + [jobs for jobs in chosen if jobs]
+    phases += [jobs for jobs in (pretraining, finetuning) if jobs]
     after = [Job("", "", "", shlex.split(command)) for command in declaration.get("after", [])]
     return phases + ([after] if after else [])
 
@@ -761,8 +768,8 @@ def main(argv: list[str] | None = None) -> None:
         "--only",
         nargs="+",
         metavar="NAME",
-        help="run just these pretraining runs of the declaration (after its corpus); a run stopped before its end "
-        "continues from its last checkpoint",
+        help="run just these runs of the declaration (after its corpus): pretraining runs by name (one stopped "
+        "before its end continues from its last checkpoint), fine-tuning runs by folder name (runs/ft/NAME)",
     )
     summarize = commands.add_parser("summarize", help="docs/results/finetune.md and .json from the records")
     summarize.add_argument("--records", type=Path, default=RECORDS)
