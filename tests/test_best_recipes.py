@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-BEST = {"best-30min-encoder.yaml": "grid-encoder-mask30", "best-30min-decoder.yaml": "grid-decoder-lr2e3"}
+BEST = {"best-30min-encoder.yaml": "grid-encoder-mask30", "best-30min-decoder.yaml": "grid-decoder-wsd"}
 RESOLVED_AT_START = {"training.save_on_each_node"}
 CONTINUING = {"training.output_dir", "training.resume_from_checkpoint"}
 """Where a run writes and whether it continued from its checkpoint (a run stopped and resumed, bit-identically):
