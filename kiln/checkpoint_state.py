@@ -420,7 +420,7 @@ LOG_WINDOW_DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 def check_log_window(saved: Any, global_step: int) -> dict[str, Any] | None:
     """The loop state's `log_window`: the optimizer steps since the last logged line, their real tokens, the
-    seconds they took and each loss part's sums, one per process that wrote them (`Trainer._log_window_state`),
+    seconds they took and each loss part's sums, one per process that wrote them (`kiln.throughput.LogWindow.state`),
     so a resumed run logs the same windowed loss as an uninterrupted one. Absent (an earlier Kiln): None."""
     import math
 

@@ -52,7 +52,7 @@ class RunParts:
     eval_dataset: Any = None
     eval_collator: Callable | None = None
     evaluator: Callable | None = None
-    """(model, loader, accelerator) -> metrics; see kiln.trainer.Evaluator."""
+    """(model, loader, accelerator) -> metrics; see kiln.evaluation.Evaluator."""
     flops_per_token: float | None = None
     metadata: dict = field(default_factory=dict)
     """Known once built (task, number of labels, ...): with TrainingJob.metadata, stored in every checkpoint and

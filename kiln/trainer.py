@@ -1,9 +1,14 @@
-"""The one training loop of Kiln, shared by pretraining and fine-tuning.
+"""The one training loop of Kiln, shared by pretraining and fine-tuning: a loop plus parts, as torchtitan's train.py.
 
 accelerate does the heavy lifting (devices, DDP/FSDP/DeepSpeed, mixed precision, accumulation, state saving);
-this module adds what a long run needs around it: exact resume (data position + RNG + counters), atomic rotating
-checkpoints, evaluation, best-model tracking with early stopping, tracker logging with throughput and MFU, a
-wall-clock budget and clean SIGTERM/SIGINT handling.
+the Trainer builds the optimizer, the schedule and each epoch's loader, takes the optimizer steps (exact loss
+normalisation over an accumulation window, each micro-batch's own random numbers), logs, handles the stop signals
+and the wall-clock budget, and calls its parts (docs/design.md, "The training loop"):
+
+    checkpoints  kiln.checkpoint_manager.CheckpointManager: save, load from the resume plan, rotate
+    loss_guard   kiln.loss_guard.LossGuard: NaN/inf steps skipped, divergence, the one error a diverged run ends with
+    evaluation   kiln.evaluation.Evaluation: the eval loader, an RNG-preserving call, the best model, early stopping
+    callbacks    kiln.callbacks: what a run does around the loop (trackers, best model, final export, Hub)
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ import itertools
 import json
 import logging
 import math
-import shutil
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +26,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, DistributedType
-from torch.utils.data import DataLoader, SequentialSampler, Subset
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
@@ -30,35 +34,23 @@ from transformers import get_scheduler
 from . import run_folder
 from .batch_order import EpochPrefix, RandomOrder, micro_batch_seed, with_example_index
 from .callbacks import RunEnd, TrainerCallback
-from .checkpoint_config import CONFIG_FILE
-from .checkpoint_files import CHECKPOINT_PREFIX, TRAINER_STATE_FILE, find_checkpoints, write_checksums
-from .checkpoint_state import (
-    DamagedCheckpoint,
-    apply_training_state,
-    check_on_every_process,
-    expected_of,
-    load_pickled_state,
-    save_training_state,
-)
-from .config import LoggingConfig, TrainingConfig, save_config
-from .disk import disk_writes
-from .elastic import convert_position, layout_of
+from .checkpoint_manager import CheckpointManager
+from .config import LoggingConfig, TrainingConfig
+from .elastic import layout_of
 from .errors import ConfigError
-from .export import follow_umask
-from .fingerprint import write_fingerprint
+from .evaluation import Evaluation, Evaluator
 from .long_run import LongRunNotice
+from .loss_guard import LossGuard
 from .nodes import writes_run_files
 from .option_range import check_ranges
-from .public import save_public_config, write_public_json
-from .resume import ResumePlan, fallback
+from .resume import ResumePlan
 from .run_setup import optimizer_steps_per_epoch, release_output_lock
-from .safe_write import new_staging_folder, open_file, replace_into, write_new_file
+from .safe_write import open_file
 from .throughput import LogWindow, count_real_tokens, format_metrics, guess_peak_flops
 from .train_state import TrainState
 
 logger = logging.getLogger("kiln")
 
-Evaluator = Callable[[torch.nn.Module, DataLoader, Accelerator], dict[str, float]]
 LossItems = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor | int]]
 """Given a batch, how many items each loss part averages over: {"mlm_loss": masked tokens, "nsp_loss": rows}.
 The keys name fields of the model output (`loss`, or parts such as `mlm_loss`); see `Trainer`."""
@@ -105,9 +97,6 @@ def build_optimizer(
         foreach=None if fused else True,
     )
 
-
-DIVERGENCE_STEPS = 3
-"""Optimizer steps in a row with the loss far above its lowest (training.divergence_factor) that stop a run."""
 
 # ----------------------------------------------------------------------------------------------------------
 # the loop
@@ -157,9 +146,6 @@ class Trainer:
         self.logging_cfg = logging_cfg
         self.train_dataset = train_dataset
         self.collator = collator
-        self.eval_dataset = eval_dataset
-        self.eval_collator = eval_collator or collator
-        self.evaluator = evaluator
         self.flops_per_token = flops_per_token
         self.metadata = metadata or {}
         self.callbacks = list(callbacks)
@@ -183,7 +169,6 @@ class Trainer:
         self._stop_signal: int | None = None
         self.stop_signals = 0
         """How many stop signals (SIGTERM, SIGINT) the run received; end-of-run callbacks watch it."""
-        self._eval_loader = None
         self._train_loader = None
         self._epoch_batches: int | None = None
         self._lengths_cache: tuple[Any, list[int]] | None = None
@@ -193,6 +178,21 @@ class Trainer:
 
         check_ranges(training, prefix="training.")  # a Trainer built in code, not through run_job's checks
         self._prepare(model)
+        # the parts the loop calls, each owning its state (docs/design.md, "The training loop")
+        self.checkpoints = CheckpointManager(
+            accelerator,
+            training,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            state=self.state,
+            metadata=self.metadata,
+            run_config=run_config,
+        )
+        self.loss_guard = LossGuard(accelerator, training, self.output_dir)
+        self.evaluation = Evaluation(
+            accelerator, training, evaluator, eval_dataset, eval_collator or collator, collator
+        )
 
     def _prepare(self, model: torch.nn.Module) -> None:
         """Gradient checkpointing, AdamW, accelerate's prepare, the step count and the schedule."""
@@ -299,252 +299,39 @@ class Trainer:
         # a fractional epoch (e.g. 1.5) trains the whole epochs, then that fraction of the next one's steps
         return whole * self.steps_per_epoch + math.ceil((epochs - whole) * self.steps_per_epoch)
 
-    # --- checkpoints --------------------------------------------------------------------------------------
+    # --- checkpoints and evaluation: the parts that own them -------------------------------------------
 
     def save_checkpoint(self) -> Path | None:
-        """The run's state as plain data (`kiln.checkpoint_state`) into a temp folder, renamed into place: a crash
-        never leaves half a checkpoint. The run's config and a manifest (sizes + sha256 of every file) are written
-        last, so a resume can tell a complete checkpoint from a damaged one."""
-        acc = self.accelerator
-        if getattr(self, "_nonfinite_run", None):  # the weights are not to be trusted: keep the last good one
-            logger.warning("step %d: no checkpoint while the loss is not finite", self.state.global_step)
+        """A checkpoint of this step (`kiln.checkpoint_manager`), then the callbacks' on_save; None while the loss
+        guard does not trust the weights (the last checkpoint stays the last good one)."""
+        refusal = self.loss_guard.checkpoint_refusal()
+        if refusal is not None:
+            logger.warning("step %d: %s", self.state.global_step, refusal)
             return None
-        if getattr(self, "_high_loss_steps", None):
-            logger.warning(
-                "step %d: no checkpoint while the loss is far above its lowest", self.state.global_step
-            )
-            return None
-        root = self.output_dir / "checkpoints"
-        final = root / f"{CHECKPOINT_PREFIX}{self.state.global_step:08d}"
-        # a fixed staging name, not a fresh mkdtemp one (kiln.safe_write.staged_folder): every process writes its
-        # own files into this folder (FSDP and DeepSpeed shards), so a fresh name would have to be made by one
-        # process and broadcast to all. It gains nothing here: new_staging_folder refuses a link at the name,
-        # removes a leftover and makes the folder with mkdir, which fails rather than take a name something stands
-        # at, so the files written into it meet nothing planted before, as in a folder with a fresh name
-        tmp = root / f"{final.name}.tmp"
-        writer = writes_run_files(acc, self.training)  # rank 0, or each node's local main on node-local disks
-        if writer:
-            new_staging_folder(tmp, final, within=self.output_dir)  # never through a link (kiln.safe_write)
-        acc.wait_for_everyone()
-        try:
-            with disk_writes(tmp):
-                window = self._window.state(acc) if self._window is not None else None
-                save_training_state(
-                    acc, self.model, self.optimizer, self.scheduler, self.state, tmp, writer, window
-                )
-                acc.wait_for_everyone()
-                if writer:
-                    follow_umask(tmp)  # safetensors writes model.safetensors owner-only
-                    meta = {
-                        "global_step": self.state.global_step,
-                        "epoch": self.state.epoch,
-                        **self.metadata,
-                        **layout_of(self.training, acc.num_processes).as_dict(),
-                    }
-                    write_public_json(tmp / TRAINER_STATE_FILE, meta, indent=2)
-                    if self.run_config is not None:
-                        save_public_config(
-                            self.run_config, tmp / CONFIG_FILE
-                        )  # pushed by hub.strategy checkpoint
-                        write_fingerprint(self._data_fingerprint(), tmp)
-                    checksums = write_checksums(tmp)
-        except BaseException:
-            # a full disk, a kill: the half-written folder goes (it holds space a resume will need); the
-            # completed checkpoints were not touched. Every process removes it: another one may still have been
-            # writing its own files into it (a leftover is removed when the next run starts, `_remove_partial`)
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if writer:
-            prefix = final.relative_to(self.output_dir).as_posix()
-            run_folder.set_aside_checkpoint(
-                self.output_dir, prefix
-            )  # a step saved again (resumed from an older one)
-            run_folder.record_checkpoint(self.output_dir, prefix, tmp, checksums)  # before it is in place
-            replace_into(tmp, final)
-            if acc.is_main_process:
-                run_folder.record_files(self.output_dir, "logs", append=True)
-            self._rotate_checkpoints(keep=final)
-        acc.wait_for_everyone()
+        folder = self.checkpoints.save(self._window)
         for callback in self.callbacks:
-            callback.on_save(self, final, self.state)
-        return final
-
-    def _data_fingerprint(self) -> dict[str, str]:
-        """What this run trains on (computed once: the files are hashed at the first checkpoint)."""
-        if getattr(self, "_data_prints", None) is None:
-            from .fingerprint import data_fingerprint
-
-            self._data_prints = data_fingerprint(getattr(self.run_config, "data", None))
-        return self._data_prints
-
-    def _remove_partial_checkpoints(self) -> None:
-        """Half-written checkpoint folders (`*.tmp`) a killed or failed run left behind: never resumed from, they
-        only hold disk space."""
-        if writes_run_files(self.accelerator, self.training):
-            for partial in (self.output_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*.tmp"):
-                shutil.rmtree(partial, ignore_errors=True)
-
-    def _forget_metrics_after(self, step: int) -> None:
-        """metrics.jsonl rows this run replays: those of steps after the resumed checkpoint, and those of its own
-        step logged after it was saved (the final evaluation of a run resumed at its last step): dropped. The
-        checkpoint's history holds the rows logged before it was saved."""
-        path = self.output_dir / "metrics.jsonl"
-        if not path.is_file():
-            return
-        lines = path.read_text().splitlines()
-        room = sum(
-            1 for row in self.state.history if row.get("step") == step
-        )  # rows of `step` before the save
-        kept = []
-        for line in lines:
-            row_step = json.loads(line).get("step", 0) if line.strip() else None
-            if row_step == step:
-                room -= 1
-                if room < 0:
-                    continue
-            if row_step is None or row_step <= step:
-                kept.append(line)
-        if len(kept) != len(lines):
-            tmp = path.with_suffix(".jsonl.tmp")
-            write_new_file(tmp, "".join(line + "\n" for line in kept))
-            replace_into(tmp, path)
-            run_folder.record_files(self.output_dir, path.name)
-
-    def _rotate_checkpoints(self, keep: Path) -> None:
-        """Remove the oldest checkpoints beyond save_total_limit (None or 0: keep all); never `keep`. Only the
-        files Kiln provably wrote go; a folder holding others is set aside (`run_folder.set_aside_checkpoint`)."""
-        limit = self.training.save_total_limit
-        if not limit or limit < 1:
-            return
-        for old in find_checkpoints(self.output_dir)[:-limit]:
-            if old != keep:
-                run_folder.set_aside_checkpoint(self.output_dir, old.relative_to(self.output_dir).as_posix())
+            callback.on_save(self, folder, self.state)
+        return folder
 
     def resume(self, plan: ResumePlan) -> Path:
-        """Continue from the checkpoint `plan` names (its files verified, the run checked against it: kiln.resume),
-        its state checked on every process first (`_load_state`): a damaged one is one line naming the folder,
-        or, for `latest`, the next older one is planned and resumed."""
-        while True:
-            problem = self._load_state(plan)
-            if problem is None:
-                break
-            plan = fallback(plan, problem, self.run_config, self.metadata, self.accelerator)
-        self.plan = plan
-        # why the saved run stopped (a signal, the time budget) is no reason for this one to stop
-        self.state.stop_reason = None
-        # written on another number of processes: the same examples of the epoch, counted in this run's batches
-        self.state.batches_in_epoch = convert_position(
-            self.state.batches_in_epoch,
-            plan.saved_layout,
-            layout_of(self.training, self.accelerator.num_processes),
-        )
-        if self.run_config is not None and self.accelerator.is_main_process:
-            save_config(
-                self.run_config, self.output_dir / "config.yaml"
-            )  # only now that the resume succeeded
-            run_folder.record_files(self.output_dir, "config.yaml")
-        if self.accelerator.is_main_process:
-            self._forget_metrics_after(self.state.global_step)
-        logger.info("resumed from %s at step %d", plan.folder, self.state.global_step)
-        return plan.folder
-
-    def _load_state(self, plan: ResumePlan) -> str | None:
-        """The checkpoint's state into the run's objects once every process has checked it: None, or why it is
-        damaged (nothing loaded). A `plan.pickled` checkpoint is in accelerate's format (trusted by the user)."""
-        acc, path = self.accelerator, plan.folder
-        if plan.pickled:
-            try:
-                load_pickled_state(acc, self.scheduler, self.state, path)
-            except DamagedCheckpoint as err:
-                raise ConfigError(
-                    f"checkpoint {plan.shown} is damaged: {err}; resume from an older checkpoint"
-                ) from None
-            return None
-        expected = expected_of(
-            plan, self.training, self.total_steps, self.steps_per_epoch, self.run_config is not None
-        )
-        checked, verdict = check_on_every_process(
-            acc, self.model, self.optimizer, self.scheduler, plan, expected
-        )
-        if verdict is None:
-            window = apply_training_state(
-                checked, acc, self.model, self.optimizer, self.scheduler, self.state
-            )
-            self._window = LogWindow.restored(window, acc)
-            return None
-        kind, problem = verdict
-        if kind == "unfit":
-            raise ConfigError(
-                f"checkpoint {path} does not fit this run ({problem}); resume it with the config it "
-                "was written with"
-            )
-        return problem
-
-    # --- evaluation ---------------------------------------------------------------------------------------
+        """Continue from the checkpoint `plan` names, or, for a `latest` whose state turns out damaged, from the
+        next older one (`CheckpointManager.load`); returns the folder resumed."""
+        self.plan, window = self.checkpoints.load(plan, self.total_steps, self.steps_per_epoch)
+        if window is not None:
+            self._window = window
+        return self.plan.folder
 
     def evaluate(self) -> dict[str, float]:
-        if self.evaluator is None or self.eval_dataset is None:
-            return {}
-        reset = getattr(self.eval_collator, "set_epoch", None)
-        if reset is not None and self.eval_collator is not self.collator:
-            reset(0)  # the same masks at every evaluation, so numbers are comparable across steps
-        if (
-            self._eval_loader is None
-        ):  # prepared once: every evaluation reads the same shards in the same order
-            dataset = with_example_index(self.eval_dataset, self.eval_collator)
-            if self.training.max_eval_batches:
-                # a prefix of the eval set rather than breaking out of the loader: a loader left half-read stays
-                # on accelerate's stack of active loaders and `gather_for_metrics` would not see its end. Its
-                # size does not depend on the number of processes (they share it), so an evaluation reads the
-                # same examples on any number of processes, and its numbers compare across an elastic resume
-                limit = self.training.max_eval_batches * self.training.per_device_eval_batch_size
-                dataset = Subset(dataset, range(min(len(dataset), limit)))
-            self._eval_loader = self.accelerator.prepare(
-                DataLoader(
-                    dataset,
-                    batch_size=self.training.per_device_eval_batch_size,
-                    sampler=SequentialSampler(dataset),
-                    collate_fn=self.eval_collator,
-                )
-            )
-        loader = self._eval_loader
-        was_training = self.model.training
-        self.model.eval()
-        # evaluation must not disturb the training RNG stream (dropout, masking) or resumed runs would diverge
-        cpu_rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        try:
-            with torch.no_grad():
-                metrics = self.evaluator(self.model, loader, self.accelerator)
-        finally:
-            torch.set_rng_state(cpu_rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state_all(cuda_rng)
-            self.model.train(was_training)
-        return {f"eval/{k}": float(v) for k, v in metrics.items()}
+        """The evaluator's metrics on the eval set as `eval/<name>` (`kiln.evaluation`); {} without either."""
+        return self.evaluation.run(self.model)
 
     def _track_best(self, metrics: dict[str, float]) -> bool:
-        """Update best metric and patience; True when training should stop early."""
-        name = self.training.metric_for_best_model
-        if not name:
-            return False
-        key = name if name.startswith("eval/") else f"eval/{name}"
-        if key not in metrics:
-            raise ConfigError(
-                f"metric_for_best_model '{name}' is not among the eval metrics: {sorted(metrics)}"
-            )
-        value = metrics[key]
-        best = self.state.best_metric
-        better = best is None or (value > best if self.training.greater_is_better else value < best)
-        if better:
-            self.state.best_metric, self.state.best_step = value, self.state.global_step
-            self.state.evals_without_improvement = 0
+        """Update the best metric (the callbacks' on_best when it improved) and patience; True when training
+        should stop early."""
+        if self.evaluation.update_best(metrics, self.state):
             for callback in self.callbacks:
                 callback.on_best(self, self.state)
-        else:
-            self.state.evals_without_improvement += 1
-        patience = self.training.early_stopping_patience
-        return bool(patience) and self.state.evals_without_improvement >= patience
+        return self.evaluation.out_of_patience(self.state)
 
     # --- logging ------------------------------------------------------------------------------------------
 
@@ -607,11 +394,11 @@ class Trainer:
                 callback.on_train_begin(self)
             if writes_run_files(self.accelerator, self.training):
                 self.output_dir.mkdir(parents=True, exist_ok=True)
-            self._remove_partial_checkpoints()
+            self.checkpoints.remove_partial()
             if self.plan is not None:
                 self.resume(self.plan)
             if self.accelerator.is_main_process and self.run_config is not None:
-                self._data_fingerprint()  # the data as this run read it, saved with every checkpoint
+                self.checkpoints.data_fingerprint()  # the data as this run read it, saved with every checkpoint
             self._print_summary()
             previous_handlers = self._install_signal_handlers()
             with logging_redirect_tqdm(loggers=[logging.getLogger()]):  # log lines above the bar, not on it
@@ -644,83 +431,69 @@ class Trainer:
             release_output_lock(self.output_dir)
 
     def _run_epochs(self, progress) -> None:
-        """Epoch after epoch until max_steps, the epochs, early stopping, the clock or a signal stop the run."""
-        training, state = self.training, self.state
+        """The loop: an optimizer step per accumulation window, epoch after epoch, until the step count, the epochs,
+        early stopping, the clock or a signal ends the run."""
+        training, state, log_every = self.training, self.state, self.logging_cfg.logging_steps
         self.model.train()
         if self._window is None:  # else: the resumed checkpoint's
             self._window = LogWindow()
-        run_start = time.perf_counter() - state.train_time_s
         # a long run says so once its first steps are timed on this machine, with the flag for a short first try
-        self._long_run = LongRunNotice(self.total_steps, training.max_train_time_s or None)
-        done = state.global_step >= self.total_steps
-        while not done:
-            if self._run_epoch(self._epoch_loader(), progress, run_start):
-                break
-            state.epoch += 1
-            state.batches_in_epoch = 0
+        long_run = LongRunNotice(self.total_steps, training.max_train_time_s or None)
+        run_start = time.perf_counter() - state.train_time_s
+        while state.global_step < self.total_steps:
+            loader = self._epoch_loader()
+            for micro_batches in _windows(loader, training.gradient_accumulation_steps):
+                parts, grad_norm, tokens = self._optimizer_step(micro_batches)
+                state.batches_in_epoch += len(micro_batches)
+                state.global_step += 1
+                state.tokens_seen += tokens
+                self._window.add(parts, tokens)
+                progress.update(1)
+                notice = long_run.after_step(state.global_step, state.train_time_s)
+                if notice and self.accelerator.is_main_process:
+                    logger.info(notice)
+                if state.global_step % log_every == 0 or state.global_step >= self.total_steps:
+                    self._log_training(grad_norm, progress)
+                self.loss_guard.check_divergence(state)
+                state.train_time_s = time.perf_counter() - run_start
+                if self._after_step(progress):
+                    # stopped inside the epoch: take its loader off accelerate's stack of active loaders
+                    getattr(loader, "end", lambda: None)()
+                    return
+            state.epoch, state.batches_in_epoch = state.epoch + 1, 0
             if training.max_steps < 0 and state.epoch >= math.ceil(training.num_train_epochs):
                 state.stop_reason = state.stop_reason or "epochs"
+                return
+
+    def _log_training(self, grad_norm, progress) -> None:
+        """The logging window's training metrics (one line, one metrics.jsonl row); a new window starts."""
+        metrics = self._train_metrics(self._window, grad_norm, self._epoch_batches)
+        self._log(metrics)
+        progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
+        self._window = LogWindow()
+
+    def _after_step(self, progress) -> bool:
+        """Evaluate, stop and checkpoint as the step count, the clock and signals say; True when done."""
+        training, state = self.training, self.state
+        done = state.global_step >= self.total_steps
+        stop = self._agreed_stop(state.train_time_s)
+        if training.eval_steps and state.global_step % training.eval_steps == 0 and not done:
+            eval_metrics = self.evaluate()
+            if eval_metrics:
+                self._log(eval_metrics)
+                progress.write(format_metrics(state.global_step, eval_metrics))
+                if self._track_best(eval_metrics):
+                    state.stop_reason = "early_stopping"
+                    done = True
+        if done or stop or (training.save_steps and state.global_step % training.save_steps == 0):
+            if stop:
+                state.stop_reason = stop
                 done = True
-
-    def _run_epoch(self, loader, progress, run_start: float) -> bool:
-        """Optimizer steps over one epoch's loader; True when the run stops inside it."""
-        batches = iter(loader)
-        while True:
-            micro_batches = list(itertools.islice(batches, self.training.gradient_accumulation_steps))
-            if not micro_batches:
-                return False  # end of the epoch
-            self._train_step(micro_batches, progress)
-            self.state.train_time_s = time.perf_counter() - run_start
-            if self._after_step(progress):
-                # stopped inside the epoch: take its loader off accelerate's stack of active loaders
-                getattr(loader, "end", lambda: None)()
-                return True
-
-    def _train_step(self, micro_batches: list[dict], progress) -> None:
-        """One optimizer step, its counters, and the training metrics every logging_steps."""
-        state = self.state
-        parts, grad_norm, tokens = self._optimizer_step(micro_batches)
-        state.batches_in_epoch += len(micro_batches)
-        state.global_step += 1
-        state.tokens_seen += tokens
-        self._window.add(parts, tokens)
-        progress.update(1)
-        notice = self._long_run.after_step(state.global_step, state.train_time_s)
-        if notice and self.accelerator.is_main_process:
-            logger.info(notice)
-        if state.global_step % self.logging_cfg.logging_steps == 0 or state.global_step >= self.total_steps:
-            metrics = self._train_metrics(self._window, grad_norm, self._epoch_batches)
-            self._log(metrics)
-            progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
-            self._window = LogWindow()
-        self._check_divergence()
-
-    def _check_divergence(self) -> None:
-        """Stop with a RunError once the loss of DIVERGENCE_STEPS optimizer steps in a row is far above its
-        lowest value so far (training.divergence_factor): a run whose schedule decays the learning rate to 0
-        before the loss overflows must not be exported as if it had trained."""
-        factor, state = self.training.divergence_factor, self.state
-        loss = getattr(self, "_step_loss", None)
-        if not factor or loss is None or getattr(self, "_nonfinite_run", None) or not math.isfinite(loss):
-            return
-        if state.lowest_loss is None or loss < state.lowest_loss:
-            state.lowest_loss, state.lowest_loss_step = loss, state.global_step
-        if loss <= max(factor * state.lowest_loss, state.lowest_loss + factor):
-            self._high_loss_steps = []
-            return
-        self._high_loss_steps = [*getattr(self, "_high_loss_steps", []), state.global_step]
-        if len(self._high_loss_steps) < DIVERGENCE_STEPS:
-            return
-        from .errors import RunError
-
-        checkpoints = find_checkpoints(self.output_dir)
-        kept = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
-        raise RunError(
-            f"training diverged: the loss rose from {state.lowest_loss:.4g} (step {state.lowest_loss_step}) to "
-            f"{loss:.4g} at steps {self._high_loss_steps[0]}-{state.global_step} (more than "
-            f"--training.divergence_factor {factor:g} times its lowest); {kept}; no final model was exported; "
-            "lower --training.lr or raise --training.warmup_steps, then resume or start over"
-        )
+            elif done and not state.stop_reason:
+                state.stop_reason = "max_steps" if training.max_steps > 0 else "epochs"
+            if training.save_steps or stop:
+                self.save_checkpoint()
+        return done
 
     def _final_evaluation(self) -> None:
         final_metrics = self.evaluate()
@@ -813,20 +586,20 @@ class Trainer:
                     objective = term if objective is None else objective + term
                 if objective is None:  # nothing to learn from here; keep every process's backward in step
                     objective = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
-                if deepspeed and self._nonfinite(parts):
+                if deepspeed and self.loss_guard.is_nonfinite(parts):
                     # neither this backward nor the rest of the window's: the engine does not step, and no NaN/inf
                     # gradient enters its buffers (the finite micro-batches before this one stay there and count
                     # towards the next step; with no accumulation there are none)
                     acc.sync_gradients = True
-                    self._skip_nonfinite(parts, None)
+                    self.loss_guard.skip_nonfinite(parts, None, step)
                     self._add_total(parts)
                     return parts, float("nan"), int(totals[-1])
                 acc.backward(objective * scale)
         max_norm = self.training.max_grad_norm if self.training.max_grad_norm > 0 else float("inf")
         grad_norm = acc.clip_grad_norm_(model.parameters(), max_norm)
-        if self._skip_nonfinite(parts, grad_norm):
+        if self.loss_guard.skip_nonfinite(parts, grad_norm, step):
             if deepspeed and not acc.optimizer_step_was_skipped:
-                self._applied_nonfinite_step()
+                self.loss_guard.applied_nonfinite_step(step)
             self.optimizer.zero_grad(set_to_none=True)
             self._add_total(parts)
             return parts, grad_norm, int(totals[-1])
@@ -857,68 +630,6 @@ class Trainer:
         if "loss" not in parts and parts:
             parts["loss"] = sum(value * self.loss_weights.get(name, 1.0) for name, value in parts.items())
 
-    def _nonfinite(self, parts: dict[str, torch.Tensor], grad_norm=None) -> bool:
-        """Whether this step's loss or gradient norm (None: not known yet) is NaN/inf on any process; sets
-        `_step_loss`, the step's global mean loss."""
-        acc = self.accelerator
-        values = [v.detach().float().reshape(()) for v in parts.values()]
-        # fp16: an overflowing gradient is the loss scaler's business
-        if grad_norm is not None and acc.mixed_precision != "fp16":
-            values.append(torch.as_tensor(grad_norm, device=acc.device).detach().float().reshape(()))
-        bad = torch.stack(values).isfinite().all().logical_not().float() if values else torch.zeros(())
-        # this process's share of the step's global mean loss (the sum over processes is the mean)
-        share = parts["loss"] if "loss" in parts else sum(parts.values(), torch.zeros((), device=acc.device))
-        flags = torch.stack([bad.to(acc.device), share.detach().float().reshape(()).to(acc.device)])
-        if acc.num_processes > 1:  # every process must take (or skip) the same steps, and see the same loss
-            flags = acc.reduce(flags, reduction="sum")
-        self._step_loss = float(flags[1])
-        return bool(flags[0])
-
-    def _applied_nonfinite_step(self):
-        """DeepSpeed took a step whose gradient norm was NaN/inf (the loss was finite, so Kiln could not catch it
-        before the engine stepped, and DeepSpeed's own overflow check did not skip it): the weights may now hold
-        NaN/inf, so the run stops at once, exporting nothing."""
-        from .errors import RunError
-
-        checkpoints = find_checkpoints(self.output_dir)
-        kept = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
-        raise RunError(
-            f"training diverged: DeepSpeed applied step {self.state.global_step + 1} with a NaN/inf gradient norm; "
-            f"{kept}; no final model was exported; turn on DeepSpeed's overflow check (bf16.check_grad_overflow), "
-            "lower --training.lr or keep --training.max_grad_norm on, then resume or start over"
-        )
-
-    def _skip_nonfinite(self, parts: dict[str, torch.Tensor], grad_norm) -> bool:
-        """True when this step's loss or gradient norm is NaN/inf: the step is then not applied (the weights stay
-        finite). After training.max_nonfinite_steps such steps in a row the run stops with a RunError; the last
-        checkpoint stays the last good one and no final model is exported."""
-        if not self._nonfinite(parts, grad_norm):
-            self._nonfinite_run = []
-            return False
-        step = self.state.global_step + 1
-        self._nonfinite_run = [*getattr(self, "_nonfinite_run", []), step]
-        limit = self.training.max_nonfinite_steps
-        logger.warning(
-            "step %d: the loss or gradient norm is not finite (%s); step skipped (%d in a row, limit %d)",
-            step,
-            ", ".join(f"{n} {float(v):.4g}" for n, v in parts.items()),
-            len(self._nonfinite_run),
-            limit,
-        )
-        if len(self._nonfinite_run) > limit:
-            from .errors import RunError
-
-            checkpoints = find_checkpoints(self.output_dir)
-            kept = (
-                f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
-            )
-            raise RunError(
-                f"training diverged: the loss or gradient norm was NaN/inf at steps "
-                f"{self._nonfinite_run[0]}-{step}; {kept}; no final model was exported; lower --training.lr, "
-                "raise --training.warmup_steps or keep --training.max_grad_norm on, then resume or start over"
-            )
-        return True
-
     def _train_metrics(self, window: LogWindow, grad_norm, epoch_batches: int | None) -> dict[str, float]:
         acc, state = self.accelerator, self.state
         names = sorted(window.sums)
@@ -940,29 +651,6 @@ class Trainer:
         if mfu is not None:
             metrics["train/mfu"] = mfu
         return metrics
-
-    def _after_step(self, progress) -> bool:
-        """Evaluate, stop and checkpoint as the step count, the clock and signals say; True when done."""
-        training, state = self.training, self.state
-        done = state.global_step >= self.total_steps
-        stop = self._agreed_stop(state.train_time_s)
-        if training.eval_steps and state.global_step % training.eval_steps == 0 and not done:
-            eval_metrics = self.evaluate()
-            if eval_metrics:
-                self._log(eval_metrics)
-                progress.write(format_metrics(state.global_step, eval_metrics))
-                if self._track_best(eval_metrics):
-                    state.stop_reason = "early_stopping"
-                    done = True
-        if done or stop or (training.save_steps and state.global_step % training.save_steps == 0):
-            if stop:
-                state.stop_reason = stop
-                done = True
-            elif done and not state.stop_reason:
-                state.stop_reason = "max_steps" if training.max_steps > 0 else "epochs"
-            if training.save_steps or stop:
-                self.save_checkpoint()
-        return done
 
     def _print_summary(self) -> None:
         """What transformers' Trainer prints before training: enough to review how a run was set up."""
@@ -1004,6 +692,14 @@ class Trainer:
         return tokens_per_s * self.flops_per_token / (peak * self.accelerator.num_processes)
 
 
+def _windows(loader, size: int):
+    """The loader's micro-batches, `size` at a time: one optimizer step's accumulation window each (the last of an
+    epoch may hold fewer)."""
+    batches = iter(loader)
+    while micro_batches := list(itertools.islice(batches, size)):
+        yield micro_batches
+
+
 def _length(loader) -> int | None:
     try:
         return len(loader)
@@ -1026,6 +722,7 @@ def _distribution(accelerator: Accelerator) -> str:
 
 
 __all__ = [
+    "Evaluator",
     "TrainState",
     "Trainer",
     "build_optimizer",
