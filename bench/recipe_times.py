@@ -2,7 +2,7 @@
 the project ships, and the full run's time estimated from it: bench/results/recipe-times.json.
 
     python bench/recipe_times.py                      # the four first tries in page order (~10 minutes on 2 idle cores)
-    python bench/recipe_times.py --quick --json /tmp/recipe-times.json   # a check: a few steps each, no measurement
+    python bench/recipe_times.py --quick --json quick.json   # a check: a few steps each, no measurement
     python bench/report.py --update docs/recipes.md
 
 The page's commands are read from docs/recipes.md itself: every `kiln-launch` command whose `--training.output_dir`
