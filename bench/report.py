@@ -297,7 +297,7 @@ def default_run_time() -> str:
     )
     return (
         f"The default run took **{_minutes(p['wall_s'])}** end to end and **{p['cpu_s']:,.0f} CPU-seconds** "
-        f"(one process on a {machine['cores']}-core CPU{threads}, torch {torch}, {p['date_utc'][:10]}; load "
+        f"(one process on a {machine['cores']}-core {machine['cpu']}{threads}, torch {torch}, {p['date_utc'][:10]}; load "
         f"average {before:.1f} at the start and {after:.1f} at the end{shared}; `python bench/default_run.py` "
         "measures it again).\n"
     )
@@ -440,43 +440,153 @@ def agreeing_digits(a: float, b: float) -> int | None:
     return next((i for i, (c, d) in enumerate(zip(x, y)) if c != d), None)
 
 
+QUIET_LOAD = 1.0
+"""A record measured "quiet" starts at a 1-minute load average below this (the machine idle but for its own
+processes); report.py refuses a quiet record that started above it."""
+
+
+def _quiet(p: dict, name: str) -> None:
+    if p["load_average_before"][0] >= QUIET_LOAD:
+        raise ValueError(
+            f"bench/results/{name}.json started at load average {p['load_average_before'][0]:.1f}, not on a quiet "
+            f"machine (under {QUIET_LOAD:.1f}): measure it again when the machine is idle"
+        )
+
+
+def threads_records() -> tuple[dict, dict]:
+    """`bench/threads.py`'s two records, quiet and busy, checked: measurements, each measured as it says."""
+    records = []
+    for condition in ("quiet", "busy"):
+        name = f"threads-{condition}"
+        p = bench_record(name)
+        if p["quick"]:
+            raise ValueError(f"bench/results/{name}.json is a --quick record (a check, not a measurement)")
+        if p["condition"] != condition:
+            raise ValueError(f"bench/results/{name}.json was measured {p['condition']}")
+        records.append(p)
+    _quiet(records[0], "threads-quiet")
+    return records[0], records[1]
+
+
+def _threads_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kiln_bench_threads_for_report", REPO / "bench/threads.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def threads_table() -> str:
-    """`bench/threads.py`'s record: the default run pinned to one thread against a thread per core."""
-    p = bench_record("threads")
-    if p["quick"]:
-        raise ValueError("bench/results/threads.json is a --quick record (a check, not a measurement)")
-    one, per_core = p["runs"]
-    torch = ".".join(p["torch"].split("+")[0].split(".")[:2])
+    """`bench/threads.py`'s records: the default run on one thread against a thread per core, quiet and busy, in wall
+    clock and CPU-seconds, and the thread count that used the fewest CPU-seconds (`choose_default`)."""
+    quiet, busy = threads_records()
+    machine = quiet["machine"]
+    torch = ".".join(quiet["torch"].split("+")[0].split(".")[:2])
+    background = busy["background"]
     lines = [
-        f"Measured on a {p['machine']['cores']}-core CPU (torch {torch}, {p['date_utc'][:10]}; load average "
-        f"{p['load_average_before'][0]:.1f} before the first run and {p['load_average_after'][0]:.1f} after the "
-        f"last), `{p['command']}` without a config, pinned to one thread (`OMP_NUM_THREADS=1`) against Kiln's "
-        "default of a thread per core:",
+        f"Measured on an {machine['cpu']} ({machine['cores']} cores, torch {torch}), `{quiet['command']}` without a "
+        "config, once with `OMP_NUM_THREADS=1` and once with a thread per physical core: quiet "
+        f"({quiet['date_utc'][:10]}, load average {quiet['load_average_before'][0]:.1f} before the first run and "
+        f"{quiet['load_average_after'][0]:.1f} after the last) and busy ({busy['date_utc'][:10]}, beside "
+        f"{_WORDS.get(background['processes'], background['processes'])} busy-looping "
+        f"process{'es' if background['processes'] != 1 else ''}, one per core; load average "
+        f"{busy['load_average_before'][0]:.1f} before and {busy['load_average_after'][0]:.1f} at the end):",
         "",
-        "| threads | real tokens/s (median of logged windows) | training loop | end to end |",
-        "|---|---:|---:|---:|",
+        "| machine | threads | real tokens/s (median of logged windows) | end to end | CPU-seconds |",
+        "|---|---|---:|---:|---:|",
     ]
-    speedup = per_core["tokens_per_s_median"] / one["tokens_per_s_median"]
-    lines.append(
-        f"| {one['threads']} | {one['tokens_per_s_median']:,.0f} | {_clock(one['training_loop_s'])} | "
-        f"{_clock(one['wall_s'])} |"
+    for condition, record in (("quiet", quiet), ("busy", busy)):
+        for run in record["runs"]:
+            label = run["label"] if run["threads"] == 1 else f"{run['label']} ({run['threads']})"
+            lines.append(
+                f"| {condition} | {label} | {run['tokens_per_s_median']:,.0f} | {_clock(run['wall_s'])} | "
+                f"{run['cpu_s']:,.0f} |"
+            )
+    chosen = _threads_module().choose_default(quiet, busy)
+    sums = " against ".join(
+        f"{s['cpu_s']:,.0f} for {label}"
+        for label, s in sorted(chosen["sums"].items(), key=lambda kv: kv[1]["cpu_s"])
     )
-    lines.append(
-        f"| a thread per core ({per_core['threads']}) | {per_core['tokens_per_s_median']:,.0f} "
-        f"(**{speedup:.2f}×**) | {_clock(per_core['training_loop_s'])} | {_clock(per_core['wall_s'])} |"
-    )
+    fewest = f"Fewest CPU-seconds, quiet and busy summed: **{chosen['label']}** ({sums})."
+    one, per_core = quiet["runs"]
     a, b = one["last_eval"]["eval/mlm_loss"], per_core["last_eval"]["eval/mlm_loss"]
     digits = agreeing_digits(a, b)
     step = one["last_eval"]["step"]
     if digits is None:
-        same = f"The two runs' eval MLM loss at step {step} was the same ({a:.6f})."
+        same = f"The quiet runs' eval MLM loss at step {step} was the same ({a:.6f})."
     else:
         same = (
-            f"The two runs' eval MLM loss at step {step} agreed to {digits} significant digits ({a:.{digits + 2}g} "
-            f"and {b:.{digits + 2}g}): {'two threads sum' if per_core['threads'] == 2 else 'more threads sum'} "
-            "in a different order."
+            f"The quiet runs' eval MLM loss at step {step} agreed to {digits} significant digits "
+            f"({a:.{digits + 2}g} and {b:.{digits + 2}g}): "
+            f"{'two threads sum' if per_core['threads'] == 2 else 'more threads sum'} in a different order."
         )
-    return "\n".join(lines) + "\n\n" + same + "\n"
+    return "\n".join(lines) + "\n\n" + fewest + " " + same + "\n"
+
+
+def recipe_times_record() -> dict:
+    """`bench/recipe_times.py`'s record, checked: a measurement, started on a quiet machine."""
+    p = bench_record("recipe-times")
+    if p["quick"]:
+        raise ValueError("bench/results/recipe-times.json is a --quick record (a check, not a measurement)")
+    _quiet(p, "recipe-times")
+    return p
+
+
+RECIPE_TITLES = {
+    "my-encoder": "My text → an encoder",
+    "my-decoder": "My text → a decoder",
+    "my-classifier": "My CSV → a classifier",
+    "my-tagger": "My CoNLL file → a tagger",
+}
+
+
+def _about(seconds: float) -> str:
+    """A full run's estimate, in the unit it is read in: `40 s`, `7m`, `2h10m`."""
+    if seconds < 99.5:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
+
+
+def recipe_times_table() -> str:
+    """`bench/recipe_times.py`'s record: each recipe's first try as measured, and its full run's estimate."""
+    p = recipe_times_record()
+    machine = p["machine"]
+    torch = ".".join(p["torch"].split("+")[0].split(".")[:2])
+    threads = sorted({r["threads"] for r in p["recipes"] if r["threads"]})
+    thread_words = " or ".join(str(t) for t in threads) or "?"
+    lines = [
+        f"Measured on an **{machine['cpu']}** ({machine['cores']} cores, {thread_words} "
+        f"thread{'s' if threads != [1] else ''} per process, torch {torch}, {p['date_utc'][:10]}; load average "
+        f"{p['load_average_before'][0]:.1f} at the start and {p['load_average_after'][0]:.1f} at the end), "
+        f"`my-text/` being the {p['data']['my-text/*.txt'].removeprefix('the ')}, `reviews.csv` "
+        f"{p['data']['reviews.csv']} and `ner.conll` {p['data']['ner.conll']}:",
+        "",
+        "| recipe | first try | full run (estimate) |",
+        "|---|---:|---|",
+    ]
+    for r in p["recipes"]:
+        data = (
+            f"; {r['train_examples']:,} training examples, {r['full_steps_from']}"
+            if not r["full_steps_from"] == "max_steps" and r.get("train_examples")
+            else ""
+        )
+        lines.append(
+            f"| {RECIPE_TITLES.get(r['name'], r['name'])} | {_duration(r['first_try_wall_s'])} "
+            f"({r['first_try_steps']:,} steps) | about **{_about(r['full_estimate_s'])}** "
+            f"({r['full_steps']:,} steps{data}) |"
+        )
+    warmup = sorted({r["warmup_steps"] for r in p["recipes"]})
+    timed = [r["timed_steps"] for r in p["recipes"]]
+    lines += [
+        "",
+        "A full run's time is an estimate: its steps at the rate its first try ran after "
+        f"{' or '.join(map(str, warmup))} steps of warm-up ({min(timed)}–{max(timed)} steps timed), plus the first "
+        "try's time outside those steps (start-up, tokenizer, data, evaluation, saving); a fine-tuning run's time "
+        "grows with the training file. `python bench/recipe_times.py` measures them again.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 PRECISION_RUNS = {
@@ -541,6 +651,7 @@ TABLES = {
     "default-run-time": default_run_time,
     "shipped-commands": shipped_commands_table,
     "threads": threads_table,
+    "recipe-times": recipe_times_table,
     "precision": precision_table,
     "precision-step": precision_step_table,
 }
@@ -550,7 +661,8 @@ MEASURED_BY = {
     "default-run": "python bench/default_run.py",
     "default-run-time": "python bench/default_run.py",
     "shipped-commands": "python bench/shipped_commands.py",
-    "threads": "python bench/threads.py",
+    "threads": "python bench/threads.py` and `python bench/threads.py --busy",
+    "recipe-times": "python bench/recipe_times.py",
     "modernbert": "python bench/throughput.py --preset modernbert-tiny --preset modernbert-base --json bench/results/modernbert.json",
     "llama": "python bench/throughput.py --preset llama-l4 --preset llama-125m --json bench/results/llama.json",
     "precision-step": "python bench/precision.py --json bench/results/precision-amd-epyc-bf16.json",
@@ -559,22 +671,27 @@ MEASURED_BY = {
 
 
 def update(page: Path) -> list[str]:
-    """Rewrite every generated table of `page`; the names of the tables it holds."""
-    text, names = page.read_text(), []
+    """Rewrite every generated table of `page` whose records are there; the names of the tables rewritten. A table
+    whose measurement has not been run yet is left as it is, and then, once the others are written, this stops
+    naming the command that measures it."""
+    text, names, missing = page.read_text(), [], []
     for name, make in TABLES.items():
         pattern = re.compile(re.escape(f"{BEGIN}{name} -->\n") + r".*?" + re.escape(END), flags=re.S)
         if pattern.search(text):
             try:
                 table = make()
-            except FileNotFoundError as missing:  # a table whose measurement has not been run yet
-                raise SystemExit(
-                    f"error: {page}'s {name} table needs {missing.filename}, which is not there: run "
+            except FileNotFoundError as absent:  # a table whose measurement has not been run yet
+                missing.append(
+                    f"{page}'s {name} table needs {absent.filename}, which is not there: run "
                     f"`{MEASURED_BY.get(name, 'its benchmark script')}` first"
-                ) from None
+                )
+                continue
             block = f"{BEGIN}{name} -->\n{table}{END}"
             text = pattern.sub(lambda _, block=block: block, text)
             names.append(name)
     page.write_text(text)
+    if missing:
+        raise SystemExit("error: " + "\n".join(missing))
     return names
 
 
@@ -590,14 +707,26 @@ def main(argv: list[str] | None = None) -> None:
         "--update", nargs="*", type=Path, default=[], help="pages whose generated tables to rewrite"
     )
     args = parser.parse_args(argv)
+    errors = []
     for page in args.update:
-        names = update(page)
-        if not names:
+        if not generated_blocks(page):
             sys.exit(f"error: {page} has no '{BEGIN}NAME -->' markers (names: {', '.join(TABLES)})")
+        try:
+            names = update(page)
+        except SystemExit as stop:  # a table still to be measured: the page's other tables are written
+            errors.append(str(stop))
+            continue
         print(f"{page}: {', '.join(names)}")
+    if errors:
+        sys.exit("\n".join(errors))
     if not args.update:
         for name, make in TABLES.items():
-            print(f"{name}:\n{make()}")
+            try:
+                print(f"{name}:\n{make()}")
+            except FileNotFoundError as absent:
+                print(
+                    f"{name}: not measured yet ({absent.filename}; `{MEASURED_BY.get(name, 'its script')}`)\n"
+                )
 
 
 if __name__ == "__main__":

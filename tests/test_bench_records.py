@@ -203,69 +203,142 @@ threads = load("kiln_bench_threads", "bench/threads.py")
 
 
 @pytest.mark.slow
-def test_threads_quick_runs_the_default_command_pinned_and_per_core(tmp_path, monkeypatch):
-    """`bench/threads.py --quick`: the default run twice through `accelerate launch`, once with OMP_NUM_THREADS=1 and
-    once without it (whatever this process's environment says), each with the thread count it printed, its logged
-    tokens/s windows, the training loop's clock and its last evaluation."""
+def test_threads_quick_runs_the_default_command_on_one_thread_and_per_core(tmp_path, monkeypatch):
+    """`bench/threads.py --quick`: the default run twice through `accelerate launch`, with OMP_NUM_THREADS=1 and with
+    a thread per physical core (whatever this process's environment says), each with the thread count it printed,
+    its logged tokens/s windows, the training loop's clock, its wall clock and CPU-seconds and its last
+    evaluation."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the thread-per-core run must not inherit it
-    out = tmp_path / "threads.json"
+    out = tmp_path / "threads-quiet.json"
     threads.main(["--quick", "--json", str(out)])
     record = json.loads(out.read_text())
     one, per_core = record["runs"]
+    cores = threads.physical_cores()
     assert (one["label"], one["environment"]) == ("one thread", {"OMP_NUM_THREADS": "1"})
-    assert (per_core["label"], per_core["environment"]) == ("a thread per core", {})
-    assert one["threads"] == 1 and per_core["threads"] >= 1
+    assert (per_core["label"], per_core["environment"]) == (
+        "a thread per core",
+        {"OMP_NUM_THREADS": str(cores)},
+    )
+    assert one["threads"] == 1 and per_core["threads"] == cores
     for run in (one, per_core):
         assert run["steps"] == 6 and len(run["tokens_per_s_windows"]) == 3  # logged every 2 steps
         assert run["tokens_per_s_median"] == pytest.approx(sorted(run["tokens_per_s_windows"])[1], abs=0.1)
         assert 0 < run["training_loop_s"] < run["wall_s"]
+        assert 0 < run["cpu_s"]  # the launcher's and the training process's, counted once they ended
         assert run["last_eval"]["step"] == 6 and math.isfinite(run["last_eval"]["eval/mlm_loss"])
-    assert record["quick"] is True and record["command"] == "accelerate launch pretrain/run.py"
+    assert record["quick"] is True and record["condition"] == "quiet" and "background" not in record
+    assert record["command"] == "accelerate launch pretrain/run.py" and record["machine"]["cpu"]
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     with pytest.raises(ValueError, match="--quick record"):
         report.threads_table()
 
 
-def test_the_threads_table_is_its_record(tmp_path, monkeypatch):
-    run = {"tokens_per_s_windows": [], "steps": 600, "environment": {}}
+def test_the_busy_load_runs_a_busy_loop_per_process_and_stops_them():
+    """`--busy`'s background: the processes spin (they use CPU) while the block runs and are gone after it."""
+    import resource
+    import time
+
+    load = threads.BusyLoad(processes=1, settle_s=0.3)
+    assert load.describe()["processes"] == 1 and "while True: pass" in load.describe()["each"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with load:
+        (process,) = load.started
+        assert process.poll() is None
+        time.sleep(0.2)
+    assert process.poll() is not None
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert after.ru_utime + after.ru_stime > before.ru_utime + before.ru_stime  # it spun
+
+
+def threads_record(condition: str, one: tuple[float, float], per_core: tuple[float, float], **extra) -> dict:
+    """A synthetic bench/threads.py record: (wall_s, cpu_s) of each setting."""
+    run = {"tokens_per_s_windows": [], "steps": 600}
     record = {
         "quick": False,
+        "condition": condition,
         "command": "accelerate launch pretrain/run.py",
-        "date_utc": "2030-01-02T03:04:05Z",
-        "machine": {"cores": 2},
+        "date_utc": "2030-01-02T03:04:05Z" if condition == "quiet" else "2030-01-03T03:04:05Z",
+        "machine": {"cpu": "AMD EPYC 7B13", "cores": 2, "physical_cores": 2},
         "torch": "2.13.0+cpu",
-        "load_average_before": [0.2, 0, 0],
-        "load_average_after": [1.1, 0, 0],
+        "load_average_before": [0.2, 0, 0] if condition == "quiet" else [2.1, 0, 0],
+        "load_average_after": [1.1, 0, 0] if condition == "quiet" else [3.9, 0, 0],
         "runs": [
             {
                 **run,
                 "label": "one thread",
+                "environment": {"OMP_NUM_THREADS": "1"},
                 "threads": 1,
                 "tokens_per_s_median": 20735.4,
-                "training_loop_s": 116.2,
-                "wall_s": 129.0,
+                "training_loop_s": one[0] - 8,
+                "wall_s": one[0],
+                "cpu_s": one[1],
                 "last_eval": {"step": 600, "eval/mlm_loss": 6.029814706324721},
             },
             {
                 **run,
                 "label": "a thread per core",
+                "environment": {"OMP_NUM_THREADS": "2"},
                 "threads": 2,
                 "tokens_per_s_median": 32845.0,
-                "training_loop_s": 72.4,
-                "wall_s": 85.3,
+                "training_loop_s": per_core[0] - 8,
+                "wall_s": per_core[0],
+                "cpu_s": per_core[1],
                 "last_eval": {"step": 600, "eval/mlm_loss": 6.029814706355},
             },
         ],
+        **extra,
     }
-    (tmp_path / "threads.json").write_text(json.dumps(record))
+    if condition == "busy":
+        record["background"] = threads.BusyLoad(processes=2).describe()
+    return record
+
+
+def test_the_default_thread_count_is_the_one_with_the_fewest_cpu_seconds_quiet_and_busy():
+    """choose_default: fewest CPU-seconds summed over the quiet and the busy record; within 1%, the lower summed
+    wall clock; refused for quick records, records measured the other way and thread counts that differ."""
+    quiet = threads_record("quiet", one=(92.0, 91.0), per_core=(57.4, 110.0))
+    busy = threads_record("busy", one=(180.0, 95.0), per_core=(1361.0, 903.0))
+    chosen = threads.choose_default(quiet, busy)
+    assert (chosen["label"], chosen["threads"]) == ("one thread", 1)
+    assert chosen["sums"] == {
+        "one thread": {"threads": 1, "cpu_s": 186.0, "wall_s": 272.0},
+        "a thread per core": {"threads": 2, "cpu_s": 1013.0, "wall_s": 1418.4},
+    }
+    cheap_busy = threads_record("busy", one=(180.0, 95.0), per_core=(120.0, 60.0))
+    assert threads.choose_default(quiet, cheap_busy)["label"] == "a thread per core"  # 170 against 186
+    tie = threads_record("busy", one=(180.0, 95.0), per_core=(100.0, 75.5))  # 185.5 against 186: within 1%
+    assert threads.choose_default(quiet, tie)["label"] == "a thread per core"  # and faster
+    with pytest.raises(ValueError, match="--quick"):
+        threads.choose_default({**quiet, "quick": True}, busy)
+    with pytest.raises(ValueError, match="measured quiet"):
+        threads.choose_default(quiet, {**busy, "condition": "quiet"})
+    odd = threads_record("busy", one=(180.0, 95.0), per_core=(120.0, 60.0))
+    odd["runs"][1]["threads"] = 4
+    with pytest.raises(ValueError, match="2 threads quiet, 4 busy"):
+        threads.choose_default(quiet, odd)
+
+
+def test_the_threads_table_is_its_records(tmp_path, monkeypatch):
+    quiet = threads_record("quiet", one=(129.0, 128.2), per_core=(85.3, 161.0))
+    busy = threads_record("busy", one=(250.4, 130.0), per_core=(1361.0, 903.0))
+    (tmp_path / "threads-quiet.json").write_text(json.dumps(quiet))
+    (tmp_path / "threads-busy.json").write_text(json.dumps(busy))
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     table = report.threads_table()
     assert table.startswith(
-        "Measured on a 2-core CPU (torch 2.13, 2030-01-02; load average 0.2 before the first "
-        "run and 1.1 after the last)"
+        "Measured on an AMD EPYC 7B13 (2 cores, torch 2.13), `accelerate launch pretrain/run.py` without a config, "
+        "once with `OMP_NUM_THREADS=1` and once with a thread per physical core: quiet (2030-01-02, load average "
+        "0.2 before the first run and 1.1 after the last) and busy (2030-01-03, beside two busy-looping processes, "
+        "one per core; load average 2.1 before and 3.9 at the end)"
     )
     assert (
-        "| 1 | 20,735 | 1:56 | 2:09 |\n| a thread per core (2) | 32,845 (**1.58×**) | 1:12 | 1:25 |\n"
+        "| quiet | one thread | 20,735 | 2:09 | 128 |\n"
+        "| quiet | a thread per core (2) | 32,845 | 1:25 | 161 |\n"
+        "| busy | one thread | 20,735 | 4:10 | 130 |\n"
+        "| busy | a thread per core (2) | 32,845 | 22:41 | 903 |\n" in table
+    )
+    assert (
+        "Fewest CPU-seconds, quiet and busy summed: **one thread** (258 for one thread against 1,064 for a "
         in table
     )
     assert (
@@ -274,3 +347,145 @@ def test_the_threads_table_is_its_record(tmp_path, monkeypatch):
     )
     assert report.agreeing_digits(1.5, 1.5) is None and report.agreeing_digits(0.1234, 0.1235) == 3
     assert report.agreeing_digits(6.03, 5.99) == 0 and report.agreeing_digits(100.0, 10.0) == 0
+    (tmp_path / "threads-quiet.json").write_text(json.dumps({**quiet, "load_average_before": [1.8, 0, 0]}))
+    with pytest.raises(ValueError, match="not on a quiet machine"):
+        report.threads_table()
+    (tmp_path / "threads-quiet.json").write_text(json.dumps(quiet))
+    (tmp_path / "threads-busy.json").write_text(json.dumps({**busy, "quick": True}))
+    with pytest.raises(ValueError, match="threads-busy.json is a --quick record"):
+        report.threads_table()
+
+
+recipe_times = load("kiln_bench_recipe_times", "bench/recipe_times.py")
+
+
+def test_every_training_recipe_has_a_first_try_before_its_full_run():
+    """docs/recipes.md, as bench/recipe_times.py reads it: four (first try, full run) pairs in page order; a first try
+    is its full run cut by --training.max_steps to a small share of the full run's steps, into a folder of its own,
+    and the fine-tuning first tries start from the encoder's first try."""
+    pairs = recipe_times.recipes()
+    assert [p["name"] for p in pairs] == ["my-encoder", "my-decoder", "my-classifier", "my-tagger"]
+    assert set(report.RECIPE_TITLES) == {p["name"] for p in pairs}
+    for pair in pairs:
+        first, full = pair["first_try"].split(), pair["full"].split()
+        steps = int(first[first.index("--training.max_steps") + 1])
+        assert 10 <= steps <= 100 and "--training.max_steps" not in full, pair
+        assert first[first.index("--training.output_dir") + 1] == f"runs/{pair['name']}-first-try"
+        assert full[full.index("--training.output_dir") + 1] == f"runs/{pair['name']}"
+        dropped = {
+            "--training.max_steps",
+            str(steps),
+            f"runs/{pair['name']}-first-try",
+            "runs/my-encoder-first-try/final",
+        }
+        assert [w for w in first if w not in dropped] == [
+            w for w in full if w not in {f"runs/{pair['name']}", "runs/my-encoder/final"}
+        ], pair
+        if pair["script"].startswith("finetune/"):
+            assert "runs/my-encoder-first-try/final" in first and "runs/my-encoder/final" in full
+    encoder = pairs[0]
+    assert "configs/pretrain/encoder-mini.yaml" in encoder["full"]
+
+
+def test_the_recipe_times_user_files_are_the_shipped_samples(tmp_path):
+    facts = recipe_times.make_user_files(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "my-text").iterdir()) == sorted(
+        p.name for p in (REPO / "data/pretrain").glob("*.txt")
+    )
+    lines = (tmp_path / "reviews.csv").read_text().splitlines()
+    assert lines[0] == "text,label" and len(lines) > 1000
+    sentences = (tmp_path / "ner.conll").read_text().strip().split("\n\n")
+    assert len(sentences) > 1000 and all(len(line.split(" ")) == 2 for line in sentences[0].splitlines())
+    assert "(2,000 rows)" in facts["reviews.csv"] and f"({len(sentences):,} sentences)" in facts["ner.conll"]
+    assert (tmp_path / "configs").resolve() == REPO / "configs"
+
+
+def test_the_recipe_rate_is_timed_after_warm_up_from_the_progress_bar():
+    bar = "train:  33%|███▎      | 2/6 [00:01<00:03,  1.14it/s, loss=8.3349, lr=8.00e-04]"
+    assert recipe_times.PROGRESS.match(bar).groups() == ("2", "6")
+    assert recipe_times.PROGRESS.match("eval:  50%|█████     | 1/2 [00:00<00:00,  1.39it/s]") is None
+    updates = [(1.0, 0, 20), (5.0, 1, 20), (9.0, 5, 20), (11.0, 10, 20), (21.0, 20, 20)]
+    assert recipe_times.timed_rate(updates, warmup=5) == (15, 12.0)
+    with pytest.raises(SystemExit, match="too few progress updates"):
+        recipe_times.timed_rate(updates[:3], warmup=5)
+
+
+def recipe_record(**extra) -> dict:
+    def recipe(name, steps, wall, full, estimate, source="max_steps", examples=None):
+        return {
+            "name": name,
+            "first_try_steps": steps,
+            "first_try_wall_s": wall,
+            "threads": 2,
+            "warmup_steps": 10,
+            "timed_steps": steps - 10,
+            "full_steps": full,
+            "full_steps_from": source,
+            "train_examples": examples,
+            "full_estimate_s": estimate,
+        }
+
+    return {
+        "quick": False,
+        "date_utc": "2030-01-02T03:04:05Z",
+        "machine": {"cpu": "AMD EPYC 7B13", "cores": 2},
+        "torch": "2.13.0+cpu",
+        "load_average_before": [0.1, 0, 0],
+        "load_average_after": [1.9, 0, 0],
+        "data": {
+            "my-text/*.txt": "the 6 books of data/pretrain (2.0 MB of text)",
+            "reviews.csv": "data/finetune/authorship/train.csv, its sentence column named text (2,000 rows)",
+            "ner.conll": "the UD English EWT sample's training file, word and UPOS tag per line (1,501 sentences)",
+        },
+        "recipes": [
+            recipe("my-encoder", 100, 190.4, 5000, 8123.0),
+            recipe("my-decoder", 50, 41.0, 400, 160.2),
+            recipe("my-classifier", 50, 30.0, 285, 95.0, "5 epochs", 1800),
+        ],
+        **extra,
+    }
+
+
+def test_the_recipe_times_table_is_its_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    (tmp_path / "recipe-times.json").write_text(json.dumps(recipe_record()))
+    table = report.recipe_times_table()
+    assert table.startswith(
+        "Measured on an **AMD EPYC 7B13** (2 cores, 2 threads per process, torch 2.13, 2030-01-02; load average "
+        "0.1 at the start and 1.9 at the end), `my-text/` being the 6 books of data/pretrain (2.0 MB of text)"
+    )
+    assert "| My text → an encoder | 3m10s (100 steps) | about **2h15m** (5,000 steps) |" in table
+    assert "| My text → a decoder | 41 s (50 steps) | about **3m** (400 steps) |" in table
+    assert (
+        "| My CSV → a classifier | 30 s (50 steps) | about **95 s** (285 steps; 1,800 training examples, "
+        "5 epochs) |" in table
+    )
+    assert "after 10 steps of warm-up (40–90 steps timed)" in table
+    (tmp_path / "recipe-times.json").write_text(json.dumps(recipe_record(quick=True)))
+    with pytest.raises(ValueError, match="--quick record"):
+        report.recipe_times_table()
+    (tmp_path / "recipe-times.json").write_text(json.dumps(recipe_record(load_average_before=[2.5, 0, 0])))
+    with pytest.raises(ValueError, match="not on a quiet machine"):
+        report.recipe_times_table()
+
+
+@pytest.mark.slow
+def test_recipe_times_quick_runs_the_page_s_first_tries_in_page_order(tmp_path, monkeypatch):
+    """`bench/recipe_times.py --quick`: the page's four first tries, each cut to a few steps, in one folder with the
+    shipped samples as the user's files; each timed from its progress bar, each full run's steps from its command."""
+    out = tmp_path / "recipe-times.json"
+    recipe_times.main(["--quick", "--json", str(out), "--keep", str(tmp_path / "work")])
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and record["machine"]["cpu"]
+    rows = {r["name"]: r for r in record["recipes"]}
+    assert list(rows) == ["my-encoder", "my-decoder", "my-classifier", "my-tagger"]
+    for row in rows.values():
+        assert row["first_try_steps"] == recipe_times.QUICK_STEPS and row["timed_steps"] >= 2
+        assert 0 < row["steps_per_s"] and 0 < row["first_try_wall_s"] < row["full_estimate_s"]
+    assert rows["my-encoder"]["full_steps"] == 5000 and rows["my-decoder"]["full_steps"] == 400
+    for name in ("my-classifier", "my-tagger"):
+        row = rows[name]
+        assert row["full_steps_from"] == "5 epochs" and row["full_steps"] == 5 * row["steps_per_epoch"]
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    with pytest.raises(ValueError, match="--quick record"):
+        report.recipe_times_table()

@@ -271,13 +271,16 @@ def test_the_task_recipes_run_in_page_order_on_files_of_the_user(tmp_path, hub):
     done = run_page("docs/recipes.md", work)
     assert all(out is not None for _, out in done)
     assert [shlex.split(c)[:2] for c, _ in done] == [
-        ["kiln-launch", "pretrain/run.py"],
-        ["kiln-launch", "pretrain/run.py"],
-        ["kiln-launch", "finetune/classify.py"],
-        ["kiln-launch", "finetune/tag.py"],
+        *[["kiln-launch", "pretrain/run.py"]] * 4,  # each recipe's first try, then its full run
+        *[["kiln-launch", "finetune/classify.py"]] * 2,
+        *[["kiln-launch", "finetune/tag.py"]] * 2,
         ["hf", "upload"],
         ["hf", "upload"],
     ]
+    first_tries = [c for c, _ in done if "-first-try" in c]
+    assert len(first_tries) == 4 and all("--training.max_steps" in c for c in first_tries)
+    for kind in ("encoder", "decoder", "classifier", "tagger"):  # a first try leaves a folder of its own
+        assert (work / f"runs/my-{kind}-first-try/final/config.json").is_file(), kind
     encoder, decoder = (
         json.loads((work / f"runs/my-{kind}/final/config.json").read_text())
         for kind in ("encoder", "decoder")
