@@ -1,6 +1,13 @@
-"""Build the pretraining corpus of the Kiln experiments from the offline copies in ../shared/data.
+"""Build the pretraining corpus of the Kiln experiments from its public sources, or from local copies of them.
 
-    python experiments/make_corpus.py [--out runs/corpus] [--shared ../shared/data]
+    python experiments/make_corpus.py [--out runs/corpus]      # downloads the sources (35 MB) into runs/corpus-sources
+    python experiments/make_corpus.py --shared FOLDER          # reads local copies laid out as the download is
+
+The sources are the 36 files `experiments/corpus_sources.json` lists, each a git blob of its public GitHub
+repository (the books from GITenberg, the TinyStories excerpts, WikiText-2 valid and test, Multi30k's German side),
+fetched by blob id through GitHub's API (set GITHUB_TOKEN for more than 60 requests an hour) and checked by its blob
+id and the sha256 of its text before anything is built: the same bytes everywhere, so the corpus is the same.
+A file already downloaded and unchanged is not fetched again.
 
 Writes plain text files the runner reads with `data.document_separator: blank_line` (one paragraph per line,
 a blank line between documents), one folder per source, so a config picks its mix with globs:
@@ -17,19 +24,86 @@ a blank line between documents), one folder per source, so a config picks its mi
                          translation model later trains on, so pretraining on them adds compute, not data
   multi30k-de-valid/val.txt    the German side of Multi30k's validation pairs, for that decoder's perplexity
 
-Takes a few seconds; the 30-minute experiment counts it (experiments/recipe.yaml runs it first).
+Takes a few seconds after the download; the 30-minute experiment counts it (experiments/recipe.yaml runs it first).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DOC_WORDS = 1500
+SOURCES = REPO / "experiments" / "corpus_sources.json"
+GITHUB_API = "https://api.github.com"  # KILN_GITHUB_API replaces it (a mirror; the tests' local server)
+TIMEOUT_S = 60  # per request: a stalled connection ends in one line, not a hang
+
+
+class SourceError(Exception):
+    """A source that cannot be downloaded or is not the file the list names: one line, exit status 1."""
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def fetch_sources(folder: Path, say=print, listing: Path = SOURCES) -> Path:
+    """Every file of `listing` (corpus_sources.json) under `folder`, downloaded unless there and unchanged, each
+    checked by its git blob id and the sha256 of its text; returns `folder`, laid out as the local copies are."""
+    import urllib.error
+    import urllib.request
+
+    from kiln.safe_write import make_folder, write_file
+
+    api = os.environ.get("KILN_GITHUB_API", GITHUB_API).rstrip("/")
+    headers = {"Accept": "application/vnd.github.raw", "User-Agent": "kiln-make-corpus"}
+    if os.environ.get("GITHUB_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['GITHUB_TOKEN']}"
+    entries = json.loads(Path(listing).read_text())["files"]
+    fetched = 0
+    for number, entry in enumerate(entries, 1):
+        target = folder / entry["file"]
+        if target.is_file() and not target.is_symlink() and _text_sha256(target) == entry["sha256"]:
+            continue
+        url = f"{api}/repos/{entry['repo']}/git/blobs/{entry['blob']}"
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S
+            ) as answer:
+                data = answer.read()
+        except (urllib.error.URLError, TimeoutError, OSError) as err:
+            reason = getattr(err, "reason", None) or err
+            raise SourceError(
+                f"cannot download {entry['file']} ({entry['repo']} {entry['path']}) from {url}: {reason}; "
+                "check the network (GITHUB_TOKEN for GitHub's rate limit), or pass --shared FOLDER with local copies"
+            ) from None
+        if git_blob_id(data) != entry["blob"]:
+            raise SourceError(
+                f"{url} answered bytes that are not blob {entry['blob']} ({entry['file']}); nothing was built from "
+                "them: try again, or pass --shared FOLDER with local copies"
+            )
+        text = gzip.decompress(data) if entry.get("gzipped_at_source") else data
+        if hashlib.sha256(text).hexdigest() != entry["sha256"]:
+            raise SourceError(
+                f"{entry['file']}: its text is not the one experiments/corpus_sources.json names"
+            )
+        make_folder(target.parent)
+        write_file(target, gzip.compress(text, mtime=0) if target.suffix == ".gz" else text)
+        fetched += 1
+        say(f"make_corpus: downloaded {entry['file']} [{number}/{len(entries)}]")
+    say(f"make_corpus: {len(entries)} sources in {folder} ({fetched} downloaded, every one checked)")
+    return folder
+
+
+def _text_sha256(path: Path) -> str:
+    data = path.read_bytes()
+    return hashlib.sha256(gzip.decompress(data) if path.suffix == ".gz" else data).hexdigest()
 
 
 def book_paragraphs(raw: str) -> list[str]:
@@ -90,10 +164,26 @@ def wikitext_articles(raw: str) -> list[list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shared", default=str(REPO.parent / "shared" / "data"))
+    parser.add_argument(
+        "--shared",
+        default=None,
+        help="a folder of local copies of the sources, laid out as corpus_sources.json's `file` names them "
+        "(default: download them into --sources)",
+    )
+    parser.add_argument("--sources", default=str(REPO / "runs" / "corpus-sources"), help="where downloads go")
     parser.add_argument("--out", default=str(REPO / "runs" / "corpus"))
     args = parser.parse_args()
-    shared, out = Path(args.shared), Path(args.out)
+    out = Path(args.out)
+    if args.shared is not None:
+        shared = Path(args.shared)
+        if not shared.is_dir():
+            sys.exit(f"error: --shared {shared} is not a folder; leave it out to download the sources")
+    else:
+        sys.path.insert(0, str(REPO))  # kiln's link-safe writes, from a checkout
+        try:
+            shared = fetch_sources(Path(args.sources), say=lambda line: print(line, file=sys.stderr))
+        except SourceError as err:
+            sys.exit(f"error: {err}")
 
     words = {}
     for path in sorted((shared / "gutenberg").glob("pg*.txt.gz")):

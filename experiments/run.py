@@ -168,7 +168,9 @@ def plan(declaration: dict, only: list[str] | None = None) -> list[list[Job]]:
     named in one phase each), and nothing after."""
     phases = []
     if declaration.get("corpus"):
-        phases.append([Job("", "", "", ["python", "experiments/make_corpus.py"])])
+        # the project's local copies of the sources where this checkout has them, else the public download
+        local = ["--shared", "../shared/data"] if (REPO.parent / "shared" / "data").is_dir() else []
+        phases.append([Job("", "", "", ["python", "experiments/make_corpus.py", *local])])
     pretraining, finetuning = pretraining_jobs(declaration), finetuning_jobs(declaration)
     if only:
         unknown = sorted(

@@ -240,8 +240,9 @@ def test_only_plans_the_named_runs_after_the_corpus():
         "--dry-run",
     )
     phases = [block.strip().splitlines()[1:] for block in done.stdout.split("# phase ")[1:]]
+    local = " --shared ../shared/data" if (REPO.parent / "shared" / "data").is_dir() else ""
     assert phases == [
-        ["python experiments/make_corpus.py"],
+        ["python experiments/make_corpus.py" + local],
         [
             "accelerate launch pretrain/run.py --config configs/experiments/grid-decoder-wsd.yaml "
             "--training.output_dir runs/grid-decoder-wsd"
