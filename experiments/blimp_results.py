@@ -18,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -276,7 +277,13 @@ def plots(records: list[dict]) -> None:
             [r["minutes"]],
             [100 * r["mean"]],
             next(markers, "o"),
-            label=f"{model_label(r, runs)}: {100 * r['mean']:.1f}, {budget_label(r, runs).replace('`', '')}",
+            # long labels wrap, so the legend stays within the figure's width
+            label=textwrap.fill(
+                f"{model_label(r, runs)}: {100 * r['mean']:.1f}, {budget_label(r, runs).replace('`', '')}",
+                width=120,
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+            ),
         )
     for key, style in (("ngram", ":"), ("lstm", "--"), ("gpt2", "-.")):
         ax.axhline(means[key], linestyle=style, color="grey", linewidth=1)
@@ -295,9 +302,9 @@ def plots(records: list[dict]) -> None:
     ax.set_xlabel("pretraining minutes of one core (each point's CPU in the legend)")
     ax.set_ylabel("BLiMP accuracy, mean of 67 paradigms (%)")
     # below the axes, one entry a line: no entry covers a point or its label
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=1, fontsize=8, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=1, fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(CURVE_PNG, dpi=110, metadata={"Software": None})
+    fig.savefig(CURVE_PNG, dpi=110, bbox_inches="tight", metadata={"Software": None})  # the legend whole
     plt.close(fig)
 
     trained = [r for r in rows if not r["from_scratch"] and r["kind"] not in FREQUENCY_BASELINES]
@@ -324,7 +331,7 @@ def plots(records: list[dict]) -> None:
     ax.set_xlabel("accuracy (%)")
     ax.legend(loc="upper left", bbox_to_anchor=(-0.3, -0.12), ncol=1, fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(PHENOMENA_PNG, dpi=110, metadata={"Software": None})
+    fig.savefig(PHENOMENA_PNG, dpi=110, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
 
 
