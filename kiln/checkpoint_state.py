@@ -12,7 +12,9 @@ checkpoint from anyone (a folder, a Hub repo) can hold no code that runs on resu
 checkpoint (`.pkl`, `.bin`, `.pt`: torch's and accelerate's pickles, as earlier Kiln versions and DeepSpeed wrote)
 is refused in one line; `--training.trust_checkpoint_pickles` loads such a checkpoint with accelerate, for one's
 own files only. Every file is checked before it is used: a damaged or inconsistent one is a one-line error, never
-skipped.
+skipped. loop_state.json's fields are declared once, as a table (`LOOP_STATE`: each field's kind, whether it may
+be null or absent, its rules against the run, the relations between fields), checked by one function,
+`check_fields`; every tensor, the model's weights and the optimizer's state alike, by `check_tensors`.
 """
 
 from __future__ import annotations
@@ -1129,6 +1131,7 @@ def load_pickled_state(accelerator: Accelerator, scheduler, state: TrainState, f
 
 __all__ = [
     "LOG_WINDOW_DTYPES",
+    "LOOP_STATE",
     "LOOP_STATE_FILE",
     "MODEL_FILE",
     "OPTIMIZER_FILE",
@@ -1138,7 +1141,9 @@ __all__ = [
     "Expected",
     "ModelMismatch",
     "apply_training_state",
+    "check_fields",
     "check_on_every_process",
+    "check_tensors",
     "check_training_state",
     "expected_of",
     "load_pickled_state",
