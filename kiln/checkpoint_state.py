@@ -653,10 +653,10 @@ def check_training_state(
 ) -> CheckedState:
     """Read and check every file of the checkpoint against the run's objects, changing none of them: the loop
     state (every field of `LOOP_STATE`, `check_fields`), this process's random states, the weights and the
-    optimizer state (`check_tensors`: each against the model's tensor or its parameter). A damaged or inconsistent file raises
-    `DamagedCheckpoint` naming it and the first field or parameter that does not fit (`ModelMismatch` for
-    weights of another model). `saved_processes`: how many processes wrote the checkpoint (a process beyond
-    them, in a resume on more processes, keeps its own random states)."""
+    optimizer state (`check_tensors`: each against the model's tensor or its parameter). A damaged or
+    inconsistent file raises `DamagedCheckpoint` naming it and the first field or parameter that does not fit
+    (`ModelMismatch` for weights of another model). `saved_processes`: how many processes wrote the checkpoint
+    (a process beyond them, in a resume on more processes, keeps its own random states)."""
     folder = Path(folder)
     if not isinstance(expected, Expected):
         expected = Expected(global_step=expected)

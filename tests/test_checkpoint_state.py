@@ -35,6 +35,7 @@ from kiln.checkpoint_state import (
     Expected,
     ModelMismatch,
     Table,
+    check_tensors,
     check_training_state,
     load_training_state,
     save_training_state,
@@ -317,12 +318,14 @@ CASES = {
 
 def test_every_counter_of_the_loop_has_its_check():
     """A field added to TrainState must come with its row (kind, range, agreement) in the COUNTERS table."""
-    assert [field.name for field in COUNTERS.fields] == [f.name for f in dataclasses.fields(TrainState)]
+    names = [field.name for field in COUNTERS.fields]
+    assert names[0] == "global_step"
+    assert set(names) == {f.name for f in dataclasses.fields(TrainState)}
 
 
 # ----------------------------------------------------------------------------------------------------------
-# refusals generated from the loop state's table (kiln.checkpoint_state.LOOP_STATE): every field of a wrong kind,
-# null where it may not be, missing, and a field the table does not have, each refused in one line naming it
+# refusals generated from the loop state's table (kiln.checkpoint_state.LOOP_STATE): every field of a wrong
+# kind, null where it may not be, missing, and a field the table does not have, each refused in one line
 
 MISFITS = {  # each kind of field: how a refusal names it, and values that are not of it
     COUNT: ("a count", ["2", -1, 1.5, True]),
@@ -363,7 +366,7 @@ def misfit_cases():
             tables.append((place, field.kind))
             words, values = None, [[]]
         else:
-            words, values = MISFITS[field.kind]
+            words, values = MISFITS.get(field.kind, (None, []))  # a kind without misfits fails a test below
         for value in values + ([] if field.null else [None]):
             refusal = f"loop_state.json: {place} is {shown(value)}, not {words}"
             if words is None:
@@ -407,6 +410,7 @@ def test_every_kind_of_field_has_its_misfits():
 
 @pytest.mark.parametrize("place, value, refusal", list(misfit_cases()))
 def test_a_field_out_of_the_table_is_refused(tmp_path, run_objects, intact_loop, place, value, refusal):
+    """One field of loop_state.json changed (or removed, or added): refused in one line naming it."""
     loop = json.loads(json.dumps(intact_loop))
     *parents, name = place.split(".")
     fields = loop
@@ -446,6 +450,46 @@ def test_a_changed_field_is_refused_before_anything_is_loaded(saved, tmp_path, c
     # nothing of the run changed: its weights, its optimizer (no state yet), its schedule
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert optimizer.state_dict()["state"] == {} and scheduler_.last_epoch == 0
+
+
+def test_one_tensor_check_for_weights_and_optimizer_state():
+    """check_tensors, as the model's weights and each parameter's optimizer state use it: the names, each a tensor
+    of the expected shape and dtype (else the caller's mismatch), every floating-point one finite."""
+    expected = {"a": torch.zeros(2, 3), "b": torch.zeros(4, dtype=torch.int64)}
+    check_tensors(
+        {"a": torch.ones(2, 3), "b": torch.ones(4, dtype=torch.int64)}, expected, "f", "the model's"
+    )
+    for saved, refusal, kind in [
+        (
+            {"a": torch.ones(2, 3)},
+            "f holds other tensors than the model's (missing ['b'], unexpected [])",
+            ModelMismatch,
+        ),
+        (
+            {"a": torch.ones(2, 3), "b": torch.ones(4, dtype=torch.int64), "c": torch.ones(1)},
+            "f holds other tensors than the model's (missing [], unexpected ['c'])",
+            ModelMismatch,
+        ),
+        ({"a": 1.0, "b": torch.ones(4, dtype=torch.int64)}, "f: a is not a tensor", DamagedCheckpoint),
+        (
+            {"a": torch.ones(3, 2), "b": torch.ones(4, dtype=torch.int64)},
+            "f: a is torch.float32 [3, 2], the model's is torch.float32 [2, 3]",
+            ModelMismatch,
+        ),
+        (
+            {"a": torch.ones(2, 3), "b": torch.ones(4, dtype=torch.int32)},
+            "f: b is torch.int32 [4], the model's is torch.int64 [4]",
+            ModelMismatch,
+        ),
+        (
+            {"a": torch.full((2, 3), float("inf")), "b": torch.ones(4, dtype=torch.int64)},
+            "f: a holds NaN or infinite values",
+            DamagedCheckpoint,
+        ),
+    ]:
+        with pytest.raises(DamagedCheckpoint) as err:
+            check_tensors(saved, expected, "f", "the model's", mismatch=ModelMismatch)
+        assert str(err.value) == refusal and type(err.value) is kind
 
 
 def test_the_checkpoint_must_agree_with_its_folder_name_and_the_run(saved, tmp_path):
