@@ -12,7 +12,9 @@ checkpoint from anyone (a folder, a Hub repo) can hold no code that runs on resu
 checkpoint (`.pkl`, `.bin`, `.pt`: torch's and accelerate's pickles, as earlier Kiln versions and DeepSpeed wrote)
 is refused in one line; `--training.trust_checkpoint_pickles` loads such a checkpoint with accelerate, for one's
 own files only. Every file is checked before it is used: a damaged or inconsistent one is a one-line error, never
-skipped.
+skipped. loop_state.json's fields are declared once, as a table (`LOOP_STATE`: each field's kind, whether it may
+be null or absent, its rules against the run, the relations between fields), checked by one function,
+`check_fields`; every tensor, the model's weights and the optimizer's state alike, by `check_tensors`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import logging
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,7 +120,7 @@ def save_training_state(
 ) -> None:
     """Write the model, optimizer, schedule, counters and this process's random states into `folder`. Every
     process calls it (sharded weights are gathered); `writer` writes all but the random states, which every
-    process writes for itself. `log_window`: the logging window's sums so far (`check_log_window`)."""
+    process writes for itself. `log_window`: the logging window's sums so far (`LOG_WINDOW`)."""
     from safetensors.torch import save_file, save_model
 
     folder = Path(folder)
@@ -235,6 +238,11 @@ class Expected:
     accumulation: int = 1
     same_schedule: bool = False
 
+    @property
+    def micro_batches(self) -> int:
+        """The micro-batches (per process) the run that wrote the checkpoint had taken at its step."""
+        return self.global_step * self.accumulation
+
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -287,50 +295,95 @@ def _as_live_types(saved: Any, live: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# loop_state.json: every field of the counters, the schedule, the step count and the gradient scaler
+# loop_state.json: its fields declared once (LOOP_STATE), checked by one function (check_fields)
 
 
-STOP_REASONS = (None, "max_steps", "epochs", "early_stopping", "time_budget", "signal")
+@dataclass(frozen=True)
+class Kind:
+    """What a field holds, and how a refusal names it: `counters.epoch is -1, not a count`."""
+
+    name: str
+    fits: Callable[[Any], bool]
 
 
-def _check_up_to_step(value: Any, counters: dict, expected: Expected) -> str | None:
-    if not _is_count(value):
-        return f"is {_shown(value)}, not a count"
-    if value > counters["global_step"]:
-        return f"is {value}, beyond the checkpoint's step {counters['global_step']}"
-    return None
+COUNT = Kind("a count", _is_count)
+NUMBER = Kind("a finite number", _is_number)
+SECONDS = Kind("a finite number of seconds", lambda value: _is_number(value) and value >= 0)
+OBJECT = Kind("a JSON object", lambda value: isinstance(value, dict))
+ROWS = Kind("a list of logged rows", lambda value: isinstance(value, list))
+MICRO_BATCHES = Kind("a count of the checkpoint's micro-batches", _is_count)
+STOP_REASONS = ("max_steps", "epochs", "early_stopping", "time_budget", "signal")
+STOP_REASON = Kind(f"one of {STOP_REASONS}", lambda value: value in STOP_REASONS)
+
+Rule = Callable[[Any, dict, Expected], str | None]
+"""A field's relation to the checkpoint and the run: (its value, the fields beside it, what the run expects) ->
+why it does not hold, or None. Checked once the value is of its kind."""
+
+Relation = Callable[[dict, Expected, str], str | None]
+"""A relation between the fields of one table: (the fields, what the run expects, where the table is) -> the
+refusal, naming the fields, or None. Checked once every field fits."""
 
 
-def _optional(check):
-    def optional(value: Any, counters: dict, expected: Expected) -> str | None:
-        return None if value is None else check(value, counters, expected)
+@dataclass(frozen=True)
+class Field:
+    """One field of loop_state.json: its kind (or a table of fields of its own), whether it may be null (not set
+    yet) or absent (written only by later Kiln versions), and its rules, checked in order."""
 
-    return optional
-
-
-def _check_global_step(value: Any, counters: dict, expected: Expected) -> str | None:
-    if not _is_count(value):
-        return f"is {_shown(value)}, not a count"
-    if value != expected.global_step:
-        return f"is {value} but the checkpoint's trainer_state.json says step {expected.global_step}"
-    if expected.folder_step is not None and value != expected.folder_step:
-        return f"is {value} but the checkpoint's folder is named for step {expected.folder_step}"
-    if expected.total_steps is not None and value > expected.total_steps:
-        return f"is {value}, beyond this run's {expected.total_steps} steps"
-    return None
+    name: str
+    kind: Kind | Table
+    null: bool = False
+    absent: bool = False
+    rules: tuple[Rule, ...] = ()
 
 
-def _check_count(value: Any, counters: dict, expected: Expected) -> str | None:
-    return None if _is_count(value) else f"is {_shown(value)}, not a count"
+@dataclass(frozen=True)
+class Table:
+    """The fields of one JSON object of loop_state.json, and the relations between them."""
+
+    holds: str
+    """What the object is, as a refusal of an object without these fields names it."""
+    fields: tuple[Field, ...]
+    relations: tuple[Relation, ...] = ()
 
 
-def _check_position(value: Any, counters: dict, expected: Expected) -> str | None:
+def at_most(limit: str, says: str) -> Rule:
+    """The value is no more than the `Expected` field `limit` (None: not known); `says` is the refusal, of
+    {value} and {limit}."""
+
+    def rule(value: Any, fields: dict, expected: Expected) -> str | None:
+        bound = getattr(expected, limit)
+        return None if bound is None or value <= bound else says.format(value=value, limit=bound)
+
+    return rule
+
+
+def equal_to(limit: str, says: str) -> Rule:
+    """The value is the `Expected` field `limit` (None: not known); `says` is the refusal, of {value} and
+    {limit}."""
+
+    def rule(value: Any, fields: dict, expected: Expected) -> str | None:
+        bound = getattr(expected, limit)
+        return None if bound is None or value == bound else says.format(value=value, limit=bound)
+
+    return rule
+
+
+def both_or_neither(first: str, second: str) -> Relation:
+    """Two fields set together: both null or neither."""
+
+    def relation(fields: dict, expected: Expected, where: str) -> str | None:
+        if (fields[first] is None) == (fields[second] is None):
+            return None
+        return f"{where}.{first} and {where}.{second} disagree"
+
+    return relation
+
+
+def _position_in_epoch(value: int, counters: dict, expected: Expected) -> str | None:
     """batches_in_epoch: the micro-batches (per process) of the epoch already trained on, in optimizer steps of
     the run that wrote it (`accumulation` each): no more than the steps its epochs leave; in the first epoch,
     with the run's own settings (whose first epoch has `steps_per_epoch` steps), exactly the checkpoint's step."""
-    if not _is_count(value):
-        return f"is {_shown(value)}, not a count"
-    step, epoch = counters["global_step"], counters["epoch"]
+    step, epoch = expected.global_step, counters["epoch"]
     steps_in_epoch = math.ceil(value / expected.accumulation)
     if steps_in_epoch > step - epoch:  # every earlier epoch took a step at least
         return f"is {value} in epoch {epoch}, more micro-batches than the checkpoint's {step} steps leave"
@@ -340,36 +393,14 @@ def _check_position(value: Any, counters: dict, expected: Expected) -> str | Non
     return None
 
 
-def _check_epoch(value: Any, counters: dict, expected: Expected) -> str | None:
-    if not _is_count(value):
-        return f"is {_shown(value)}, not a count"
-    if value > counters["global_step"]:
-        return f"is {value}, more epochs than the checkpoint's {counters['global_step']} steps"
-    return None
-
-
-def _check_seconds(value: Any, counters: dict, expected: Expected) -> str | None:
-    return None if _is_number(value) and value >= 0 else f"is {_shown(value)}, not a finite number of seconds"
-
-
-def _check_finite(value: Any, counters: dict, expected: Expected) -> str | None:
-    return None if _is_number(value) else f"is {_shown(value)}, not a finite number"
-
-
-def _check_stop_reason(value: Any, counters: dict, expected: Expected) -> str | None:
-    return None if value in STOP_REASONS else f"is {_shown(value)}, not one of {STOP_REASONS[1:]}"
-
-
-def _check_history(value: Any, counters: dict, expected: Expected) -> str | None:
+def _logged_rows(rows: list, counters: dict, expected: Expected) -> str | None:
     """The logged rows: each a step (from 1 to the checkpoint's, in order) and named numbers (a logged loss may
     have been NaN: the row is a record of it)."""
-    if not isinstance(value, list):
-        return "is not a list of logged rows"
     previous = 0
-    for index, row in enumerate(value):
+    for index, row in enumerate(rows):
         if not isinstance(row, dict) or not _is_count(row.get("step")):
             return f"row {index} has no step"
-        if not previous <= row["step"] <= counters["global_step"]:
+        if not previous <= row["step"] <= expected.global_step:
             return f"row {index} is at step {row['step']}, out of order or beyond the checkpoint's step"
         previous = row["step"]
         for name, number in row.items():
@@ -378,88 +409,133 @@ def _check_history(value: Any, counters: dict, expected: Expected) -> str | None
     return None
 
 
-_COUNTER_CHECKS = {
-    "global_step": _check_global_step,
-    "epoch": _check_epoch,
-    "batches_in_epoch": _check_position,
-    "tokens_seen": _check_count,
-    "train_time_s": _check_seconds,
-    "best_metric": _optional(_check_finite),
-    "best_step": _optional(_check_up_to_step),
-    "evals_without_improvement": _check_up_to_step,
-    "history": _check_history,
-    "stop_reason": _check_stop_reason,
-    "lowest_loss": _optional(_check_finite),
-    "lowest_loss_step": _optional(_check_up_to_step),
-}
-"""One check per field of `TrainState` (a field without one is refused by the test suite): its type, its range
-and its agreement with the checkpoint's step, name and epochs."""
-
-_PAIRED = (("best_metric", "best_step"), ("lowest_loss", "lowest_loss_step"))
-"""Fields set together: both null or neither."""
-
-
-def _check_counters(saved: Any, expected: Expected) -> dict[str, Any]:
-    import dataclasses
-
-    fields = {f.name for f in dataclasses.fields(TrainState)}
-    if not isinstance(saved, dict) or set(saved) != fields:
-        raise DamagedCheckpoint(f"{LOOP_STATE_FILE} does not hold the loop's counters")
-    for name, check in _COUNTER_CHECKS.items():  # global_step first: the other fields are measured against it
-        problem = check(saved[name], saved, expected)
-        if problem:
-            raise DamagedCheckpoint(f"{LOOP_STATE_FILE}: counters.{name} {problem}")
-    for value, step in _PAIRED:
-        if (saved[value] is None) != (saved[step] is None):
-            raise DamagedCheckpoint(f"{LOOP_STATE_FILE}: counters.{value} and counters.{step} disagree")
-    return saved
-
-
 LOG_WINDOW_DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
-def check_log_window(saved: Any, global_step: int) -> dict[str, Any] | None:
-    """The loop state's `log_window`: the optimizer steps since the last logged line, their real tokens, the
-    seconds they took and each loss part's sums, one per process that wrote them (`kiln.throughput.LogWindow.state`),
-    so a resumed run logs the same windowed loss as an uninterrupted one. Absent (an earlier Kiln): None."""
-    import math
+def _window_steps(window: dict, expected: Expected, where: str) -> str | None:
+    if window["steps"] > expected.global_step:
+        return f"{where} holds {window['steps']} steps, more than the checkpoint's {expected.global_step}"
+    return None
 
-    if saved is None:
-        return None
-    where = f"{LOOP_STATE_FILE}: log_window"
-    if not isinstance(saved, dict) or set(saved) != {"steps", "tokens", "seconds", "sums", "dtypes"}:
-        raise DamagedCheckpoint(f"{where} does not hold the logging window's fields")
-    for name in ("steps", "tokens"):
-        value = saved[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise DamagedCheckpoint(f"{where}.{name} is not a count")
-    if saved["steps"] > global_step:
-        raise DamagedCheckpoint(
-            f"{where} holds {saved['steps']} steps, more than the checkpoint's {global_step}"
-        )
-    seconds = saved["seconds"]
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
-        raise DamagedCheckpoint(f"{where}.seconds is not a duration")
-    sums, dtypes = saved["sums"], saved["dtypes"]
-    if not isinstance(sums, dict) or not isinstance(dtypes, dict) or set(sums) != set(dtypes):
-        raise DamagedCheckpoint(f"{where}: its sums and their dtypes do not name the same loss parts")
-    if bool(sums) != bool(saved["steps"]):
-        raise DamagedCheckpoint(f"{where}: its sums do not agree with its {saved['steps']} steps")
-    widths = set()
+
+def _loss_parts(window: dict, expected: Expected, where: str) -> str | None:
+    """Each loss part's sums, one number per process that wrote them (NaN and inf are sums too: a step skipped
+    for a non-finite loss is logged as such in its window), and its dtype; none before the window's first step."""
+    sums, dtypes = window["sums"], window["dtypes"]
+    if set(sums) != set(dtypes):
+        return f"{where}: its sums and their dtypes do not name the same loss parts"
+    if bool(sums) != bool(window["steps"]):
+        return f"{where}: its sums do not agree with its {window['steps']} steps"
     for name, shares in sums.items():
         if dtypes[name] not in LOG_WINDOW_DTYPES:
-            raise DamagedCheckpoint(f"{where}: loss part {name!r} has no known dtype")
-        # NaN and inf are sums too: a step skipped for a non-finite loss is logged as such in its window
-        if (
-            not isinstance(shares, list)
-            or not shares
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in shares)
-        ):
-            raise DamagedCheckpoint(f"{where}: loss part {name!r} does not hold one number per process")
-        widths.add(len(shares))
-    if len(widths) > 1:
-        raise DamagedCheckpoint(f"{where}: its loss parts hold sums of different numbers of processes")
-    return saved
+            return f"{where}: loss part {name!r} has no known dtype"
+        numbers = isinstance(shares, list) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in shares
+        )
+        if not numbers or not shares:
+            return f"{where}: loss part {name!r} does not hold one number per process"
+    if len({len(shares) for shares in sums.values()}) > 1:
+        return f"{where}: its loss parts hold sums of different numbers of processes"
+    return None
+
+
+_UP_TO_THE_STEP = at_most("global_step", "is {value}, beyond the checkpoint's step {limit}")
+
+COUNTERS = Table(
+    "the loop's counters",
+    (
+        # global_step first: the fields after it are measured against it (the checkpoint's step)
+        Field(
+            "global_step",
+            COUNT,
+            rules=(
+                equal_to(
+                    "global_step", "is {value} but the checkpoint's trainer_state.json says step {limit}"
+                ),
+                equal_to("folder_step", "is {value} but the checkpoint's folder is named for step {limit}"),
+                at_most("total_steps", "is {value}, beyond this run's {limit} steps"),
+            ),
+        ),
+        Field(
+            "epoch",
+            COUNT,
+            rules=(at_most("global_step", "is {value}, more epochs than the checkpoint's {limit} steps"),),
+        ),
+        Field("batches_in_epoch", COUNT, rules=(_position_in_epoch,)),
+        Field("tokens_seen", COUNT),
+        Field("train_time_s", SECONDS),
+        Field("best_metric", NUMBER, null=True),
+        Field("best_step", COUNT, null=True, rules=(_UP_TO_THE_STEP,)),
+        Field("evals_without_improvement", COUNT, rules=(_UP_TO_THE_STEP,)),
+        Field("history", ROWS, rules=(_logged_rows,)),
+        Field("stop_reason", STOP_REASON, null=True),
+        Field("lowest_loss", NUMBER, null=True),
+        Field("lowest_loss_step", COUNT, null=True, rules=(_UP_TO_THE_STEP,)),
+    ),
+    relations=(
+        both_or_neither("best_metric", "best_step"),
+        both_or_neither("lowest_loss", "lowest_loss_step"),
+    ),
+)
+"""`TrainState`, field by field (a field of it missing here is refused by the test suite)."""
+
+LOG_WINDOW = Table(
+    "the logging window's fields",
+    (
+        Field("steps", COUNT),
+        Field("tokens", COUNT),
+        Field("seconds", SECONDS),
+        Field("sums", OBJECT),
+        Field("dtypes", OBJECT),
+    ),
+    relations=(_window_steps, _loss_parts),
+)
+"""The logging window so far (`kiln.throughput.LogWindow.state`): the optimizer steps since the last logged line,
+their real tokens, the seconds they took and each loss part's sums, one per process that wrote them, so a resumed
+run logs the same windowed loss as an uninterrupted one."""
+
+LOOP_STATE = Table(
+    "the loop state",
+    (
+        Field("counters", COUNTERS),
+        Field("scheduler", OBJECT),  # its fields are this run's scheduler's: _check_schedule
+        Field(
+            "accelerator_step",
+            MICRO_BATCHES,
+            rules=(at_most("micro_batches", f"is {{value}}, not {MICRO_BATCHES.name}"),),
+        ),
+        Field("grad_scaler", OBJECT, null=True),  # its fields are this run's scaler's: _check_grad_scaler
+        Field("log_window", LOG_WINDOW, null=True, absent=True),
+    ),
+)
+"""loop_state.json, as `save_training_state` writes it."""
+
+
+def check_fields(saved: Any, table: Table, expected: Expected, where: str = "") -> None:
+    """`saved` holds the fields of `table` and no others (an `absent` one may be missing), each of its kind
+    (null where the field may be), its rules holding, then the table's relations: else a `DamagedCheckpoint`
+    naming the file and the first field that does not fit. A field that is a table is checked the same way."""
+    names = {field.name for field in table.fields}
+    required = {field.name for field in table.fields if not field.absent}
+    if not isinstance(saved, dict) or not required <= set(saved) <= names:
+        raise DamagedCheckpoint(f"{LOOP_STATE_FILE} does not hold {table.holds}")
+    for field in table.fields:
+        value = saved.get(field.name)
+        place = f"{where}.{field.name}" if where else field.name
+        if field.name not in saved or value is None and field.null:
+            continue
+        if isinstance(field.kind, Table):
+            check_fields(value, field.kind, expected, place)
+            continue
+        problem = None if field.kind.fits(value) else f"is {_shown(value)}, not {field.kind.name}"
+        for rule in field.rules:
+            problem = problem or rule(value, saved, expected)
+        if problem:
+            raise DamagedCheckpoint(f"{LOOP_STATE_FILE}: {place} {problem}")
+    for relation in table.relations:
+        problem = relation(saved, expected, where)
+        if problem:
+            raise DamagedCheckpoint(f"{LOOP_STATE_FILE}: {problem}")
 
 
 def _check_schedule(saved: Any, scheduler, expected: Expected) -> dict[str, Any]:
@@ -504,8 +580,6 @@ def _check_grad_scaler(saved: Any, scaler) -> dict[str, Any] | None:
     since the last overflow below the growth interval. A run without one ignores a saved one."""
     where = f"{LOOP_STATE_FILE}: grad_scaler"
     if scaler is None:
-        if saved is not None and not isinstance(saved, dict):
-            raise DamagedCheckpoint(f"{where} is {_shown(saved)}, not a scaler's state")
         return None
     live = scaler.state_dict()
     _same_shape(saved, live, where)
@@ -524,26 +598,17 @@ def _check_grad_scaler(saved: Any, scaler) -> dict[str, Any] | None:
 
 
 def _check_loop_state(folder: Path, scheduler, scaler, expected: Expected) -> dict[str, Any]:
+    """loop_state.json: every field of `LOOP_STATE` (`check_fields`), then the schedule and the gradient scaler
+    against this run's."""
     try:
         loop = json.loads((folder / LOOP_STATE_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DamagedCheckpoint(f"{LOOP_STATE_FILE} is missing") from None
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise DamagedCheckpoint(f"{LOOP_STATE_FILE} is unreadable ({type(err).__name__})") from None
-    required = {"counters", "scheduler", "accelerator_step", "grad_scaler"}
-    if not isinstance(loop, dict) or not required <= set(loop) <= required | {"log_window"}:
-        raise DamagedCheckpoint(f"{LOOP_STATE_FILE} does not hold the loop state")
-    _check_counters(loop["counters"], expected)
+    check_fields(loop, LOOP_STATE, expected)
     _check_schedule(loop["scheduler"], scheduler, expected)
-    step = loop["accelerator_step"]
-    if not _is_count(step) or step > expected.global_step * expected.accumulation:
-        raise DamagedCheckpoint(
-            f"{LOOP_STATE_FILE}: accelerator_step is {_shown(step)}, not a count of the checkpoint's micro-batches"
-        )
     _check_grad_scaler(loop["grad_scaler"], scaler)
-    check_log_window(
-        loop.get("log_window"), expected.global_step
-    )  # absent in checkpoints of earlier versions
     return loop
 
 
@@ -559,7 +624,7 @@ def load_training_state(
 ) -> dict[str, Any] | None:
     """Load what `save_training_state` wrote into the run's objects: `check_training_state`, then
     `apply_training_state`. `global_step`: the checkpoint's step, or all the run expects of it (`Expected`).
-    Returns the logging window's saved sums (`check_log_window`), or None."""
+    Returns the logging window's saved sums (`LOG_WINDOW`), or None."""
     checked = check_training_state(
         accelerator, model, optimizer, scheduler, folder, global_step, saved_processes
     )
@@ -587,11 +652,11 @@ def check_training_state(
     saved_processes: int | None,
 ) -> CheckedState:
     """Read and check every file of the checkpoint against the run's objects, changing none of them: the loop
-    state (every field, `_COUNTER_CHECKS`), this process's random states, the weights (names, shapes, dtypes,
-    finite) and the optimizer state (each tensor against its parameter). A damaged or inconsistent file raises
-    `DamagedCheckpoint` naming it and the first field or parameter that does not fit (`ModelMismatch` for
-    weights of another model). `saved_processes`: how many processes wrote the checkpoint (a process beyond
-    them, in a resume on more processes, keeps its own random states)."""
+    state (every field of `LOOP_STATE`, `check_fields`), this process's random states, the weights and the
+    optimizer state (`check_tensors`: each against the model's tensor or its parameter). A damaged or
+    inconsistent file raises `DamagedCheckpoint` naming it and the first field or parameter that does not fit
+    (`ModelMismatch` for weights of another model). `saved_processes`: how many processes wrote the checkpoint
+    (a process beyond them, in a resume on more processes, keeps its own random states)."""
     folder = Path(folder)
     if not isinstance(expected, Expected):
         expected = Expected(global_step=expected)
@@ -703,9 +768,38 @@ def _live_weights(accelerator: Accelerator, model) -> dict[str, torch.Tensor]:
     return accelerator.unwrap_model(model).state_dict()
 
 
+def check_tensors(
+    saved: dict[str, Any],
+    expected: dict[str, torch.Tensor],
+    where: str,
+    whose: str,
+    mismatch: type[DamagedCheckpoint] = DamagedCheckpoint,
+) -> None:
+    """The one check of a checkpoint's tensors, weights and optimizer state alike: `saved` holds the names of
+    `expected` (the run's tensors) and no others, each a tensor of its expected one's shape and dtype (else
+    `mismatch`), every floating-point one finite. `where`: the file (and parameter) a refusal names; `whose`:
+    how it names the expected tensor ("the model's", "the parameter")."""
+    missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if missing or unexpected:
+        raise mismatch(
+            f"{where} holds other tensors than {whose} (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    for name, live in expected.items():
+        tensor = saved[name]
+        if not torch.is_tensor(tensor):
+            raise DamagedCheckpoint(f"{where}: {name} is not a tensor")
+        if tuple(tensor.shape) != tuple(live.shape) or tensor.dtype != live.dtype:
+            raise mismatch(
+                f"{where}: {name} is {tensor.dtype} {list(tensor.shape)}, {whose} is {live.dtype} "
+                f"{list(live.shape)}"
+            )
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise DamagedCheckpoint(f"{where}: {name} holds NaN or infinite values")
+
+
 def _check_model(accelerator: Accelerator, model, folder: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors holds every weight of the model (tied weights once), each of its shape and dtype, and
-    every floating-point weight finite. Returns them, tied names filled in."""
+    """model.safetensors holds every weight of the model (tied weights once), `check_tensors`. Returns them,
+    tied names filled in."""
     weights, _ = _read_safetensors(folder / MODEL_FILE)
     live = _live_weights(accelerator, model)
     if _is_fsdp(accelerator):
@@ -726,21 +820,7 @@ def _check_model(accelerator: Accelerator, model, folder: Path) -> dict[str, tor
         for name in tied:
             if present and name not in weights:
                 weights[name] = weights[present[0]]
-    unexpected, missing = set(weights) - set(live), set(live) - set(weights)
-    if unexpected or missing:
-        raise ModelMismatch(
-            f"{MODEL_FILE} holds other weights than the model (missing {sorted(missing)[:3]}, "
-            f"unexpected {sorted(unexpected)[:3]})"
-        )
-    for name, tensor in live.items():
-        saved = weights[name]
-        if tuple(saved.shape) != tuple(tensor.shape) or saved.dtype != tensor.dtype:
-            raise ModelMismatch(
-                f"{MODEL_FILE}: {name} is {saved.dtype} {list(saved.shape)}, the model's is {tensor.dtype} "
-                f"{list(tensor.shape)}"
-            )
-        if saved.is_floating_point() and not bool(torch.isfinite(saved).all()):
-            raise DamagedCheckpoint(f"{MODEL_FILE}: {name} holds NaN or infinite values")
+    check_tensors(weights, live, MODEL_FILE, "the model's", mismatch=ModelMismatch)
     return weights
 
 
@@ -773,9 +853,10 @@ _RUN_SETTINGS = ("betas", "eps", "weight_decay", "initial_lr")
 
 
 def _check_group(saved: Any, live: dict, index: int, where: str, schedule: dict, expected: Expected) -> dict:
+    """A parameter group's settings (its fields already this run's, `_check_optimizer`): of the same kinds and
+    ranges, the algorithm's this run's, the learning rate the saved schedule's. Returns them as the optimizer
+    loads them (this machine's device flags kept)."""
     where = f"{where}: parameter group {index}"
-    if not isinstance(saved, dict) or set(saved) != set(live):
-        raise DamagedCheckpoint(f"{where} does not hold this run's settings")
     for key, value in live.items():
         if key == "params" or key in _DEVICE_FLAGS:
             continue
@@ -832,41 +913,32 @@ def _check_param_state(
     values: dict[str, Any], name: str, param, keys: set[str] | None, where: str, expected: Expected
 ) -> None:
     """One parameter's optimizer state: the keys its optimizer keeps; its step a whole number from 0 to the
-    checkpoint's step; every other tensor of the parameter's shape and dtype, finite (second moments not
-    negative)."""
+    checkpoint's step; every other tensor the parameter's (`check_tensors`), second moments not negative.
+    Another optimizer's plain (non-tensor) values are its own."""
     where = f"{where}: the state of {name}"
     if keys is not None and set(values) != keys:
         raise DamagedCheckpoint(f"{where} holds {sorted(values)}, not {sorted(keys)}")
-    shape = tuple(param.shape)
-    for key, value in values.items():
-        if not torch.is_tensor(value):
-            if keys is not None:
-                raise DamagedCheckpoint(f"{where}: {key} is not a tensor")
-            continue
-        if key == "step":
-            if (
-                value.dim() != 0
-                or not value.is_floating_point()
-                and value.dtype not in (torch.int64, torch.int32)
-            ):
-                raise DamagedCheckpoint(
-                    f"{where}: step is a {value.dtype} {list(value.shape)}, not one number"
-                )
-            step = float(value)
-            if not math.isfinite(step) or step != int(step) or not 0 <= step <= expected.global_step:
-                raise DamagedCheckpoint(
-                    f"{where}: step is {step:g}, not a count from 0 to the checkpoint's {expected.global_step}"
-                )
-            continue
-        if tuple(value.shape) != shape or value.dtype != param.dtype:
-            raise DamagedCheckpoint(
-                f"{where}: {key} is {value.dtype} {list(value.shape)}, the parameter is {param.dtype} {list(shape)}"
-            )
-        if value.is_floating_point():
-            if not bool(torch.isfinite(value).all()):
-                raise DamagedCheckpoint(f"{where}: {key} holds NaN or infinite values")
-            if key.endswith("_sq") and bool((value < 0).any()):
-                raise DamagedCheckpoint(f"{where}: {key} holds negative values")
+    tensors = {key: value for key, value in values.items() if keys is not None or torch.is_tensor(value)}
+    if "step" in tensors:
+        _check_step(tensors.pop("step"), where, expected)
+    check_tensors(tensors, dict.fromkeys(tensors, param), where, "the parameter")
+    for key, value in tensors.items():
+        if key.endswith("_sq") and bool((value < 0).any()):
+            raise DamagedCheckpoint(f"{where}: {key} holds negative values")
+
+
+def _check_step(step: Any, where: str, expected: Expected) -> None:
+    """A parameter's optimizer step: one number (torch keeps it as a float or int tensor), a whole one from 0 to
+    the checkpoint's step."""
+    if not torch.is_tensor(step):
+        raise DamagedCheckpoint(f"{where}: step is not a tensor")
+    if step.dim() != 0 or not step.is_floating_point() and step.dtype not in (torch.int64, torch.int32):
+        raise DamagedCheckpoint(f"{where}: step is a {step.dtype} {list(step.shape)}, not one number")
+    value = float(step)
+    if not math.isfinite(value) or value != int(value) or not 0 <= value <= expected.global_step:
+        raise DamagedCheckpoint(
+            f"{where}: step is {value:g}, not a count from 0 to the checkpoint's {expected.global_step}"
+        )
 
 
 def _check_optimizer(
@@ -1059,6 +1131,7 @@ def load_pickled_state(accelerator: Accelerator, scheduler, state: TrainState, f
 
 __all__ = [
     "LOG_WINDOW_DTYPES",
+    "LOOP_STATE",
     "LOOP_STATE_FILE",
     "MODEL_FILE",
     "OPTIMIZER_FILE",
@@ -1068,8 +1141,9 @@ __all__ = [
     "Expected",
     "ModelMismatch",
     "apply_training_state",
-    "check_log_window",
+    "check_fields",
     "check_on_every_process",
+    "check_tensors",
     "check_training_state",
     "expected_of",
     "load_pickled_state",

@@ -62,7 +62,7 @@ class LogWindow:
 
     @classmethod
     def restored(cls, saved: dict[str, Any] | None, accelerator) -> LogWindow:
-        """The window a checkpoint saved (`state`, checked by kiln.checkpoint_state.check_log_window); None: a new
+        """The window a checkpoint saved (`state`, checked as kiln.checkpoint_state.LOG_WINDOW declares); None: a new
         one. Each process takes its own sums; saved on another number of processes, the first process takes their
         total (the logged mean is the sum over processes)."""
         window = cls()
