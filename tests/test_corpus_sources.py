@@ -70,7 +70,9 @@ class FakeGitHub:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.handle_error = lambda request, address: None  # a client that gave up (the stall): not news
+        self.server.handle_error = lambda request, address: (
+            None
+        )  # a client that gave up (the stall): not news
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
