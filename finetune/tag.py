@@ -147,7 +147,9 @@ def build_tagger(path: str, model_cfg, label2id: dict, id2label: dict, keep_head
     from transformers import AutoModelForTokenClassification
 
     new_head = None if keep_head else dict(num_labels=len(id2label), id2label=id2label, label2id=label2id)
-    return encoder_model(AutoModelForTokenClassification, path, model_cfg, new_head, ("classifier.",))
+    # new by design on a pretraining checkpoint: the classifier, and the modernbert preset's token transform
+    # (`head`: dense + activation + norm; none for BERT), which the pretraining folder keeps in its MLM head
+    return encoder_model(AutoModelForTokenClassification, path, model_cfg, new_head, ("classifier.", "head."))
 
 
 # ----------------------------------------------------------------------------------------------------------

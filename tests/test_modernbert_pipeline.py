@@ -172,3 +172,41 @@ def test_adapt_and_classify_fine_tune_a_preset_encoder(modern_run, tmp_path):
 
     model = KilnEncoderForSequenceClassification.from_pretrained(tmp_path / "tuned" / "final")
     assert type(model.model.pooler).__name__ == "KilnTransformPooler"
+
+
+def test_a_preset_encoders_pretraining_folder_fine_tunes_a_tagger(modern_run, tmp_path):
+    """The modernbert preset's token head puts a transform (dense + activation + norm) before its classifier;
+    a pretraining folder has none (its transform is the MLM head's), so the tagger starts it new, as the
+    classifier, instead of refusing the folder."""
+    from test_finetune_scripts import synthetic_ner_sentences, write_conll
+
+    from finetune.tag import main as tag
+
+    files = {
+        split: write_conll(tmp_path / f"{split}.txt", synthetic_ner_sentences(n, seed))
+        for split, n, seed in (("train", 16, 0), ("validation", 8, 1))
+    }
+    with one_torch_thread():
+        run_main(
+            tag,
+            "--model.checkpoint",
+            modern_run / "final",
+            "--data.train_file",
+            files["train"],
+            "--data.validation_file",
+            files["validation"],
+            "--data.test_file",
+            "none",
+            "--training.output_dir",
+            tmp_path / "tagger",
+            "--training.max_steps",
+            2,
+            "--training.save_steps",
+            0,
+            "--training.per_device_train_batch_size",
+            8,
+        )
+    from pretrain.modeling import KilnEncoderForTokenClassification
+
+    tagger = KilnEncoderForTokenClassification.from_pretrained(tmp_path / "tagger" / "final")
+    assert type(tagger.head).__name__ == "KilnClassifierTransform" and tagger.config.preset == "modernbert"
