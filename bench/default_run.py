@@ -18,7 +18,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -30,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # python bench/X.py, or loaded by path: import the repository's bench package
     sys.path.insert(0, str(REPO))
 
-from bench.machine import cpu_name  # noqa: E402
+from bench.machine import children_cpu_seconds, cpu_name  # noqa: E402
 
 STEPS = (10, 200, 400, 600)  # the rows of the README's table
 COMMAND = ["accelerate", "launch", "--num_processes", "1", "--cpu", "pretrain/run.py"]
@@ -42,14 +41,6 @@ def rows_at(metrics: Path, steps: tuple[int, ...]) -> list[dict]:
     return [row for row in rows if row.get("step") in steps]
 
 
-def _children_cpu_s() -> float:
-    """User + system CPU-seconds of every finished child process and its descendants (the launcher waits for the
-    training process, so its time is counted): unlike the wall clock, it does not grow with the other jobs sharing
-    the cores."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_default(png: Path | None, threads: int | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="kiln-default-run-") as tmp:
         out = (
@@ -59,11 +50,11 @@ def run_default(png: Path | None, threads: int | None) -> dict:
         if threads:  # accelerate's flag, before the script: the same run, summed on fewer or more threads
             command[2:2] = ["--num_cpu_threads_per_process", str(threads)]
         load_before = os.getloadavg()
-        cpu_before = _children_cpu_s()
+        cpu_before = children_cpu_seconds()
         start = time.perf_counter()
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         wall = time.perf_counter() - start
-        cpu = _children_cpu_s() - cpu_before
+        cpu = children_cpu_seconds() - cpu_before
         load_after = os.getloadavg()
         if done.returncode != 0:
             sys.exit(f"error: the default run failed ({done.returncode}):\n{done.stderr[-3000:]}")

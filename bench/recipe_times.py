@@ -35,7 +35,6 @@ import math
 import os
 import platform
 import re
-import resource
 import shlex
 import subprocess
 import sys
@@ -47,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # python bench/X.py, or loaded by path: import the repository's bench package
     sys.path.insert(0, str(REPO))
 
-from bench.machine import cpu_name, load_average  # noqa: E402
+from bench.machine import children_cpu_seconds, cpu_name, load_average  # noqa: E402
 
 # run as `python bench/recipe_times.py`, bench/ is on the path first, and its finetune.py would hide the finetune
 # package whose task configs read the full runs' commands
@@ -143,12 +142,7 @@ def make_user_files(work: Path) -> dict[str, str]:
     }
 
 
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def launch(words: list[str], work: Path, log: Path) -> dict:
+def launch_first_try(words: list[str], work: Path, log: Path) -> dict:
     """Run `kiln-launch ...` in `work`, its output to `log`; the wall clock, CPU-seconds and the progress bar's
     (seconds since start, step, total) updates as they arrived."""
     env = {
@@ -156,7 +150,7 @@ def launch(words: list[str], work: Path, log: Path) -> dict:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "PYTHONUNBUFFERED": "1",
     }
-    cpu_before = _children_cpu_s()
+    cpu_before = children_cpu_seconds()
     start = time.perf_counter()
     process = subprocess.Popen(
         [*KILN_LAUNCH, *words[1:]], cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -178,7 +172,7 @@ def launch(words: list[str], work: Path, log: Path) -> dict:
         pending = parts[-1]
     process.wait()
     wall = time.perf_counter() - start
-    cpu = _children_cpu_s() - cpu_before
+    cpu = children_cpu_seconds() - cpu_before
     output = "".join(text)
     log.write_text(output)
     if process.returncode != 0:
@@ -245,7 +239,7 @@ def run_first_try(recipe: dict, work: Path, quick: bool) -> dict:
         words = [*words, "--training.max_steps", str(QUICK_STEPS)]
         steps, warmup = QUICK_STEPS, QUICK_WARMUP
     print(f"{recipe['name']}: {recipe['first_try']}{' (quick)' if quick else ''}", flush=True)
-    done = launch(words, work, work / f"{recipe['name']}.log")
+    done = launch_first_try(words, work, work / f"{recipe['name']}.log")
     timed_steps, timed_s = timed_rate(done["updates"], warmup)
     rate = timed_steps / timed_s
     if done["updates"][-1][1] != steps:

@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # python bench/X.py, or loaded by path: import the repository's bench package
     sys.path.insert(0, str(REPO))
 
-from bench.machine import cpu_name, load_average  # noqa: E402
+from bench.machine import children_cpu_seconds, cpu_name, load_average  # noqa: E402
 
 LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # = `accelerate launch`
 COMMAND = "accelerate launch pretrain/run.py"
@@ -84,13 +83,6 @@ def settings() -> dict[str, dict[str, str]]:
     }
 
 
-def _children_cpu_s() -> float:
-    """User + system CPU-seconds of every waited-for child process and its descendants (the launcher waits for the
-    training process, so its time is counted; the busy loops are waited for only after the last run)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def one_run(label: str, env_set: dict[str, str], work: Path, quick: bool) -> dict:
     out = work / label.replace(" ", "-")
     env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
@@ -103,13 +95,13 @@ def one_run(label: str, env_set: dict[str, str], work: Path, quick: bool) -> dic
     )
     command = [*LAUNCH, "pretrain/run.py", "--training.output_dir", str(out), *(QUICK if quick else ())]
     print(f"{label}: {' '.join(f'{k}={v}' for k, v in env_set.items())} {COMMAND}".strip(), flush=True)
-    cpu_before = _children_cpu_s()
+    cpu_before = children_cpu_seconds()
     start = time.perf_counter()
     done = subprocess.run(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     wall = time.perf_counter() - start
-    cpu = _children_cpu_s() - cpu_before
+    cpu = children_cpu_seconds() - cpu_before
     if done.returncode != 0:
         tail = "\n".join(done.stdout.splitlines()[-30:])
         raise SystemExit(f"error: the {label} run failed ({done.returncode}):\n{tail}")
