@@ -14,10 +14,8 @@ launching, fine-tuning), from it, and tests/test_docs_numbers.py fails when they
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -29,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # python bench/X.py, or loaded by path: import the repository's bench package
     sys.path.insert(0, str(REPO))
 
-from bench.machine import children_cpu_seconds, cpu_name  # noqa: E402
+from bench.machine import children_cpu_seconds, run_stamp  # noqa: E402
 
 STEPS = (10, 200, 400, 600)  # the rows of the README's table
 COMMAND = ["accelerate", "launch", "--num_processes", "1", "--cpu", "pretrain/run.py"]
@@ -62,20 +60,10 @@ def run_default(png: Path | None, threads: int | None) -> dict:
             shutil.copyfile(out / "final" / "loss_curve.png", png)
         import torch
 
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        )
         return {
             "command": " ".join(command[: command.index("--training.output_dir")]),
             "output_dir": "a new temporary folder named encoder-tiny (--training.output_dir)",
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": commit.stdout.strip(),
-            "machine": {
-                "cpu": cpu_name(),
-                "cores": os.cpu_count(),
-                "system": platform.system(),
-                "python": platform.python_version(),
-            },
+            **run_stamp(),
             "torch": torch.__version__,
             "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1),

@@ -4,8 +4,13 @@ benchmarks record them alike."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def cpu_name() -> str:
@@ -33,3 +38,20 @@ def children_cpu_seconds() -> float:
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def run_stamp(**machine_facts) -> dict:
+    """What every driver script's record opens with: the date (UTC), the commit, and the machine (CPU, cores,
+    system, Python, and `machine_facts` of the script's own, such as the thread setting)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit.stdout.strip(),
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            **machine_facts,
+            "system": platform.system(),
+            "python": platform.python_version(),
+        },
+    }

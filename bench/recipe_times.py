@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import gzip
 import importlib
 import json
 import math
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -46,7 +44,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # python bench/X.py, or loaded by path: import the repository's bench package
     sys.path.insert(0, str(REPO))
 
-from bench.machine import children_cpu_seconds, cpu_name, load_average  # noqa: E402
+from bench.machine import children_cpu_seconds, load_average, run_stamp  # noqa: E402
+from bench.pages import page_commands  # noqa: E402
 
 # run as `python bench/recipe_times.py`, bench/ is on the path first, and its finetune.py would hide the finetune
 # package whose task configs read the full runs' commands
@@ -64,17 +63,6 @@ AUTHORSHIP_TRAIN = REPO / "data/finetune/authorship/train.csv"
 PROGRESS = re.compile(
     r"\s*train[^:]*:\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)\s"
 )  # a tqdm bar: `train:  33%|███▎ | 2/6 [`
-
-
-def page_commands(page: Path = PAGE) -> list[str]:
-    """Every command of the page's bash blocks, continuation lines joined and comments dropped."""
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            line = re.sub(r"\s+#.*$", "", line).strip()
-            if line and not line.startswith("#"):
-                commands.append(line)
-    return commands
 
 
 def _output_dir(words: list[str]) -> str | None:
@@ -268,19 +256,10 @@ def run_first_try(recipe: dict, work: Path, quick: bool) -> dict:
 def measure(quick: bool, keep: Path | None = None) -> dict:
     import torch
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     record = {
         "quick": quick,
         "page": "docs/recipes.md",
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit.stdout.strip(),
-        "machine": {
-            "cpu": cpu_name(),
-            "cores": os.cpu_count(),
-            "system": platform.system(),
-            "python": platform.python_version(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-        },
+        **run_stamp(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS")),
         "torch": torch.__version__,
         "estimate": "the full run's optimizer steps at the first try's rate after warm-up, plus the first try's time "
         "outside its timed steps",

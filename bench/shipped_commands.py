@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -39,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # python bench/X.py, or loaded by path: import the repository's bench package
     sys.path.insert(0, str(REPO))
 
-from bench.machine import cpu_name, load_average  # noqa: E402
+from bench.machine import load_average, run_stamp  # noqa: E402
 
 SHARED_DATA = REPO.parent / "shared" / "data"  # what ../shared/data in the offline configs means
 LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # = `accelerate launch`
@@ -273,18 +271,9 @@ def run_rows(names: list[str], work: Path, quick: bool, given: dict[str, Path]) 
     rows = [row for row in rows if row.name not in skipped]
     import torch
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     record = {
         "quick": quick,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit.stdout.strip(),
-        "machine": {
-            "cpu": cpu_name(),
-            "cores": os.cpu_count(),
-            "system": platform.system(),
-            "python": platform.python_version(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-        },
+        **run_stamp(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS")),
         "torch": torch.__version__,
         "load_average_start": load_average(),
         "output": "a new folder per command, beside a folder of the two pretraining runs",

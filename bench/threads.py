@@ -28,10 +28,8 @@ the fewest CPU-seconds, quiet and busy summed. `--quick` runs a few steps (a che
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -44,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # python bench/X.py, or loaded by path: import the repository's bench package
     sys.path.insert(0, str(REPO))
 
-from bench.machine import children_cpu_seconds, cpu_name, load_average  # noqa: E402
+from bench.machine import children_cpu_seconds, load_average, run_stamp  # noqa: E402
 
 LAUNCH = (sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch")  # = `accelerate launch`
 COMMAND = "accelerate launch pretrain/run.py"
@@ -160,21 +158,12 @@ class BusyLoad:
 def run_both_thread_counts(quick: bool, busy: bool = False) -> dict:
     import torch
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     record = {
         "quick": quick,
         "condition": "busy" if busy else "quiet",
         "command": COMMAND,
         "output_dir": "a new temporary folder per run (--training.output_dir)",
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit.stdout.strip(),
-        "machine": {
-            "cpu": cpu_name(),
-            "cores": os.cpu_count(),
-            "physical_cores": physical_cores(),
-            "system": platform.system(),
-            "python": platform.python_version(),
-        },
+        **run_stamp(physical_cores=physical_cores()),
         "torch": torch.__version__,
         "cpu_s": "user + system CPU-seconds of the launcher and the training process",
         "load_average_before": load_average(),

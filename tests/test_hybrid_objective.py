@@ -30,6 +30,24 @@ def tokenizer():
     return train_tokenizer(TEXTS, kind="bpe", vocab_size=600, mask_token=True)
 
 
+def direct_masked_score(model, whole, start, mask_token_id, bidirectional=True):
+    """Masked next-token pseudo-log-likelihood computed the long way: one copy of `whole` (1, T) per token from
+    `start` on, that token replaced by the mask and predicted one position earlier; attention over the whole
+    sentence (a (1, 1, T, T) mask of ones) or, with `bidirectional=False`, the model's own causal attention."""
+    length = whole.shape[1]
+    everything = (
+        {"attention_mask": torch.ones(1, 1, length, length, dtype=torch.bool)} if bidirectional else {}
+    )
+    total = 0.0
+    for p in range(start, length):
+        copy = whole.clone()
+        copy[0, p] = mask_token_id
+        with torch.no_grad():
+            logits = model(input_ids=copy, **everything).logits[0, p - 1]
+        total += float(logits.double().log_softmax(-1)[whole[0, p]])
+    return total
+
+
 def _blocks(tokenizer, count, seed=0):
     """`count` packed blocks of 2-3 documents each (EOS after every document), some shorter than the others."""
     generator = torch.Generator().manual_seed(seed)
@@ -182,16 +200,7 @@ def test_masked_scoring_equals_a_direct_computation_and_splits_across_processes(
     scores = scorer.score(model, encoded)
     for i, (context, ids) in enumerate(zip(encoded.context, encoded.ids)):
         whole = torch.tensor([context + ids])
-        direct = 0.0
-        for p in range(
-            len(context), whole.shape[1]
-        ):  # one copy per sentence token, read one position earlier
-            copy = whole.clone()
-            copy[0, p] = tokenizer.mask_token_id
-            everything = torch.ones(1, 1, whole.shape[1], whole.shape[1], dtype=torch.bool)
-            with torch.no_grad():
-                logits = model(input_ids=copy, attention_mask=everything).logits[0, p - 1]
-            direct += float(logits.double().log_softmax(-1)[whole[0, p]])
+        direct = direct_masked_score(model, whole, len(context), tokenizer.mask_token_id)
         assert math.isclose(float(scores[i]), direct, rel_tol=1e-5), (i, float(scores[i]), direct)
     split = sum(scorer.score(model, encoded, rank, 2) for rank in range(2))
     assert torch.equal(split, scores)  # each sentence whole in one process's batches
@@ -318,21 +327,8 @@ def test_masked_scoring_reads_a_transformers_decoder_bidirectionally(tokenizer):
     encoded = scorer.encode(["the dog ran in the park."])
     score = float(scorer.score(model, encoded)[0])
     whole = torch.tensor([encoded.context[0] + encoded.ids[0]])
-    direct = 0.0
-    for p in range(1, whole.shape[1]):
-        copy = whole.clone()
-        copy[0, p] = tokenizer.mask_token_id
-        with torch.no_grad():
-            logits = model(input_ids=copy).logits[0, p - 1]  # causal: the masked token is not seen before it
-        direct += float(logits.double().log_softmax(-1)[whole[0, p]])
+    causal = direct_masked_score(model, whole, 1, tokenizer.mask_token_id, bidirectional=False)
     # read causally, position p - 1 never sees the mask at p, so the masked score must differ from this
-    assert not math.isclose(score, direct, rel_tol=1e-6)
-    bidirectional = 0.0
-    for p in range(1, whole.shape[1]):
-        copy = whole.clone()
-        copy[0, p] = tokenizer.mask_token_id
-        everything = torch.ones(1, 1, whole.shape[1], whole.shape[1], dtype=torch.bool)
-        with torch.no_grad():
-            logits = model(input_ids=copy, attention_mask=everything).logits[0, p - 1]
-        bidirectional += float(logits.double().log_softmax(-1)[whole[0, p]])
+    assert not math.isclose(score, causal, rel_tol=1e-6)
+    bidirectional = direct_masked_score(model, whole, 1, tokenizer.mask_token_id)
     assert math.isclose(score, bidirectional, rel_tol=1e-5)

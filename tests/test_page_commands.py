@@ -25,7 +25,9 @@ import yaml
 from conftest import TEST_USER
 from kiln_testing import REPO, free_port
 from test_bert_base_plan import MUST_SHRINK
-from test_walkthrough import ACCELERATE, BOOK, HF, KILN_LAUNCH, documented_commands, run
+from test_walkthrough import ACCELERATE, BOOK, HF, KILN_LAUNCH, run
+
+from bench.pages import page_commands
 
 INSTALL = 'pip install -e ".[dev]"'
 NOT_RUN = {
@@ -121,7 +123,7 @@ def fresh_folder(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
 def run_page(page: str, work: Path) -> list[tuple[str, str | None]]:
     """Every command of the page in order: (command, its output, or None where not run)."""
     done = []
-    for command in documented_commands(REPO / page):
+    for command in page_commands(REPO / page):
         argv, env = as_run_here(command, work)
         done.append((command, None if argv is None else run(argv, work, env)))
     return done
@@ -131,7 +133,7 @@ def test_every_page_gives_the_one_install_command_and_states_the_torch_build_onc
     """README, getting-started and installation install Kiln with the same command; the CPU-only torch index is
     named on the installation page only."""
     for page in ("README.md", "docs/getting-started.md", "docs/installation.md"):
-        installs = [c for c in documented_commands(REPO / page) if c.startswith("pip install")]
+        installs = [c for c in page_commands(REPO / page) if c.startswith("pip install")]
         assert installs == [INSTALL], (page, installs)
     for page in ("README.md", "docs/getting-started.md"):
         assert "download.pytorch.org" not in (REPO / page).read_text(), page
@@ -176,7 +178,7 @@ def test_the_readme_runs_in_page_order_getting_started_with_it_and_the_main_job_
     assert [row["step"] for row in steps if "train/loss" in row] == [1, 2, 3]
 
     # docs/getting-started.md in page order: the README's first commands that run, nothing else run
-    started = documented_commands(REPO / "docs/getting-started.md")
+    started = page_commands(REPO / "docs/getting-started.md")
     assert [c for c in started if c in NOT_RUN] == [INSTALL, "python -m pytest -n 2 -q"]
     ran = [c for c in started if c not in NOT_RUN]
     assert ran == ["accelerate config default", "kiln-launch pretrain/run.py"]
@@ -371,7 +373,7 @@ def test_every_documented_training_command_of_the_site_has_a_folder_of_its_own(m
     used: dict[str, str] = {}
     clashes, counted = [], 0
     for page in SITE_PAGES:
-        for command in documented_commands(REPO / page):
+        for command in page_commands(REPO / page):
             folders = output_folder(command)
             counted += bool(folders)
             for folder in folders:

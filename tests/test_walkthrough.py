@@ -25,21 +25,12 @@ from kiln_testing import REPO, free_port
 from test_bert_base_plan import MUST_SHRINK
 from test_public_datasets import serve_glue_sst2
 
+from bench.pages import page_commands
+
 BOOK = REPO / "data/pretrain/the_time_machine.txt"
 HF = str(Path(sys.executable).with_name("hf"))
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.accelerate_cli"]  # = `accelerate`
 KILN_LAUNCH = [sys.executable, "-m", "kiln.launcher"]  # = `kiln-launch`
-
-
-def documented_commands(page: Path) -> list[str]:
-    """Every command of the page's bash blocks, continuation lines joined and comments dropped."""
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            line = re.sub(r"\s+#.*$", "", line).strip()
-            if line and not line.startswith("#"):
-                commands.append(line)
-    return commands
 
 
 def workspace(tmp_path: Path) -> Path:
@@ -125,7 +116,7 @@ def as_run_here(command: str) -> tuple[list[str], dict]:
 @pytest.mark.slow
 def test_the_walkthrough_runs_end_to_end(tmp_path, hub):
     page = REPO / "docs/walkthrough.md"
-    commands = documented_commands(page)
+    commands = page_commands(page)
     assert [shlex.split(c)[0] for c in commands] == [
         "ls",
         "python",
@@ -240,7 +231,7 @@ KINDS = ["bert", "gpt2", "llama"]
 @pytest.mark.parametrize("kind", KINDS)
 def test_continued_pretraining_from_bert_gpt2_and_llama(tmp_path, kind):
     page = REPO / "docs/continue-pretraining.md"
-    commands = documented_commands(page)
+    commands = page_commands(page)
     download = [c for c in commands if c.startswith("hf download")]
     assert len(download) == 3 and "bert" in download[0] and "gpt2" in download[1], commands
     assert "SmolLM2" in download[2], commands
