@@ -6,9 +6,9 @@ CPU-seconds: bench/results/threads-quiet.json and bench/results/threads-busy.jso
     python bench/report.py --update docs/launching.md
 
 Both runs are `accelerate launch pretrain/run.py` as the README gives it, each into a new temporary folder, with the
-thread count set in its environment: `OMP_NUM_THREADS=1`, and `OMP_NUM_THREADS=<physical cores>` (what Kiln's
-default gives a single CPU process now, `kiln.launcher.default_cpu_threads`). Both are counts the user chose, so
-Kiln keeps them whatever its default is. The record holds, per run: the thread count the run printed, the real
+thread count set in its environment: `OMP_NUM_THREADS=1` (accelerate's default, which Kiln keeps) and
+`OMP_NUM_THREADS=<physical cores>`. Both are counts the user chose, so the runs measure the same thing whatever
+the default is. The record holds, per run: the thread count the run printed, the real
 (non-padding) tokens/s of every logged window and their median, the training loop's own clock (the last
 checkpoint's `train_time_s`), the wall clock end to end, the CPU-seconds it used (user + system time of the launcher
 and the training process, `getrusage(RUSAGE_CHILDREN)` before and after) and the last evaluation; and the machine
@@ -64,7 +64,7 @@ SETTLE_S = 5.0  # the busy loops run this long before the first measured run sta
 
 
 def physical_cores() -> int:
-    """The thread count Kiln's default gives a single CPU process (kiln.launcher.default_cpu_threads)."""
+    """The physical cores this process may use: the thread count of the "a thread per core" runs."""
     import psutil  # an accelerate dependency
 
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1

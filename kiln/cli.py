@@ -29,7 +29,6 @@ def run_cli(
     signals.STOPPING = False  # a new command: no stop signal received yet
     launcher.stop_with_launcher()
     if not {"-h", "--help", "--print_config"} & set(argv or sys.argv):  # answers that run nothing
-        launcher.default_cpu_threads()
         launcher.watch_for_failures()
     stop_on_sigterm()
     try:

@@ -8,8 +8,10 @@ In the training process (called by `kiln.cli.run_cli`, whatever launched it: `ac
 - `stop_with_launcher`: accelerate's single-process launcher does not forward signals; asking Linux for a
   SIGTERM when the launcher dies lets the training process save a checkpoint and exit 0 when the launcher is
   killed. (torchrun's agent, the multi-process launcher, forwards SIGTERM/SIGINT itself.)
-- `default_cpu_threads`: accelerate pins a single-process run to one thread unless told otherwise; on a machine
-  without an accelerator the training process takes one thread per physical core instead.
+
+Threads are accelerate's: one per process unless the user asks for more (`--num_cpu_threads_per_process`,
+`OMP_NUM_THREADS`). One thread is the default that costs a machine the fewest CPU-seconds, quiet or shared
+(`bench/threads.py`; docs/launching.md).
 
 `kiln-launch ARGS` (or `python -m kiln.launcher ARGS`) is `accelerate launch ARGS`, run by accelerate's own code
 in this process, whose ending is the training processes': SIGTERM/SIGINT go to the training processes (which
@@ -60,75 +62,6 @@ def stop_with_launcher() -> None:
         return
     if os.getppid() == 1:  # the launcher died before the request took effect: nobody will send the signal
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-THREAD_FLAGS = ("--num_cpu_threads_per_process", "--num-cpu-threads-per-process")
-
-
-def default_cpu_threads(environ=None, launcher_environ=None, launcher_argv=None) -> int | None:
-    """One thread per physical core for a single-process run that accelerate's launcher pinned to one thread by
-    default, on a machine without an accelerator; returns the count set, None when accelerate's value stays.
-
-    accelerate's launcher sets OMP_NUM_THREADS to `--num_cpu_threads_per_process`, which is 1 unless the flag,
-    OMP_NUM_THREADS or `--cpu` is given (accelerate#753: few CPU threads suit GPU training). So on a CPU-only
-    machine `accelerate launch pretrain/run.py` trained on one core: on the 2-core CI-class machine the default
-    run was 1.58x slower than with both cores, with the same losses. A 1 that the user chose (OMP_NUM_THREADS or
-    the flag given to the launcher, read from the launcher's own start-up environment and command line in
-    /proc), several processes per machine and runs that will use a GPU keep accelerate's value. Must run before
-    the first parallel torch operation."""
-    environ = os.environ if environ is None else environ
-    if environ.get("OMP_NUM_THREADS") != "1" or not any(key.startswith("ACCELERATE_") for key in environ):
-        return None
-    if int(environ.get("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", "1")) or 1) > 1:
-        return None
-    if launcher_environ is None or launcher_argv is None:
-        try:
-            parent = os.getppid()
-            with open(f"/proc/{parent}/environ", "rb") as fh:
-                launcher_environ = [
-                    entry.split(b"=", 1)[0].decode(errors="replace") for entry in fh.read().split(b"\0")
-                ]
-            with open(f"/proc/{parent}/cmdline", "rb") as fh:
-                launcher_argv = [arg.decode(errors="replace") for arg in fh.read().split(b"\0")]
-        except OSError:  # not Linux, or the launcher is gone: keep accelerate's value
-            return None
-    if "OMP_NUM_THREADS" in launcher_environ or any(
-        arg.split("=")[0] in THREAD_FLAGS for arg in launcher_argv
-    ):
-        return None
-    if _accelerator_available():
-        return None
-    import psutil  # an accelerate dependency
-    import torch
-
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    if hasattr(os, "sched_getaffinity"):
-        cores = min(cores, len(os.sched_getaffinity(0)))
-    if cores <= 1:
-        return None
-    os.environ["OMP_NUM_THREADS"] = str(cores)  # for processes this one starts (data workers)
-    torch.set_num_threads(cores)
-    return cores
-
-
-def _accelerator_available() -> bool:
-    """Whether torch sees a GPU or another accelerator that accelerate would train on."""
-    import torch
-
-    if torch.cuda.is_available() or torch.backends.mps.is_available():
-        return True
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return True
-    import accelerate.utils
-
-    checks = (
-        "is_npu_available",
-        "is_mlu_available",
-        "is_sdaa_available",
-        "is_musa_available",
-        "is_hpu_available",
-    )
-    return any(getattr(accelerate.utils, name, lambda: False)() for name in checks)
 
 
 # ------------------------------------------------------------------------------------------------------------
