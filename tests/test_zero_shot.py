@@ -697,3 +697,39 @@ def test_the_blimp_table_of_results_md_is_the_records():
             "name"
         ]
     assert "| LSTM (paper) | | 69.8 |" in text and "| GPT-2 (124M, WebText) (paper) | | 83.0 |" in text
+
+
+def test_the_targets_name_the_best_of_each_kind_on_all_pairs_and_the_gap():
+    """The statement of the targets takes, per budget, the best decoder and encoder scored on all 67,000 pairs
+    (a 6,700-pair screen does not count, however high), says by how much each misses or meets the target, and
+    says so when a budget has no such model."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kiln_blimp_results", REPO / "experiments/blimp_results.py")
+    blimp_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blimp_results)
+
+    def row(name, kind, mean, pairs=67_000, minutes=30.0):
+        return {
+            "name": name,
+            "pretraining": name,
+            "kind": kind,
+            "mean": mean,
+            "pairs": pairs,
+            "minutes": minutes,
+        }
+
+    rows = [
+        row("dec-a", "decoder", 0.590),
+        row("dec-b", "decoder", 0.605),
+        row("dec-screen", "decoder", 0.700, pairs=6_700),
+        row("enc-a", "encoder", 0.630),
+        row("enc-long", "encoder", 0.650, minutes=180.0),
+    ]
+    (said,) = [line for line in blimp_results.targets_said(rows, {}) if line]
+    assert "the best decoder (`dec-b`) 60.5, short by 1.5" in said
+    assert "the best encoder (`enc-a`) 63.0, meets it by 1.0" in said
+    assert "3 CPU-hours, target 68: the best encoder (`enc-long`) 65.0, short by 3.0" in said
+    assert "dec-screen" not in said
+    (said,) = [line for line in blimp_results.targets_said(rows[:1], {}) if line]
+    assert "3 CPU-hours: no model scored on all pairs yet, against a target of 68" in said
