@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
 
 import pytest
@@ -489,3 +490,278 @@ def test_recipe_times_quick_runs_the_page_s_first_tries_in_page_order(tmp_path, 
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     with pytest.raises(ValueError, match="--quick record"):
         report.recipe_times_table()
+
+
+page_times = load("kiln_bench_page_times", "bench/page_times.py")
+
+
+@pytest.mark.slow
+def test_page_times_quick_runs_a_page_s_command_as_written_and_report_refuses_its_record(
+    tmp_path, monkeypatch
+):
+    """`bench/page_times.py --quick --only installation`: the page's one command of more than seconds (the 20-step
+    check) runs through `kiln-launch` in a fresh folder, cut to a few steps, and its record holds the time, the
+    CPU-seconds, the threads it printed and the evaluation it logged; report.py refuses the quick record and renders
+    the same entry once marked as a quiet measurement."""
+    out, work = tmp_path / "page-times.json", tmp_path / "work"
+    page_times.main(["--quick", "--only", "installation", "--json", str(out), "--keep", str(work)])
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and list(record["pages"]) == ["installation"] and record["machine"]["cpu"]
+    entry = record["pages"]["installation"]
+    (row,) = entry["commands"]
+    assert (
+        row["command"]
+        == "kiln-launch pretrain/run.py --training.max_steps 20 --training.output_dir runs/check-install"
+    )
+    assert row["wall_s"] > 0 and row["cpu_s"] > 0 and row["threads"] >= 1 and row["threads_from"] == "printed"
+    printed = row["printed"]
+    assert (
+        printed["kind"] == "training" and printed["run"] == "runs/check-install" and printed["processes"] == 1
+    )
+    assert (
+        printed["steps"] == 3
+        and printed["eval"]["step"] == 3
+        and math.isfinite(printed["eval"]["eval/mlm_loss"])
+    )
+    assert (work / "installation" / "runs" / "check-install" / "final" / "config.json").is_file()
+    for key in (
+        "date_utc",
+        "commit",
+        "torch",
+        "load_average_start",
+        "load_average_end",
+        "load_average_page_start",
+    ):
+        assert entry[key], key
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    with pytest.raises(ValueError, match="--quick record"):
+        report.page_times_table("installation")
+    quiet = {**entry, "quick": False, "load_average_start": [0.2, 0, 0]}
+    (tmp_path / "page-times.json").write_text(
+        json.dumps({**record, "quick": False, "pages": {"installation": quiet}})
+    )
+    table = report.page_times_table("installation")
+    assert (
+        f"| `{row['command']}` | {report._duration(row['wall_s'])} | {row['cpu_s']:,.0f} | {row['threads']} |"
+        in table
+    )
+    assert f"eval MLM loss {printed['eval']['eval/mlm_loss']:.3f}" in table
+
+
+def page_times_record(**page) -> dict:
+    """A synthetic bench/page_times.py record of docs/pretraining.md (numbers made up here)."""
+    entry = {
+        "page": "docs/pretraining.md",
+        "quick": False,
+        "date_utc": "2030-01-02T03:04:05Z",
+        "commit": "abc1234",
+        "machine": {"cpu": "AMD EPYC 7B13", "cores": 2},
+        "torch": "2.13.0+cpu",
+        "load_average_start": [0.1, 0, 0],
+        "load_average_page_start": [0.1, 0, 0],
+        "load_average_end": [1.9, 0, 0],
+        "started_from": [],
+        "commands": [
+            {
+                "command": page_times.DECODER_TINY,
+                "wall_s": 113.4,
+                "cpu_s": 205.2,
+                "threads": 2,
+                "threads_from": "printed",
+                "printed": {
+                    "kind": "training",
+                    "run": "runs/decoder-tiny",
+                    "parameters_m": 0.95,
+                    "processes": 1,
+                    "steps": 400,
+                    "train_loss": [[10, 8.1912], [400, 3.9071]],
+                    "eval": {
+                        "step": 400,
+                        "eval/loss": 3.9321,
+                        "eval/perplexity": 51.01,
+                        "eval/accuracy": 0.2771,
+                    },
+                    "tokens_per_s_median": 8123.4,
+                    "sample": {
+                        "prompt": "Once upon a time",
+                        "max_new_tokens": 24,
+                        "text": "Once upon a time, a cat.",
+                    },
+                },
+            },
+            {
+                "command": "python -m pretrain.zero_shot blimp --model runs/encoder-tiny/final --data data/blimp",
+                "wall_s": 61.0,
+                "cpu_s": 118.0,
+                "threads": 2,
+                "threads_from": "torch's default",
+                "printed": {"kind": "blimp", "mean_percent": 55.2, "paradigms": 67, "pairs": 3350},
+            },
+            {
+                "command": "ACCELERATE_USE_CPU=1 accelerate launch --config_file configs/accelerate/cpu-2proc.yaml "
+                "pretrain/run.py --training.output_dir runs/encoder-tiny-2proc",
+                "wall_s": 150.0,
+                "cpu_s": 290.0,
+                "threads": 1,
+                "threads_from": "printed",
+                "printed": {
+                    "kind": "training",
+                    "processes": 2,
+                    "eval": {
+                        "step": 600,
+                        "eval/mlm_loss": 6.0301,
+                        "eval/mlm_accuracy": 0.105,
+                        "eval/nsp_accuracy": 0.5,
+                    },
+                },
+            },
+            {
+                "command": "python -m pretrain.convert runs/encoder-tiny/final bert-out",
+                "wall_s": 6.2,
+                "cpu_s": 5.9,
+                "threads": 2,
+                "threads_from": "torch's default",
+                "printed": {"kind": "wrote", "line": "wrote BertForPreTraining to bert-out"},
+            },
+        ],
+        **page,
+    }
+    return {"quick": False, "pages": {"pretraining": entry}}
+
+
+def test_the_page_times_blocks_are_their_record(tmp_path, monkeypatch):
+    """Each row: the command, its time in the page's unit, CPU-seconds, threads (torch's default said so, processes
+    counted) and what it printed; the decoder paragraph: time, loss, perplexity, accuracy and the sample, from the
+    record; a page without an entry says it is not measured yet; quick and busy records are refused."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.page_times_table("pretraining").startswith(
+        "Not measured yet: `python bench/page_times.py --only"
+    )
+    (tmp_path / "page-times.json").write_text(json.dumps(page_times_record()))
+    table = report.page_times_table("pretraining")
+    assert table.startswith(
+        "Measured on an **AMD EPYC 7B13** (2 cores, torch 2.13, 2030-01-02; load average 0.1 at the start and 1.9 at "
+        "the end), one command at a time as the page gives it, in a fresh folder:"
+    )
+    for expected in (
+        f"| `{page_times.DECODER_TINY}` | 1m53s | 205 | 2 | step 400: eval loss 3.932, perplexity 51.0, next-token "
+        "accuracy 27.7% |",
+        "| 61 s | 118 | 2 (torch's default) | BLiMP 55.2 (3,350 pairs) |",
+        "| 2m30s | 290 | 2 processes × 1 | step 600: eval MLM loss 6.030, MLM accuracy 10.5%, NSP accuracy 50.0% |",
+        "| 6 s | 6 | 2 (torch's default) | wrote BertForPreTraining to bert-out |",
+    ):
+        assert expected in table, expected
+    paragraph = report.page_times_decoder()
+    assert (
+        "took **1m53s** end to end (**205 CPU-seconds**, 2 threads, ≈ 8k tokens/s) and trained 0.95M parameters: "
+        "train loss 8.19 at step 10 → 3.91 at step 400; eval loss 3.932, perplexity 51.0, next-token accuracy "
+        '27.7%. Greedy `generate` from "Once upon a time" (24 new tokens) gives "Once upon a time, a cat.".'
+    ) in paragraph
+    assert report.page_times_table("zero-shot").startswith(
+        "Not measured yet: `python bench/page_times.py --only zero-shot`"
+    )
+    (tmp_path / "page-times.json").write_text(json.dumps({**page_times_record(), "quick": True}))
+    with pytest.raises(ValueError, match="--quick record"):
+        report.page_times_table("pretraining")
+    (tmp_path / "page-times.json").write_text(json.dumps(page_times_record(load_average_start=[1.4, 0, 0])))
+    with pytest.raises(ValueError, match="not on a quiet machine"):
+        report.page_times_decoder()
+
+
+def test_page_times_runs_each_command_as_written_and_reads_what_it_printed(tmp_path):
+    """The launchers are the programs the page names, from this Python; `VAR=value` before a command is its
+    environment; --quick adds a few steps or pairs at the end; a placeholder is the page's own run; a quoted item
+    the output lacks is an error."""
+    argv, env = page_times.argv_of(
+        "ACCELERATE_USE_CPU=1 accelerate launch --config_file configs/accelerate/cpu-2proc.yaml pretrain/run.py",
+        True,
+    )
+    assert env == {"ACCELERATE_USE_CPU": "1"}
+    assert argv[:4] == [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch"]
+    assert argv[4:7] == ["--config_file", "configs/accelerate/cpu-2proc.yaml", "pretrain/run.py"]
+    assert argv[7:] == list(page_times.QUICK_PRETRAIN)
+    argv, _ = page_times.argv_of(
+        "python -m pretrain.zero_shot blimp --model m --data data/blimp --pairs 20", True
+    )
+    assert argv[0] == sys.executable and argv[-2:] == ["--pairs", page_times.QUICK_BLIMP_PAIRS]
+    argv, _ = page_times.argv_of("lm_eval --model hf --tasks kiln_blimp_sample", False)
+    assert argv == [sys.executable, "-m", "lm_eval", "--model", "hf", "--tasks", "kiln_blimp_sample"]
+    argv, _ = page_times.argv_of("kiln-launch pretrain/run.py --eval.blimp 50", True)
+    assert argv[:3] == [sys.executable, "-m", "kiln.launcher"] and argv[-2:] == ["--eval.blimp", "2"]
+    with pytest.raises(SystemExit, match="no rule for running"):
+        page_times.argv_of("hf upload you/x runs/x/final", False)
+    assert page_times.as_run("python -m pretrain.convert runs/<run>/final x", "docs/electra.md") == (
+        "python -m pretrain.convert runs/encoder-tiny-electra/final x"
+    )
+
+    blimp = "BLiMP: 52.3 (mean over 67 paradigms; 1,752 of 3,350 pairs right)\nBLiMP, mean over 12 phenomena: 51.0\n"
+    assert page_times.blimp_facts(blimp, "c") == {
+        "kind": "blimp",
+        "mean_percent": 52.3,
+        "paradigms": 67,
+        "pairs": 3350,
+    }
+    table = (
+        "|     Groups      |Version|Filter|n-shot|Metric|   |Value |   |Stderr|\n"
+        "|-----------------|------:|------|-----:|------|---|-----:|---|-----:|\n"
+        "|kiln_blimp_sample|      1|none  |     0|acc   |↑  |0.4851|±  |0.0373|\n"
+    )
+    command = "lm_eval --model hf --include_path configs/lm-eval --tasks kiln_blimp_sample"
+    assert page_times.lm_eval_facts(table, command) == {
+        "kind": "lm-eval",
+        "task": "kiln_blimp_sample",
+        "acc": 0.4851,
+    }
+    wrote = "Loading weights: 100%\nwrote onnx/c/model.onnx; onnxruntime vs PyTorch, largest difference: logits 4.2e-07\n"
+    assert page_times.closing_line_facts(wrote, "c")["line"].endswith("logits 4.2e-07")
+    for reader, output in ((page_times.blimp_facts, "BLiMP: n/a"), (page_times.closing_line_facts, "done")):
+        with pytest.raises(SystemExit, match="printed no"):
+            reader(output, "c")
+    with pytest.raises(SystemExit, match="printed no final folder"):
+        page_times.training_facts("no final line", tmp_path, "c")
+
+    run = tmp_path / "runs" / "x"
+    (run / "final").mkdir(parents=True)
+    rows = [
+        {"step": 10, "train/loss": 8.2, "train/tokens_per_s": 100.0},
+        {"step": 20, "train/loss": 7.1, "train/tokens_per_s": 300.0},
+        {"step": 20, "eval/loss": 7.0, "eval/perplexity": 1096.6, "eval/accuracy": 0.1},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    output = (
+        "KilnDecoderForCausalLM with 0.95M parameters, vocab 4096\n  processes = 1 (no data parallelism)\n"
+        "final model saved in runs/x/final\n"
+    )
+    facts = page_times.training_facts(output, tmp_path, "c")
+    assert facts["train_loss"] == [[10, 8.2], [20, 7.1]] and facts["eval"]["eval/perplexity"] == 1096.6
+    assert (
+        facts["parameters_m"] == 0.95 and facts["tokens_per_s_median"] == 200.0 and facts["run"] == "runs/x"
+    )
+
+
+def test_page_times_refuses_unknown_pages_a_quick_run_without_its_own_record_and_a_used_folder(
+    tmp_path, capsys
+):
+    for argv in (
+        ["--only", "installation,nope"],
+        ["--quick", "--only", "installation"],
+        ["--only", "installation", "--keep", str(tmp_path)],
+    ):
+        with pytest.raises(SystemExit) as stop:
+            page_times.main(argv)
+        assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown page(s) nope" in err and "give --json" in err and "give a new folder" in err
+
+
+@pytest.mark.slow
+def test_page_times_reads_the_sample_the_page_shows_from_the_saved_decoder(kiln_checkpoints):
+    """The decoder paragraph's sample: greedy `generate` from the prompt by the saved folder, in a fresh process,
+    the prompt and its continuation."""
+    _, decoder = kiln_checkpoints
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    sample = page_times.greedy_sample(decoder, "Once upon a time", 8, env)
+    assert sample["prompt"] == "Once upon a time" and sample["max_new_tokens"] == 8
+    text = sample["text"].lower()  # the tokenizer may lowercase
+    assert text.startswith("once upon a time") and len(text) > len("once upon a time")

@@ -11,12 +11,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import sys
 
 import pytest
 from kiln_testing import REPO
+
+from bench.pages import page_blocks, page_commands
 
 
 def _load(name: str, path: str):
@@ -59,10 +62,18 @@ GENERATED = {
     "docs/finetuning.md": {"shipped-commands", "default-run-time"},
     "docs/launching.md": {"threads", "default-run-time"},
     "docs/recipes.md": {"recipe-times"},
+    "docs/index.md": {"default-run-time"},
+    "docs/pretraining.md": {"page-times:pretraining", "page-times:pretraining:decoder-tiny"},
+    "docs/zero-shot.md": {"page-times:zero-shot"},
+    "docs/electra.md": {"page-times:electra"},
+    "docs/models.md": {"page-times:models"},
+    "docs/installation.md": {"page-times:installation"},
+    "docs/multi-node.md": {"page-times:multi-node"},
 }
 AWAITING: dict[str, tuple[str, ...]] = {
     "threads": ("threads-quiet", "threads-busy"),
     "recipe-times": ("recipe-times",),
+    **{name: ("page-times",) for name in report.TABLES if name.startswith("page-times:")},
 }
 """Tables whose records bench/results/NAME.json are still to be measured (report.MEASURED_BY names the command):
 until every one exists, the page's block says what is not measured yet and claims no time; from then on it must be
@@ -89,7 +100,10 @@ def test_the_benchmark_tables_are_the_ones_the_records_give(where):
             assert not DURATION.search(text), (
                 f"{where}'s {name} block claims a time ({DURATION.search(text).group()!r}) without its record"
             )
-            continue
+            try:
+                report.TABLES[name]()
+            except FileNotFoundError:  # a table that is not written until its record exists
+                continue
         assert text == report.TABLES[name](), (
             f"{where}'s {name} table: run `python bench/report.py --update {where}`"
         )
@@ -152,7 +166,7 @@ def test_the_default_run_has_one_time_on_every_page():
         and f"{record['load_average_before'][0]:.1f}" in sentence
     )
     pages = [where for where, names in GENERATED.items() if "default-run-time" in names]
-    assert len(pages) == 4
+    assert len(pages) == 5
     for where in pages:
         assert report.generated_blocks(REPO / where)["default-run-time"] == sentence, where
         text = page(where)
@@ -276,7 +290,7 @@ def test_model_shapes_are_named_as_they_are():
 def test_the_stated_test_count_is_the_collected_one():
     """getting-started.md says how many tests CI runs; `pytest --collect-only` counts them (within 10%)."""
     text = page("docs/getting-started.md")
-    stated = int(text.split("about ", 1)[1].split(" tests", 1)[0].replace(",", ""))
+    stated = int(re.search(r"about ([\d,]+) tests", text).group(1).replace(",", ""))
     done = subprocess.run(
         [
             sys.executable,
@@ -449,3 +463,129 @@ def test_the_step_precision_prose_quotes_its_record():
     tiny = [value for name, value in beyond.items() if name.endswith("-tiny")]
     assert f"at most {base:.0%} over autocast at base shapes" in text
     assert f"and {max(0.0, min(tiny)) * 100:.0f}–{max(tiny):.0%} at the" in text
+
+
+page_times = _load("kiln_bench_page_times_for_docs", "bench/page_times.py")
+shipped = _load("kiln_bench_shipped_commands_for_docs", "bench/shipped_commands.py")
+recipe_times = _load("kiln_bench_recipe_times_for_docs", "bench/recipe_times.py")
+default_run = _load("kiln_bench_default_run_for_docs", "bench/default_run.py")
+
+PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
+NEAR = 700
+"""How close to its bash block (characters before its start or after its end) a page says why a command is not
+timed."""
+
+
+def the_run(command: str) -> str:
+    """A command as the run it makes: `kiln-launch` is `accelerate launch` with the same arguments, and the
+    launcher's one-CPU-process flags (`--num_processes 1 --cpu`, a thread count) change its speed, not the run."""
+    words = shlex.split(command)
+    if words[0] == "kiln-launch":
+        words = ["accelerate", "launch", *words[1:]]
+    kept, skip = [], 0
+    for i, word in enumerate(words):
+        if skip:
+            skip -= 1
+        elif word == "--cpu":
+            continue
+        elif word in ("--num_processes", "--num_cpu_threads_per_process") and words[i + 1] == "1":
+            skip = 1
+        else:
+            kept.append(word)
+    return " ".join(kept)
+
+
+def timed_on(where: str) -> dict[str, str]:
+    """The runs the generated blocks of page `where` give the time of (the run -> the block): each block's
+    measurement script names the commands it runs, read from the same page or declared in the script."""
+    blocks = report.generated_blocks(REPO / where)
+    timed = {}
+    if "default-run-time" in blocks:
+        timed[the_run(" ".join(default_run.COMMAND))] = "default-run-time"
+    if "shipped-commands" in blocks:
+        for row in shipped.ROWS:
+            timed[the_run(shipped.documented(row.script, row.args))] = "shipped-commands"
+    if "recipe-times" in blocks:
+        for pair in recipe_times.recipes():
+            timed[the_run(pair["first_try"])] = timed[the_run(pair["full"])] = "recipe-times"
+    for name in blocks:
+        if name.startswith("page-times:") and name.count(":") == 1:  # a page's table (not its paragraphs)
+            key = name.split(":")[1]
+            assert page_times.PAGES[key] == where, (name, where)
+            for command in page_times.page_plan(key):
+                timed[the_run(command)] = name
+    return timed
+
+
+def why_not_timed(where: str, command: str) -> str | None:
+    """Why a documented command of `where` states no time of its own, or None (it must then be timed)."""
+    command = page_times.collapsed(command)
+    if command in page_times.NOT_HERE:
+        needs, said = page_times.NOT_HERE[command]
+        assert where in said, f"{where}: `{command}` is in NOT_HERE without the words {where} says it with"
+        return f"needs {needs}"
+    quick = page_times.under_10_s(command)
+    if quick:
+        return f"under 10 s: {quick}"
+    if page_times.MEASUREMENT.match(command):
+        return "a benchmark: the page's table is its record"
+    return None
+
+
+@pytest.mark.parametrize("where", PAGES)
+def test_every_documented_command_is_timed_quick_or_says_why_it_cannot_be_timed(where):
+    """Every command of the page's bash blocks is one of: timed by a record that a generated block of this page
+    renders; a command of seconds (page_times.UNDER_10_S: it trains, evaluates and downloads nothing); a
+    benchmark script whose record the page's tables are; or in page_times.NOT_HERE (the Hub, GPUs, files the user
+    brings, hours), its page saying so next to the command."""
+    timed = timed_on(where)
+    untimed = []
+    for command in page_commands(REPO / where):
+        if the_run(command) in timed:
+            assert page_times.collapsed(command) not in page_times.NOT_HERE, (where, command)
+            continue
+        if why_not_timed(where, command) is None:
+            untimed.append(command)
+    assert not untimed, (
+        f"{where}: these commands state no time: time them (bench/page_times.py) or say why not "
+        f"(page_times.NOT_HERE, with the words on the page):\n" + "\n".join(untimed)
+    )
+
+
+@pytest.mark.parametrize("where", PAGES)
+def test_the_page_says_why_a_command_is_not_timed_next_to_it(where):
+    """A command of NOT_HERE has its reason in the page's words within NEAR characters of its bash block."""
+    text = (REPO / where).read_text()
+    for start, end, commands in page_blocks(REPO / where):
+        around = " ".join(text[max(0, start - NEAR) : end + NEAR].split())
+        for command in commands:
+            entry = page_times.NOT_HERE.get(page_times.collapsed(command))
+            if entry:
+                said = " ".join(entry[1][where].split())
+                assert said in around, f"{where}: `{command}` needs {entry[0]}; say so next to it ({said!r})"
+
+
+def test_every_command_not_timed_is_a_command_of_the_pages_that_name_it():
+    everywhere = {where: {page_times.collapsed(c) for c in page_commands(REPO / where)} for where in PAGES}
+    for command, (needs, said) in page_times.NOT_HERE.items():
+        assert needs and said, command
+        for where in said:
+            assert command in everywhere[where], f"NOT_HERE: {where} has no command `{command}`"
+    for name, where in page_times.PAGES.items():
+        assert page_times.page_plan(name), f"{where} has nothing to time"
+        assert f"page-times:{name}" in report.generated_blocks(REPO / where), where
+
+
+def test_the_page_times_record_holds_each_page_s_commands_as_the_page_gives_them():
+    """Once measured, a page's entry in bench/results/page-times.json is the page's timed commands in page order:
+    a command changed on the page and not measured again fails here."""
+    path = REPO / "bench/results/page-times.json"
+    if not path.is_file():
+        pytest.skip("bench/results/page-times.json is not measured yet (`python bench/page_times.py`)")
+    record = json.loads(path.read_text())
+    assert not record["quick"]
+    for name, entry in record["pages"].items():
+        assert entry["page"] == page_times.PAGES[name]
+        assert [row["command"] for row in entry["commands"]] == page_times.page_plan(name), name
+        decoder = [row for row in entry["commands"] if row["command"] in page_times.SAMPLES]
+        assert all(row["printed"]["sample"]["text"] for row in decoder), name
