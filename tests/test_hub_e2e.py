@@ -86,6 +86,8 @@ def test_push_every_save_then_load_elsewhere(hub, tmp_path, fresh_process, capfd
         "configuration_kiln.py",
         "modeling_kiln_encoder.py",
         "kiln_layers.py",
+        "kiln_masks.py",
+        "kiln_losses.py",
         "tokenizer.json",
         "tokenizer_config.json",
         "README.md",

@@ -42,17 +42,14 @@ from .kiln_layers import (
     KilnRotaryEmbedding,
     KilnSelfAttention,
     auto_map_for,
-    bidirectional_mask,
-    capturing,
     check_input_ids,
     check_kwargs,
     check_sequence_length,
-    decoder_self_mask,
-    linear_cross_entropy,
     rope_inverse_frequencies,
-    sequence_classification_loss,
     takes_cache,
 )
+from .kiln_losses import linear_cross_entropy, sequence_classification_loss
+from .kiln_masks import bidirectional_mask, capturing, decoder_self_mask
 
 
 def make_norm(config: KilnDecoderConfig) -> nn.Module:

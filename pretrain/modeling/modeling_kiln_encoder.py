@@ -43,16 +43,13 @@ from .kiln_layers import (
     Unpadded,
     activation_module,
     auto_map_for,
-    bidirectional_mask,
-    capturing,
     check_input_ids,
     check_kwargs,
     check_sequence_length,
-    linear_cross_entropy,
     rope_inverse_frequencies,
-    sequence_classification_loss,
-    sliding_window_mask,
 )
+from .kiln_losses import linear_cross_entropy, sequence_classification_loss
+from .kiln_masks import bidirectional_mask, capturing, sliding_window_mask
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
