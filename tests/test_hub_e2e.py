@@ -88,6 +88,7 @@ def test_push_every_save_then_load_elsewhere(hub, tmp_path, fresh_process, capfd
         "kiln_layers.py",
         "kiln_masks.py",
         "kiln_losses.py",
+        "kiln_positions.py",
         "tokenizer.json",
         "tokenizer_config.json",
         "README.md",

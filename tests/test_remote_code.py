@@ -106,6 +106,7 @@ def test_checkpoints_load_with_trust_remote_code_without_pretrain(tmp_path):
             "kiln_layers.py",
             "kiln_losses.py",
             "kiln_masks.py",
+            "kiln_positions.py",
             modeling,
         }
         for text in code.values():  # uploaded files may only import each other relatively

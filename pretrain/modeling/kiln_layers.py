@@ -1,8 +1,8 @@
-"""Pieces shared by the Kiln encoder and decoder: attention, feed-forward, norms, rotary positions, input checks.
+"""Pieces shared by the Kiln encoder and decoder: attention, feed-forward, norms, dropout, input checks.
 
 Uploaded to the Hub next to the checkpoints (trust_remote_code): it imports only torch, transformers and
-its sibling files (relative imports). The masks the attention reads are built in `kiln_masks.py`, the heads'
-losses in `kiln_losses.py`.
+its sibling files (relative imports). The masks the attention reads are built in `kiln_masks.py`, the positions
+(and the rotary angles it rotates by) in `kiln_positions.py`, the heads' losses in `kiln_losses.py`.
 """
 
 import torch
@@ -16,6 +16,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_kiln import check_heads, check_key_value_heads
 from .kiln_masks import capturing
+from .kiln_positions import apply_rotary_pos_emb, rotate
 
 try:  # model-agnostic keyword arguments transformers' own models take through `**kwargs`
     from transformers.utils.generic import TransformersKwargs
@@ -173,7 +174,7 @@ def _unnormalized(query, key):
 
 class KilnSelfAttention(nn.Module):
     """Multi-head self-attention with one fused QKV projection; optional KV cache (decoder); rotary positions
-    when the model passes `position_embeddings` (see `KilnRotaryEmbedding`).
+    when the model passes `position_embeddings` (see `KilnRotaryPositions`).
 
     Options, each chosen once here: `num_key_value_heads` fewer than `num_heads` (grouped-query attention: the
     fused projection holds nh query heads, then nkv key and nkv value heads), `bias`, `qk_norm_eps` (an RMSNorm
@@ -235,7 +236,7 @@ class KilnSelfAttention(nn.Module):
         on those N rows, and only the attention itself sees the (B, T) layout (zeros at the padding, which the
         mask hides); the output is (N, C) again.
 
-        position_embeddings: rotary (cos, sin) of the keys' positions, (B|1, T, hs) each (`KilnRotaryEmbedding`),
+        position_embeddings: rotary (cos, sin) of the keys' positions, (B|1, T, hs) each (`KilnRotaryPositions`),
         or None (positions are added to the embeddings instead); with `query_states`, a third and fourth entry
         give the queries' own (cos, sin), (B, P, hs)."""
         if unpadded is not None:
@@ -271,7 +272,7 @@ class KilnSelfAttention(nn.Module):
             query, key = self.normalize(query, key)
             if position_embeddings is not None:
                 cos, sin, query_cos, query_sin = position_embeddings
-                query, key = _rotate(query, query_cos, query_sin), _rotate(key, cos, sin)
+                query, key = rotate(query, query_cos, query_sin), rotate(key, cos, sin)
         if past_key_values is not None:
             cache = past_key_values
             if isinstance(cache, EncoderDecoderCache):
@@ -378,54 +379,6 @@ class KilnRMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
-    """RoPE's inverse frequencies theta^(-2i/d), i = 0 .. d/2 - 1 (float32), as transformers' default rope."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-
-
-class KilnRotaryEmbedding(nn.Module):
-    """Rotary position embedding: the (cos, sin) of every position, computed once per forward from the position
-    ids and shared by every layer. `inv_freq` is a buffer rebuilt on load (not saved). head_dim must be even."""
-
-    def __init__(self, head_dim: int, theta: float = 10000.0):
-        super().__init__()
-        if head_dim % 2:
-            raise ValueError(
-                f"Rotary positions need an even head size, got {head_dim}; change hidden_size or heads."
-            )
-        self.head_dim, self.theta = head_dim, theta
-        self.register_buffer("inv_freq", rope_inverse_frequencies(head_dim, theta), persistent=False)
-
-    @torch.no_grad()
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """position_ids (B|1, T) -> cos, sin (B|1, T, head_dim) in x's dtype (computed in float32)."""
-        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float32)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (B|1, T, hs)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-    def extra_repr(self):
-        return f"head_dim={self.head_dim}, theta={self.theta}"
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """One tensor (B, nh, T, hs) rotated by its own angles (cos/sin (B|1, T, hs))."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (x * cos) + (rotate_half(x) * sin)
-
-
-def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
-    """Rotate queries and keys (B, nh, T, hs) by their positions' angles; cos/sin (B|1, T, hs) are unsqueezed at
-    `unsqueeze_dim` (1 for the (B, nh, T, hs) layout, 2 for (B, T, nh, hs))."""
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
-
-
 class Unpadded:
     """Where the real tokens of a right- or left-padded (B, T) batch sit: `unpad` keeps their rows of a (B, T, ...)
     tensor as (N, ...), `pad` puts (N, ...) rows back into (B, T, ...) with zeros at the padding. Every
@@ -483,17 +436,13 @@ __all__ = [
     "KilnGatedMLP",
     "KilnMLP",
     "KilnRMSNorm",
-    "KilnRotaryEmbedding",
     "KilnSelfAttention",
     "activation_module",
     "apply_dropout",
-    "apply_rotary_pos_emb",
     "attend",
     "auto_map_for",
     "check_input_ids",
     "check_kwargs",
     "check_sequence_length",
     "eager_attention_forward",
-    "rope_inverse_frequencies",
-    "rotate_half",
 ]

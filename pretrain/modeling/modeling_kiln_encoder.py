@@ -14,7 +14,6 @@ Uploaded to the Hub next to the checkpoints (trust_remote_code): it imports only
 its sibling files (relative imports).
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +38,6 @@ from .kiln_layers import (
     KilnDropout,
     KilnGatedMLP,
     KilnMLP,
-    KilnRotaryEmbedding,
     KilnSelfAttention,
     Unpadded,
     activation_module,
@@ -47,22 +45,17 @@ from .kiln_layers import (
     check_input_ids,
     check_kwargs,
     check_sequence_length,
-    rope_inverse_frequencies,
 )
 from .kiln_losses import linear_cross_entropy, sequence_classification_loss
 from .kiln_masks import bidirectional_mask, capturing, sliding_window_mask
-
-
-def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
-    """(num_positions, dim) table: PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(same)."""
-    position = torch.arange(num_positions, dtype=torch.float32)[:, None]  # (P, 1)
-    exponents = torch.arange(0, dim, 2, dtype=torch.float32) / dim  # (ceil(dim/2),)
-    inv_freq = torch.exp(-math.log(10000.0) * exponents)
-    table = torch.zeros(num_positions, dim)
-    table[:, 0::2] = torch.sin(position * inv_freq)
-    table[:, 1::2] = torch.cos(position * inv_freq[: dim // 2])
-    return table
-
+from .kiln_positions import (
+    KilnRotaryEmbedding,
+    KilnSinusoidalPositions,
+    position_table,
+    rope_inverse_frequencies,
+    rotary_positions,
+    sinusoidal_table,
+)
 
 # Unpadding gathers and scatters the rows around every attention: it pays only with enough padding. Measured on a
 # 2-core CPU (docs/performance.md): SST-2 fine-tuning batches, 67% padding, 1.55x faster; the default pretraining
@@ -81,13 +74,12 @@ class KilnEmbeddings(nn.Module):
         self.config = config
         width = embedding_width(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
-        if config.position_embedding_type == "learned":
-            self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
-        elif config.position_embedding_type == "sinusoidal":
-            table = sinusoidal_table(config.max_position_embeddings, width)
-            self.register_buffer("position_table", table, persistent=False)  # fixed, rebuilt on load
-        # rotary: no table, the attention rotates queries and keys; type_vocab_size 0: no segment table, and
-        # token_type_ids (which BERT tokenizers make) are ignored, as ModernBERT has none
+        # learned or sinusoidal: a table added here; rotary: nothing (the model's `rotary_emb` gives the angles)
+        self.position_embeddings = position_table(
+            config.position_embedding_type, config.max_position_embeddings, width
+        )
+        # type_vocab_size 0: no segment table, and token_type_ids (which BERT tokenizers make) are ignored, as
+        # ModernBERT has none
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
         )
@@ -106,12 +98,7 @@ class KilnEmbeddings(nn.Module):
             x = inputs_embeds + self.token_type_embeddings.weight[0]
         else:
             x = inputs_embeds + self.token_type_embeddings(token_type_ids)
-        table = getattr(self, "position_table", None)
-        table = self.position_embeddings.weight if hasattr(self, "position_embeddings") else table
-        if table is not None:
-            x = x + (
-                table[:T] if position_ids is None else F.embedding(position_ids, table)
-            )  # (T, C) broadcasts
+        x = self.position_embeddings.add(x, position_ids)
         return self.dropout(self.layer_norm(x))
 
 
@@ -339,9 +326,8 @@ class KilnEncoderPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, KilnEmbeddings) and hasattr(module, "position_table"):
-            table = sinusoidal_table(self.config.max_position_embeddings, embedding_width(self.config))
-            init.copy_(module.position_table, table)
+        elif isinstance(module, KilnSinusoidalPositions):  # a buffer, not saved: rebuilt on load
+            init.copy_(module.table, sinusoidal_table(*module.table.shape))
         elif isinstance(module, KilnRotaryEmbedding):  # a buffer, not saved: rebuilt on load
             init.copy_(module.inv_freq, rope_inverse_frequencies(module.head_dim, module.theta))
 
@@ -368,16 +354,14 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         self._no_split_modules = [layer_class.__name__]
         # pre-LN blocks leave the residual stream unnormed: one LayerNorm after the last
         self.final_norm = layer_norm(config) if config.norm_position == "pre" else None
-        self.rotary = None  # rotary positions: (cos, sin) per attention type, computed once per forward
-        if config.position_embedding_type == "rotary":
-            head_size = config.hidden_size // config.num_attention_heads
-            thetas = {"full_attention": config.rope_theta, "sliding_attention": config.local_rope_theta}
-            self.rotary = nn.ModuleDict(
-                {
-                    kind: KilnRotaryEmbedding(head_size, thetas[kind])
-                    for kind in sorted(set(config.layer_types))
-                }
-            )
+        # rotary: (cos, sin) per attention type, with the global blocks' base and the local blocks' (`rope_theta`,
+        # `local_rope_theta`); here, not in the embeddings, which ELECTRA's generator shares at another head size
+        thetas = {"full_attention": config.rope_theta, "sliding_attention": config.local_rope_theta}
+        self.rotary_emb = rotary_positions(
+            config.position_embedding_type,
+            config.hidden_size // config.num_attention_heads,
+            {kind: thetas[kind] for kind in sorted(set(config.layer_types))},
+        )
         self.pooler = POOLER_CLASSES[config.classifier_head](config) if add_pooling_layer else None
         self.post_init()
 
@@ -406,11 +390,7 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
     def _rotary(self, hidden_states, position_ids, query_positions) -> dict:
         """Rotary (cos, sin) per attention type, (B|1, T, hs) each, once per forward; under ("query", type) the
         sparse last block's own query rows, (B, P, hs). Empty without rotary positions."""
-        if self.rotary is None:
-            return {}
-        if position_ids is None:
-            position_ids = torch.arange(hidden_states.shape[1], device=hidden_states.device)[None]
-        angles = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary.items()}
+        angles = self.rotary_emb.angles(hidden_states, position_ids)
         if query_positions is not None:
             for kind, (cos, sin) in list(angles.items()):
                 index = query_positions[..., None].expand(-1, -1, cos.shape[-1])
