@@ -16,7 +16,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_kiln import check_heads, check_key_value_heads
 from .kiln_masks import capturing
-from .kiln_positions import apply_rotary_pos_emb, rotate
+from .kiln_positions import rotate
 
 try:  # model-agnostic keyword arguments transformers' own models take through `**kwargs`
     from transformers.utils.generic import TransformersKwargs
@@ -168,8 +168,72 @@ def attend(module, query, key, value, attention_mask, is_causal, output_attentio
     return output.reshape(batch_size, query_length, -1), weights  # (B, T, C)
 
 
-def _unnormalized(query, key):
-    return query, key
+class AllRows:
+    """Which rows of its input a block computes, chosen once per forward by the model and handed to every block
+    (`KilnEncoderModel._rows`); this class: all of them, the input and output (B, T, C) (the default, and the
+    decoder's only kind). The other kinds, `Unpadded` and `QueryRows`, change only what these four methods do:
+
+    - `unpad` / `pad`: a (B, T, ...) tensor into the block's own layout of rows, and back;
+    - `queries`: the rows of a tensor the block computes outputs for (the residual it adds to, the attention's
+      query states);
+    - `project`: the attention's queries (of the query states), keys and values (of every row), (B, heads, ., hs).
+    """
+
+    def unpad(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def pad(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def queries(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def project(
+        self, attention: "KilnSelfAttention", query_states: torch.Tensor, hidden_states: torch.Tensor
+    ):
+        # every row is a query (query_states is hidden_states): one matmul, one buffer
+        return attention.split_heads(self.pad(attention.qkv(hidden_states)))
+
+
+ALL_ROWS = AllRows()
+
+
+class Unpadded(AllRows):
+    """The real tokens of a right- or left-padded (B, T) batch only: `unpad` keeps their rows of a (B, T, ...)
+    tensor as (N, ...), `pad` puts (N, ...) rows back into (B, T, ...) with zeros at the padding. Every
+    position-wise layer (projections, MLP, LayerNorm, dropout) then runs on the N real tokens only, and only the
+    attention itself sees the (B, T) layout (zeros at the padding, which the mask hides)."""
+
+    def __init__(self, attention_mask: torch.Tensor):
+        self.batch_size, self.seq_len = attention_mask.shape
+        self.indices = attention_mask.reshape(-1).nonzero().squeeze(1)  # (N,)
+
+    def unpad(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.reshape(self.batch_size * self.seq_len, *tensor.shape[2:]).index_select(0, self.indices)
+
+    def pad(self, tensor: torch.Tensor) -> torch.Tensor:
+        full = tensor.new_zeros(self.batch_size * self.seq_len, *tensor.shape[1:])
+        return full.index_copy(0, self.indices, tensor).view(self.batch_size, self.seq_len, *tensor.shape[1:])
+
+
+class QueryRows(AllRows):
+    """Outputs at (B, P) positions only (the sparse MLM heads' labelled rows, in the last block): the input is
+    (B, T, C), the output (B, P, C); keys and values still come from every row. The queries are projected from their
+    own rows and the keys and values from all (`KilnSelfAttention.project_queries`), so no FLOP goes to a query
+    nobody reads."""
+
+    def __init__(self, positions: torch.Tensor):
+        self.positions = positions  # (B, P)
+
+    def queries(self, tensor: torch.Tensor) -> torch.Tensor:
+        """(B|1, T, X) -> (B, P, X): the rows at the positions (angles (1, T, hs) serve every batch row)."""
+        index = self.positions[..., None].expand(-1, -1, tensor.shape[-1])
+        return tensor.expand(self.positions.shape[0], -1, -1).gather(1, index)
+
+    def project(
+        self, attention: "KilnSelfAttention", query_states: torch.Tensor, hidden_states: torch.Tensor
+    ):
+        return attention.project_queries(query_states, hidden_states)
 
 
 class KilnSelfAttention(nn.Module):
@@ -178,7 +242,7 @@ class KilnSelfAttention(nn.Module):
 
     Options, each chosen once here: `num_key_value_heads` fewer than `num_heads` (grouped-query attention: the
     fused projection holds nh query heads, then nkv key and nkv value heads), `bias`, `qk_norm_eps` (an RMSNorm
-    over each query and key head before the rotation, as Qwen3's)."""
+    over each query and key head before the rotation, as Qwen3's; else `nn.Identity`)."""
 
     def __init__(
         self,
@@ -209,15 +273,30 @@ class KilnSelfAttention(nn.Module):
         self.split_sizes = [num_heads, num_key_value_heads, num_key_value_heads]
         self.qkv = nn.Linear(hidden_size, (num_heads + 2 * num_key_value_heads) * self.head_size, bias=bias)
         self.out = nn.Linear(hidden_size, hidden_size, bias=bias)
-        if qk_norm_eps is not None:
-            self.q_norm = KilnRMSNorm(self.head_size, eps=qk_norm_eps)
-            self.k_norm = KilnRMSNorm(self.head_size, eps=qk_norm_eps)
-            self.normalize = self._normalized
-        else:
-            self.normalize = _unnormalized
+        with_norm = qk_norm_eps is not None
+        self.q_norm = KilnRMSNorm(self.head_size, eps=qk_norm_eps) if with_norm else nn.Identity()
+        self.k_norm = KilnRMSNorm(self.head_size, eps=qk_norm_eps) if with_norm else nn.Identity()
 
-    def _normalized(self, query, key):
-        return self.q_norm(query), self.k_norm(key)
+    def split_heads(self, qkv: torch.Tensor):
+        """(B, T, (nh + 2 nkv) hs) -> query (B, nh, T, hs), key and value (B, nkv, T, hs): views of one buffer."""
+        B, T = qkv.shape[:2]
+        qkv = qkv.view(B, T, -1, self.head_size).transpose(1, 2)  # (B, nh + 2 nkv, T, hs)
+        return qkv.split(self.split_sizes, dim=1)
+
+    def project_queries(self, query_states: torch.Tensor, hidden_states: torch.Tensor):
+        """Queries of the (B, P, C) `query_states` alone, keys and values of every row of `hidden_states` (B, T, C):
+        the fused weight's two parts, one matmul each."""
+        query_width = self.num_heads * self.head_size
+        q_weight, kv_weight = self.qkv.weight.split([query_width, self.qkv.out_features - query_width])
+        bias = self.qkv.bias
+        q_bias, kv_bias = (
+            (None, None) if bias is None else bias.split([query_width, bias.shape[0] - query_width])
+        )
+        (B, P), T = query_states.shape[:2], hidden_states.shape[1]
+        query = F.linear(query_states, q_weight, q_bias).view(B, P, self.num_heads, -1).transpose(1, 2)
+        kv = F.linear(hidden_states, kv_weight, kv_bias).view(B, T, -1, self.head_size).transpose(1, 2)
+        key, value = kv.chunk(2, dim=1)  # 2 x (B, nkv, T, hs)
+        return query, key, value
 
     def forward(
         self,
@@ -225,61 +304,30 @@ class KilnSelfAttention(nn.Module):
         attention_mask=None,
         past_key_values=None,
         output_attentions=False,
+        rows=ALL_ROWS,
         query_states=None,
-        unpadded=None,
         position_embeddings=None,
     ):
-        """query_states: (B, P, C) rows to compute outputs for, when not all of `hidden_states` (T rows) are
-        needed; keys and values still come from every row of `hidden_states`.
-
-        unpadded: an `Unpadded` plan when `hidden_states` holds only the real tokens, (N, C): the projections run
-        on those N rows, and only the attention itself sees the (B, T) layout (zeros at the padding, which the
-        mask hides); the output is (N, C) again.
+        """rows: which rows of `hidden_states` to compute outputs for (`AllRows`: (B, T, C) in and out; `Unpadded`:
+        (N, C) real tokens in and out; `QueryRows`: (B, T, C) in, (B, P, C) out). query_states: those rows of
+        `hidden_states` (`rows.queries(hidden_states)`, which the block may already hold).
 
         position_embeddings: rotary (cos, sin) of the keys' positions, (B|1, T, hs) each (`KilnRotaryPositions`),
-        or None (positions are added to the embeddings instead); with `query_states`, a third and fourth entry
-        give the queries' own (cos, sin), (B, P, hs)."""
-        if unpadded is not None:
-            qkv = unpadded.pad(self.qkv(hidden_states))  # (B, T, (nh + 2 nkv) hs)
-            B, T = qkv.shape[:2]
-            qkv = qkv.view(B, T, -1, self.head_size).transpose(1, 2)  # (B, nh + 2 nkv, T, hs)
-            query, key, value = qkv.split(self.split_sizes, dim=1)
-            query, key = self.normalize(query, key)
-            if position_embeddings is not None:
-                query, key = apply_rotary_pos_emb(query, key, *position_embeddings[:2])
-            output, weights = attend(
-                self, query, key, value, attention_mask, self.is_causal, output_attentions
-            )
-            return self.out(unpadded.unpad(output)), weights
-        B, T, C = hidden_states.shape
-        if query_states is None:
-            qkv = self.qkv(hidden_states).view(B, T, -1, self.head_size).transpose(1, 2)
-            query, key, value = qkv.split(self.split_sizes, dim=1)  # (B, nh|nkv, T, hs), one buffer
-            query, key = self.normalize(query, key)
-            if position_embeddings is not None:
-                query, key = apply_rotary_pos_emb(query, key, *position_embeddings[:2])
-        else:
-            query_width = self.num_heads * self.head_size
-            q_weight, kv_weight = self.qkv.weight.split([query_width, self.qkv.out_features - query_width])
-            bias = self.qkv.bias
-            q_bias, kv_bias = (
-                (None, None) if bias is None else bias.split([query_width, bias.shape[0] - query_width])
-            )
-            P = query_states.shape[1]
-            query = F.linear(query_states, q_weight, q_bias).view(B, P, self.num_heads, -1).transpose(1, 2)
-            kv = F.linear(hidden_states, kv_weight, kv_bias).view(B, T, -1, self.head_size).transpose(1, 2)
-            key, value = kv.chunk(2, dim=1)  # 2 x (B, nkv, T, hs)
-            query, key = self.normalize(query, key)
-            if position_embeddings is not None:
-                cos, sin, query_cos, query_sin = position_embeddings
-                query, key = rotate(query, query_cos, query_sin), rotate(key, cos, sin)
+        or None (positions are added to the embeddings instead); the queries take the rows `rows` computes."""
+        query_states = rows.queries(hidden_states) if query_states is None else query_states
+        # query (B, nh, T|P, hs), key and value (B, nkv, T, hs)
+        query, key, value = rows.project(self, query_states, hidden_states)
+        query, key = self.q_norm(query), self.k_norm(key)
+        if position_embeddings is not None:
+            cos, sin = position_embeddings
+            query, key = rotate(query, rows.queries(cos), rows.queries(sin)), rotate(key, cos, sin)
         if past_key_values is not None:
             cache = past_key_values
             if isinstance(cache, EncoderDecoderCache):
                 cache = cache.self_attention_cache
             key, value = cache.update(key, value, self.layer_idx)  # (B, nkv, S, hs), S = past + T
         output, weights = attend(self, query, key, value, attention_mask, self.is_causal, output_attentions)
-        return self.out(output), weights
+        return self.out(rows.unpad(output)), weights
 
 
 class KilnCrossAttention(nn.Module):
@@ -379,23 +427,6 @@ class KilnRMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
 
 
-class Unpadded:
-    """Where the real tokens of a right- or left-padded (B, T) batch sit: `unpad` keeps their rows of a (B, T, ...)
-    tensor as (N, ...), `pad` puts (N, ...) rows back into (B, T, ...) with zeros at the padding. Every
-    position-wise layer (projections, MLP, LayerNorm, dropout) then runs on the N real tokens only."""
-
-    def __init__(self, attention_mask: torch.Tensor):
-        self.batch_size, self.seq_len = attention_mask.shape
-        self.indices = attention_mask.reshape(-1).nonzero().squeeze(1)  # (N,)
-
-    def unpad(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.reshape(self.batch_size * self.seq_len, *tensor.shape[2:]).index_select(0, self.indices)
-
-    def pad(self, tensor: torch.Tensor) -> torch.Tensor:
-        full = tensor.new_zeros(self.batch_size * self.seq_len, *tensor.shape[1:])
-        return full.index_copy(0, self.indices, tensor).view(self.batch_size, self.seq_len, *tensor.shape[1:])
-
-
 def check_input_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
     # Checked on CPU only (on accelerators the reduction would force a host sync every step) and in eager mode
     # only (a captured graph cannot branch on the ids' values; see `capturing`)
@@ -431,12 +462,16 @@ def auto_map_for(model, auto_classes: dict) -> dict:
 
 
 __all__ = [
+    "ALL_ROWS",
+    "AllRows",
     "KilnCrossAttention",
     "KilnDropout",
     "KilnGatedMLP",
     "KilnMLP",
     "KilnRMSNorm",
     "KilnSelfAttention",
+    "QueryRows",
+    "Unpadded",
     "activation_module",
     "apply_dropout",
     "attend",

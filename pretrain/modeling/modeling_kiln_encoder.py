@@ -35,10 +35,12 @@ from transformers.utils import ModelOutput
 
 from .configuration_kiln import KilnEncoderConfig
 from .kiln_layers import (
+    ALL_ROWS,
     KilnDropout,
     KilnGatedMLP,
     KilnMLP,
     KilnSelfAttention,
+    QueryRows,
     Unpadded,
     activation_module,
     auto_map_for,
@@ -137,37 +139,22 @@ class KilnEncoderLayer(GradientCheckpointingLayer):
         hidden_states,
         attention_mask=None,
         output_attentions=False,
-        query_positions=None,
-        unpadded=None,
+        rows=ALL_ROWS,
         position_embeddings=None,
     ):
-        """query_positions: (B, P) positions to compute outputs for (default: all); the output is then
-        (B, P, C), while attention still reads keys and values at every position. unpadded: `hidden_states`
-        holds only the real tokens, (N, C) (see `Unpadded`); the output is (N, C). position_embeddings: the
-        rotary (cos, sin) for the attention (see `KilnSelfAttention`), or None."""
-        if unpadded is not None:
-            attention_output, attention_weights = self.attention(
-                hidden_states,
-                attention_mask,
-                output_attentions=output_attentions,
-                unpadded=unpadded,
-                position_embeddings=position_embeddings,
-            )
-            hidden_states = self.attention_norm(hidden_states + self.dropout(attention_output))
-            hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
-            return hidden_states, attention_weights
-        residual = query_states = None
-        if query_positions is not None:
-            index = query_positions[..., None].expand(-1, -1, hidden_states.shape[-1])
-            residual = query_states = hidden_states.gather(1, index)  # (B, P, C)
+        """rows: which rows to compute (`AllRows`, `Unpadded`: the real tokens only, (N, C) in and out, or
+        `QueryRows`: (B, T, C) in, (B, P, C) out at the sparse MLM head's positions); attention still reads keys and
+        values at every position. position_embeddings: the rotary (cos, sin) for the attention (see
+        `KilnSelfAttention`), or None."""
+        residual = rows.queries(hidden_states)  # hidden_states itself, or the rows at the query positions
         attention_output, attention_weights = self.attention(
             hidden_states,
             attention_mask,
             output_attentions=output_attentions,
-            query_states=query_states,
+            rows=rows,
+            query_states=residual,
             position_embeddings=position_embeddings,
         )
-        residual = hidden_states if residual is None else residual
         hidden_states = self.attention_norm(residual + self.dropout(attention_output))
         hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
         return hidden_states, attention_weights
@@ -187,23 +174,18 @@ class KilnPreNormEncoderLayer(KilnEncoderLayer):
         hidden_states,
         attention_mask=None,
         output_attentions=False,
-        query_positions=None,
-        unpadded=None,
+        rows=ALL_ROWS,
         position_embeddings=None,
     ):
         """As `KilnEncoderLayer.forward`."""
         normed = self.attention_norm(hidden_states)
-        residual = hidden_states
-        query_states = None
-        if query_positions is not None:
-            index = query_positions[..., None].expand(-1, -1, hidden_states.shape[-1])
-            residual, query_states = hidden_states.gather(1, index), normed.gather(1, index)  # (B, P, C)
+        residual, query_states = rows.queries(hidden_states), rows.queries(normed)
         attention_output, attention_weights = self.attention(
             normed,
             attention_mask,
             output_attentions=output_attentions,
+            rows=rows,
             query_states=query_states,
-            unpadded=unpadded,
             position_embeddings=position_embeddings,
         )
         hidden_states = residual + self.dropout(attention_output)
@@ -347,13 +329,13 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         width = embedding_width(config)
         # embeddings narrower or wider than the blocks (ELECTRA's generator): one linear map to the hidden size
         self.embeddings_project = (
-            nn.Linear(width, config.hidden_size) if width != config.hidden_size else None
+            nn.Linear(width, config.hidden_size) if width != config.hidden_size else nn.Identity()
         )
         layer_class = LAYER_CLASSES[config.norm_position]
         self.layers = nn.ModuleList(layer_class(config, i) for i in range(config.num_hidden_layers))
         self._no_split_modules = [layer_class.__name__]
         # pre-LN blocks leave the residual stream unnormed: one LayerNorm after the last
-        self.final_norm = layer_norm(config) if config.norm_position == "pre" else None
+        self.final_norm = layer_norm(config) if config.norm_position == "pre" else nn.Identity()
         # rotary: (cos, sin) per attention type, with the global blocks' base and the local blocks' (`rope_theta`,
         # `local_rope_theta`); here, not in the embeddings, which ELECTRA's generator shares at another head size
         thetas = {"full_attention": config.rope_theta, "sliding_attention": config.local_rope_theta}
@@ -387,18 +369,40 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
             and int(attention_mask.sum()) <= (1 - UNPAD_MIN_PADDING) * attention_mask.numel()
         )
 
-    def _rotary(self, hidden_states, position_ids, query_positions) -> dict:
-        """Rotary (cos, sin) per attention type, (B|1, T, hs) each, once per forward; under ("query", type) the
-        sparse last block's own query rows, (B, P, hs). Empty without rotary positions."""
-        angles = self.rotary_emb.angles(hidden_states, position_ids)
-        if query_positions is not None:
-            for kind, (cos, sin) in list(angles.items()):
-                index = query_positions[..., None].expand(-1, -1, cos.shape[-1])
-                batch = query_positions.shape[0]
-                query_cos = cos.expand(batch, -1, -1).gather(1, index)
-                query_sin = sin.expand(batch, -1, -1).gather(1, index)
-                angles[("query", kind)] = (cos, sin, query_cos, query_sin)
-        return angles
+    def _masks(self, hidden_states, attention_mask, query_positions) -> list:
+        """Each block's attention mask, built once per forward: the padding mask (None | (B, 1, 1, T) | a BlockMask)
+        for the global blocks, the window around each token and the padding ((1|B, 1, T, T)) for the local ones;
+        a sparse last block (`query_positions`) that is local gets the window around each of its query positions,
+        (B, 1, P, T)."""
+        masks = {"full_attention": bidirectional_mask(self.config, hidden_states, attention_mask)}
+        if "sliding_attention" in self.config.layer_types:
+            masks["sliding_attention"] = sliding_window_mask(
+                self.config, hidden_states, attention_mask, self.config.sliding_window
+            )
+        block_masks = [masks[layer.attention_type] for layer in self.layers]
+        if (
+            query_positions is not None
+            and self.layers
+            and self.layers[-1].attention_type == "sliding_attention"
+        ):
+            block_masks[-1] = sliding_window_mask(
+                self.config, hidden_states, attention_mask, self.config.sliding_window, query_positions
+            )
+        return block_masks
+
+    def _rows(self, attention_mask, query_positions, unpad, output_hidden_states) -> list:
+        """Which rows each block computes, chosen once per forward: all of them (`ALL_ROWS`); the real tokens only
+        (`Unpadded`) when the head allows it (`unpad`) and `_unpads` finds enough padding; and in the last block,
+        given `query_positions`, only those rows (`QueryRows`, the sparse MLM heads')."""
+        rows = (
+            Unpadded(attention_mask)
+            if unpad and self._unpads(attention_mask, output_hidden_states)
+            else ALL_ROWS
+        )
+        block_rows = [rows] * len(self.layers)
+        if query_positions is not None and block_rows:
+            block_rows[-1] = QueryRows(query_positions)
+        return block_rows
 
     def forward(
         self,
@@ -434,55 +438,34 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
 
-        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, C)
-        if self.embeddings_project is not None:
-            hidden_states = self.embeddings_project(hidden_states)  # (B, T, E) -> (B, T, C)
-        mask = bidirectional_mask(
-            self.config, hidden_states, attention_mask
-        )  # None | (B, 1, 1, T) | BlockMask
-        masks = {"full_attention": mask}
-        if "sliding_attention" in self.config.layer_types:  # local blocks: (1|B, 1, T, T) window & padding
-            window = self.config.sliding_window
-            masks["sliding_attention"] = sliding_window_mask(
-                self.config, hidden_states, attention_mask, window
-            )
-        rotary = self._rotary(hidden_states, position_ids, query_positions)
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, E)
+        hidden_states = self.embeddings_project(hidden_states)  # (B, T, C)
+        # chosen once per forward and handed to every block: its mask, the rows it computes, its rotary angles
+        masks = self._masks(hidden_states, attention_mask, query_positions)
+        rows = self._rows(attention_mask, query_positions, unpad, output_hidden_states)
+        angles = self.rotary_emb.angles(hidden_states, position_ids)  # {type: (cos, sin)}; {}: a table
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        if query_positions is not None and not self.layers:
-            index = query_positions[..., None].expand(-1, -1, hidden_states.shape[-1])
-            hidden_states = hidden_states.gather(1, index)
-        unpadded = None
-        if mask is not None and unpad and self._unpads(attention_mask, output_hidden_states):
-            unpadded = Unpadded(attention_mask)
-            hidden_states = unpadded.unpad(hidden_states)  # (N, C): the real tokens only
-        for i, layer in enumerate(self.layers):
-            positions = query_positions if i == len(self.layers) - 1 else None
-            layer_mask, angles = masks[layer.attention_type], rotary.get(layer.attention_type)
-            if positions is not None:
-                if unpadded is not None:  # the sparse last block reads (B, T, C)
-                    hidden_states, unpadded = unpadded.pad(hidden_states), None
-                if layer.attention_type == "sliding_attention":  # the window around each query position
-                    layer_mask = sliding_window_mask(
-                        self.config, hidden_states, attention_mask, self.config.sliding_window, positions
-                    )
-                angles = rotary.get(("query", layer.attention_type))
+        if query_positions is not None and not self.layers:  # no block to compute only those rows: take them
+            hidden_states = QueryRows(query_positions).queries(hidden_states)
+        layout = ALL_ROWS  # the rows hidden_states holds: (B, T, C)
+        for layer, layer_rows, layer_mask in zip(self.layers, rows, masks):
+            # into the block's own rows when they change: the real tokens (N, C), or (B, T, C) again
+            if layer_rows is not layout:
+                hidden_states, layout = layer_rows.unpad(layout.pad(hidden_states)), layer_rows
             hidden_states, attention_weights = layer(
                 hidden_states,
                 layer_mask,
                 output_attentions=output_attentions,
-                query_positions=positions,
-                unpadded=unpadded,
-                position_embeddings=angles,
+                rows=layer_rows,
+                position_embeddings=angles.get(layer.attention_type),
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
                 all_attentions += (attention_weights,)
-        if self.final_norm is not None:
-            hidden_states = self.final_norm(hidden_states)
-        if unpadded is not None:
-            hidden_states = unpadded.pad(hidden_states)  # (B, T, C), zeros at the padding
+        # unpadded: back to (B, T, C), zeros at the padding
+        hidden_states = layout.pad(self.final_norm(hidden_states))
 
         output = BaseModelOutputWithPooling(
             last_hidden_state=hidden_states,
