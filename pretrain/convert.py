@@ -872,7 +872,7 @@ def to_transformers(model: torch.nn.Module, family: str | None = None) -> torch.
     if name in ENCODER_CLASSES:
         config = bert_config_from_encoder(model.config)
         embeddings = model.embeddings if name == "BertModel" else model.model.embeddings
-        table = getattr(embeddings, "position_table", None)  # sinusoidal: becomes BERT's learned table
+        table = getattr(embeddings.position_embeddings, "table", None)  # sinusoidal: BERT's learned table
         hf_state = kiln_to_bert_state(state, config.num_hidden_layers, name, table)
     else:
         config = gpt2_config_from_decoder(model.config)

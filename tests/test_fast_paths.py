@@ -32,7 +32,8 @@ from pretrain.modeling import (
     KilnEncoderForTokenClassification,
     KilnEncoderModel,
 )
-from pretrain.modeling.kiln_layers import KilnDropout, activation_module, apply_dropout, linear_cross_entropy
+from pretrain.modeling.kiln_layers import KilnDropout, activation_module, apply_dropout
+from pretrain.modeling.kiln_losses import linear_cross_entropy
 
 VOCAB = 257
 

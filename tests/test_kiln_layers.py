@@ -1,17 +1,13 @@
-"""The pieces of kiln_layers shared by the encoder and decoder presets (rotary positions, RMSNorm, gated MLP)
-compute what transformers' Llama pieces compute, weight for weight."""
+"""The pieces of kiln_layers and kiln_positions shared by the encoder and decoder presets (rotary positions, RMSNorm,
+gated MLP) compute what transformers' Llama pieces compute, weight for weight."""
 
 import pytest
 import torch
 from transformers import LlamaConfig
 from transformers.models.llama import modeling_llama
 
-from pretrain.modeling.kiln_layers import (
-    KilnGatedMLP,
-    KilnRMSNorm,
-    KilnRotaryEmbedding,
-    apply_rotary_pos_emb,
-)
+from pretrain.modeling.kiln_layers import KilnGatedMLP, KilnRMSNorm
+from pretrain.modeling.kiln_positions import KilnRotaryEmbedding, apply_rotary_pos_emb
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -104,7 +104,7 @@ def test_padding_does_not_change_the_unpadded_tokens():
 
 def test_sinusoidal_positions_are_a_fixed_table_rebuilt_on_load(tmp_path):
     model = KilnEncoderForMaskedLM(make_config(position_embedding_type="sinusoidal")).eval()
-    table = model.model.embeddings.position_table
+    table = model.model.embeddings.position_embeddings.table
     assert not any("position" in name for name, _ in model.named_parameters())
     assert not any("position" in name for name in model.state_dict())
     position, dim = 7, 32
@@ -113,7 +113,7 @@ def test_sinusoidal_positions_are_a_fixed_table_rebuilt_on_load(tmp_path):
     torch.testing.assert_close(table[position, 2], torch.tensor(math.sin(position / 10000 ** (2 / dim))))
     model.save_pretrained(tmp_path)
     reloaded = KilnEncoderForMaskedLM.from_pretrained(tmp_path).eval()
-    torch.testing.assert_close(reloaded.model.embeddings.position_table, table)
+    torch.testing.assert_close(reloaded.model.embeddings.position_embeddings.table, table)
     input_ids, attention_mask, _, _ = make_batch()
     torch.testing.assert_close(reloaded(input_ids).logits, model(input_ids).logits)
 

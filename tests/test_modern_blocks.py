@@ -1,17 +1,13 @@
-"""The shared modern block pieces (kiln_layers) equal transformers' ModernBERT ones: its rotary module at both
-thetas, `apply_rotary_pos_emb`, its GeGLU MLP; the self-attention without biases."""
+"""The shared modern block pieces (kiln_layers, kiln_positions) equal transformers' ModernBERT ones: its rotary
+module at both thetas, `apply_rotary_pos_emb`, its GeGLU MLP; the self-attention without biases."""
 
 import pytest
 import torch
 from transformers import ModernBertConfig
 from transformers.models.modernbert import modeling_modernbert as reference
 
-from pretrain.modeling.kiln_layers import (
-    KilnGatedMLP,
-    KilnRotaryEmbedding,
-    KilnSelfAttention,
-    apply_rotary_pos_emb,
-)
+from pretrain.modeling.kiln_layers import KilnGatedMLP, KilnSelfAttention
+from pretrain.modeling.kiln_positions import KilnRotaryEmbedding, apply_rotary_pos_emb
 
 
 @pytest.mark.parametrize(

@@ -218,7 +218,8 @@ def test_the_classic_block_keeps_its_weights_and_the_preset_drops_biases():
     )
     assert "model.embeddings.position_embeddings.weight" in classic.state_dict()
     assert "model.layers.0.attention.qkv.bias" in classic.state_dict()
-    assert classic.model.final_norm is None and classic.model.rotary is None
+    assert isinstance(classic.model.final_norm, torch.nn.Identity)  # post-LN blocks end normed
+    assert not classic.model.rotary_emb.angles(torch.zeros(1, 3, 16))  # positions come from the table
     modern = KilnEncoderForMaskedLM(
         KilnEncoderConfig(preset="modernbert", hidden_size=16, num_attention_heads=2, num_hidden_layers=2)
     )

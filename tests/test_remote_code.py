@@ -101,7 +101,14 @@ def test_checkpoints_load_with_trust_remote_code_without_pretrain(tmp_path):
         ("decoder", "modeling_kiln_decoder.py"),
     ):
         code = {path.name: path.read_text() for path in (tmp_path / folder).glob("*.py")}
-        assert set(code) == {"configuration_kiln.py", "kiln_layers.py", modeling}
+        assert set(code) == {
+            "configuration_kiln.py",
+            "kiln_layers.py",
+            "kiln_losses.py",
+            "kiln_masks.py",
+            "kiln_positions.py",
+            modeling,
+        }
         for text in code.values():  # uploaded files may only import each other relatively
             assert not re.search(r"^\s*(from|import)\s+(pretrain|finetune)\b", text, re.MULTILINE)
 

@@ -19,25 +19,27 @@ from .modeling_kiln_decoder import (
     KilnDecoderModel,
     KilnDecoderPreTrainedModel,
 )
-from .modeling_kiln_encoder import (
+from .modeling_kiln_electra import (
     ELECTRA_DEFAULTS,
-    ENCODER_AUTO_CLASSES,
     KilnElectraPreTrainingOutput,
     KilnEncoderForElectraPreTraining,
+    KilnEncoderForReplacedTokenDetection,
+    KilnReplacedTokenDetectionOutput,
+    electra_generator_shape,
+    sample_from_logits,
+)
+from .modeling_kiln_encoder import (
+    ENCODER_AUTO_CLASSES,
     KilnEncoderForMaskedLM,
     KilnEncoderForMultipleChoice,
     KilnEncoderForNextSentencePrediction,
     KilnEncoderForPreTraining,
     KilnEncoderForPreTrainingOutput,
     KilnEncoderForQuestionAnswering,
-    KilnEncoderForReplacedTokenDetection,
     KilnEncoderForSequenceClassification,
     KilnEncoderForTokenClassification,
     KilnEncoderModel,
     KilnEncoderPreTrainedModel,
-    KilnReplacedTokenDetectionOutput,
-    electra_generator_shape,
-    sample_from_logits,
 )
 from .modeling_kiln_encoder_decoder import ENCODER_DECODER_AUTO_CLASSES, KilnEncoderDecoderModel
 

@@ -1,31 +1,22 @@
-"""Pieces shared by the Kiln encoder and decoder: attention, feed-forward, masks, input checks.
+"""Pieces shared by the Kiln encoder and decoder: attention, feed-forward, norms, dropout, input checks.
 
 Uploaded to the Hub next to the checkpoints (trust_remote_code): it imports only torch, transformers and
-its sibling files (relative imports).
-
-Masks are boolean (True = may attend) and `None` whenever the kernel can do without one: no padding in the
-batch (encoder), or no padding and no cached prefix (decoder, which then uses SDPA's `is_causal`). A query row
-whose mask is all False (an all-padding sequence in the encoder or in cross-attention) gets a zero attention
-output from both kernels, as SDPA gives and transformers' BERT/GPT-2 return: padded tokens never leak into it.
+its sibling files (relative imports). The masks the attention reads are built in `kiln_masks.py`, the positions
+(and the rotary angles it rotates by) in `kiln_positions.py`, the heads' losses in `kiln_losses.py`.
 """
-
-import inspect
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import EncoderDecoderCache
-from transformers.masking_utils import (
-    create_bidirectional_mask,
-    create_bidirectional_sliding_window_mask,
-    create_causal_mask,
-)
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_kiln import check_heads, check_key_value_heads
+from .kiln_masks import capturing
+from .kiln_positions import rotate
 
 try:  # model-agnostic keyword arguments transformers' own models take through `**kwargs`
     from transformers.utils.generic import TransformersKwargs
@@ -177,17 +168,81 @@ def attend(module, query, key, value, attention_mask, is_causal, output_attentio
     return output.reshape(batch_size, query_length, -1), weights  # (B, T, C)
 
 
-def _unnormalized(query, key):
-    return query, key
+class AllRows:
+    """Which rows of its input a block computes, chosen once per forward by the model and handed to every block
+    (`KilnEncoderModel._rows`); this class: all of them, the input and output (B, T, C) (the default, and the
+    decoder's only kind). The other kinds, `Unpadded` and `QueryRows`, change only what these four methods do:
+
+    - `unpad` / `pad`: a (B, T, ...) tensor into the block's own layout of rows, and back;
+    - `queries`: the rows of a tensor the block computes outputs for (the residual it adds to, the attention's
+      query states);
+    - `project`: the attention's queries (of the query states), keys and values (of every row), (B, heads, ., hs).
+    """
+
+    def unpad(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def pad(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def queries(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def project(
+        self, attention: "KilnSelfAttention", query_states: torch.Tensor, hidden_states: torch.Tensor
+    ):
+        # every row is a query (query_states is hidden_states): one matmul, one buffer
+        return attention.split_heads(self.pad(attention.qkv(hidden_states)))
+
+
+ALL_ROWS = AllRows()
+
+
+class Unpadded(AllRows):
+    """The real tokens of a right- or left-padded (B, T) batch only: `unpad` keeps their rows of a (B, T, ...)
+    tensor as (N, ...), `pad` puts (N, ...) rows back into (B, T, ...) with zeros at the padding. Every
+    position-wise layer (projections, MLP, LayerNorm, dropout) then runs on the N real tokens only, and only the
+    attention itself sees the (B, T) layout (zeros at the padding, which the mask hides)."""
+
+    def __init__(self, attention_mask: torch.Tensor):
+        self.batch_size, self.seq_len = attention_mask.shape
+        self.indices = attention_mask.reshape(-1).nonzero().squeeze(1)  # (N,)
+
+    def unpad(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.reshape(self.batch_size * self.seq_len, *tensor.shape[2:]).index_select(0, self.indices)
+
+    def pad(self, tensor: torch.Tensor) -> torch.Tensor:
+        full = tensor.new_zeros(self.batch_size * self.seq_len, *tensor.shape[1:])
+        return full.index_copy(0, self.indices, tensor).view(self.batch_size, self.seq_len, *tensor.shape[1:])
+
+
+class QueryRows(AllRows):
+    """Outputs at (B, P) positions only (the sparse MLM heads' labelled rows, in the last block): the input is
+    (B, T, C), the output (B, P, C); keys and values still come from every row. The queries are projected from their
+    own rows and the keys and values from all (`KilnSelfAttention.project_queries`), so no FLOP goes to a query
+    nobody reads."""
+
+    def __init__(self, positions: torch.Tensor):
+        self.positions = positions  # (B, P)
+
+    def queries(self, tensor: torch.Tensor) -> torch.Tensor:
+        """(B|1, T, X) -> (B, P, X): the rows at the positions (angles (1, T, hs) serve every batch row)."""
+        index = self.positions[..., None].expand(-1, -1, tensor.shape[-1])
+        return tensor.expand(self.positions.shape[0], -1, -1).gather(1, index)
+
+    def project(
+        self, attention: "KilnSelfAttention", query_states: torch.Tensor, hidden_states: torch.Tensor
+    ):
+        return attention.project_queries(query_states, hidden_states)
 
 
 class KilnSelfAttention(nn.Module):
     """Multi-head self-attention with one fused QKV projection; optional KV cache (decoder); rotary positions
-    when the model passes `position_embeddings` (see `KilnRotaryEmbedding`).
+    when the model passes `position_embeddings` (see `KilnRotaryPositions`).
 
     Options, each chosen once here: `num_key_value_heads` fewer than `num_heads` (grouped-query attention: the
     fused projection holds nh query heads, then nkv key and nkv value heads), `bias`, `qk_norm_eps` (an RMSNorm
-    over each query and key head before the rotation, as Qwen3's)."""
+    over each query and key head before the rotation, as Qwen3's; else `nn.Identity`)."""
 
     def __init__(
         self,
@@ -218,15 +273,30 @@ class KilnSelfAttention(nn.Module):
         self.split_sizes = [num_heads, num_key_value_heads, num_key_value_heads]
         self.qkv = nn.Linear(hidden_size, (num_heads + 2 * num_key_value_heads) * self.head_size, bias=bias)
         self.out = nn.Linear(hidden_size, hidden_size, bias=bias)
-        if qk_norm_eps is not None:
-            self.q_norm = KilnRMSNorm(self.head_size, eps=qk_norm_eps)
-            self.k_norm = KilnRMSNorm(self.head_size, eps=qk_norm_eps)
-            self.normalize = self._normalized
-        else:
-            self.normalize = _unnormalized
+        with_norm = qk_norm_eps is not None
+        self.q_norm = KilnRMSNorm(self.head_size, eps=qk_norm_eps) if with_norm else nn.Identity()
+        self.k_norm = KilnRMSNorm(self.head_size, eps=qk_norm_eps) if with_norm else nn.Identity()
 
-    def _normalized(self, query, key):
-        return self.q_norm(query), self.k_norm(key)
+    def split_heads(self, qkv: torch.Tensor):
+        """(B, T, (nh + 2 nkv) hs) -> query (B, nh, T, hs), key and value (B, nkv, T, hs): views of one buffer."""
+        B, T = qkv.shape[:2]
+        qkv = qkv.view(B, T, -1, self.head_size).transpose(1, 2)  # (B, nh + 2 nkv, T, hs)
+        return qkv.split(self.split_sizes, dim=1)
+
+    def project_queries(self, query_states: torch.Tensor, hidden_states: torch.Tensor):
+        """Queries of the (B, P, C) `query_states` alone, keys and values of every row of `hidden_states` (B, T, C):
+        the fused weight's two parts, one matmul each."""
+        query_width = self.num_heads * self.head_size
+        q_weight, kv_weight = self.qkv.weight.split([query_width, self.qkv.out_features - query_width])
+        bias = self.qkv.bias
+        q_bias, kv_bias = (
+            (None, None) if bias is None else bias.split([query_width, bias.shape[0] - query_width])
+        )
+        (B, P), T = query_states.shape[:2], hidden_states.shape[1]
+        query = F.linear(query_states, q_weight, q_bias).view(B, P, self.num_heads, -1).transpose(1, 2)
+        kv = F.linear(hidden_states, kv_weight, kv_bias).view(B, T, -1, self.head_size).transpose(1, 2)
+        key, value = kv.chunk(2, dim=1)  # 2 x (B, nkv, T, hs)
+        return query, key, value
 
     def forward(
         self,
@@ -234,61 +304,30 @@ class KilnSelfAttention(nn.Module):
         attention_mask=None,
         past_key_values=None,
         output_attentions=False,
+        rows=ALL_ROWS,
         query_states=None,
-        unpadded=None,
         position_embeddings=None,
     ):
-        """query_states: (B, P, C) rows to compute outputs for, when not all of `hidden_states` (T rows) are
-        needed; keys and values still come from every row of `hidden_states`.
+        """rows: which rows of `hidden_states` to compute outputs for (`AllRows`: (B, T, C) in and out; `Unpadded`:
+        (N, C) real tokens in and out; `QueryRows`: (B, T, C) in, (B, P, C) out). query_states: those rows of
+        `hidden_states` (`rows.queries(hidden_states)`, which the block may already hold).
 
-        unpadded: an `Unpadded` plan when `hidden_states` holds only the real tokens, (N, C): the projections run
-        on those N rows, and only the attention itself sees the (B, T) layout (zeros at the padding, which the
-        mask hides); the output is (N, C) again.
-
-        position_embeddings: rotary (cos, sin) of the keys' positions, (B|1, T, hs) each (`KilnRotaryEmbedding`),
-        or None (positions are added to the embeddings instead); with `query_states`, a third and fourth entry
-        give the queries' own (cos, sin), (B, P, hs)."""
-        if unpadded is not None:
-            qkv = unpadded.pad(self.qkv(hidden_states))  # (B, T, (nh + 2 nkv) hs)
-            B, T = qkv.shape[:2]
-            qkv = qkv.view(B, T, -1, self.head_size).transpose(1, 2)  # (B, nh + 2 nkv, T, hs)
-            query, key, value = qkv.split(self.split_sizes, dim=1)
-            query, key = self.normalize(query, key)
-            if position_embeddings is not None:
-                query, key = apply_rotary_pos_emb(query, key, *position_embeddings[:2])
-            output, weights = attend(
-                self, query, key, value, attention_mask, self.is_causal, output_attentions
-            )
-            return self.out(unpadded.unpad(output)), weights
-        B, T, C = hidden_states.shape
-        if query_states is None:
-            qkv = self.qkv(hidden_states).view(B, T, -1, self.head_size).transpose(1, 2)
-            query, key, value = qkv.split(self.split_sizes, dim=1)  # (B, nh|nkv, T, hs), one buffer
-            query, key = self.normalize(query, key)
-            if position_embeddings is not None:
-                query, key = apply_rotary_pos_emb(query, key, *position_embeddings[:2])
-        else:
-            query_width = self.num_heads * self.head_size
-            q_weight, kv_weight = self.qkv.weight.split([query_width, self.qkv.out_features - query_width])
-            bias = self.qkv.bias
-            q_bias, kv_bias = (
-                (None, None) if bias is None else bias.split([query_width, bias.shape[0] - query_width])
-            )
-            P = query_states.shape[1]
-            query = F.linear(query_states, q_weight, q_bias).view(B, P, self.num_heads, -1).transpose(1, 2)
-            kv = F.linear(hidden_states, kv_weight, kv_bias).view(B, T, -1, self.head_size).transpose(1, 2)
-            key, value = kv.chunk(2, dim=1)  # 2 x (B, nkv, T, hs)
-            query, key = self.normalize(query, key)
-            if position_embeddings is not None:
-                cos, sin, query_cos, query_sin = position_embeddings
-                query, key = _rotate(query, query_cos, query_sin), _rotate(key, cos, sin)
+        position_embeddings: rotary (cos, sin) of the keys' positions, (B|1, T, hs) each (`KilnRotaryPositions`),
+        or None (positions are added to the embeddings instead); the queries take the rows `rows` computes."""
+        query_states = rows.queries(hidden_states) if query_states is None else query_states
+        # query (B, nh, T|P, hs), key and value (B, nkv, T, hs)
+        query, key, value = rows.project(self, query_states, hidden_states)
+        query, key = self.q_norm(query), self.k_norm(key)
+        if position_embeddings is not None:
+            cos, sin = position_embeddings
+            query, key = rotate(query, rows.queries(cos), rows.queries(sin)), rotate(key, cos, sin)
         if past_key_values is not None:
             cache = past_key_values
             if isinstance(cache, EncoderDecoderCache):
                 cache = cache.self_attention_cache
             key, value = cache.update(key, value, self.layer_idx)  # (B, nkv, S, hs), S = past + T
         output, weights = attend(self, query, key, value, attention_mask, self.is_causal, output_attentions)
-        return self.out(output), weights
+        return self.out(rows.unpad(output)), weights
 
 
 class KilnCrossAttention(nn.Module):
@@ -388,372 +427,6 @@ class KilnRMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
-    """RoPE's inverse frequencies theta^(-2i/d), i = 0 .. d/2 - 1 (float32), as transformers' default rope."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-
-
-class KilnRotaryEmbedding(nn.Module):
-    """Rotary position embedding: the (cos, sin) of every position, computed once per forward from the position
-    ids and shared by every layer. `inv_freq` is a buffer rebuilt on load (not saved). head_dim must be even."""
-
-    def __init__(self, head_dim: int, theta: float = 10000.0):
-        super().__init__()
-        if head_dim % 2:
-            raise ValueError(
-                f"Rotary positions need an even head size, got {head_dim}; change hidden_size or heads."
-            )
-        self.head_dim, self.theta = head_dim, theta
-        self.register_buffer("inv_freq", rope_inverse_frequencies(head_dim, theta), persistent=False)
-
-    @torch.no_grad()
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """position_ids (B|1, T) -> cos, sin (B|1, T, head_dim) in x's dtype (computed in float32)."""
-        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float32)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (B|1, T, hs)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-    def extra_repr(self):
-        return f"head_dim={self.head_dim}, theta={self.theta}"
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """One tensor (B, nh, T, hs) rotated by its own angles (cos/sin (B|1, T, hs))."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (x * cos) + (rotate_half(x) * sin)
-
-
-def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
-    """Rotate queries and keys (B, nh, T, hs) by their positions' angles; cos/sin (B|1, T, hs) are unsqueezed at
-    `unsqueeze_dim` (1 for the (B, nh, T, hs) layout, 2 for (B, T, nh, hs))."""
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
-
-
-class Unpadded:
-    """Where the real tokens of a right- or left-padded (B, T) batch sit: `unpad` keeps their rows of a (B, T, ...)
-    tensor as (N, ...), `pad` puts (N, ...) rows back into (B, T, ...) with zeros at the padding. Every
-    position-wise layer (projections, MLP, LayerNorm, dropout) then runs on the N real tokens only."""
-
-    def __init__(self, attention_mask: torch.Tensor):
-        self.batch_size, self.seq_len = attention_mask.shape
-        self.indices = attention_mask.reshape(-1).nonzero().squeeze(1)  # (N,)
-
-    def unpad(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.reshape(self.batch_size * self.seq_len, *tensor.shape[2:]).index_select(0, self.indices)
-
-    def pad(self, tensor: torch.Tensor) -> torch.Tensor:
-        full = tensor.new_zeros(self.batch_size * self.seq_len, *tensor.shape[1:])
-        return full.index_copy(0, self.indices, tensor).view(self.batch_size, self.seq_len, *tensor.shape[1:])
-
-
-def capturing(tensor: torch.Tensor | None = None) -> bool:
-    """Whether a graph is being captured (torch.compile, torch.export, the ONNX exporters, torch.jit/fx tracing,
-    fake tensors): then nothing may branch on tensor values, so the eager-mode checks and shortcuts that read
-    them (`check_input_ids`, dropping an all-ones mask) are left out and the graph keeps the general path."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
-        return True
-    return isinstance(tensor, (torch.fx.Proxy, torch._subclasses.FakeTensor))
-
-
-def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, S) 0/1 mask -> None when nothing is padded, else (B, 1, 1, S) bool (an all-padding row stays all
-    False: its queries attend to nothing and get a zero attention output). While a graph is captured the mask
-    is kept whatever it holds (see `capturing`)."""
-    if attention_mask is None:
-        return None
-    if attention_mask.dim() != 2:
-        raise ValueError(
-            f"attention_mask must be (batch, seq_len) of 0/1, got shape {tuple(attention_mask.shape)}; "
-            "pass the tokenizer's 2-D attention_mask."
-        )
-    if not capturing(attention_mask) and bool(attention_mask.all()):
-        return None
-    return attention_mask[:, None, None, :].bool()
-
-
-def causal_mask(
-    attention_mask: torch.Tensor | None, query_length: int, past_length: int, device
-) -> torch.Tensor | None:
-    """Causal (+ padding) mask over past + new keys: None if `is_causal` suffices, else (B|1, 1, T, S)."""
-    key_length = past_length + query_length
-    if attention_mask is not None:
-        if attention_mask.dim() != 2 or attention_mask.shape[1] != key_length:
-            raise ValueError(
-                f"attention_mask must be (batch, past + new tokens) = (batch, {key_length}), got "
-                f"{tuple(attention_mask.shape)}; extend it by one column per generated token."
-            )
-        if not capturing(attention_mask) and bool(attention_mask.all()):
-            attention_mask = None
-    if attention_mask is None and (past_length == 0 or query_length == 1):
-        return None
-    query_positions = torch.arange(past_length, key_length, device=device)
-    mask = torch.arange(key_length, device=device)[None, :] <= query_positions[:, None]  # (T, S)
-    mask = mask[None, None]  # (1, 1, T, S)
-    if attention_mask is not None:
-        mask = mask & attention_mask[:, None, None, :].bool()  # (B, 1, T, S)
-        mask = mask | ~mask.any(-1, keepdim=True)  # left-padding rows see nothing: let them see all, not NaN
-    return mask
-
-
-_MASK_BUILDER_PARAMETERS = {
-    builder: frozenset(inspect.signature(builder).parameters)
-    for builder in (create_causal_mask, create_bidirectional_mask, create_bidirectional_sliding_window_mask)
-}
-
-
-def _transformers_mask(builder, **kwargs):
-    """Call a `transformers.masking_utils` builder with the argument names of the installed transformers (the
-    cache argument was renamed `past_key_values` -> `cache`; older releases also take `cache_position`)."""
-    parameters = _MASK_BUILDER_PARAMETERS[builder]
-    if "cache" in kwargs and "cache" not in parameters:
-        kwargs["past_key_values"] = kwargs.pop("cache")
-    if "input_embeds" in parameters:
-        kwargs["input_embeds"] = kwargs.pop("inputs_embeds")
-    return builder(**{name: value for name, value in kwargs.items() if name in parameters})
-
-
-def uses_transformers_masks(config, cache=None) -> bool:
-    """Whether masks come from `transformers.masking_utils` rather than Kiln's own builders: for kernels that take
-    another mask format (flex attention's `BlockMask`, and any other registered kernel), and for caches whose keys
-    are not simply past + new tokens (a static cache's fixed length, a sliding window)."""
-    if config._attn_implementation not in (None, "eager", "sdpa"):
-        return True
-    return cache is not None and (
-        bool(getattr(cache, "is_compileable", False)) or any(getattr(cache, "is_sliding", None) or ())
-    )
-
-
-def packed_documents(position_ids: torch.Tensor | None, batch_size: int) -> torch.Tensor | None:
-    """(B, T) document ids of rows that pack several documents, told by their position ids: a document starts
-    wherever a position is not its predecessor + 1 ([0 1 2 0 1] holds two), as transformers'
-    `find_packed_sequence_indices` reads them. None when no row restarts (outside graph capture, where the check
-    cannot read values and the ids are always returned)."""
-    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[1] < 2:
-        return None
-    position_ids = position_ids.expand(batch_size, -1)
-    starts = position_ids[:, 1:] != position_ids[:, :-1] + 1  # (B, T-1)
-    if not capturing(position_ids) and not bool(starts.any()):
-        return None
-    return F.pad(starts, (1, 0), value=False).cumsum(-1)  # (B, T): 0 for the first document of each row
-
-
-def document_mask(mask: torch.Tensor | None, documents: torch.Tensor, query_length: int) -> torch.Tensor:
-    """A causal (+ padding) mask (B|1, 1, T, T), or None for plain causal, restricted to pairs of tokens of the
-    same document: block-diagonal within each row. (B, 1, T, T) bool."""
-    if mask is None:
-        mask = torch.ones(query_length, query_length, dtype=torch.bool, device=documents.device).tril()[
-            None, None
-        ]
-    same_document = documents[:, None, :, None] == documents[:, None, None, :]  # (B, 1, T, T)
-    mask = mask & same_document
-    return mask | ~mask.any(-1, keepdim=True)  # a row that sees nothing (padding) sees all, not NaN
-
-
-def decoder_self_mask(config, inputs_embeds, attention_mask, cache, position_ids, past_length):
-    """The decoder's self-attention mask: a prepared 4-D mask (as `generate` builds for a static cache) as given;
-    Kiln's `causal_mask` for a 2-D mask with no cache or a growing one; else transformers' `create_causal_mask`
-    (static and sliding caches, flex attention).
-
-    Packed rows attend within their own document only, read where transformers reads them: from position ids
-    that restart at each document, given *without* a padding mask and with nothing cached yet (as Kiln's CLM
-    collator sends packed blocks: their padding is at the end, which no real token sees under a causal mask).
-    With a padding mask, position ids are positions only: `generate` and transformers' own tests derive them from
-    a mask with holes (`[0 1 1 2 3]`), and those rows are one sequence. Kiln's mask gets the block-diagonal
-    restriction; for the other kernels transformers' builder reads the same documents. (transformers also asks
-    for no cache object, where Kiln asks for nothing cached: a model in eval mode builds an empty cache, and its
-    packed evaluation batches stay masked apart.)"""
-    if attention_mask is not None and (
-        not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() == 4
-    ):
-        return attention_mask
-    nothing_cached = isinstance(past_length, int) and past_length == 0
-    packed = attention_mask is None and nothing_cached
-    documents = packed_documents(position_ids, inputs_embeds.shape[0]) if packed else None
-    if not uses_transformers_masks(config, cache):
-        mask = causal_mask(attention_mask, inputs_embeds.shape[1], past_length, inputs_embeds.device)
-        return mask if documents is None else document_mask(mask, documents, inputs_embeds.shape[1])
-    if position_ids is None:
-        position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
-    return _transformers_mask(
-        create_causal_mask,
-        config=config,
-        inputs_embeds=inputs_embeds,
-        attention_mask=attention_mask,
-        cache=cache,
-        position_ids=position_ids,
-        cache_position=position_ids[0],
-    )
-
-
-def bidirectional_mask(config, inputs_embeds, attention_mask, encoder_hidden_states=None):
-    """A padding mask over the keys (the encoder's self-attention; cross-attention onto `encoder_hidden_states`):
-    Kiln's `padding_mask` for SDPA and eager, transformers' `create_bidirectional_mask` for other kernels."""
-    if not uses_transformers_masks(config):
-        return padding_mask(attention_mask)
-    return _transformers_mask(
-        create_bidirectional_mask,
-        config=config,
-        inputs_embeds=inputs_embeds,
-        attention_mask=attention_mask,
-        encoder_hidden_states=encoder_hidden_states,
-    )
-
-
-def sliding_window_mask(
-    config, inputs_embeds, attention_mask, window: int, query_positions: torch.Tensor | None = None
-) -> torch.Tensor | None:
-    """A local block's mask: a query attends to the keys at most `window` positions away, and not to padding
-    (ModernBERT's local attention, transformers' `create_bidirectional_sliding_window_mask`). Returns the
-    padding mask alone when the sequence fits in the window, else (B|1, 1, T, S) bool; with `query_positions`
-    (B, P), only those queries' rows, (B, 1, P, S). Other kernels than SDPA/eager get transformers' mask."""
-    key_length = inputs_embeds.shape[1]
-    padding = bidirectional_mask(config, inputs_embeds, attention_mask)
-    if uses_transformers_masks(config):
-        if key_length - 1 <= window:
-            return padding
-        return _transformers_mask(
-            create_bidirectional_sliding_window_mask,
-            config=config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-        )
-    if key_length - 1 <= window and query_positions is None:
-        return padding
-    keys = torch.arange(key_length, device=inputs_embeds.device)
-    queries = keys[None] if query_positions is None else query_positions  # (1|B, P)
-    mask = ((queries[..., None] - keys).abs() <= window)[:, None]  # (1|B, 1, P, S)
-    return mask if padding is None else mask & padding
-
-
-# Logits per chunk in `linear_cross_entropy` (rows = this // vocab size: 667 at a 50k vocabulary). Measured on
-# a 2-core CPU (LM head + loss, 4096 x 256 -> 50257): 166 rows 1.22x the plain path, 333 1.30x, 667 1.37x,
-# 1334 1.34x. Small chunks lose because every chunk re-reads and re-writes the (V, C) weight gradient.
-LM_LOSS_CHUNK_ELEMENTS = 1 << 25
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of `hidden @ weight.T (+ bias)` against `targets`, chunk by chunk of rows.
-
-    The gradients are computed in the forward pass, while each chunk of logits is at hand (softmax - one-hot,
-    then the two matmuls the backward of a Linear would do), so the (N, V) logits are never held whole and the
-    backward only scales the saved gradients: the same three matmuls as the plain path, a fraction of its
-    memory, and two reused chunk buffers instead of several fresh (N, V) tensors.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk_rows, compute_dtype):
-        # hidden (N, C) and targets (N,): only rows with a target; weight (V, C); bias (V,) or None
-        wants_grads = any(ctx.needs_input_grad[:3])
-        num_rows, vocab_size = hidden.shape[0], weight.shape[0]
-        chunk_rows = max(1, min(chunk_rows, num_rows))
-        with torch.autocast(hidden.device.type, enabled=False):
-            hidden_c, weight_c = hidden.to(compute_dtype), weight.to(compute_dtype)
-            bias_c = bias.to(compute_dtype) if bias is not None else None
-            logits_buffer = hidden_c.new_empty(chunk_rows, vocab_size)
-            log_probs_buffer = hidden_c.new_empty(chunk_rows, vocab_size, dtype=torch.float32)
-            loss_sum = hidden.new_zeros((), dtype=torch.float32)
-            grad_hidden = torch.empty_like(hidden_c) if wants_grads else None
-            grad_weight = torch.zeros_like(weight, dtype=torch.float32) if wants_grads else None
-            grad_bias = (
-                torch.zeros_like(bias, dtype=torch.float32) if wants_grads and bias is not None else None
-            )
-            for start in range(0, num_rows, chunk_rows):
-                rows = hidden_c[start : start + chunk_rows]  # (n, C)
-                chunk_targets = targets[start : start + chunk_rows]  # (n,)
-                n = rows.shape[0]
-                if bias_c is None:
-                    logits = torch.mm(rows, weight_c.T, out=logits_buffer[:n])  # (n, V)
-                else:
-                    logits = torch.addmm(bias_c, rows, weight_c.T, out=logits_buffer[:n])
-                log_probs = torch.log_softmax(logits, -1, dtype=torch.float32, out=log_probs_buffer[:n])
-                loss_sum -= log_probs.gather(1, chunk_targets[:, None]).sum()
-                if not wants_grads:
-                    continue
-                probs = log_probs.exp_()
-                probs[torch.arange(n, device=probs.device), chunk_targets] -= 1.0
-                grad_logits = probs.to(compute_dtype)  # d(sum of losses) / d(logits); no copy in float32
-                torch.mm(grad_logits, weight_c, out=grad_hidden[start : start + n])
-                if grad_bias is not None:
-                    grad_bias += probs.sum(0)
-                if grad_logits.dtype == torch.float32:
-                    grad_weight.addmm_(grad_logits.T, rows)
-                else:
-                    grad_weight += grad_logits.T @ rows
-        if wants_grads:
-            ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-            ctx.num_rows, ctx.dtypes = num_rows, (hidden.dtype, weight.dtype)
-        return loss_sum / num_rows  # no rows: nan, as F.cross_entropy gives
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss):
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        scale = grad_loss / ctx.num_rows
-        hidden_dtype, weight_dtype = ctx.dtypes
-        grad_hidden = (grad_hidden * scale).to(hidden_dtype)
-        grad_weight = (grad_weight * scale).to(weight_dtype)
-        if grad_bias is not None:
-            grad_bias = (grad_bias * scale).to(weight_dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None
-
-
-def linear_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    ignore_index: int = -100,
-    chunk_rows: int | None = None,
-) -> torch.Tensor:
-    """`F.cross_entropy(F.linear(hidden, weight, bias), targets, ignore_index=...)` without the (N, V) logits.
-
-    hidden (..., C), weight (V, C), bias (V,) or None, targets (...). Same loss and gradients as the plain
-    path (up to float rounding); under autocast the matmuls run in the autocast dtype and the softmax in
-    float32, as they would there. `chunk_rows` defaults to LM_LOSS_CHUNK_ELEMENTS logits per chunk on CPU.
-    """
-    hidden = hidden.reshape(-1, hidden.shape[-1])
-    targets = targets.reshape(-1).to(hidden.device)
-    kept = targets != ignore_index
-    hidden, targets = hidden[kept], targets[kept]  # ignored rows take no FLOPs and get zero gradient
-    device_type = hidden.device.type
-    compute_dtype = (
-        torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
-    )
-    if chunk_rows is None:
-        # accelerators: their caching allocators reuse any size, and larger matmuls keep them busier
-        elements = LM_LOSS_CHUNK_ELEMENTS if device_type == "cpu" else 2 * LM_LOSS_CHUNK_ELEMENTS
-        chunk_rows = max(1, elements // weight.shape[0])
-    return _LinearCrossEntropy.apply(hidden, weight, bias, targets, chunk_rows, compute_dtype)
-
-
-def sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """BERT's / GPT-2's rules: `config.problem_type` inferred from the labels when unset; regression (MSE),
-    single-label (cross-entropy) or multi-label (BCE with logits). logits (B, num_labels)."""
-    num_labels = config.num_labels
-    if config.problem_type is None:
-        if num_labels == 1:
-            config.problem_type = "regression"
-        elif num_labels > 1 and labels.dtype in (torch.long, torch.int):
-            config.problem_type = "single_label_classification"
-        else:
-            config.problem_type = "multi_label_classification"
-    labels = labels.to(logits.device)
-    if config.problem_type == "regression":
-        if num_labels == 1:
-            return F.mse_loss(logits.squeeze(), labels.squeeze())
-        return F.mse_loss(logits, labels)
-    if config.problem_type == "single_label_classification":
-        return F.cross_entropy(logits.view(-1, num_labels), labels.view(-1))
-    return F.binary_cross_entropy_with_logits(logits, labels)
-
-
 def check_input_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
     # Checked on CPU only (on accelerators the reduction would force a host sync every step) and in eager mode
     # only (a captured graph cannot branch on the ids' values; see `capturing`)
@@ -789,33 +462,22 @@ def auto_map_for(model, auto_classes: dict) -> dict:
 
 
 __all__ = [
+    "ALL_ROWS",
+    "AllRows",
     "KilnCrossAttention",
     "KilnDropout",
     "KilnGatedMLP",
     "KilnMLP",
     "KilnRMSNorm",
-    "KilnRotaryEmbedding",
     "KilnSelfAttention",
+    "QueryRows",
+    "Unpadded",
     "activation_module",
     "apply_dropout",
-    "apply_rotary_pos_emb",
     "attend",
     "auto_map_for",
-    "bidirectional_mask",
-    "capturing",
-    "causal_mask",
     "check_input_ids",
     "check_kwargs",
     "check_sequence_length",
-    "decoder_self_mask",
-    "document_mask",
     "eager_attention_forward",
-    "linear_cross_entropy",
-    "packed_documents",
-    "padding_mask",
-    "rope_inverse_frequencies",
-    "rotate_half",
-    "sequence_classification_loss",
-    "sliding_window_mask",
-    "uses_transformers_masks",
 ]

@@ -39,20 +39,16 @@ from .kiln_layers import (
     KilnGatedMLP,
     KilnMLP,
     KilnRMSNorm,
-    KilnRotaryEmbedding,
     KilnSelfAttention,
     auto_map_for,
-    bidirectional_mask,
-    capturing,
     check_input_ids,
     check_kwargs,
     check_sequence_length,
-    decoder_self_mask,
-    linear_cross_entropy,
-    rope_inverse_frequencies,
-    sequence_classification_loss,
     takes_cache,
 )
+from .kiln_losses import linear_cross_entropy, sequence_classification_loss
+from .kiln_masks import bidirectional_mask, capturing, decoder_self_mask
+from .kiln_positions import KilnRotaryEmbedding, position_table, rope_inverse_frequencies, rotary_positions
 
 
 def make_norm(config: KilnDecoderConfig) -> nn.Module:
@@ -74,6 +70,9 @@ class KilnDecoderLayer(GradientCheckpointingLayer):
     """Pre-norm block: x = x + attn(norm(x)); [x = x + cross_attn(norm(x), encoder)]; x = x + mlp(norm(x)).
     The norm, the MLP and the attention's options (rotary, grouped-query, biases, QK-norm) come from the config,
     chosen here once."""
+
+    # every block attends to every earlier token: which rotary angles it reads
+    attention_type = "full_attention"
 
     def __init__(self, config: KilnDecoderConfig, layer_idx: int):
         super().__init__()
@@ -190,47 +189,23 @@ class KilnDecoderPreTrainedModel(PreTrainedModel):
 
 class KilnDecoderModel(KilnDecoderPreTrainedModel):
     """The bare decoder: final-norm hidden states (B, T, C) and the KV cache. Positions are learned (a table added
-    to the token embeddings) or rotary (cos/sin computed once per forward and passed to every layer), chosen
-    here once (`config.position_embedding_type`)."""
+    to the token embeddings, `position_embeddings`) or rotary (cos/sin computed once per forward and passed to
+    every layer, `rotary_emb`), chosen here once (`config.position_embedding_type`; see `KilnPositions`)."""
 
     def __init__(self, config: KilnDecoderConfig):
         super().__init__(config)
+        kind = config.position_embedding_type
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        if config.position_embedding_type == "rotary":
-            self.rotary_emb = KilnRotaryEmbedding(
-                config.hidden_size // config.num_attention_heads, config.rope_theta
-            )
-            self.embed_positions = self._rotary_positions
-        else:
-            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-            self.embed_positions = self._learned_positions
+        self.position_embeddings = position_table(kind, config.max_position_embeddings, config.hidden_size)
+        head_size = config.hidden_size // config.num_attention_heads
+        self.rotary_emb = rotary_positions(
+            kind, head_size, {KilnDecoderLayer.attention_type: config.rope_theta}
+        )
         self.dropout = KilnDropout(config.embd_pdrop)
         self.layers = nn.ModuleList(KilnDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = make_norm(config)
         self.gradient_checkpointing = False  # set by gradient_checkpointing_enable(); then no KV cache
         self.post_init()
-
-    def _learned_positions(self, inputs_embeds, position_ids, past_length):
-        """GPT-2: the position table's rows added to the embeddings; no rotary angles."""
-        T = inputs_embeds.shape[1]
-        if position_ids is None:
-            check_sequence_length(past_length + T, self.config.max_position_embeddings)
-            position_embeds = self.position_embeddings.weight[past_length : past_length + T]  # (T, C)
-        else:
-            if position_ids.device.type == "cpu" and position_ids.numel() and not capturing(position_ids):
-                check_sequence_length(int(position_ids.max()) + 1, self.config.max_position_embeddings)
-            position_embeds = self.position_embeddings(position_ids)  # (B|1, T, C)
-        return inputs_embeds + position_embeds, None
-
-    def _rotary_positions(self, inputs_embeds, position_ids, past_length):
-        """Llama: the embeddings as they are, and the (cos, sin) of each position for the attention layers."""
-        T = inputs_embeds.shape[1]
-        if position_ids is None:
-            check_sequence_length(past_length + T, self.config.max_position_embeddings)
-            position_ids = (torch.arange(T, device=inputs_embeds.device) + past_length)[None]  # (1, T)
-        elif position_ids.device.type == "cpu" and position_ids.numel() and not capturing(position_ids):
-            check_sequence_length(int(position_ids.max()) + 1, self.config.max_position_embeddings)
-        return inputs_embeds, self.rotary_emb(inputs_embeds, position_ids)
 
     def get_input_embeddings(self):
         return self.word_embeddings
@@ -291,7 +266,13 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
             past_length, torch.Tensor
         ):  # a static cache counts on the device
             position_ids = (torch.arange(T, device=inputs_embeds.device) + past_length)[None]  # (1, T)
-        hidden_states, position_embeddings = self.embed_positions(inputs_embeds, position_ids, past_length)
+        if position_ids is None:
+            check_sequence_length(past_length + T, config.max_position_embeddings)
+        elif position_ids.device.type == "cpu" and position_ids.numel() and not capturing(position_ids):
+            check_sequence_length(int(position_ids.max()) + 1, config.max_position_embeddings)
+        # GPT-2: the table's rows added to the embeddings; Llama: (cos, sin) for the attention
+        hidden_states = self.position_embeddings.add(inputs_embeds, position_ids, past_length)
+        position_embeddings = self.rotary_emb.angles(inputs_embeds, position_ids, past_length)
         if token_type_ids is not None:
             hidden_states = hidden_states + self.word_embeddings(token_type_ids)
         hidden_states = self.dropout(hidden_states)
@@ -318,7 +299,7 @@ class KilnDecoderModel(KilnDecoderPreTrainedModel):
                 cross_mask,
                 past_key_values=past_key_values,
                 output_attentions=output_attentions,
-                position_embeddings=position_embeddings,
+                position_embeddings=position_embeddings.get(layer.attention_type),
             )
             if output_attentions:
                 all_attentions += (attention_weights,)

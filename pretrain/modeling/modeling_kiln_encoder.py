@@ -8,12 +8,12 @@ x = x + mlp(LN(x))) with a final LayerNorm, no biases, local attention in two bl
 dense + activation + LayerNorm transform in place of the tanh pooler.
 Heads: pretraining (MLM + NSP/SOP), masked LM, next-sentence prediction, sequence classification, multiple
 choice, token classification, extractive question answering: BERT's head family, same weights layout per head.
+ELECTRA's discriminator and its joint pretraining model are built from these in `modeling_kiln_electra.py`.
 
 Uploaded to the Hub next to the checkpoints (trust_remote_code): it imports only torch, transformers and
 its sibling files (relative imports).
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -35,36 +35,29 @@ from transformers.utils import ModelOutput
 
 from .configuration_kiln import KilnEncoderConfig
 from .kiln_layers import (
+    ALL_ROWS,
     KilnDropout,
     KilnGatedMLP,
     KilnMLP,
-    KilnRotaryEmbedding,
     KilnSelfAttention,
+    QueryRows,
     Unpadded,
     activation_module,
     auto_map_for,
-    bidirectional_mask,
-    capturing,
     check_input_ids,
     check_kwargs,
     check_sequence_length,
-    linear_cross_entropy,
-    rope_inverse_frequencies,
-    sequence_classification_loss,
-    sliding_window_mask,
 )
-
-
-def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
-    """(num_positions, dim) table: PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(same)."""
-    position = torch.arange(num_positions, dtype=torch.float32)[:, None]  # (P, 1)
-    exponents = torch.arange(0, dim, 2, dtype=torch.float32) / dim  # (ceil(dim/2),)
-    inv_freq = torch.exp(-math.log(10000.0) * exponents)
-    table = torch.zeros(num_positions, dim)
-    table[:, 0::2] = torch.sin(position * inv_freq)
-    table[:, 1::2] = torch.cos(position * inv_freq[: dim // 2])
-    return table
-
+from .kiln_losses import linear_cross_entropy, sequence_classification_loss
+from .kiln_masks import bidirectional_mask, capturing, sliding_window_mask
+from .kiln_positions import (
+    KilnRotaryEmbedding,
+    KilnSinusoidalPositions,
+    position_table,
+    rope_inverse_frequencies,
+    rotary_positions,
+    sinusoidal_table,
+)
 
 # Unpadding gathers and scatters the rows around every attention: it pays only with enough padding. Measured on a
 # 2-core CPU (docs/performance.md): SST-2 fine-tuning batches, 67% padding, 1.55x faster; the default pretraining
@@ -83,13 +76,12 @@ class KilnEmbeddings(nn.Module):
         self.config = config
         width = embedding_width(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
-        if config.position_embedding_type == "learned":
-            self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
-        elif config.position_embedding_type == "sinusoidal":
-            table = sinusoidal_table(config.max_position_embeddings, width)
-            self.register_buffer("position_table", table, persistent=False)  # fixed, rebuilt on load
-        # rotary: no table, the attention rotates queries and keys; type_vocab_size 0: no segment table, and
-        # token_type_ids (which BERT tokenizers make) are ignored, as ModernBERT has none
+        # learned or sinusoidal: a table added here; rotary: nothing (the model's `rotary_emb` gives the angles)
+        self.position_embeddings = position_table(
+            config.position_embedding_type, config.max_position_embeddings, width
+        )
+        # type_vocab_size 0: no segment table, and token_type_ids (which BERT tokenizers make) are ignored, as
+        # ModernBERT has none
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
         )
@@ -108,12 +100,7 @@ class KilnEmbeddings(nn.Module):
             x = inputs_embeds + self.token_type_embeddings.weight[0]
         else:
             x = inputs_embeds + self.token_type_embeddings(token_type_ids)
-        table = getattr(self, "position_table", None)
-        table = self.position_embeddings.weight if hasattr(self, "position_embeddings") else table
-        if table is not None:
-            x = x + (
-                table[:T] if position_ids is None else F.embedding(position_ids, table)
-            )  # (T, C) broadcasts
+        x = self.position_embeddings.add(x, position_ids)
         return self.dropout(self.layer_norm(x))
 
 
@@ -152,37 +139,22 @@ class KilnEncoderLayer(GradientCheckpointingLayer):
         hidden_states,
         attention_mask=None,
         output_attentions=False,
-        query_positions=None,
-        unpadded=None,
+        rows=ALL_ROWS,
         position_embeddings=None,
     ):
-        """query_positions: (B, P) positions to compute outputs for (default: all); the output is then
-        (B, P, C), while attention still reads keys and values at every position. unpadded: `hidden_states`
-        holds only the real tokens, (N, C) (see `Unpadded`); the output is (N, C). position_embeddings: the
-        rotary (cos, sin) for the attention (see `KilnSelfAttention`), or None."""
-        if unpadded is not None:
-            attention_output, attention_weights = self.attention(
-                hidden_states,
-                attention_mask,
-                output_attentions=output_attentions,
-                unpadded=unpadded,
-                position_embeddings=position_embeddings,
-            )
-            hidden_states = self.attention_norm(hidden_states + self.dropout(attention_output))
-            hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
-            return hidden_states, attention_weights
-        residual = query_states = None
-        if query_positions is not None:
-            index = query_positions[..., None].expand(-1, -1, hidden_states.shape[-1])
-            residual = query_states = hidden_states.gather(1, index)  # (B, P, C)
+        """rows: which rows to compute (`AllRows`, `Unpadded`: the real tokens only, (N, C) in and out, or
+        `QueryRows`: (B, T, C) in, (B, P, C) out at the sparse MLM head's positions); attention still reads keys and
+        values at every position. position_embeddings: the rotary (cos, sin) for the attention (see
+        `KilnSelfAttention`), or None."""
+        residual = rows.queries(hidden_states)  # hidden_states itself, or the rows at the query positions
         attention_output, attention_weights = self.attention(
             hidden_states,
             attention_mask,
             output_attentions=output_attentions,
-            query_states=query_states,
+            rows=rows,
+            query_states=residual,
             position_embeddings=position_embeddings,
         )
-        residual = hidden_states if residual is None else residual
         hidden_states = self.attention_norm(residual + self.dropout(attention_output))
         hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
         return hidden_states, attention_weights
@@ -202,23 +174,18 @@ class KilnPreNormEncoderLayer(KilnEncoderLayer):
         hidden_states,
         attention_mask=None,
         output_attentions=False,
-        query_positions=None,
-        unpadded=None,
+        rows=ALL_ROWS,
         position_embeddings=None,
     ):
         """As `KilnEncoderLayer.forward`."""
         normed = self.attention_norm(hidden_states)
-        residual = hidden_states
-        query_states = None
-        if query_positions is not None:
-            index = query_positions[..., None].expand(-1, -1, hidden_states.shape[-1])
-            residual, query_states = hidden_states.gather(1, index), normed.gather(1, index)  # (B, P, C)
+        residual, query_states = rows.queries(hidden_states), rows.queries(normed)
         attention_output, attention_weights = self.attention(
             normed,
             attention_mask,
             output_attentions=output_attentions,
+            rows=rows,
             query_states=query_states,
-            unpadded=unpadded,
             position_embeddings=position_embeddings,
         )
         hidden_states = residual + self.dropout(attention_output)
@@ -341,9 +308,8 @@ class KilnEncoderPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, KilnEmbeddings) and hasattr(module, "position_table"):
-            table = sinusoidal_table(self.config.max_position_embeddings, embedding_width(self.config))
-            init.copy_(module.position_table, table)
+        elif isinstance(module, KilnSinusoidalPositions):  # a buffer, not saved: rebuilt on load
+            init.copy_(module.table, sinusoidal_table(*module.table.shape))
         elif isinstance(module, KilnRotaryEmbedding):  # a buffer, not saved: rebuilt on load
             init.copy_(module.inv_freq, rope_inverse_frequencies(module.head_dim, module.theta))
 
@@ -363,23 +329,21 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         width = embedding_width(config)
         # embeddings narrower or wider than the blocks (ELECTRA's generator): one linear map to the hidden size
         self.embeddings_project = (
-            nn.Linear(width, config.hidden_size) if width != config.hidden_size else None
+            nn.Linear(width, config.hidden_size) if width != config.hidden_size else nn.Identity()
         )
         layer_class = LAYER_CLASSES[config.norm_position]
         self.layers = nn.ModuleList(layer_class(config, i) for i in range(config.num_hidden_layers))
         self._no_split_modules = [layer_class.__name__]
         # pre-LN blocks leave the residual stream unnormed: one LayerNorm after the last
-        self.final_norm = layer_norm(config) if config.norm_position == "pre" else None
-        self.rotary = None  # rotary positions: (cos, sin) per attention type, computed once per forward
-        if config.position_embedding_type == "rotary":
-            head_size = config.hidden_size // config.num_attention_heads
-            thetas = {"full_attention": config.rope_theta, "sliding_attention": config.local_rope_theta}
-            self.rotary = nn.ModuleDict(
-                {
-                    kind: KilnRotaryEmbedding(head_size, thetas[kind])
-                    for kind in sorted(set(config.layer_types))
-                }
-            )
+        self.final_norm = layer_norm(config) if config.norm_position == "pre" else nn.Identity()
+        # rotary: (cos, sin) per attention type, with the global blocks' base and the local blocks' (`rope_theta`,
+        # `local_rope_theta`); here, not in the embeddings, which ELECTRA's generator shares at another head size
+        thetas = {"full_attention": config.rope_theta, "sliding_attention": config.local_rope_theta}
+        self.rotary_emb = rotary_positions(
+            config.position_embedding_type,
+            config.hidden_size // config.num_attention_heads,
+            {kind: thetas[kind] for kind in sorted(set(config.layer_types))},
+        )
         self.pooler = POOLER_CLASSES[config.classifier_head](config) if add_pooling_layer else None
         self.post_init()
 
@@ -405,22 +369,40 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
             and int(attention_mask.sum()) <= (1 - UNPAD_MIN_PADDING) * attention_mask.numel()
         )
 
-    def _rotary(self, hidden_states, position_ids, query_positions) -> dict:
-        """Rotary (cos, sin) per attention type, (B|1, T, hs) each, once per forward; under ("query", type) the
-        sparse last block's own query rows, (B, P, hs). Empty without rotary positions."""
-        if self.rotary is None:
-            return {}
-        if position_ids is None:
-            position_ids = torch.arange(hidden_states.shape[1], device=hidden_states.device)[None]
-        angles = {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary.items()}
-        if query_positions is not None:
-            for kind, (cos, sin) in list(angles.items()):
-                index = query_positions[..., None].expand(-1, -1, cos.shape[-1])
-                batch = query_positions.shape[0]
-                query_cos = cos.expand(batch, -1, -1).gather(1, index)
-                query_sin = sin.expand(batch, -1, -1).gather(1, index)
-                angles[("query", kind)] = (cos, sin, query_cos, query_sin)
-        return angles
+    def _masks(self, hidden_states, attention_mask, query_positions) -> list:
+        """Each block's attention mask, built once per forward: the padding mask (None | (B, 1, 1, T) | a BlockMask)
+        for the global blocks, the window around each token and the padding ((1|B, 1, T, T)) for the local ones;
+        a sparse last block (`query_positions`) that is local gets the window around each of its query positions,
+        (B, 1, P, T)."""
+        masks = {"full_attention": bidirectional_mask(self.config, hidden_states, attention_mask)}
+        if "sliding_attention" in self.config.layer_types:
+            masks["sliding_attention"] = sliding_window_mask(
+                self.config, hidden_states, attention_mask, self.config.sliding_window
+            )
+        block_masks = [masks[layer.attention_type] for layer in self.layers]
+        if (
+            query_positions is not None
+            and self.layers
+            and self.layers[-1].attention_type == "sliding_attention"
+        ):
+            block_masks[-1] = sliding_window_mask(
+                self.config, hidden_states, attention_mask, self.config.sliding_window, query_positions
+            )
+        return block_masks
+
+    def _rows(self, attention_mask, query_positions, unpad, output_hidden_states) -> list:
+        """Which rows each block computes, chosen once per forward: all of them (`ALL_ROWS`); the real tokens only
+        (`Unpadded`) when the head allows it (`unpad`) and `_unpads` finds enough padding; and in the last block,
+        given `query_positions`, only those rows (`QueryRows`, the sparse MLM heads')."""
+        rows = (
+            Unpadded(attention_mask)
+            if unpad and self._unpads(attention_mask, output_hidden_states)
+            else ALL_ROWS
+        )
+        block_rows = [rows] * len(self.layers)
+        if query_positions is not None and block_rows:
+            block_rows[-1] = QueryRows(query_positions)
+        return block_rows
 
     def forward(
         self,
@@ -456,55 +438,34 @@ class KilnEncoderModel(KilnEncoderPreTrainedModel):
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
 
-        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, C)
-        if self.embeddings_project is not None:
-            hidden_states = self.embeddings_project(hidden_states)  # (B, T, E) -> (B, T, C)
-        mask = bidirectional_mask(
-            self.config, hidden_states, attention_mask
-        )  # None | (B, 1, 1, T) | BlockMask
-        masks = {"full_attention": mask}
-        if "sliding_attention" in self.config.layer_types:  # local blocks: (1|B, 1, T, T) window & padding
-            window = self.config.sliding_window
-            masks["sliding_attention"] = sliding_window_mask(
-                self.config, hidden_states, attention_mask, window
-            )
-        rotary = self._rotary(hidden_states, position_ids, query_positions)
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, E)
+        hidden_states = self.embeddings_project(hidden_states)  # (B, T, C)
+        # chosen once per forward and handed to every block: its mask, the rows it computes, its rotary angles
+        masks = self._masks(hidden_states, attention_mask, query_positions)
+        rows = self._rows(attention_mask, query_positions, unpad, output_hidden_states)
+        angles = self.rotary_emb.angles(hidden_states, position_ids)  # {type: (cos, sin)}; {}: a table
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        if query_positions is not None and not self.layers:
-            index = query_positions[..., None].expand(-1, -1, hidden_states.shape[-1])
-            hidden_states = hidden_states.gather(1, index)
-        unpadded = None
-        if mask is not None and unpad and self._unpads(attention_mask, output_hidden_states):
-            unpadded = Unpadded(attention_mask)
-            hidden_states = unpadded.unpad(hidden_states)  # (N, C): the real tokens only
-        for i, layer in enumerate(self.layers):
-            positions = query_positions if i == len(self.layers) - 1 else None
-            layer_mask, angles = masks[layer.attention_type], rotary.get(layer.attention_type)
-            if positions is not None:
-                if unpadded is not None:  # the sparse last block reads (B, T, C)
-                    hidden_states, unpadded = unpadded.pad(hidden_states), None
-                if layer.attention_type == "sliding_attention":  # the window around each query position
-                    layer_mask = sliding_window_mask(
-                        self.config, hidden_states, attention_mask, self.config.sliding_window, positions
-                    )
-                angles = rotary.get(("query", layer.attention_type))
+        if query_positions is not None and not self.layers:  # no block to compute only those rows: take them
+            hidden_states = QueryRows(query_positions).queries(hidden_states)
+        layout = ALL_ROWS  # the rows hidden_states holds: (B, T, C)
+        for layer, layer_rows, layer_mask in zip(self.layers, rows, masks):
+            # into the block's own rows when they change: the real tokens (N, C), or (B, T, C) again
+            if layer_rows is not layout:
+                hidden_states, layout = layer_rows.unpad(layout.pad(hidden_states)), layer_rows
             hidden_states, attention_weights = layer(
                 hidden_states,
                 layer_mask,
                 output_attentions=output_attentions,
-                query_positions=positions,
-                unpadded=unpadded,
-                position_embeddings=angles,
+                rows=layer_rows,
+                position_embeddings=angles.get(layer.attention_type),
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
                 all_attentions += (attention_weights,)
-        if self.final_norm is not None:
-            hidden_states = self.final_norm(hidden_states)
-        if unpadded is not None:
-            hidden_states = unpadded.pad(hidden_states)  # (B, T, C), zeros at the padding
+        # unpadded: back to (B, T, C), zeros at the padding
+        hidden_states = layout.pad(self.final_norm(hidden_states))
 
         output = BaseModelOutputWithPooling(
             last_hidden_state=hidden_states,
@@ -987,245 +948,6 @@ class KilnEncoderForQuestionAnswering(KilnEncoderPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class KilnDiscriminatorHead(nn.Module):
-    """ELECTRA's discriminator head (transformers' `ElectraDiscriminatorPredictions`): dense + activation, then
-    one logit per token that it was replaced."""
-
-    def __init__(self, config: KilnEncoderConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation_module(config.hidden_act)
-        self.dense_prediction = nn.Linear(config.hidden_size, 1)
-
-    def forward(self, hidden_states):
-        return self.dense_prediction(self.act(self.dense(hidden_states))).squeeze(-1)  # (B, T)
-
-
-@dataclass
-class KilnReplacedTokenDetectionOutput(ModelOutput):
-    """Output of [`KilnEncoderForReplacedTokenDetection`] (transformers' `ElectraForPreTrainingOutput`).
-
-    loss: binary cross-entropy of the replaced-token logits, a mean over the non-padding tokens.
-    logits: (B, T), > 0 where the token is judged replaced.
-    """
-
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-class KilnEncoderForReplacedTokenDetection(KilnEncoderPreTrainedModel):
-    """Encoder + ELECTRA's discriminator head (transformers' `ElectraForPreTraining`): which tokens did a
-    generator replace? What ELECTRA pretraining leaves in `final/`; its encoder weights load into every head."""
-
-    def __init__(self, config: KilnEncoderConfig):
-        super().__init__(config)
-        self.model = KilnEncoderModel(config, add_pooling_layer=False)
-        self.discriminator_head = KilnDiscriminatorHead(config)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> KilnReplacedTokenDetectionOutput | tuple:
-        r"""labels: (B, T) 1 where the token was replaced, 0 where it is the original; the loss averages over
-        the tokens under `attention_mask` (all tokens without one), as ElectraForPreTraining does."""
-        check_kwargs(self, kwargs)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.model(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            unpad=True,  # the loss reads real tokens only
-        )
-        logits = self.discriminator_head(outputs.last_hidden_state)  # (B, T)
-        loss = None
-        if labels is not None:
-            active = (
-                attention_mask.bool()
-                if attention_mask is not None
-                else torch.ones_like(labels, dtype=torch.bool)
-            )
-            loss = F.binary_cross_entropy_with_logits(logits[active], labels[active].to(logits.dtype))
-        output = KilnReplacedTokenDetectionOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
-
-
-# ELECTRA settings a KilnEncoderForElectraPreTraining config carries beside the discriminator's own fields
-ELECTRA_DEFAULTS = {"generator_size": 0.25, "discriminator_weight": 50.0}
-
-
-def electra_generator_shape(hidden_size: int, num_attention_heads: int, intermediate_size: int, size: float):
-    """(hidden, heads, intermediate) of an ELECTRA generator `size` times the discriminator (the paper's 1/4
-    for Base: hidden size, heads and feed-forward width scale alike; the depth stays)."""
-    return (
-        max(1, round(hidden_size * size)),
-        max(1, round(num_attention_heads * size)),
-        max(1, round(intermediate_size * size)),
-    )
-
-
-def _sub_config(config: KilnEncoderConfig, **changes) -> KilnEncoderConfig:
-    fields = {k: v for k, v in config.to_dict().items() if k not in ELECTRA_DEFAULTS}
-    fields.pop("architectures", None)
-    fields.pop("auto_map", None)
-    sub = KilnEncoderConfig.from_dict({**fields, **changes})
-    sub._attn_implementation = config._attn_implementation
-    return sub
-
-
-def sample_from_logits(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """One id per row of `logits` (M, V), drawn from softmax(logits) by inverting its CDF at `uniforms` (M,)
-    in [0, 1): the same draw as a multinomial, but a function of the uniforms, so the masking collator can draw
-    them per example (identical samples on any number of processes and after a resume)."""
-    cdf = torch.softmax(logits.float(), dim=-1).cumsum(dim=-1)  # (M, V)
-    targets = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]  # scaled by the total: the cumsum's rounding
-    return torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
-
-
-@dataclass
-class KilnElectraPreTrainingOutput(ModelOutput):
-    """Output of [`KilnEncoderForElectraPreTraining`].
-
-    loss: mlm_loss + discriminator_weight * rtd_loss (ELECTRA's objective; lambda = 50 in the paper).
-    mlm_loss: the generator's masked-LM loss, a mean over the masked tokens.
-    rtd_loss: the discriminator's replaced-token loss, a mean over the non-padding tokens.
-    rtd_accuracy: the share of non-padding tokens the discriminator labels right (no gradient).
-    prediction_logits: the generator's logits, as in [`KilnEncoderForMaskedLM`]: (M, V) at the masked
-        positions with `config.sparse_prediction`, else (B, T, V).
-    discriminator_logits: (B, T) replaced-token logits on `discriminator_input_ids`.
-    replaced: (B, T) the discriminator's labels: 1 where its input differs from the original token.
-    discriminator_input_ids: (B, T) the original tokens with the generator's samples at the masked positions.
-    """
-
-    loss: torch.Tensor | None = None
-    mlm_loss: torch.Tensor | None = None
-    rtd_loss: torch.Tensor | None = None
-    rtd_accuracy: torch.Tensor | None = None
-    prediction_logits: torch.Tensor | None = None
-    discriminator_logits: torch.Tensor | None = None
-    replaced: torch.Tensor | None = None
-    discriminator_input_ids: torch.Tensor | None = None
-
-
-class KilnEncoderForElectraPreTraining(KilnEncoderPreTrainedModel):
-    """ELECTRA (Clark et al., 2020): a small MLM generator fills the masked positions with samples from its
-    softmax, and the discriminator learns which tokens of the result were replaced, at every position.
-
-    `config` is the discriminator's, plus `generator_size` (the generator's hidden size, heads and feed-forward
-    width as a fraction of the discriminator's; default 0.25) and `discriminator_weight` (lambda, default 50).
-    Both models share one embeddings module (token, position and segment tables and their LayerNorm) as in the
-    paper; the generator projects it to its own width (`embedding_size`). Saved as two ordinary folders: the
-    discriminator ([`KilnEncoderForReplacedTokenDetection`]) and the generator ([`KilnEncoderForMaskedLM`]), see
-    `saved_parts`.
-    """
-
-    def __init__(self, config: KilnEncoderConfig):
-        super().__init__(config)
-        settings = {name: getattr(config, name, default) for name, default in ELECTRA_DEFAULTS.items()}
-        self.discriminator_weight = float(settings["discriminator_weight"])
-        discriminator_config = _sub_config(config)
-        hidden, heads, intermediate = electra_generator_shape(
-            config.hidden_size,
-            config.num_attention_heads,
-            config.intermediate_size,
-            settings["generator_size"],
-        )
-        generator_config = _sub_config(
-            config,
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            intermediate_size=intermediate,
-            embedding_size=embedding_width(config),
-            chunked_mlm_loss=False,  # the logits at the masked positions are sampled from
-        )
-        self.discriminator = KilnEncoderForReplacedTokenDetection(discriminator_config)
-        self.generator = KilnEncoderForMaskedLM(generator_config)
-        # one embeddings module for both (the paper's tied embeddings); the generator's MLM decoder stays tied to
-        # its word table, now the shared one
-        self.generator.model.embeddings = self.discriminator.model.embeddings
-        self.generator.mlm_head.decoder.weight = self.discriminator.model.embeddings.word_embeddings.weight
-        self.post_init()
-
-    def get_input_embeddings(self):
-        return self.discriminator.model.embeddings.word_embeddings
-
-    def saved_parts(self) -> dict[str, tuple[str, KilnEncoderPreTrainedModel]]:
-        """Folder (relative to the save directory) -> (state-dict prefix, model): what Kiln's export writes
-        instead of this joint model, the discriminator as the folder's model and the generator beside it."""
-        return {"": ("discriminator.", self.discriminator), "generator": ("generator.", self.generator)}
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        sampling_uniforms: torch.Tensor | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> KilnElectraPreTrainingOutput | tuple:
-        r"""
-        input_ids: (B, T) the masked tokens (the generator's input), as the MLM collator makes them.
-        labels: (B, T) the original ids at the masked positions, -100 elsewhere. Without labels, only the
-            discriminator runs, on `input_ids` as they are.
-        sampling_uniforms: (B, T) uniforms in [0, 1) that pick the generator's samples (see
-            `sample_from_logits`); drawn from the global torch RNG when not given.
-        """
-        check_kwargs(self, kwargs)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        inputs = dict(attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids)
-        if labels is None:
-            scored = self.discriminator(input_ids, **inputs, return_dict=True)
-            output = KilnElectraPreTrainingOutput(discriminator_logits=scored.logits)
-            return output if return_dict else output.to_tuple()
-        generated = self.generator(input_ids, **inputs, labels=labels, return_dict=True)
-        selected = labels != -100
-        logits = generated.logits if generated.logits.dim() == 2 else generated.logits[selected]  # (M, V)
-        with torch.no_grad():  # no gradient through sampling: the generator learns from its MLM loss only
-            if sampling_uniforms is not None:
-                uniforms = sampling_uniforms[selected]
-            else:
-                uniforms = torch.rand(logits.shape[0], device=logits.device)
-            original = torch.where(selected, labels, input_ids)
-            corrupted = original.masked_scatter(selected, sample_from_logits(logits, uniforms))
-            replaced = (corrupted != original).long()  # a sample equal to the original counts as original
-        scored = self.discriminator(corrupted, **inputs, labels=replaced, return_dict=True)
-        real = attention_mask.bool() if attention_mask is not None else torch.ones_like(selected)
-        rtd_accuracy = ((scored.logits.detach() > 0).long() == replaced)[real].float().mean()
-        mlm_loss = generated.loss if logits.shape[0] else None  # no masked token: no MLM term (not NaN)
-        loss = self.discriminator_weight * scored.loss
-        output = KilnElectraPreTrainingOutput(
-            loss=loss if mlm_loss is None else mlm_loss + loss,
-            mlm_loss=mlm_loss,
-            rtd_loss=scored.loss,
-            rtd_accuracy=rtd_accuracy,
-            prediction_logits=generated.logits,
-            discriminator_logits=scored.logits,
-            replaced=replaced,
-            discriminator_input_ids=corrupted,
-        )
-        return output if return_dict else output.to_tuple()
-
-
 # Auto class -> Kiln class: registered by `pretrain.modeling`, written into each saved checkpoint's auto_map
 ENCODER_AUTO_CLASSES = {
     "AutoModel": KilnEncoderModel,
@@ -1239,14 +961,7 @@ ENCODER_AUTO_CLASSES = {
 }
 
 __all__ = [
-    "ELECTRA_DEFAULTS",
     "ENCODER_AUTO_CLASSES",
-    "KilnElectraPreTrainingOutput",
-    "KilnEncoderForElectraPreTraining",
-    "KilnEncoderForReplacedTokenDetection",
-    "KilnReplacedTokenDetectionOutput",
-    "electra_generator_shape",
-    "sample_from_logits",
     "KilnEncoderForMaskedLM",
     "KilnEncoderForMultipleChoice",
     "KilnEncoderForNextSentencePrediction",
