@@ -158,7 +158,7 @@ def test_the_shipped_commands_table_formats_every_row_from_the_record(tmp_path, 
     record = {
         "quick": False,
         "date_utc": "2030-01-02T03:04:05Z",
-        "machine": {"cores": 2},
+        "machine": {"cores": 2, "cpu": "AMD EPYC"},
         "torch": "2.13.0+cpu",
         "load_average_start": [1.0, 1, 1],
         "load_average_end": [3.5, 1, 1],
@@ -173,9 +173,16 @@ def test_the_shipped_commands_table_formats_every_row_from_the_record(tmp_path, 
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     table = report.shipped_commands_table()
     assert table.startswith(
-        "What these commands gave (2-core CPU, 2 threads per process, torch 2.13, 2030-01-02; "
+        "What these commands gave (2-core AMD EPYC, 2 threads per process, torch 2.13, 2030-01-02; "
         "load average 1.0 at the start and 3.5 at the end"
     )
+    for row in rows:  # the default: one thread, said in the singular
+        row["threads"] = "1"
+    (tmp_path / "shipped-commands.json").write_text(json.dumps(record))
+    assert report.shipped_commands_table().startswith("What these commands gave (2-core AMD EPYC, 1 thread per process, ")
+    for row in rows:
+        row["threads"] = "2"
+    (tmp_path / "shipped-commands.json").write_text(json.dumps(record))
     assert (
         "from the default pretrained checkpoints above (1.0M and 1.2M parameters), which their commands made first"
         in table
