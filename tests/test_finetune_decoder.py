@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -340,18 +341,26 @@ def test_tag_fine_tunes_a_decoder_on_the_ud_sample_and_the_saved_tagger_predicts
         "--training.output_dir",
         out,
         "--data.max_train_samples",
-        192,
+        800,
         "--training.num_train_epochs",
-        2,
+        4,
+        "--training.per_device_train_batch_size",
+        16,
         "--training.lr",
-        3e-3,
+        1e-2,
+        "--data.truncation",
+        "quiet",  # the debug decoder takes 64 positions: a few long sentences lose their last words
         *QUICK_RUN,
     )
     assert "test: loss" in done.stdout + done.stderr
     test = json.loads((out / "test_results.json").read_text())
-    assert (
-        0.3 < test["accuracy"] <= 1
-    )  # 17 UPOS tags: chance is far below, the tiny decoder learns the common ones
+    rows = read_jsonl(out / "predictions_test.jsonl")
+    assert len(rows) == 24
+    # scored on the words the model saw; well above tagging every word with the commonest tag
+    seen = [(p, r) for row in rows for p, r in zip(row["predictions"], row["references"])]
+    assert sum(p == r for p, r in seen) / len(seen) == pytest.approx(test["accuracy"])
+    commonest = max(Counter(r for _, r in seen).values()) / len(seen)
+    assert test["accuracy"] > commonest + 0.2, (test["accuracy"], commonest)
     final = out / "final"
     assert json.loads((final / "config.json").read_text())["architectures"] == [
         "KilnDecoderForTokenClassification"
@@ -359,15 +368,18 @@ def test_tag_fine_tunes_a_decoder_on_the_ud_sample_and_the_saved_tagger_predicts
     card = (final / "README.md").read_text()
     assert "A decoder fine-tuned" in card and "pipeline_tag: token-classification" in card
 
-    rows = read_jsonl(out / "predictions_test.jsonl")
-    assert len(rows) == 24
-    correct = sum(p == r for row in rows for p, r in zip(row["predictions"], row["references"]))
-    assert correct / sum(len(row["references"]) for row in rows) == pytest.approx(test["accuracy"])
     model = AutoModelForTokenClassification.from_pretrained(final).eval()
     tokenizer = AutoTokenizer.from_pretrained(final)
     assert isinstance(model, KilnDecoderForTokenClassification)
     words = [row["tokens"] for row in rows]
-    batch = tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
+    batch = tokenizer(
+        words,
+        is_split_into_words=True,
+        padding=True,
+        truncation=True,
+        max_length=model.config.max_position_embeddings,
+        return_tensors="pt",
+    )
     with torch.no_grad():
         predicted = model(**batch).logits.argmax(-1)
     for i, row in enumerate(rows):
@@ -391,13 +403,13 @@ def test_tag_fine_tunes_a_decoder_on_the_ud_sample_and_the_saved_tagger_predicts
 
 @pytest.mark.slow
 def test_classify_fine_tunes_a_decoder_on_the_authorship_sample_and_the_saved_classifier_predicts_the_same(
-    kiln_checkpoints, tmp_path
+    kiln_checkpoints, tmp_path, hub
 ):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
     _, decoder = kiln_checkpoints
     out = tmp_path / "classify"
-    launch(
+    launch(  # the launched process pushes to the test Hub (it inherits HF_ENDPOINT and HF_TOKEN)
         "classify",
         "--model.checkpoint",
         decoder,
@@ -407,6 +419,9 @@ def test_classify_fine_tunes_a_decoder_on_the_authorship_sample_and_the_saved_cl
         256,
         "--training.num_train_epochs",
         1,
+        "--hub.push_to_hub",
+        "--hub.model_id",
+        "kiln-test/tiny-decoder-classifier",
         *QUICK_RUN,
     )
     test = json.loads((out / "test_results.json").read_text())
@@ -415,6 +430,9 @@ def test_classify_fine_tunes_a_decoder_on_the_authorship_sample_and_the_saved_cl
     config = json.loads((final / "config.json").read_text())
     assert config["architectures"] == ["KilnDecoderForSequenceClassification"]
     assert config["pad_token_id"] is not None and len(config["id2label"]) == 4
+    pushed = hub.files("kiln-test/tiny-decoder-classifier")
+    assert {"model.safetensors", "config.json", "tokenizer.json", "modeling_kiln_decoder.py"} <= set(pushed)
+    assert b"A decoder fine-tuned" in pushed["README.md"]
 
     rows = read_jsonl(out / "predictions_test.jsonl")
     texts = [row["text"] for row in rows]
@@ -426,4 +444,6 @@ def test_classify_fine_tunes_a_decoder_on_the_authorship_sample_and_the_saved_cl
         row["prediction"] for row in rows
     ]
     classifier = pipeline("text-classification", model=str(final))
-    assert [p["label"] for p in classifier(texts[:8])] == [row["prediction"] for row in rows[:8]]
+    assert [p["label"] for p in classifier(texts[:8], truncation=True)] == [
+        row["prediction"] for row in rows[:8]
+    ]
