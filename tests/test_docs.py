@@ -107,9 +107,12 @@ MEASURE = """<script>window.addEventListener("load", () => setTimeout(() => {
   const tables = [...main.querySelectorAll("table")].map((table) => ({
     right: table.getBoundingClientRect().right, column: column, hidden: hidden(table),
     head: table.rows[0] ? table.rows[0].innerText.slice(0, 80) : ""}));
+  const images = [...main.querySelectorAll("img")].map((image) => ({
+    src: image.getAttribute("src"), shown: image.getBoundingClientRect().width, natural: image.naturalWidth}));
   const out = document.createElement("pre");
   out.id = "kiln-measure";
-  out.textContent = JSON.stringify({width: window.innerWidth, page: document.documentElement.scrollWidth, tables});
+  out.textContent = JSON.stringify({width: window.innerWidth, page: document.documentElement.scrollWidth, tables,
+    images});
   document.body.appendChild(out);
 }, 300));</script>"""
 
@@ -159,6 +162,36 @@ def measure(browser, tmp_path, site, page):
     return json.loads(html_lib.unescape(found.group(1)))
 
 
+SMALLEST_FIGURE_PT = 7
+"""The smallest text Kiln's figures draw (matplotlib `fontsize=`, in points; test_no_figure_text_is_smaller holds
+the plotting code to it)."""
+READABLE_PX = 9  # the smallest text a figure may show on a page at a 1280 px window, in CSS pixels
+
+
+def png_dpi(png: Path) -> float:
+    """The resolution a PNG was saved at (its pHYs chunk: pixels per metre); matplotlib writes it from `dpi=`."""
+    data = png.read_bytes()
+    at = data.find(b"pHYs")
+    assert at > 0, f"{png}: no pHYs chunk, so its dpi is unknown"
+    per_metre = int.from_bytes(data[at + 4 : at + 8], "big")
+    return per_metre * 0.0254
+
+
+def unreadable_figures(report, page_html: Path) -> list[str]:
+    """Figures shown so small that their smallest text falls under READABLE_PX."""
+    small = []
+    for image in report["images"]:
+        png = (page_html.parent / image["src"]).resolve()
+        if png.suffix != ".png" or not image["natural"]:
+            continue
+        text_px = SMALLEST_FIGURE_PT / 72 * png_dpi(png) * image["shown"] / image["natural"]
+        if text_px < READABLE_PX:
+            small.append(
+                f"{image['src']}: shown {image['shown']:.0f} of {image['natural']} px, text {text_px:.1f} px"
+            )
+    return small
+
+
 def overflowing(report) -> list[str]:
     wide = (
         [f"page scrolls sideways: {report['page']} px at a {report['width']} px window"]
@@ -177,8 +210,8 @@ def overflowing(report) -> list[str]:
 @pytest.mark.slow
 def test_docs_site_builds_strictly_and_key_pages_show_every_table_whole_at_1280_px(tmp_path):
     """The site builds strictly, the records and the changelog in it. The built site at a 1280 px window in
-    headless Chromium: no table of the key pages runs past the content column or needs sideways scrolling, and each
-    page screenshots (KILN_DOCS_SCREENSHOTS=folder keeps them). One build serves both (the browser part is skipped
+    headless Chromium: no table of the key pages runs past the content column or needs sideways scrolling, no
+    figure is shown so small that its smallest text is under READABLE_PX, and each page screenshots (KILN_DOCS_SCREENSHOTS=folder keeps them). One build serves both (the browser part is skipped
     where chromium is missing, after the build is checked)."""
     site = tmp_path / "site"
     result = build_site(REPO / "mkdocs.yml", site)
@@ -201,6 +234,11 @@ def test_docs_site_builds_strictly_and_key_pages_show_every_table_whole_at_1280_
         problems.update({f"{page}: {p}": None for p in overflowing(report)})
         png = shots / f"{page.replace('/', '-')}.png"
         html = site / page / "index.html" if page != "index" else site / "index.html"
+        problems.update({f"{page}: {p}": None for p in unreadable_figures(report, html)})
+        if page == "results":  # the BLiMP figures among what is measured
+            assert {"blimp-curve.png", "blimp-phenomena.png"} <= {
+                Path(i["src"]).name for i in report["images"]
+            }
         done = browse(browser, tmp_path, html, f"--screenshot={png}")
         assert png.is_file(), done.stderr[-2000:]
         header = png.read_bytes()[:24]  # PNG signature, then IHDR: width, height
@@ -318,3 +356,15 @@ def test_the_navigation_is_grouped_and_the_home_page_opens_with_code():
     assert ": recipes.md\n" in nav.split("  - Guides:", 1)[0]
     home = (REPO / "docs/index.md").read_text()
     assert home.index("```bash\n") < home.index("| page |") and "```python\n" in home
+
+
+def test_no_figure_text_is_smaller_than_the_readability_check_assumes():
+    """The plotting code of bench/ and experiments/ draws no text under SMALLEST_FIGURE_PT, which the 1280 px check
+    of figures takes as the smallest text in each PNG."""
+    sizes = {}
+    for source in [*sorted((REPO / "bench").glob("*.py")), *sorted((REPO / "experiments").glob("*.py"))]:
+        for size in re.findall(r"fontsize=(\d+(?:\.\d+)?)", source.read_text()):
+            sizes.setdefault(source.name, []).append(float(size))
+    assert sizes, "no fontsize= found: the check reads the plotting code"
+    small = {name: found for name, found in sizes.items() if min(found) < SMALLEST_FIGURE_PT}
+    assert not small, small
