@@ -286,7 +286,7 @@ class TaskHead(NamedTuple):
     """Why the head has no dropout before it (--model.classifier_dropout is then refused, saying so); None: it has."""
 
 
-def _settings(kind: str, head: TaskHead, checkpoint_config, model_cfg) -> dict:
+def _run_config_settings(kind: str, head: TaskHead, checkpoint_config, model_cfg) -> dict:
     """The config attributes a run sets on its checkpoint's config: the dropout options under the names of the
     model kind, and (encoder) the unpadded blocks."""
     if model_cfg.classifier_dropout is not None and head.no_dropout:
@@ -329,7 +329,7 @@ def classifier_model(auto_class, path: str, model_cfg, new_head: dict | None, he
         config = AutoConfig.from_pretrained(path, revision=model_cfg.revision, trust_remote_code=False)
     kind = CLASSIFIER_KINDS[config.model_type]
     head = heads[kind]
-    for name, value in {**_settings(kind, head, config, model_cfg), **(new_head or {})}.items():
+    for name, value in {**_run_config_settings(kind, head, config, model_cfg), **(new_head or {})}.items():
         setattr(config, name, value)
     if model_cfg.from_scratch:
         return scratch_model(auto_class, config, model_cfg)
