@@ -1,8 +1,10 @@
-"""Fine-tune a Kiln encoder for sequence classification (single sentences or sentence pairs) or regression.
+"""Fine-tune a Kiln encoder or decoder for sequence classification (single sentences or sentence pairs) or
+regression.
 
 accelerate launch finetune/classify.py                              # authorship sample: which of 4 authors
 accelerate launch finetune/classify.py --config configs/finetune/classify-sst2.yaml
 accelerate launch finetune/classify.py --data.glue_task mrpc --data.glue_dir glue_data/MRPC   # GLUE presets
+accelerate launch finetune/classify.py --model.checkpoint runs/decoder-tiny/final   # a decoder: its last token
 accelerate launch finetune/classify.py --predict --model.checkpoint runs/classify-authorship/final
 """
 
@@ -17,7 +19,7 @@ if __package__ in (None, ""):  # run as a script (accelerate launch finetune/cla
 from dataclasses import dataclass, field  # noqa: E402
 
 from finetune.common import (  # noqa: E402
-    EncoderModelConfig,
+    ClassifierModelConfig,
     EvalConfig,
     finetune_training,
     is_fine_tuned,
@@ -25,15 +27,23 @@ from finetune.common import (  # noqa: E402
     report_truncation,
     run_finetune_cli,
 )
-from finetune.runner import FinetuneTask, encoder_checkpoint, encoder_head, encoder_model, run_task  # noqa: E402
+from finetune.runner import (  # noqa: E402
+    FinetuneTask,
+    TaskHead,
+    classifier_checkpoint,
+    classifier_head,
+    classifier_model,
+    run_task,
+)
 from kiln.config import HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
 from kiln.errors import ConfigError  # noqa: E402
 from kiln.option_range import bounded  # noqa: E402
 from pretrain.config import LONGEST  # noqa: E402
 
-DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for sequence
-classification: single sentences or sentence pairs (GLUE-style), labels given as names or ints (saved as
-label2id/id2label in the model config), or regression when the labels are floats. Data from a Hub dataset or
+DESCRIPTION = """Fine-tune a pretrained Kiln encoder or decoder (a local runs/.../final folder or a Hub id) for
+sequence classification: single sentences or sentence pairs (GLUE-style; a decoder reads the pair joined by its
+EOS token, and classifies from its last token), labels given as names or ints (saved as label2id/id2label in the
+model config), or regression when the labels are floats. Data from a Hub dataset or
 csv/tsv/json/parquet files; --data.glue_task presets the nine GLUE tasks (finetune/glue.py runs the suite).
 Reports accuracy, F1 and Matthews correlation (Pearson/Spearman for regression) after every epoch, keeps the
 best model, writes test-split predictions and output_dir/final (loadable with pipeline("text-classification")),
@@ -67,7 +77,7 @@ class ClassifyDataConfig:
     validation_split_percentage: float = bounded(10.0, 0, 100, high_open=True)
     """Percent of the training rows held out for validation when there is no validation split."""
     max_seq_length: int | None = bounded(None, 2, LONGEST)  # [CLS] and [SEP]
-    """Tokens per example (a pair counts both sentences); None: the checkpoint's max_position_embeddings."""
+    """Tokens per example (a pair counts both sentences and what joins them); None: the checkpoint's max_position_embeddings."""
     truncation: str = "warn"
     """Examples longer than max_seq_length are truncated: `warn` says how many, `quiet` does not, `error` refuses them."""
     max_train_samples: int | None = bounded(None, low=1)
@@ -80,7 +90,7 @@ class ClassifyDataConfig:
 
 @dataclass
 class ClassifyConfig:
-    model: EncoderModelConfig = field(default_factory=EncoderModelConfig)
+    model: ClassifierModelConfig = field(default_factory=ClassifierModelConfig)
     data: ClassifyDataConfig = field(default_factory=ClassifyDataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     training: TrainingConfig = field(
@@ -166,6 +176,16 @@ def choose_labels(dataset, data, checkpoint_config, model_cfg, predict: bool) ->
     return Labels(False, {label: i for i, label in enumerate(ordered)}, dict(enumerate(ordered))), False
 
 
+# the head a pretraining checkpoint lacks, by model kind: an encoder's classifier and pooler, a decoder's `score`
+# (GPT-2's: a bias-free linear layer on the last token's hidden state, no dropout before it)
+HEADS = {
+    "encoder": TaskHead(("classifier.", "model.pooler.")),
+    "decoder": TaskHead(
+        ("score.",), no_dropout="a Kiln decoder's sequence classifier (GPT-2's `score` head) has none"
+    ),
+}
+
+
 def build_classifier(path: str, model_cfg, labels: Labels, keep_head: bool):
     from transformers import AutoModelForSequenceClassification
 
@@ -178,17 +198,42 @@ def build_classifier(path: str, model_cfg, labels: Labels, keep_head: bool):
         if not labels.regression:
             new_head["id2label"] = {i: str(name) for i, name in labels.names.items()}
             new_head["label2id"] = {str(name): i for i, name in labels.names.items()}
-    prefixes = ("classifier.", "model.pooler.")
-    return encoder_model(AutoModelForSequenceClassification, path, model_cfg, new_head, prefixes)
+    return classifier_model(AutoModelForSequenceClassification, path, model_cfg, new_head, HEADS)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # data
 
 
+def join_pairs(tokenizer):
+    """A tokenizer that joins a sentence pair with nothing between (byte-level BPE, Kiln's decoder tokenizer) gets
+    a template that puts its EOS token there (`A <eos> B`), as GPT-style classifiers delimit the two sentences; one
+    whose template already separates a pair keeps it. Saved with the model, so the pipeline joins pairs the same
+    way."""
+    from tokenizers import processors
+
+    if tokenizer.num_special_tokens_to_add(pair=True) > tokenizer.num_special_tokens_to_add(pair=False):
+        return tokenizer
+    separator = tokenizer.sep_token or tokenizer.eos_token
+    if separator is None:
+        raise ConfigError(
+            "sentence pairs need a token between the two sentences, and this tokenizer has neither a "
+            "separator nor an EOS token; give one text column, or a tokenizer with an EOS token"
+        )
+    template = processors.TemplateProcessing(
+        single="$A",
+        pair=f"$A {separator} $B:1",
+        special_tokens=[(separator, tokenizer.convert_tokens_to_ids(separator))],
+    )
+    backend = tokenizer.backend_tokenizer
+    steps = [backend.post_processor] if backend.post_processor is not None else []
+    backend.post_processor = processors.Sequence([*steps, template])
+    return tokenizer
+
+
 def tokenize_splits(dataset, tokenizer, max_length: int, positions: int, data) -> dict:
-    """Tokenized copies of the splits (input_ids, token_type_ids, attention_mask, labels), truncated to
-    max_length, with the truncation reported per split."""
+    """Tokenized copies of the splits (input_ids, attention_mask, labels, and token_type_ids where the tokenizer
+    makes them: an encoder's), truncated to max_length, with the truncation reported per split."""
     pairs = "text_pair" in next(iter(dataset.values())).column_names
 
     def tokenize(batch):
@@ -279,7 +324,7 @@ def start(config):
     """The GLUE preset (--data.glue_task) and the checkpoint, before the run starts."""
     from finetune.glue_tasks import apply_preset
 
-    return encoder_checkpoint(
+    return classifier_checkpoint(
         config.model, apply_preset(config.data, config.training) if config.data.glue_task else {}
     )
 
@@ -313,10 +358,10 @@ def best_metric(config, chosen) -> tuple[tuple[str, ...], str]:
 def head(config, start, chosen):
     labels, keep_head = chosen
     names = "regression" if labels.regression else ", ".join(map(str, labels.names.values()))
-    return encoder_head(
+    return classifier_head(
         config.model,
         config.data.max_seq_length,
-        start.path,
+        start,
         lambda: build_classifier(start.path, config.model, labels, keep_head),
         labels.num_labels,
         {"labels": names},
@@ -329,6 +374,8 @@ def tokenize(config, head, dataset, chosen, accelerator) -> dict:
     labels = chosen[0]
     encoded = dataset if labels.regression else encode_labels(dataset, labels.label2id)
     positions = head.model.config.max_position_embeddings
+    if head.model_kind == "decoder" and "text_pair" in next(iter(dataset.values())).column_names:
+        join_pairs(head.tokenizer)
     with accelerator.main_process_first():
         return tokenize_splits(encoded, head.tokenizer, head.max_length, positions, config.data)
 

@@ -61,9 +61,11 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 @dataclass
-class EncoderModelConfig:
+class ClassifierModelConfig:
+    """The model section of finetune/classify.py and finetune/tag.py: a Kiln encoder or decoder and its task head."""
+
     checkpoint: str = "runs/encoder-tiny/final"
-    """Kiln encoder checkpoint to start from: a local folder (`runs/encoder-tiny/final`, written by `accelerate launch pretrain/run.py`) or a Hub id (`user/name`). With --predict: a fine-tuned model."""
+    """Kiln encoder or decoder checkpoint to start from: a local folder (`runs/encoder-tiny/final` from `accelerate launch pretrain/run.py`, `runs/decoder-tiny/final` from `accelerate launch pretrain/run.py --config configs/pretrain/decoder-tiny.yaml`) or a Hub id (`user/name`). With --predict: a fine-tuned model."""
     revision: str | None = None
     """Hub revision (branch, tag or commit) of the checkpoint."""
     reset_head: bool = False
@@ -71,13 +73,16 @@ class EncoderModelConfig:
     from_scratch: bool = False
     """Random weights with the shape and the tokenizer of `checkpoint` (its weights are not read): the baseline that shows what pretraining buys."""
     classifier_dropout: float | None = bounded(None, 0, 1, high_open=True)  # 1 drops everything
-    """Dropout before the classification head (None: the checkpoint's hidden_dropout_prob)."""
+    """Dropout before the classification head (None: the model's hidden dropout, an encoder's hidden_dropout_prob, a decoder's resid_pdrop). A decoder's sequence classifier has none (GPT-2's head), so it refuses this option."""
     dropout: float | None = bounded(None, 0, 1, high_open=True)
-    """Dropout inside the encoder while fine-tuning (hidden and attention; None: the checkpoint's). Useful when the checkpoint was pretrained without dropout."""
+    """Dropout inside the encoder or decoder while fine-tuning (hidden and attention; None: the checkpoint's). Useful when the checkpoint was pretrained without dropout."""
     attn_implementation: str = "sdpa"
     """Attention kernel: `sdpa` (PyTorch fused) or `eager`."""
     unpad_inputs: bool = True
-    """Run the encoder blocks on the real tokens of a padded batch only (padding re-added inside attention): the same loss, gradients and predictions for less work (docs/performance.md); false: the plain padded path."""
+    """Run an encoder's blocks on the real tokens of a padded batch only (padding re-added inside attention): the same loss, gradients and predictions for less work (docs/performance.md); false: the plain padded path. A decoder always runs the padded path."""
+
+
+EncoderModelConfig = ClassifierModelConfig  # its name before decoders were fine-tuned too
 
 
 @dataclass
@@ -168,7 +173,7 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
 
     import pretrain.modeling  # noqa: F401  (registers the Kiln model types with AutoConfig)
     from pretrain.convert import convert_first_advice, converted_start, convertible
-    from pretrain.model_gate import check_model_folder
+    from pretrain.model_gate import CONVERTIBLE, check_model_folder
 
     local = resolve_path(spec)
     if os.path.isdir(local):
@@ -206,10 +211,9 @@ def resolve_start_model(spec: str, option: str, expected: Sequence[str], revisio
         wanted = " or ".join(expected)
         default_dir, command = PRETRAIN_COMMANDS.get(expected[0], (None, None))
         example = f", e.g. {default_dir} from `{command}`" if command else ""
-        converts = {
-            "kiln_encoder": " (or a transformers BERT or ELECTRA one, converted on the way in)",
-            "kiln_decoder": " (or a transformers GPT-2 one, converted on the way in)",
-        }.get(expected[0], "")
+        families = [name for name, _, kiln_type in CONVERTIBLE.values() if kiln_type in expected]
+        listed = " or ".join(filter(None, [", ".join(families[:-1]), families[-1]])) if families else ""
+        converts = f" (or a transformers {listed} one, converted on the way in)" if families else ""
         what = f"a transformers {family[0]} ({family[1]})" if family else f"a {found_type}"
         raise ConfigError(
             f"{option} {spec} is {what} checkpoint, but a {wanted} checkpoint{converts} is needed here{example}"
@@ -238,21 +242,17 @@ def load_checkpoint_tokenizer(path: str, option: str, revision: str | None = Non
     return tokenizer
 
 
-def scratch_model(auto_class, path: str, model_cfg, **from_pretrained_kwargs):
-    """`auto_class` (e.g. AutoModelForSequenceClassification) with the checkpoint's architecture and random
-    weights (--model.from_scratch): the config is read from `path`, its weights are not. Takes the keyword
-    arguments the script would give `from_pretrained` (config overrides such as num_labels). Weights are drawn
-    from the seeded torch generator, so each training.seed gives its own initialisation."""
-    from transformers import AutoConfig
-
-    loading = ("revision", "attn_implementation", "ignore_mismatched_sizes")
-    config_overrides = {k: v for k, v in from_pretrained_kwargs.items() if k not in loading}
+def scratch_model(auto_class, config, model_cfg):
+    """`auto_class` (e.g. AutoModelForSequenceClassification) built from `config` (the checkpoint's, with the
+    run's settings: num_labels, dropout, ...) with random weights (--model.from_scratch): the checkpoint's weights
+    are not read. Weights are drawn from the seeded torch generator, so each training.seed gives its own
+    initialisation."""
     with quiet_transformers():
-        config = AutoConfig.from_pretrained(
-            path, revision=model_cfg.revision, trust_remote_code=False, **config_overrides
-        )
         model = auto_class.from_config(config, attn_implementation=model_cfg.attn_implementation)
-    logger.info("%s: shape and tokenizer only, all weights randomly initialised (--model.from_scratch)", path)
+    logger.info(
+        "%s: shape and tokenizer only, all weights randomly initialised (--model.from_scratch)",
+        model_cfg.checkpoint,
+    )
     return model
 
 
@@ -513,6 +513,8 @@ class FinetuneJob:
     card_usage: str | None = None
     """Python code for the model card's Usage section (`{repo}` is filled in), when the default one (Auto
     classes with trust_remote_code) does not fit the saved folder."""
+    model_kind: str | None = None
+    """What the model card calls the fine-tuned model (`encoder`, `decoder`), when the model section names no kind."""
     extra_eval: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     """Further labelled splits scored once with the final model: name -> (tokenized, raw) (MNLI's
     validation_mismatched); their metrics join the validation split's in eval_results.json and the card."""
@@ -656,9 +658,9 @@ def run_parts(job: FinetuneJob, model_cfg, training, eval_cfg) -> RunParts:
 
     kind = getattr(
         model_cfg, "kind", None
-    )  # the seq2seq model section names its kind, the encoder ones do not
+    )  # the seq2seq model section names its kind, classify's and tag's do not
     card = ModelCardFacts(
-        model_kind=kind,
+        model_kind=kind or job.model_kind,
         objective=model_cfg.objective if kind is not None else None,
         task=job.task,
         datasets=job.datasets,
@@ -731,6 +733,7 @@ def run_finetune_cli(main: Callable, argv: list[str] | None = None):
 
 
 __all__ = [
+    "ClassifierModelConfig",
     "EncoderModelConfig",
     "EvalConfig",
     "FinetuneJob",

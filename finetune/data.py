@@ -276,6 +276,36 @@ def align_labels_with_tokens(
     return labels
 
 
+def words_with_leading_space(tokenizer):
+    """A byte-level BPE tokenizer (a Kiln decoder's, GPT-2's) told to add the prefix space, so that each pre-split
+    word is tokenized as it is in running text, after a space (`Ġold`, not `old`), the first word too, as
+    transformers' GPT-2 and RoBERTa taggers are; its tokenizer.json keeps the setting, so the token-classification
+    pipeline tokenizes a sentence's words the same way. Other tokenizers (WordPiece) are left as they are."""
+    from tokenizers import pre_tokenizers
+
+    if not getattr(tokenizer, "is_fast", False):
+        return tokenizer
+    step = tokenizer.backend_tokenizer.pre_tokenizer
+    steps = [step]
+    if isinstance(step, pre_tokenizers.Sequence):  # indexable, not iterable
+        steps = list(_sequence_steps(step))
+    for step in steps:
+        if isinstance(step, pre_tokenizers.ByteLevel):
+            step.add_prefix_space = True
+    return tokenizer
+
+
+def _sequence_steps(sequence):
+    """The pre-tokenizers of a `pre_tokenizers.Sequence`, each the one inside it (changed in place)."""
+    i = 0
+    while True:
+        try:
+            yield sequence[i]
+        except IndexError:
+            return
+        i += 1
+
+
 def tokenize_and_align(
     examples: dict,
     tokenizer,

@@ -47,6 +47,7 @@ from finetune.common import (
     validate_common,
 )
 from kiln.config import build_config
+from kiln.errors import ConfigError
 from kiln.job import TrainingJob, run_job, start_predicting
 from kiln.model_files import weight_file_errors
 
@@ -65,6 +66,8 @@ class Head:
     max_length: int | None = None
     """Tokens per example, for the tasks with one length."""
     flops_per_token: float | None = None
+    model_kind: str | None = None
+    """What the model card calls the model (`encoder`, `decoder`), when the model section names no kind."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,7 @@ def build_job(task: FinetuneTask, config, accelerator) -> FinetuneJob:
         extra_summary=head.summary,
         flops_per_token=head.flops_per_token,
         card_usage=task.card_usage,
+        model_kind=head.model_kind,
         extra_eval={name: (tokenized[name], dataset[name]) for name in dataset if name not in SPLITS},
     )
     return job
@@ -186,38 +190,73 @@ def run_task(task: FinetuneTask, argv: list[str] | None = None) -> FinetuneResul
 
 
 # ----------------------------------------------------------------------------------------------------------
-# what the encoder tasks (classify, tag) share
+# what the classifier tasks (classify, tag) share: a Kiln encoder or decoder with a task head
+
+# the checkpoint types classify and tag start from, and what the model card calls each
+CLASSIFIER_KINDS = {"kiln_encoder": "encoder", "kiln_decoder": "decoder"}
 
 
-class EncoderStart(NamedTuple):
-    """What an encoder task knows before its run starts."""
+class ClassifierStart(NamedTuple):
+    """What a classifier task knows before its run starts."""
 
     path: str
     """--model.checkpoint as a local folder or Hub id."""
     checkpoint_config: Any
-    """Its transformers config (whether it was fine-tuned, and with which labels)."""
+    """Its transformers config (encoder or decoder, whether it was fine-tuned, and with which labels)."""
     loader_options: dict = {}
     """Further options of the task's reader (the GLUE presets')."""
 
+    @property
+    def kind(self) -> str:
+        """`encoder` or `decoder`."""
+        return CLASSIFIER_KINDS[self.checkpoint_config.model_type]
 
-def encoder_checkpoint(model_cfg, loader_options: dict | None = None) -> EncoderStart:
-    """--model.checkpoint (of the model section `model_cfg`) resolved as a Kiln encoder."""
+
+def classifier_checkpoint(model_cfg, loader_options: dict | None = None) -> ClassifierStart:
+    """--model.checkpoint (of the model section `model_cfg`) resolved as a Kiln encoder or decoder."""
     path, checkpoint_config = resolve_start_model(
-        model_cfg.checkpoint, "--model.checkpoint", ("kiln_encoder",), model_cfg.revision
+        model_cfg.checkpoint, "--model.checkpoint", tuple(CLASSIFIER_KINDS), model_cfg.revision
     )
-    return EncoderStart(path, checkpoint_config, loader_options or {})
+    return ClassifierStart(path, checkpoint_config, loader_options or {})
 
 
-def encoder_head(
-    model_cfg, max_seq_length: int | None, path: str, build: Callable[[], Any], num_labels: int, facts: dict
+def decoder_tokenizer(tokenizer, checkpoint: str):
+    """A decoder's tokenizer made ready for classification batches, as transformers' GPT-2 recipes do: padded on
+    the right with its pad token (its EOS token when it has none), and no token_type_ids (a decoder has no
+    segments: GPT-2 would add them to the inputs as token embeddings)."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ConfigError(
+                f"the tokenizer of --model.checkpoint {checkpoint} has neither a pad nor an EOS token, and a "
+                "decoder's batches are padded with one of them; set tokenizer.pad_token and save it into the folder"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    tokenizer.model_input_names = [name for name in tokenizer.model_input_names if name != "token_type_ids"]
+    return tokenizer
+
+
+def classifier_head(
+    model_cfg,
+    max_seq_length: int | None,
+    start: ClassifierStart,
+    build: Callable[[], Any],
+    num_labels: int,
+    facts: dict,
 ) -> Head:
-    """The Head of a Kiln encoder with a task head (`model_cfg`: the model section): its tokenizer, the model
-    `build()` returns, its sequence length (data.max_seq_length capped at max_position_embeddings), FLOPs per token
-    and card facts (`facts` between the initialisation and the length)."""
+    """The Head of a Kiln encoder or decoder with a task head (`model_cfg`: the model section): its tokenizer (a
+    decoder's made ready by `decoder_tokenizer`), the model `build()` returns (a decoder's pad_token_id set from
+    the tokenizer, which its sequence classifier finds each sequence's last token by), its sequence length
+    (data.max_seq_length capped at max_position_embeddings), FLOPs per token and card facts (`facts` between the
+    initialisation and the length)."""
     from pretrain.modeling import count_flops_per_token
 
-    tokenizer = load_checkpoint_tokenizer(path, "--model.checkpoint", model_cfg.revision)
+    tokenizer = load_checkpoint_tokenizer(start.path, "--model.checkpoint", model_cfg.revision)
+    if start.kind == "decoder":
+        decoder_tokenizer(tokenizer, model_cfg.checkpoint)
     model = build()
+    if start.kind == "decoder":
+        model.config.pad_token_id = tokenizer.pad_token_id
     check_vocabulary(tokenizer, model.config, model_cfg.checkpoint)
     max_length = positions_limit(max_seq_length, model.config.max_position_embeddings, "data.max_seq_length")
     summary = {
@@ -233,54 +272,102 @@ def encoder_head(
         metadata={"num_labels": num_labels},
         max_length=max_length,
         flops_per_token=count_flops_per_token(model.config, max_length),
+        model_kind=start.kind,
     )
 
 
-def encoder_model(auto_class, path: str, model_cfg, new_head: dict | None, head_prefixes: tuple[str, ...]):
-    """A Kiln encoder with the task head of `auto_class` (e.g. AutoModelForTokenClassification), with the dropout
-    settings of `model_cfg`. `new_head`: the config of a new, randomly initialised head (num_labels, id2label,
-    ...); None keeps the checkpoint's fine-tuned one. `head_prefixes`: the weights a pretraining checkpoint
-    lacks by design (the head, the pooler); any other missing weight is an error."""
-    import torch
+class TaskHead(NamedTuple):
+    """A task head of one model kind, as classify and tag declare it."""
 
-    kwargs = dict(
-        revision=model_cfg.revision,
-        attn_implementation=model_cfg.attn_implementation,
-        unpad_inputs=model_cfg.unpad_inputs,
-    )
-    if model_cfg.classifier_dropout is not None:
-        kwargs["classifier_dropout"] = model_cfg.classifier_dropout
-    if model_cfg.dropout is not None:
-        kwargs.update(hidden_dropout_prob=model_cfg.dropout, attention_probs_dropout_prob=model_cfg.dropout)
-    keep_head = new_head is None
-    if not keep_head:
-        # a head fine-tuned for another label count is replaced
-        kwargs.update(new_head, ignore_mismatched_sizes=True)
-    if model_cfg.from_scratch:
-        return scratch_model(auto_class, path, model_cfg, **kwargs)
-    with quiet_transformers(), weight_file_errors(path, "--model.checkpoint"):
-        # a Kiln type (resolve_start_model): Kiln's registered class, never the checkpoint's own code
-        model, info = auto_class.from_pretrained(
-            path, output_loading_info=True, trust_remote_code=False, **kwargs
+    new_weights: tuple[str, ...]
+    """The weight-name prefixes a pretraining checkpoint lacks by design, the head's own first (encoder: the
+    classifier, the pooler; decoder: GPT-2's `score` or `classifier`)."""
+    no_dropout: str | None = None
+    """Why the head has no dropout before it (--model.classifier_dropout is then refused, saying so); None: it has."""
+
+
+def _run_config_settings(kind: str, head: TaskHead, checkpoint_config, model_cfg) -> dict:
+    """The config attributes a run sets on its checkpoint's config: the dropout options under the names of the
+    model kind, and (encoder) the unpadded blocks."""
+    if model_cfg.classifier_dropout is not None and head.no_dropout:
+        raise ConfigError(
+            f"--model.classifier_dropout {model_cfg.classifier_dropout} has no dropout to set: {head.no_dropout}; "
+            "leave it unset (--model.dropout sets the dropout inside the model)"
         )
-    report_loading(info, model_cfg.checkpoint, allowed_missing=lambda key: key.startswith(head_prefixes))
-    fine_tuned_before = not any(key.startswith("classifier.") for key in info["missing_keys"])
+    settings = {}
+    if kind == "encoder":
+        settings["unpad_inputs"] = model_cfg.unpad_inputs
+        if model_cfg.classifier_dropout is not None:
+            settings["classifier_dropout"] = model_cfg.classifier_dropout
+        if model_cfg.dropout is not None:
+            settings.update(
+                hidden_dropout_prob=model_cfg.dropout, attention_probs_dropout_prob=model_cfg.dropout
+            )
+        return settings
+    if model_cfg.dropout is not None:
+        settings.update(
+            resid_pdrop=model_cfg.dropout, embd_pdrop=model_cfg.dropout, attn_pdrop=model_cfg.dropout
+        )
+    if model_cfg.classifier_dropout is not None:
+        settings["classifier_dropout"] = model_cfg.classifier_dropout
+    elif not head.no_dropout and getattr(checkpoint_config, "classifier_dropout", None) is None:
+        # as the encoder's: the hidden dropout (a fine-tuned head keeps its own)
+        settings["classifier_dropout"] = settings.get("resid_pdrop", checkpoint_config.resid_pdrop)
+    settings["use_cache"] = False  # a classifier reads each batch once: no key/value cache to build
+    return settings
+
+
+def classifier_model(auto_class, path: str, model_cfg, new_head: dict | None, heads: dict[str, TaskHead]):
+    """A Kiln encoder or decoder with the task head of `auto_class` (e.g. AutoModelForTokenClassification), with
+    the dropout settings of `model_cfg`. `new_head`: the config of a new, randomly initialised head (num_labels,
+    id2label, ...); None keeps the checkpoint's fine-tuned one. `heads`: the task's head by model kind; a weight
+    missing from the checkpoint that is not new by design (the head's) is an error."""
+    import torch
+    from transformers import AutoConfig
+
+    with quiet_transformers():  # a Kiln type (resolve_start_model): its registered class, never its own code
+        config = AutoConfig.from_pretrained(path, revision=model_cfg.revision, trust_remote_code=False)
+    kind = CLASSIFIER_KINDS[config.model_type]
+    head = heads[kind]
+    for name, value in {**_run_config_settings(kind, head, config, model_cfg), **(new_head or {})}.items():
+        setattr(config, name, value)
+    if model_cfg.from_scratch:
+        return scratch_model(auto_class, config, model_cfg)
+    keep_head = new_head is None
+    with quiet_transformers(), weight_file_errors(path, "--model.checkpoint"):
+        model, info = auto_class.from_pretrained(
+            path,
+            config=config,
+            revision=model_cfg.revision,
+            attn_implementation=model_cfg.attn_implementation,
+            output_loading_info=True,
+            trust_remote_code=False,
+            # a head fine-tuned for another label count is replaced
+            ignore_mismatched_sizes=not keep_head,
+        )
+    report_loading(info, model_cfg.checkpoint, allowed_missing=lambda key: key.startswith(head.new_weights))
+    fine_tuned_before = not any(key.startswith(head.new_weights[0]) for key in info["missing_keys"])
     # --model.reset_head on a fine-tuned checkpoint: a new head (ignore_mismatched_sizes only replaces it when the
     # label count differs)
     if not keep_head and fine_tuned_before:
+        layer = getattr(model, head.new_weights[0].rstrip("."))
         with torch.no_grad():
-            model.classifier.weight.normal_(0.0, model.config.initializer_range)
-            model.classifier.bias.zero_()
+            layer.weight.normal_(0.0, model.config.initializer_range)
+            if layer.bias is not None:
+                layer.bias.zero_()
     return model
 
 
 __all__ = [
-    "EncoderStart",
+    "CLASSIFIER_KINDS",
+    "ClassifierStart",
     "FinetuneTask",
     "Head",
+    "TaskHead",
     "build_job",
-    "encoder_checkpoint",
-    "encoder_head",
-    "encoder_model",
+    "classifier_checkpoint",
+    "classifier_head",
+    "classifier_model",
+    "decoder_tokenizer",
     "run_task",
 ]

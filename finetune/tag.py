@@ -1,8 +1,10 @@
-"""Fine-tune a Kiln encoder for token classification: part-of-speech tags or named entities, one tag per word.
+"""Fine-tune a Kiln encoder or decoder for token classification: part-of-speech tags or named entities, one tag
+per word.
 
 accelerate launch finetune/tag.py                                   # UD English-EWT sample, UPOS tags
 accelerate launch finetune/tag.py --data.tag_field xpos             # the same words, Penn Treebank tags
 accelerate launch finetune/tag.py --config configs/finetune/tag-conll2003.yaml
+accelerate launch finetune/tag.py --model.checkpoint runs/decoder-tiny/final       # a decoder
 accelerate launch finetune/tag.py --predict --model.checkpoint runs/tag-ud-ewt/final
 """
 
@@ -17,7 +19,7 @@ if __package__ in (None, ""):  # run as a script (accelerate launch finetune/tag
 from dataclasses import dataclass, field  # noqa: E402
 
 from finetune.common import (  # noqa: E402
-    EncoderModelConfig,
+    ClassifierModelConfig,
     EvalConfig,
     finetune_training,
     is_fine_tuned,
@@ -25,16 +27,24 @@ from finetune.common import (  # noqa: E402
     report_truncation,
     run_finetune_cli,
 )
-from finetune.runner import FinetuneTask, encoder_checkpoint, encoder_head, encoder_model, run_task  # noqa: E402
+from finetune.runner import (  # noqa: E402
+    FinetuneTask,
+    TaskHead,
+    classifier_checkpoint,
+    classifier_head,
+    classifier_model,
+    run_task,
+)
 from kiln.config import HubConfig, LoggingConfig, TrainingConfig  # noqa: E402
 from kiln.errors import ConfigError  # noqa: E402
 from kiln.option_range import bounded  # noqa: E402
 from pretrain.config import LONGEST  # noqa: E402
 
-DESCRIPTION = """Fine-tune a pretrained Kiln encoder (a local runs/.../final folder or a Hub id) for token
-classification: CoNLL-style column files (tag column chosen), CoNLL-U files (UPOS or XPOS), or a Hub dataset
-with lists of tokens and tags. Each word's tag goes on its first WordPiece (the other pieces are ignored, or
-labelled too with label_all_tokens), and predictions are mapped back to one tag per word. Reports seqeval
+DESCRIPTION = """Fine-tune a pretrained Kiln encoder or decoder (a local runs/.../final folder or a Hub id) for
+token classification: CoNLL-style column files (tag column chosen), CoNLL-U files (UPOS or XPOS), or a Hub
+dataset with lists of tokens and tags. Each word's tag goes on its first piece (a WordPiece, or a byte-level BPE
+token with the word's leading space; the other pieces are ignored, or labelled too with label_all_tokens), and
+predictions are mapped back to one tag per word. Reports seqeval
 entity precision/recall/F1 (overall and per type) for IOB tag sets, token accuracy for POS tags, keeps the
 best model, writes test-split predictions and output_dir/final (loadable with
 pipeline("token-classification")), and can push it to the Hub. Guide: docs/finetuning.md."""
@@ -71,11 +81,11 @@ class TagDataConfig:
     label_list: list[str] | None = None
     """The full tag set, when some tags are missing from the training split (default: the training tags)."""
     label_all_tokens: bool = False
-    """Label every WordPiece of a word (B-X becoming I-X on continuation pieces) instead of only the first one; evaluation is per word either way."""
+    """Label every piece of a word (B-X becoming I-X on continuation pieces) instead of only the first one; evaluation is per word either way."""
     validation_split_percentage: float = bounded(10.0, 0, 100, high_open=True)
     """Percent of the training sentences held out for validation when there is no validation split."""
     max_seq_length: int | None = bounded(None, 2, LONGEST)  # [CLS] and [SEP]
-    """WordPiece tokens per sentence, [CLS] and [SEP] included; None: the checkpoint's max_position_embeddings."""
+    """Tokens per sentence, an encoder's [CLS] and [SEP] included; None: the checkpoint's max_position_embeddings."""
     truncation: str = "warn"
     """Longer sentences are truncated (their last words get no prediction): `warn` says how many, `quiet` does not, `error` refuses them."""
     max_train_samples: int | None = bounded(None, low=1)
@@ -88,7 +98,7 @@ class TagDataConfig:
 
 @dataclass
 class TagConfig:
-    model: EncoderModelConfig = field(default_factory=EncoderModelConfig)
+    model: ClassifierModelConfig = field(default_factory=ClassifierModelConfig)
     data: TagDataConfig = field(default_factory=TagDataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     training: TrainingConfig = field(
@@ -143,13 +153,17 @@ def choose_tags(dataset, data, checkpoint_config, model_cfg, predict: bool) -> t
     return label2id, id2label, False
 
 
+# new by design on a pretraining checkpoint, by model kind: the classifier, and the modernbert preset's token
+# transform (`head`: dense + activation + norm; none for BERT), which the pretraining folder keeps in its MLM head;
+# a decoder's classifier (GPT-2's: dropout + linear on every token)
+HEADS = {"encoder": TaskHead(("classifier.", "head.")), "decoder": TaskHead(("classifier.",))}
+
+
 def build_tagger(path: str, model_cfg, label2id: dict, id2label: dict, keep_head: bool):
     from transformers import AutoModelForTokenClassification
 
     new_head = None if keep_head else dict(num_labels=len(id2label), id2label=id2label, label2id=label2id)
-    # new by design on a pretraining checkpoint: the classifier, and the modernbert preset's token transform
-    # (`head`: dense + activation + norm; none for BERT), which the pretraining folder keeps in its MLM head
-    return encoder_model(AutoModelForTokenClassification, path, model_cfg, new_head, ("classifier.", "head."))
+    return classifier_model(AutoModelForTokenClassification, path, model_cfg, new_head, HEADS)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -261,7 +275,7 @@ def make_scoring(id2label: dict):
 
 
 def start(config):
-    return encoder_checkpoint(config.model)
+    return classifier_checkpoint(config.model)
 
 
 def read(config, files: dict, start):
@@ -293,19 +307,23 @@ def best_metric(config, chosen) -> tuple[list[str], str]:
 
 
 def head(config, start, chosen):
+    from finetune.data import words_with_leading_space
+
     label2id, id2label, keep_head = chosen
     facts = {
         "tags": ", ".join(id2label[i] for i in sorted(id2label)),
         "label all pieces": config.data.label_all_tokens,
     }
-    return encoder_head(
+    built = classifier_head(
         config.model,
         config.data.max_seq_length,
-        start.path,
+        start,
         lambda: build_tagger(start.path, config.model, label2id, id2label, keep_head),
         len(id2label),
         facts,
     )
+    words_with_leading_space(built.tokenizer)  # pre-split words tokenized as in running text
+    return built
 
 
 def tokenize(config, head, dataset, chosen, accelerator) -> dict:

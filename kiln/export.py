@@ -149,9 +149,9 @@ class ModelCardFacts:
     """What a model card says beyond the run's own numbers; the app fills it from its config sections."""
 
     model_kind: str | None = None
-    """`encoder`, `decoder`, `encoder-decoder`; None: a fine-tuned encoder (its config names no kind)."""
+    """`encoder`, `decoder`, `encoder-decoder`; None: an encoder."""
     objective: str | None = None
-    """Training objective, opening the card's table when model_kind is given."""
+    """Training objective, opening the card's table when given."""
     task: str | None = None
     """Pipeline tag of a fine-tuned model; None: pretraining (fill-mask or text-generation by model_kind)."""
     datasets: list[str] = field(default_factory=list)
@@ -255,7 +255,7 @@ def run_summary(accelerator: Accelerator, model, training, state, card: ModelCar
         "stop reason": state.stop_reason,
         **card.summary,
     }
-    if card.model_kind is not None:
+    if card.objective is not None:
         summary = {"objective": card.objective, **summary}
     return summary
 
