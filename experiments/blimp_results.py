@@ -138,6 +138,11 @@ def short_cpu(name: str | None) -> str:
     return " ".join(name.split())
 
 
+def scoring_time(seconds: float) -> str:
+    """How long scoring took: whole minutes, or seconds under a minute (a screen of a small decoder)."""
+    return f"{seconds:.0f} s" if seconds < 59.5 else f"{seconds / 60:.0f} min"
+
+
 def model_label(row: dict, runs: dict[str, dict]) -> str:
     """What a record scored, once per record: kind, preset, precision when not fp32, corpus when not the
     encoders', how it was scored when not the default."""
@@ -204,7 +209,7 @@ def table(records: list[dict]) -> str:
         bpb = f"{row['tinystories_valid']['bits_per_byte']:.3f}" if "tinystories_valid" in row else ""
         lines.append(
             f"| {what} | {pretraining} | {100 * row['mean']:.1f} | {phenomena} | {row['pairs']:,} | "
-            f"{row['seconds'] / 60:.0f} min | {bpb} |"
+            f"{scoring_time(row['seconds'])} | {bpb} |"
         )
     for key, name in PAPER_MODELS.items():
         by_phenomenon = paper_phenomena(key)
