@@ -733,3 +733,53 @@ def test_the_targets_name_the_best_of_each_kind_on_all_pairs_and_the_gap():
     assert "dec-screen" not in said
     (said,) = [line for line in blimp_results.targets_said(rows[:1], {}) if line]
     assert "3 CPU-hours: no model scored on all pairs yet, against a target of 68" in said
+
+
+def test_a_runs_learning_curve_is_recorded_at_its_token_counts_and_said_under_the_table(tmp_path, monkeypatch):
+    """`blimp_results.py curve NAME` reads each in-loop evaluation of a run (step, eval loss, BLiMP sample) and
+    counts its tokens from the batch layout of the run's last checkpoint; a run recorded again as it continues
+    replaces its earlier points; the table's block states each point and whether the run has ended; a run without
+    in-loop BLiMP is refused in one line."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("kiln_blimp_curve", REPO / "experiments/blimp_results.py")
+    blimp_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blimp_results)
+    monkeypatch.setattr(blimp_results, "LEARNING", tmp_path / "learning-curves.jsonl")
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-00000400").mkdir(parents=True)
+    layout = {"num_processes": 2, "per_device_train_batch_size": 16, "gradient_accumulation_steps": 3}
+    (run / "checkpoints" / "step-00000400" / "trainer_state.json").write_text(json.dumps(layout))
+    config = {
+        "model": {"kind": "encoder"},
+        "data": {"max_seq_length": 64},
+        "training": {"max_steps": 600},
+        "eval": {"blimp": 50},
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+    def evaluations(*steps):
+        rows = [{"step": 10, "train/loss": 9.0}]
+        rows += [{"step": s, "eval/loss": 5.0 - s / 1000, "eval/blimp": 0.5 + s / 10_000} for s in steps]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    evaluations(200, 400)
+    blimp_results.main(["curve", "enc-curve", "--run", str(run)])
+    (curve,) = blimp_results.learning_curves()
+    assert curve["global_batch"] == 96 and curve["pairs"] == 3_350 and curve["kind"] == "encoder"
+    assert [p["tokens"] for p in curve["points"]] == [200 * 96 * 64, 400 * 96 * 64]
+    assert [p["blimp"] for p in curve["points"]] == [0.52, 0.54]
+    said = "\n".join(blimp_results.learning_said([curve]))
+    assert "| `enc-curve` (at step 400 of 600) | 2 | 1M 52.0, 2M 54.0 |" in said
+
+    evaluations(200, 400, 600)  # the run continued to its end and is recorded again
+    blimp_results.main(["curve", "enc-curve", "--run", str(run)])
+    (curve,) = blimp_results.learning_curves()
+    said = "\n".join(blimp_results.learning_said([curve]))
+    assert "| `enc-curve` | 3 | 1M 52.0, 2M 54.0, 4M 56.0 |" in said and "3,350 pairs" in said
+
+    evaluations()
+    with pytest.raises(SystemExit, match="no in-loop BLiMP"):
+        blimp_results.main(["curve", "enc-curve", "--run", str(run)])
