@@ -88,6 +88,12 @@ SITE_PAGES = [
     "results/compute-curve",
     "installation",
     "troubleshooting",
+    "recipes",
+    "models",
+    "design",
+    "getting-started",
+    "continue-pretraining",
+    "failure-handling",
 ]
 WIDTH = 1280
 # after the page's own scripts ran: where each table ends against the content column, and whether the page scrolls
@@ -107,12 +113,30 @@ MEASURE = """<script>window.addEventListener("load", () => setTimeout(() => {
   const tables = [...main.querySelectorAll("table")].map((table) => ({
     right: table.getBoundingClientRect().right, column: column, hidden: hidden(table),
     head: table.rows[0] ? table.rows[0].innerText.slice(0, 80) : ""}));
+  // words of inline code (outside tables, whose cells wrap anywhere) split across two lines, e.g. at a hyphen
+  const broken = [];
+  for (const code of main.querySelectorAll("code")) {
+    if (code.closest("pre") || code.closest("table")) continue;
+    const text = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    for (let node = text.nextNode(); node; node = text.nextNode()) {
+      for (const word of node.data.matchAll(/\\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, word.index);
+        range.setEnd(node, word.index + word[0].length);
+        const lines = new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+        if (lines.size > 1) broken.push(word[0]);
+      }
+    }
+  }
+  // code blocks whose lines run past their box (shown only by scrolling sideways)
+  const cut = [...main.querySelectorAll("pre > code")].filter((code) => code.scrollWidth > code.clientWidth + 1)
+    .map((code) => code.innerText.slice(0, 80));
   const images = [...main.querySelectorAll("img")].map((image) => ({
     src: image.getAttribute("src"), shown: image.getBoundingClientRect().width, natural: image.naturalWidth}));
   const out = document.createElement("pre");
   out.id = "kiln-measure";
   out.textContent = JSON.stringify({width: window.innerWidth, page: document.documentElement.scrollWidth, tables,
-    images});
+    images, broken, cut});
   document.body.appendChild(out);
 }, 300));</script>"""
 
@@ -150,8 +174,9 @@ def browse(browser, tmp_path, page_html, *args):
     )
 
 
-def measure(browser, tmp_path, site, page):
-    html = site / page / "index.html" if page != "index" else site / "index.html"
+def measure(browser, tmp_path, site, page, html: Path | None = None):
+    """What MEASURE reports of a built page (or of `html`, a variant of it beside it)."""
+    html = html or (site / page / "index.html" if page != "index" else site / "index.html")
     text = html.read_text()
     assert "</body>" in text, html
     measured = html.with_name("measured.html")
@@ -204,6 +229,8 @@ def overflowing(report) -> list[str]:
                 f"table {table['head']!r}: ends at {table['right']:.0f} px, column at {table['column']:.0f} px, "
                 f"{table['hidden']} px behind sideways scrolling"
             )
+    wide += [f"inline code split inside a word: {word!r}" for word in report.get("broken", [])]
+    wide += [f"code block cut at its right edge: {start!r}" for start in report.get("cut", [])]
     return wide
 
 
@@ -211,6 +238,7 @@ def overflowing(report) -> list[str]:
 def test_docs_site_builds_strictly_and_key_pages_show_every_table_whole_at_1280_px(tmp_path):
     """The site builds strictly, the records and the changelog in it. The built site at a 1280 px window in
     headless Chromium: no table of the key pages runs past the content column or needs sideways scrolling, no
+    word of inline code (an option, a path) is split across two lines, no code block is cut at its right edge, no
     figure is shown so small that its smallest text is under READABLE_PX, and each page screenshots (KILN_DOCS_SCREENSHOTS=folder keeps them). One build serves both (the browser part is skipped
     where chromium is missing, after the build is checked)."""
     site = tmp_path / "site"
@@ -235,6 +263,10 @@ def test_docs_site_builds_strictly_and_key_pages_show_every_table_whole_at_1280_
         png = shots / f"{page.replace('/', '-')}.png"
         html = site / page / "index.html" if page != "index" else site / "index.html"
         problems.update({f"{page}: {p}": None for p in unreadable_figures(report, html)})
+        if page == "recipes":  # without the hook's whole-word spans, its options break at their hyphens
+            bare = html.with_name("bare.html")
+            bare.write_text(re.sub(r'<span class="kiln-word">(.*?)</span>', r"\1", html.read_text()))
+            assert measure(browser, tmp_path, site, page, bare)["broken"], "the split-word check sees nothing"
         if page == "results":  # the BLiMP figures among what is measured
             assert {"blimp-curve.png", "blimp-phenomena.png"} <= {
                 Path(i["src"]).name for i in report["images"]
@@ -368,3 +400,27 @@ def test_no_figure_text_is_smaller_than_the_readability_check_assumes():
     assert sizes, "no fontsize= found: the check reads the plotting code"
     small = {name: found for name, found in sizes.items() if min(found) < SMALLEST_FIGURE_PT}
     assert not small, small
+
+
+def test_inline_code_keeps_each_word_whole_outside_tables_and_code_blocks():
+    """The site's hook puts each word of inline code that a line could break inside (a hyphen, a slash, a dot) in
+    a nowrap span, leaving spaces as break points, escaped text intact, and code blocks and tables as they were."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kiln_docs_hook", REPO / "docs/_hooks/whole_words.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = (
+        "<p>Run <code>kiln-launch pretrain/run.py --training.max_steps 20</code> or <code>train</code>; "
+        "<code>runs/&lt;run&gt;/final</code></p>"
+        "<pre><span></span><code>--keep.as-is</code></pre>"
+        "<table><tr><td><code>--in.a-cell</code></td></tr></table>"
+    )
+    word = '<span class="kiln-word">{}</span>'.format
+    assert hook.keep_words_whole(page) == (
+        f"<p>Run <code>{word('kiln-launch')} {word('pretrain/run.py')} {word('--training.max_steps')} 20</code> "
+        f"or <code>train</code>; <code>{word('runs/&lt;run&gt;/final')}</code></p>"
+        "<pre><span></span><code>--keep.as-is</code></pre>"
+        "<table><tr><td><code>--in.a-cell</code></td></tr></table>"
+    )
+    assert hook.on_page_content(page, page=None, config=None, files=None) == hook.keep_words_whole(page)
