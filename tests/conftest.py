@@ -155,6 +155,22 @@ def kiln_checkpoints(tmp_path_factory):
     return root / "enc" / "final", root / "dec" / "final"
 
 
+WHOLE_SUITE: dict[str, int] = {}
+"""{"collected": N} when this session collected the whole suite (testpaths, nothing ignored): N is the count of
+`pytest --collect-only`, taken before any -m, -k or --deselect leaves tests out. Under `pytest -n 2` every worker
+collects the whole suite, so a test may read the count here instead of collecting it again in a fresh process."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+    tests = (REPO_ROOT / "tests").resolve()
+    paths = [(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args]
+    # --last-failed collects only the files that failed: not the whole suite
+    left_out = ("ignore", "ignore_glob", "lf")
+    if paths == [tests] and not any(config.getoption(name, None) for name in left_out):
+        WHOLE_SUITE["collected"] = len(items)
+
+
 @pytest.fixture(autouse=True)
 def _stop_signals_restored():
     """Each test leaves SIGINT and SIGTERM as it found them. A command run in-process that reports an error

@@ -1,4 +1,6 @@
-"""Task-adaptive pretraining as a pipeline step (`finetune/adapt.py`), through `accelerate launch` in fresh processes.
+"""Task-adaptive pretraining as a pipeline step (`finetune/adapt.py`), through `accelerate launch` in fresh processes
+(the task script that fine-tunes the adapted encoder runs through its command line in this process: its own launches
+are proved elsewhere).
 
 A pretrained encoder is adapted on a classification task's training text on 2 processes; the task's validation and
 test files are never opened (they do not exist) and its labels never read (they are nonsense); the run resumes
@@ -64,8 +66,13 @@ def task_config(tmp_path):
 
 @pytest.mark.slow
 def test_adapt_on_the_task_text_resumes_exactly_and_feeds_the_task_script(
-    kiln_checkpoints, task_config, tmp_path
+    kiln_checkpoints, task_config, tmp_path, capsys
 ):
+    """adapt.py on 2 processes trains on the task's training text only (its labels unused, its other splits never
+    opened), writes a card naming its start and its text, resumes from its step-3 checkpoint logging the same
+    losses, and classify.py fine-tunes the adapted encoder, its card naming it."""
+    from test_trust import run_in_process
+
     encoder, _ = kiln_checkpoints
     out = tmp_path / "adapted"
     common = [
@@ -113,7 +120,8 @@ def test_adapt_on_the_task_text_resumes_exactly_and_feeds_the_task_script(
 
     # the task script fine-tunes the adapted encoder, and its card names it
     tuned = tmp_path / "tuned"
-    _launch(
+    code, output = run_in_process(
+        capsys,
         "finetune/classify.py",
         "--model.checkpoint",
         out / "final",
@@ -130,6 +138,7 @@ def test_adapt_on_the_task_text_resumes_exactly_and_feeds_the_task_script(
         "--training.per_device_train_batch_size",
         8,
     )
+    assert code == 0, output[-3000:]
     assert "| initialisation | pretrained (" in (tuned / "final" / "README.md").read_text()
 
 

@@ -148,12 +148,16 @@ def test_a_checkpoint_is_safetensors_and_json_only(reference):
 
 @pytest.mark.slow
 def test_planted_pickles_are_refused_in_one_line_and_never_run(tmp_path, reference, hub, capsys):
+    """Pickles planted under every name torch, accelerate, FSDP or DeepSpeed use, checksums regenerated: refused
+    in one line naming them and the opt-in, and never unpickled, locally (through the command line in this
+    process) and from the Hub (in a fresh process with a fresh Hugging Face cache, the refusal's fresh-process
+    case); with the opt-in (launched) the run resumes from Kiln's own files and continues exactly."""
     from huggingface_hub import HfApi
 
     marker = tmp_path / "MARKER"
     planted = step2_copy(reference, tmp_path / "planted")
     plant(planted, marker)
-    code, output = resume(tmp_path / "local", planted)
+    code, output = resume_in_process(capsys, tmp_path / "local", planted)
     assert not marker.exists(), "a checkpoint's pickle ran"
     assert code != 0, output[-3000:]
     line = error_line(output)

@@ -153,13 +153,17 @@ def save():
 
 # ---------------------------------------------------------------------- transformers' example scripts' calls
 SCRIPTS = r"""
-encoder_dir, decoder_dir, work = sys.argv[3:6]
+import os
+encoder_dir, work, decoder_dirs = sys.argv[3], sys.argv[4], sys.argv[5:]
 tokenizer = transformers.AutoTokenizer.from_pretrained(encoder_dir, **load)
 # the tokenizer alone needs no code: trust_remote_code=False reads it without the model's files and without asking
-plain = transformers.AutoTokenizer.from_pretrained(decoder_dir, trust_remote_code=False)
-results["tokenizer_without_code"] = [
-    type(plain).__module__.split(".")[0], plain(sentences(3, 9))["input_ids"] == tokenizer(sentences(3, 9))["input_ids"]
-]
+results["tokenizer_without_code"] = {}
+for decoder_dir in decoder_dirs:
+    plain = transformers.AutoTokenizer.from_pretrained(decoder_dir, trust_remote_code=False)
+    results["tokenizer_without_code"][os.path.basename(decoder_dir)] = [
+        type(plain).__module__.split(".")[0],
+        plain(sentences(3, 9))["input_ids"] == tokenizer(sentences(3, 9))["input_ids"],
+    ]
 raw = {"train": sentences(32, 1), "validation": sentences(12, 2)}
 
 def group_texts(examples, block_size=16):  # run_mlm / run_clm: concatenate, then cut into blocks
@@ -200,21 +204,23 @@ metrics = trainer.evaluate()
 results["mlm"] = {"eval_loss": metrics["eval_loss"], "eval_accuracy": metrics["eval_accuracy"],
                   "perplexity": math.exp(metrics["eval_loss"]), "label_names": trainer.label_names}
 
-# run_clm.py
-clm_tokenizer = transformers.AutoTokenizer.from_pretrained(decoder_dir, **load)
-model = loaded(transformers.AutoModelForCausalLM.from_pretrained(decoder_dir, **load))
-data = lm_splits(clm_tokenizer, with_labels=True)
-trainer = transformers.Trainer(
-    model=model, args=args(f"{work}/clm"), train_dataset=data["train"].remove_columns("special_tokens_mask"),
-    eval_dataset=data["validation"].remove_columns("special_tokens_mask"), processing_class=clm_tokenizer,
-    data_collator=transformers.default_data_collator,
-    compute_metrics=lambda p: {"accuracy": accuracy_of(p.predictions[:, :-1], p.label_ids[:, 1:])},
-    preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
-)
-trainer.train()
-metrics = trainer.evaluate()
-results["clm"] = {"eval_loss": metrics["eval_loss"], "eval_accuracy": metrics["eval_accuracy"],
-                  "perplexity": math.exp(metrics["eval_loss"]), "label_names": trainer.label_names}
+# run_clm.py, on each decoder
+for decoder_dir in decoder_dirs:
+    name = os.path.basename(decoder_dir)
+    clm_tokenizer = transformers.AutoTokenizer.from_pretrained(decoder_dir, **load)
+    model = loaded(transformers.AutoModelForCausalLM.from_pretrained(decoder_dir, **load))
+    data = lm_splits(clm_tokenizer, with_labels=True)
+    trainer = transformers.Trainer(
+        model=model, args=args(f"{work}/clm-{name}"), train_dataset=data["train"].remove_columns("special_tokens_mask"),
+        eval_dataset=data["validation"].remove_columns("special_tokens_mask"), processing_class=clm_tokenizer,
+        data_collator=transformers.default_data_collator,
+        compute_metrics=lambda p: {"accuracy": accuracy_of(p.predictions[:, :-1], p.label_ids[:, 1:])},
+        preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
+    )
+    trainer.train()
+    metrics = trainer.evaluate()
+    results[f"clm/{name}"] = {"eval_loss": metrics["eval_loss"], "eval_accuracy": metrics["eval_accuracy"],
+                              "perplexity": math.exp(metrics["eval_loss"]), "label_names": trainer.label_names}
 
 # run_glue.py / run_classification.py: sentence pairs, labels from the data, padding by the collator
 pairs = {split: Dataset.from_dict({"sentence1": t, "sentence2": t[::-1], "label": [len(s) % 2 for s in t]})
@@ -285,11 +291,17 @@ DECODERS = pytest.mark.parametrize("decoder", ["decoder", "decoder-llama"])
 
 
 @pytest.mark.slow
-@DECODERS
-def test_the_example_scripts_calls_train_and_evaluate_without_kiln(folders, tmp_path, decoder):
-    results = run_child(SCRIPTS, tmp_path, folders / "encoder", folders / decoder, tmp_path / "work")
-    assert results.pop("tokenizer_without_code") == ["transformers", True]
-    assert set(results) == {"mlm", "clm", "glue", "ner"}
+def test_the_example_scripts_calls_train_and_evaluate_without_kiln(folders, tmp_path):
+    """transformers' example scripts' calls, in a fresh interpreter without Kiln: run_mlm, run_glue (with
+    --do_predict) and run_ner on the encoder folder, run_clm on each decoder preset's folder (`decoder`,
+    `decoder-llama`), each training and evaluating to finite metrics; a decoder's tokenizer loads without its
+    code. One child for all: the encoder's scripts run once, not once per decoder preset."""
+    decoders = ["decoder", "decoder-llama"]
+    results = run_child(
+        SCRIPTS, tmp_path, folders / "encoder", tmp_path / "work", *(folders / name for name in decoders)
+    )
+    assert results.pop("tokenizer_without_code") == {name: ["transformers", True] for name in decoders}
+    assert set(results) == {"mlm", *(f"clm/{name}" for name in decoders), "glue", "ner"}
     for script, metrics in results.items():
         assert metrics.pop("label_names") == ["labels"], script  # as transformers' BERT/GPT-2 heads
         assert {"eval_loss", "eval_accuracy"} <= set(metrics), script
@@ -447,7 +459,7 @@ def test_sentence_transformers_encodes_and_fits_without_kiln(folders, tmp_path):
 
 # -------------------------------------------------------------------------- torch.export and static caches
 EXPORT = r"""
-encoder_dir, decoder_dir = sys.argv[3:5]
+encoder_dir, decoder_dirs = sys.argv[3], sys.argv[4:]
 ids = (torch.arange(24).view(2, 12) * 7 + 3) % 21 + 5
 mask = torch.ones_like(ids); mask[1, 9:] = 0
 other = (torch.arange(21).view(3, 7) * 5 + 1) % 21 + 5
@@ -462,34 +474,41 @@ with torch.no_grad():
         (program.module()(x, attention_mask=m).logits - classifier(x, attention_mask=m).logits).abs().max().item()
         for x, m in ((ids, mask), (other, other_mask)))
 
-causal_lm = loaded(transformers.AutoModelForCausalLM.from_pretrained(decoder_dir, **load)).eval()
-program = torch.export.export(causal_lm, (ids,), {"attention_mask": mask, "use_cache": False}, dynamic_shapes={**shapes, "use_cache": None})
-with torch.no_grad():
-    diffs = []
-    for x, m in ((ids, mask), (other, other_mask)):
-        real = m.bool()
-        exported = program.module()(x, attention_mask=m, use_cache=False).logits
-        diffs.append((exported - causal_lm(x, attention_mask=m, use_cache=False).logits)[real].abs().max().item())
-    results["decoder_export_diff"] = max(diffs)
+for decoder_dir in decoder_dirs:
+    name = decoder_dir.rsplit("/", 1)[-1]
+    causal_lm = loaded(transformers.AutoModelForCausalLM.from_pretrained(decoder_dir, **load)).eval()
+    program = torch.export.export(causal_lm, (ids,), {"attention_mask": mask, "use_cache": False}, dynamic_shapes={**shapes, "use_cache": None})
+    with torch.no_grad():
+        diffs = []
+        for x, m in ((ids, mask), (other, other_mask)):
+            real = m.bool()
+            exported = program.module()(x, attention_mask=m, use_cache=False).logits
+            diffs.append((exported - causal_lm(x, attention_mask=m, use_cache=False).logits)[real].abs().max().item())
+        results[f"{name}/decoder_export_diff"] = max(diffs)
 
-prompt = ids[:, :6].clone(); prompt_mask = torch.ones_like(prompt); prompt_mask[1, :2] = 0  # left padding
-generated = {}
-for cache in ("dynamic", "static"):
-    out = causal_lm.generate(prompt, attention_mask=prompt_mask, max_new_tokens=6, do_sample=False,
-                             cache_implementation=cache, output_scores=True, return_dict_in_generate=True)
-    generated[cache] = (out.sequences, torch.stack(out.scores))
-results["static_equal_tokens"] = torch.equal(generated["static"][0], generated["dynamic"][0])
-results["static_scores_diff"] = (generated["static"][1] - generated["dynamic"][1]).abs().max().item()
-results["new_tokens"] = generated["static"][0].shape[1] - prompt.shape[1]
+    prompt = ids[:, :6].clone(); prompt_mask = torch.ones_like(prompt); prompt_mask[1, :2] = 0  # left padding
+    generated = {}
+    for cache in ("dynamic", "static"):
+        out = causal_lm.generate(prompt, attention_mask=prompt_mask, max_new_tokens=6, do_sample=False,
+                                 cache_implementation=cache, output_scores=True, return_dict_in_generate=True)
+        generated[cache] = (out.sequences, torch.stack(out.scores))
+    results[f"{name}/static_equal_tokens"] = torch.equal(generated["static"][0], generated["dynamic"][0])
+    results[f"{name}/static_scores_diff"] = (generated["static"][1] - generated["dynamic"][1]).abs().max().item()
+    results[f"{name}/new_tokens"] = generated["static"][0].shape[1] - prompt.shape[1]
 save()
 """
 
 
 @pytest.mark.slow
-@DECODERS
-def test_torch_export_and_static_cache_generate_without_kiln(folders, tmp_path, decoder):
-    results = run_child(EXPORT, tmp_path, folders / "encoder", folders / decoder)
+def test_torch_export_and_static_cache_generate_without_kiln(folders, tmp_path):
+    """In a fresh interpreter without Kiln: torch.export of the encoder's sequence classifier and of each decoder
+    preset's causal LM (`decoder`, `decoder-llama`), with a dynamic batch and length, gives the eager logits; each
+    decoder generates the same tokens and scores with a static cache as with the dynamic one. One child for both
+    presets: the classifier is exported once, not once per decoder preset."""
+    decoders = ["decoder", "decoder-llama"]
+    results = run_child(EXPORT, tmp_path, folders / "encoder", *(folders / name for name in decoders))
     assert results["classifier_export_diff"] < 1e-5
-    assert results["decoder_export_diff"] < 1e-5
-    assert results["static_equal_tokens"] and results["new_tokens"] == 6
-    assert results["static_scores_diff"] < 1e-5
+    for name in decoders:
+        assert results[f"{name}/decoder_export_diff"] < 1e-5, name
+        assert results[f"{name}/static_equal_tokens"] and results[f"{name}/new_tokens"] == 6, name
+        assert results[f"{name}/static_scores_diff"] < 1e-5, name

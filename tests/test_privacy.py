@@ -53,6 +53,11 @@ def folder_files(folder: Path, label: str) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_nothing_published_names_the_users_disk(tmp_path, hub):
+    """A launched pretraining run pushing its checkpoints (data in the user's home and on a shared disk, HOME
+    pointing there), a fine-tuning run pushing from it and one from scratch: no file pushed or written for
+    publishing (final/, checkpoints/, best/, hub-export/, every commit) names the user's paths, name or home;
+    the data fingerprint and the cards name the data files by name (and sha256); the run folder's own config
+    keeps the paths as given."""
     home, train, validation = corpus_in_two_trees(tmp_path)
     env = {"HOME": str(home), "USER": USER, "LOGNAME": USER}
     pretrained = home / "runs" / "enc"
@@ -137,8 +142,12 @@ def test_nothing_published_names_the_users_disk(tmp_path, hub):
     for code, output in finish(*procs):
         assert code == 0, output[-3000:]
 
-    published = pushed_files(hub, "kiln-test/enc") | pushed_files(hub, "kiln-test/cls")
-    assert any(name.endswith("last-checkpoint/data_fingerprint.json") for name in published)
+    pushed = pushed_files(hub, "kiln-test/enc")
+    # the checkpoint strategy pushed the step's whole state, its config among it
+    assert {"last-checkpoint/data_fingerprint.json", "last-checkpoint/kiln_config.yaml"} <= {
+        name.split("/", 1)[1] for name in pushed
+    }
+    published = pushed | pushed_files(hub, "kiln-test/cls")
     for run in (pretrained, finetuned, home / "runs" / "scratch"):
         for part in ("final", "checkpoints", "best", "hub-export"):
             if (run / part).is_dir():
@@ -154,6 +163,7 @@ def test_nothing_published_names_the_users_disk(tmp_path, hub):
     for path in [*train, validation]:
         assert path.name in fingerprint
         assert path.name in card
+    assert "sha256" in card
     cls_card = published[f"{finetuned.name}/final/README.md"].decode()
     assert "train.csv" in cls_card and "validation.csv" in cls_card and "sha256" in cls_card
     assert "| initialisation | pretrained (final) |" in cls_card, cls_card
@@ -163,8 +173,9 @@ def test_nothing_published_names_the_users_disk(tmp_path, hub):
     )
     scratch_card = published["scratch/final/README.md"].decode()
     assert "| initialisation | random (from scratch, shape and tokenizer of final) |" in scratch_card
-    # the run folder's own config (never published) keeps the full paths
-    assert str(validation) in (pretrained / "config.yaml").read_text()
+    # the run folder's own config (never published) keeps the full paths, as given
+    saved = (pretrained / "config.yaml").read_text()
+    assert str(validation) in saved and f"{train[0].parent}/*.txt" in saved
 
 
 EVIL = "a`<img src=x onerror=alert(1)>`.txt"
