@@ -179,7 +179,9 @@ def test_the_shipped_commands_table_formats_every_row_from_the_record(tmp_path, 
     for row in rows:  # the default: one thread, said in the singular
         row["threads"] = "1"
     (tmp_path / "shipped-commands.json").write_text(json.dumps(record))
-    assert report.shipped_commands_table().startswith("What these commands gave (2-core AMD EPYC, 1 thread per process, ")
+    assert report.shipped_commands_table().startswith(
+        "What these commands gave (2-core AMD EPYC, 1 thread per process, "
+    )
     for row in rows:
         row["threads"] = "2"
     (tmp_path / "shipped-commands.json").write_text(json.dumps(record))

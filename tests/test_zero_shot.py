@@ -735,7 +735,9 @@ def test_the_targets_name_the_best_of_each_kind_on_all_pairs_and_the_gap():
     assert "3 CPU-hours: no model scored on all pairs yet, against a target of 68" in said
 
 
-def test_a_runs_learning_curve_is_recorded_at_its_token_counts_and_said_under_the_table(tmp_path, monkeypatch):
+def test_a_runs_learning_curve_is_recorded_at_its_token_counts_and_said_under_the_table(
+    tmp_path, monkeypatch
+):
     """`blimp_results.py curve NAME` reads each in-loop evaluation of a run (step, eval loss, BLiMP sample) and
     counts its tokens from the batch layout of the run's last checkpoint; a run recorded again as it continues
     replaces its earlier points; the table's block states each point and whether the run has ended; a run without
