@@ -275,6 +275,19 @@ def _minutes(seconds: float) -> str:
     return f"{whole // 60}m{whole % 60:02d}s"
 
 
+def quick_tier_time() -> str:
+    """`bench/quick_tier.py`'s record: getting-started.md's sentence on the quick tier of the tests."""
+    p = bench_record("quick-tier")
+    _quiet(p, "quick-tier")
+    machine = p["machine"]
+    return (
+        f"While changing code, `{p['command']}` runs the quick tier: {p['passed']:,} tests in "
+        f"**{_minutes(p['wall_s'])}** on an idle {machine['cores']}-core {machine['cpu']} ({p['date_utc'][:10]}, "
+        f"load average {p['load_average_before'][0]:.1f} at the start; `python bench/quick_tier.py` measures it "
+        "again).\n"
+    )
+
+
 def default_run_time() -> str:
     """`bench/default_run.py`'s record: how long the default run took, the one sentence every page that times it
     shows (README, getting-started, launching, fine-tuning). CPU-seconds beside the wall clock: on cores shared with
@@ -794,6 +807,7 @@ TABLES = {
     "num-proc": num_proc_table,
     "default-run": default_run_table,
     "default-run-time": default_run_time,
+    "quick-tier": quick_tier_time,
     "shipped-commands": shipped_commands_table,
     "threads": threads_table,
     "recipe-times": recipe_times_table,
@@ -807,6 +821,7 @@ TABLES = {
 MEASURED_BY = {
     "default-run": "python bench/default_run.py",
     "default-run-time": "python bench/default_run.py",
+    "quick-tier": "python bench/quick_tier.py",
     "shipped-commands": "python bench/shipped_commands.py",
     "threads": "python bench/threads.py` and `python bench/threads.py --busy",
     "recipe-times": "python bench/recipe_times.py",

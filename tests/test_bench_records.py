@@ -774,3 +774,39 @@ def test_page_times_reads_the_sample_the_page_shows_from_the_saved_decoder(kiln_
     assert sample["prompt"] == "Once upon a time" and sample["max_new_tokens"] == 8
     text = sample["text"].lower()  # the tokenizer may lowercase
     assert text.startswith("once upon a time") and len(text) > len("once upon a time")
+
+
+def test_the_quick_tier_record_counts_what_pytest_printed_and_its_sentence_names_the_cpu(
+    tmp_path, monkeypatch
+):
+    """bench/quick_tier.py reads pytest's last line as counts (a subtest count is not a test count; failures are
+    counted, so such a run is not recorded), and report.py's sentence gives the tier's tests, time and CPU from the
+    record, refusing a record that did not start on a quiet machine."""
+    quick_tier = load("kiln_bench_quick_tier", "bench/quick_tier.py")
+    line = "3 failed, 1749 passed, 325 skipped, 107 warnings, 6704 subtests passed in 204.48s (0:03:24)"
+    assert quick_tier.tier_counts(line) == {"passed": 1749, "skipped": 325, "failed": 3, "errors": 0}
+    assert quick_tier.tier_counts("12 passed, 1 error in 3.0s")["errors"] == 1
+    record = {
+        "command": 'python -m pytest -n 2 -q -m "not slow"',
+        "date_utc": "2030-01-02T03:04:05Z",
+        "machine": {"cores": 2, "cpu": "AMD EPYC"},
+        "torch": "2.13.0+cpu",
+        "wall_s": 205.4,
+        "passed": 1756,
+        "skipped": 325,
+        "failed": 0,
+        "errors": 0,
+        "load_average_before": [0.8, 1, 1],
+        "load_average_after": [1.9, 1, 1],
+    }
+    (tmp_path / "quick-tier.json").write_text(json.dumps(record))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.quick_tier_time() == (
+        'While changing code, `python -m pytest -n 2 -q -m "not slow"` runs the quick tier: 1,756 tests in '
+        "**3m25s** on an idle 2-core AMD EPYC (2030-01-02, load average 0.8 at the start; `python "
+        "bench/quick_tier.py` measures it again).\n"
+    )
+    record["load_average_before"] = [1.6, 1, 1]
+    (tmp_path / "quick-tier.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="not on a quiet"):
+        report.quick_tier_time()

@@ -57,7 +57,7 @@ GENERATED = {
         "precision-step",
     },
     "README.md": {"data-scale", "num-proc", "default-run", "default-run-time"},
-    "docs/getting-started.md": {"default-run", "default-run-time"},
+    "docs/getting-started.md": {"default-run", "default-run-time", "quick-tier"},
     "docs/data-and-scale.md": {"data-scale"},
     "docs/finetuning.md": {"shipped-commands", "default-run-time"},
     "docs/launching.md": {"threads", "default-run-time"},
