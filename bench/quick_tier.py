@@ -32,11 +32,9 @@ def tier_counts(summary: str) -> dict[str, int]:
     """pytest's last line (`1749 passed, 325 skipped, 107 warnings, 6704 subtests passed in 204.48s`) as counts:
     passed, skipped, failed, errors (subtests and warnings left out)."""
     counts = {"passed": 0, "skipped": 0, "failed": 0, "errors": 0}
-    for number, word in re.findall(r"(\d+) (passed|skipped|failed|errors?)\b", summary.split(" in ")[0]):
-        before = summary[: summary.index(f"{number} {word}")]
-        if before.endswith("subtests "):  # not a line's own count
-            continue
-        counts["errors" if word.startswith("error") else word] += int(number)
+    for number, subtests, word in re.findall(r"(\d+) (subtests )?(passed|skipped|failed|errors?)\b", summary):
+        if not subtests:  # a subtest count is not a count of tests
+            counts["errors" if word.startswith("error") else word] += int(number)
     return counts
 
 

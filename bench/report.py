@@ -397,7 +397,8 @@ def shipped_commands_table() -> str:
     offline = sum(row["offline"] for row in p["rows"])
     intro = (
         f"What these commands gave ({p['machine']['cores']}-core {p['machine']['cpu']}, {' or '.join(threads)} "
-        f"thread{'s' if threads != ['1'] else ''} per process, torch {torch}, {p['date_utc'][:10]}; load average {p['load_average_start'][0]:.1f} at the "
+        f"thread{'s' if threads != ['1'] else ''} per process, torch {torch}, {p['date_utc'][:10]}; load average "
+        f"{p['load_average_start'][0]:.1f} at the "
         f"start and {p['load_average_end'][0]:.1f} at the end, one command at a time, each in a fresh folder; "
         + (
             "from pretrained checkpoints given to the script"

@@ -75,14 +75,19 @@ def paper_phenomena(key: str) -> dict[str, float]:
     return {name: 100 * sum(values) / len(values) for name, values in groups.items()}
 
 
+def head_commit() -> str:
+    """The repository's commit, short, as a record names what made it."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+
+
 def record_blimp_run(args) -> None:
     sys.path.insert(0, str(REPO))
     from bench.machine import cpu_name, load_average
 
     result = json.loads(Path(args.out).read_text())
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout
+    commit = head_commit()
     # --run: what the scoring job noted as it ran (its commit, start and end, load average at both ends)
     run = json.loads(Path(args.run).read_text()) if args.run else {}
     entry = {
@@ -93,7 +98,7 @@ def record_blimp_run(args) -> None:
         "minutes": args.minutes,
         "pretraining": args.pretraining,
         "command": args.command,
-        "commit": run.get("commit", commit.strip())[:7],
+        "commit": run.get("commit", commit)[:7],
         "time_utc": run.get("end", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
         "started_utc": run.get("start"),
         "cpu": cpu_name(),
@@ -153,9 +158,6 @@ def record_learning_curve(args) -> None:
             )
     if not points:
         sys.exit(f"error: {folder}/metrics.jsonl has no in-loop BLiMP (the run needs --eval.blimp N)")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     entry = {
         "name": args.name,
         "pretraining": args.pretraining or args.name,
@@ -165,7 +167,7 @@ def record_learning_curve(args) -> None:
         "max_seq_length": length,
         "pairs": 67 * config["eval"]["blimp"],
         "cpu": cpu_name(),
-        "commit": commit,
+        "commit": head_commit(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "points": points,
     }
@@ -205,10 +207,12 @@ def learning_said(curves: list[dict]) -> list[str]:
         state = "" if done else f" (at step {curve['points'][-1]['step']:,} of {curve['max_steps']:,})"
         lines.append(f"| `{curve['name']}`{state} | {len(curve['points'])} | {reads} |")
     pairs = ", ".join(sorted({f"{c['pairs']:,}" for c in curves}))
+    # a point's standard error near 50% accuracy, on the smallest sample
+    error = 100 * (0.25 / min(c["pairs"] for c in curves)) ** 0.5
     lines += [
         "",
-        f"The sample is {pairs} pairs, so a point moves about ±0.9 by chance; the runs' final models are scored "
-        "on all 67,000 pairs in the table above.",
+        f"The sample is {pairs} pairs, so a point moves about ±{error:.1f} by chance; the runs' final models are "
+        "scored on all 67,000 pairs in the table above.",
         "",
         "![in-loop BLiMP against pretraining tokens](results/blimp-learning-curve.png)",
     ]

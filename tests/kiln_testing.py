@@ -91,6 +91,26 @@ def cli_in_process(capsys, *overrides) -> tuple[int, list[str]]:
     return exit_info.value.code, err.splitlines()
 
 
+def finetune_cli_error(script: str, capsys, *args) -> str:
+    """`finetune/<script>.py ARGS` (classify, tag, seq2seq) as its command line runs it, in this process: it must
+    refuse with status 2 and one `error: ` line, no traceback; returns that line."""
+    import pytest
+
+    from finetune.common import run_finetune_cli
+
+    main = __import__(f"finetune.{script}", fromlist=["main"]).main
+    reset_accelerate()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            run_finetune_cli(main, [str(arg) for arg in args])
+    finally:
+        reset_accelerate()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err), err
+    return err[-1]
+
+
 def launch_two_processes(output_dir, *overrides, config=DEBUG, timeout=600) -> subprocess.CompletedProcess:
     """`accelerate launch --multi_gpu --num_processes 2 pretrain/run.py --config X ...` on CPU (gloo), X the
     debug config or `config`; waited for, it must succeed."""

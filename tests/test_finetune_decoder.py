@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kiln_testing import REPO, one_torch_thread, reset_accelerate, run_main
+from kiln_testing import REPO, finetune_cli_error, one_torch_thread, reset_accelerate, run_main
 
 
 @pytest.fixture(autouse=True)
@@ -244,22 +244,6 @@ def test_pre_split_words_get_their_leading_space_and_the_first_piece_the_label(d
 # refusals: one line
 
 
-def cli_error(script, capsys, *args) -> str:
-    from finetune.common import run_finetune_cli
-
-    main = __import__(f"finetune.{script}", fromlist=["main"]).main
-    reset_accelerate()
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            run_finetune_cli(main, [str(arg) for arg in args])
-    finally:
-        reset_accelerate()
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err), err
-    return err[-1]
-
-
 def test_what_neither_script_takes_is_refused_in_one_line(decoders, tmp_path, capsys):
     from pretrain.modeling import (
         KilnDecoderConfig,
@@ -282,16 +266,16 @@ def test_what_neither_script_takes_is_refused_in_one_line(decoders, tmp_path, ca
     KilnEncoderDecoderModel(encoder=encoder, decoder=decoder).save_pretrained(seq2seq)
     out = ["--training.output_dir", tmp_path / "out"]
     for script in ("classify", "tag"):
-        message = cli_error(script, capsys, "--model.checkpoint", seq2seq, *out)
+        message = finetune_cli_error(script, capsys, "--model.checkpoint", seq2seq, *out)
         assert (
             "is a kiln_encoder_decoder checkpoint, but a kiln_encoder or kiln_decoder checkpoint" in message
         )
         assert "BERT, ELECTRA, GPT-2 or Llama" in message
-    message = cli_error(
+    message = finetune_cli_error(
         "classify", capsys, "--model.checkpoint", decoders["gpt2"], "--model.classifier_dropout", 0.2, *out
     )
     assert "--model.classifier_dropout 0.2" in message and "decoder's sequence classifier" in message
-    message = cli_error("tag", capsys, "--predict", "--model.checkpoint", decoders["gpt2"], *out)
+    message = finetune_cli_error("tag", capsys, "--predict", "--model.checkpoint", decoders["gpt2"], *out)
     assert "fine-tuned tagger" in message and "pretraining checkpoint" in message
     assert not (tmp_path / "out").exists()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kiln_testing import REPO, one_torch_thread, reset_accelerate, run_main
+from kiln_testing import REPO, finetune_cli_error, one_torch_thread, run_main
 
 FAST = ["--logging.logging_steps", "1"]
 
@@ -586,23 +586,6 @@ def test_seq2seq_translation_from_scratch(kiln_checkpoints, tmp_path):
 # bad input: one line, naming the fix
 
 
-def cli_error(script, capsys, *args) -> str:
-    from finetune.common import run_finetune_cli
-
-    module = {"classify": "finetune.classify", "tag": "finetune.tag", "seq2seq": "finetune.seq2seq"}[script]
-    main = __import__(module, fromlist=["main"]).main
-    reset_accelerate()
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            run_finetune_cli(main, [str(arg) for arg in args])
-    finally:
-        reset_accelerate()
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err and err[-1].startswith("error: "), err
-    return err[-1]
-
-
 def test_bad_input_gives_one_line_errors(kiln_checkpoints, tmp_path, capsys):
     encoder, _ = kiln_checkpoints
     files = write_sentiment(tmp_path, sizes=(32, 8, 8))
@@ -616,9 +599,11 @@ def test_bad_input_gives_one_line_errors(kiln_checkpoints, tmp_path, capsys):
         files["test"],
     ]
 
-    message = cli_error("classify", capsys, "--model.checkpoint", tmp_path / "runs/encoder-tiny/final", *out)
+    message = finetune_cli_error(
+        "classify", capsys, "--model.checkpoint", tmp_path / "runs/encoder-tiny/final", *out
+    )
     assert "not found" in message and "accelerate launch pretrain/run.py" in message
-    message = cli_error(
+    message = finetune_cli_error(
         "seq2seq",
         capsys,
         "--model.encoder_checkpoint",
@@ -628,11 +613,11 @@ def test_bad_input_gives_one_line_errors(kiln_checkpoints, tmp_path, capsys):
         *out,
     )
     assert "configs/pretrain/decoder-tiny.yaml" in message
-    message = cli_error(
+    message = finetune_cli_error(
         "seq2seq", capsys, "--model.encoder_checkpoint", encoder, "--model.decoder_checkpoint", encoder, *out
     )
     assert "is a kiln_encoder checkpoint" in message and "kiln_decoder" in message
-    message = cli_error(
+    message = finetune_cli_error(
         "tag",
         capsys,
         "--model.checkpoint",
@@ -645,23 +630,23 @@ def test_bad_input_gives_one_line_errors(kiln_checkpoints, tmp_path, capsys):
     )
     assert "total_train_batch_size 6" in message and "multiple of 4" in message
 
-    message = cli_error(
+    message = finetune_cli_error(
         "classify", capsys, "--model.checkpoint", encoder, *out, *data, "--data.label_column", "author"
     )
     assert "'author' not found" in message and "sentence, label" in message
     unseen = tmp_path / "unseen.csv"
     unseen.write_text("sentence,label\nthe day was odd,neutral\nthe day was fine,positive\n")
-    message = cli_error(
+    message = finetune_cli_error(
         "classify", capsys, "--model.checkpoint", encoder, *out, *data, "--data.validation_file", unseen
     )
     assert "'neutral'" in message and "validation" in message
     empty = tmp_path / "empty.csv"
     empty.write_text("sentence,label\n")
-    message = cli_error(
+    message = finetune_cli_error(
         "classify", capsys, "--model.checkpoint", encoder, *out, *data, "--data.test_file", empty
     )
     assert "empty" in message
-    message = cli_error(
+    message = finetune_cli_error(
         "classify",
         capsys,
         "--model.checkpoint",
@@ -674,7 +659,7 @@ def test_bad_input_gives_one_line_errors(kiln_checkpoints, tmp_path, capsys):
         "error",
     )
     assert "longer than 4 tokens" in message and "max_seq_length" in message
-    message = cli_error(
+    message = finetune_cli_error(
         "classify",
         capsys,
         "--model.checkpoint",
@@ -685,9 +670,9 @@ def test_bad_input_gives_one_line_errors(kiln_checkpoints, tmp_path, capsys):
         "bleu",
     )
     assert "'bleu'" in message and "accuracy" in message
-    message = cli_error("classify", capsys, "--predict", "--model.checkpoint", encoder, *out, *data)
+    message = finetune_cli_error("classify", capsys, "--predict", "--model.checkpoint", encoder, *out, *data)
     assert "fine-tuned classifier" in message
-    message = cli_error("seq2seq", capsys, "--predict", *out)
+    message = finetune_cli_error("seq2seq", capsys, "--predict", *out)
     assert "--model.checkpoint" in message
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
