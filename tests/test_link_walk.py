@@ -21,10 +21,12 @@ from test_run_folder import OVERWRITE, _snapshot
 
 STEPS = ["--training.max_steps", 4, "--training.save_steps", 2, "--training.eval_steps", 0]
 PUSH = ["--hub.push_to_hub", "--hub.model_id", "kiln-test/links", "--hub.strategy", "every_save"]
-# resumed from the first of its two checkpoints: the second, hub-export/ and final/ are written again
+# resumed from the first of its two checkpoints: the second, hub-export/ and final/ are written again; an overwrite
+# trains 2 steps, as many as reach every writer (a checkpoint pushed to hub-export/, final/, the tokenizer) and
+# clear the finished run's second checkpoint by its record
 MODES = {
-    "resume": ["--training.resume_from_checkpoint", "{out}/checkpoints/step-00000002"],
-    "overwrite": [OVERWRITE],
+    "resume": [*STEPS, "--training.resume_from_checkpoint", "{out}/checkpoints/step-00000002"],
+    "overwrite": [*STEPS[:1], 2, *STEPS[2:], OVERWRITE],
 }
 
 
@@ -81,7 +83,7 @@ def _try(capsys, out: Path, flags: list[str]) -> tuple[int, list[str]]:
     status = 0
     try:
         with one_torch_thread():
-            argv = [*STEPS, *PUSH, *(flag.format(out=out) for flag in flags)]
+            argv = [*PUSH, *(str(flag).format(out=out) for flag in flags)]
             cli(["--config", DEBUG, "--training.output_dir", str(out), *map(str, argv)])
     except SystemExit as exit_info:
         status = exit_info.code
