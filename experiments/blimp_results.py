@@ -47,6 +47,10 @@ CURVE_MINUTES = (0.0, 7.5, 15.0, 30.0, 60.0)
 TARGETS = {30.0: 62.0, 180.0: 68.0}
 """BLiMP (mean of the 67 paradigms, all pairs) the recipes aim at, by CPU-minutes of pretraining: between the
 published small models (53-61) and the paper's LSTM (69.8)."""
+REPLICA = "-replica"
+"""A record named `<config>-replica` scores configs/pretrain/<config>.yaml run again from a fresh clone
+(experiments/replicate.yaml); the record it replicates is the one the config's header names (record `NAME`)."""
+REPLICA_TOLERANCE = 1.0  # BLiMP points: a shipped recipe replicates when its fresh run lands this close
 
 
 def read_records() -> list[dict]:
@@ -341,6 +345,7 @@ def table(records: list[dict]) -> str:
             f"{verdict}.",
         ]
     lines += targets_said(trained, runs)
+    lines += replications_said(latest(records))
     curve = sorted((r for r in rows if r["name"] in CURVE), key=lambda r: r["minutes"])
     if len(curve) > 1:
         labels = ["random weights" if r["from_scratch"] else f"{r['minutes']:g} min" for r in curve]
@@ -383,6 +388,35 @@ def targets_said(trained: list[dict], runs: dict[str, dict]) -> list[str]:
         budget = f"{minutes:g} CPU-minutes" if minutes < 60 else f"{minutes / 60:g} CPU-hours"
         said.append(f"{budget}, target {target:.0f}: " + "; ".join(parts))
     return ["", "The targets, BLiMP over all 67,000 pairs: " + ". ".join(said) + "."]
+
+
+def replicated_record(config: Path) -> str:
+    """The BLiMP record a shipped config names in its header (`record `NAME``)."""
+    import re
+
+    found = re.search(r"record `([^`]+)`", config.read_text())
+    if not found:
+        raise ValueError(f"{config} names no BLiMP record in its header (record `NAME`)")
+    return found.group(1)
+
+
+def replications_said(by_name: dict[str, dict]) -> list[str]:
+    """Per replica record on all pairs, the shipped recipe it reran, its BLiMP beside the record its config names,
+    and whether it lands within REPLICA_TOLERANCE."""
+    said = []
+    for name, row in sorted(by_name.items()):
+        if not name.endswith(REPLICA) or row["pairs"] != 67_000:
+            continue
+        config = REPO / "configs" / "pretrain" / f"{name.removesuffix(REPLICA)}.yaml"
+        original = by_name[replicated_record(config)]
+        gap = 100 * (row["mean"] - original["mean"])
+        verdict = "within" if abs(gap) <= REPLICA_TOLERANCE else "outside"
+        said.append(
+            f"`configs/pretrain/{config.name}` run again from a fresh clone (`{name}`, commit {row['commit']}): "
+            f"{100 * row['mean']:.1f} against its record `{original['name']}`'s {100 * original['mean']:.1f} "
+            f"({gap:+.1f}, {verdict} the {REPLICA_TOLERANCE:g} point it should land in)"
+        )
+    return ["", "Replications, BLiMP over all 67,000 pairs: " + "; ".join(said) + "."] if said else []
 
 
 def plots(records: list[dict]) -> None:

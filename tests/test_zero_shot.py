@@ -735,6 +735,32 @@ def test_the_targets_name_the_best_of_each_kind_on_all_pairs_and_the_gap():
     assert "3 CPU-hours: no model scored on all pairs yet, against a target of 68" in said
 
 
+def test_a_replica_is_set_beside_the_record_its_shipped_config_names():
+    """A record named `<config>-replica` on all pairs is set beside the record its config's header names
+    (`record `NAME``), with the difference and whether it lands within the 1-point tolerance; a replica scored
+    on a 6,700-pair screen is not said, and a config naming no record is an error."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kiln_blimp_replica", REPO / "experiments/blimp_results.py")
+    blimp_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blimp_results)
+    named = blimp_results.replicated_record(REPO / "configs/pretrain/best-30min-decoder.yaml")
+
+    def row(name, mean, pairs=67_000):
+        return {"name": name, "mean": mean, "pairs": pairs, "commit": "abc1234"}
+
+    rows = {named: row(named, 0.602), "best-30min-decoder-replica": row("best-30min-decoder-replica", 0.596)}
+    (said,) = [line for line in blimp_results.replications_said(rows) if line]
+    assert f"59.6 against its record `{named}`'s 60.2 (-0.6, within the 1 point" in said
+    rows["best-30min-decoder-replica"]["mean"] = 0.587
+    (said,) = [line for line in blimp_results.replications_said(rows) if line]
+    assert "(-1.5, outside the 1 point" in said
+    rows["best-30min-decoder-replica"]["pairs"] = 6_700
+    assert blimp_results.replications_said(rows) == []
+    with pytest.raises(ValueError, match="names no BLiMP record"):
+        blimp_results.replicated_record(REPO / "configs/pretrain/debug.yaml")
+
+
 def test_a_runs_learning_curve_is_recorded_at_its_token_counts_and_said_under_the_table(
     tmp_path, monkeypatch
 ):
