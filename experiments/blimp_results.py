@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -296,9 +297,8 @@ def budget_label(row: dict, runs: dict[str, dict]) -> str:
 
 def table(records: list[dict]) -> str:
     """The Markdown block between START and END."""
-    rows = sorted(
-        latest(records).values(), key=lambda r: (r["kind"] in FREQUENCY_BASELINES, r["kind"], r["minutes"])
-    )
+    by_name = latest(records)
+    rows = sorted(by_name.values(), key=lambda r: (r["kind"] in FREQUENCY_BASELINES, r["kind"], r["minutes"]))
     means, runs = paper_means(), pretraining_records()
     lines = [
         START,
@@ -345,7 +345,7 @@ def table(records: list[dict]) -> str:
             f"{verdict}.",
         ]
     lines += targets_said(trained, runs)
-    lines += replications_said(latest(records))
+    lines += replications_said(by_name)
     curve = sorted((r for r in rows if r["name"] in CURVE), key=lambda r: r["minutes"])
     if len(curve) > 1:
         labels = ["random weights" if r["from_scratch"] else f"{r['minutes']:g} min" for r in curve]
@@ -392,8 +392,6 @@ def targets_said(trained: list[dict], runs: dict[str, dict]) -> list[str]:
 
 def replicated_record(config: Path) -> str:
     """The BLiMP record a shipped config names in its header (`record `NAME``)."""
-    import re
-
     found = re.search(r"record `([^`]+)`", config.read_text())
     if not found:
         raise ValueError(f"{config} names no BLiMP record in its header (record `NAME`)")

@@ -82,9 +82,6 @@ class ClassifierModelConfig:
     """Run an encoder's blocks on the real tokens of a padded batch only (padding re-added inside attention): the same loss, gradients and predictions for less work (docs/performance.md); false: the plain padded path. A decoder always runs the padded path."""
 
 
-EncoderModelConfig = ClassifierModelConfig  # its name before decoders were fine-tuned too
-
-
 @dataclass
 class EvalConfig:
     each_epoch: bool = True
@@ -734,7 +731,6 @@ def run_finetune_cli(main: Callable, argv: list[str] | None = None):
 
 __all__ = [
     "ClassifierModelConfig",
-    "EncoderModelConfig",
     "EvalConfig",
     "FinetuneJob",
     "FinetuneResult",

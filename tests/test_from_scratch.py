@@ -47,11 +47,11 @@ def body(model) -> dict[str, torch.Tensor]:
 
 def built(script: str, checkpoint, from_scratch: bool, seed: int = 0, dropout=None):
     from finetune.classify import Labels, build_classifier
-    from finetune.common import EncoderModelConfig
+    from finetune.common import ClassifierModelConfig
     from finetune.tag import build_tagger
 
     torch.manual_seed(seed)
-    cfg = EncoderModelConfig(checkpoint=str(checkpoint), from_scratch=from_scratch, dropout=dropout)
+    cfg = ClassifierModelConfig(checkpoint=str(checkpoint), from_scratch=from_scratch, dropout=dropout)
     if script == "classify":
         labels = Labels(False, {"a": 0, "b": 1, "c": 2}, {0: "a", 1: "b", 2: "c"})
         return build_classifier(str(checkpoint), cfg, labels, keep_head=False)
