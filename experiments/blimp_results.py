@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
@@ -346,6 +347,7 @@ def table(records: list[dict]) -> str:
         ]
     lines += targets_said(trained, runs)
     lines += replications_said(by_name)
+    lines += scaling_said(by_name, runs, learning_curves())
     curve = sorted((r for r in rows if r["name"] in CURVE), key=lambda r: r["minutes"])
     if len(curve) > 1:
         labels = ["random weights" if r["from_scratch"] else f"{r['minutes']:g} min" for r in curve]
@@ -415,6 +417,85 @@ def replications_said(by_name: dict[str, dict]) -> list[str]:
             f"({gap:+.1f}, {verdict} the {REPLICA_TOLERANCE:g} point it should land in)"
         )
     return ["", "Replications, BLiMP over all 67,000 pairs: " + "; ".join(said) + "."] if said else []
+
+
+def scaled_from(config: Path) -> str | None:
+    """The record of the shorter recipe a shipped config stretches: the record its `_base_` config names, or None
+    when it has no base among the shipped configs or the base names no record."""
+    found = re.search(r"^_base_:\s*(\S+)", config.read_text(), re.MULTILINE)
+    base = config.parent / found.group(1) if found else None
+    if base is None or not base.is_file():
+        return None
+    try:
+        return replicated_record(base)
+    except ValueError:
+        return None
+
+
+def curve_slope(curve: dict) -> float:
+    """A learning curve's least-squares gain in BLiMP points per doubling of tokens."""
+    xs = [math.log2(point["tokens"]) for point in curve["points"]]
+    ys = [100 * point["blimp"] for point in curve["points"]]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+
+
+def two_figures(value: float) -> str:
+    """A prediction's size to two significant figures (92, 22,000): the line gives no more."""
+    digits = max(0, len(str(int(value))) - 2)
+    return f"{round(value, -digits):,.0f}"
+
+
+def scaling_said(by_name: dict[str, dict], runs: dict[str, dict], curves: list[dict]) -> list[str]:
+    """What the longest budget's target asks of each recipe, read off a straight line in log steps through its two
+    models scored on all pairs: the shipped long config's record and the record of the recipe it stretches (its
+    `_base_`). The gain per doubling of steps, the doublings past the long run the target lies, and the CPU-hours
+    that makes at the long run's minutes per step."""
+    minutes, target = max(TARGETS.items())
+    said = []
+    for name, long in sorted(by_name.items()):
+        config = REPO / "configs" / "pretrain" / f"{name}.yaml"
+        if long["minutes"] != minutes or long["pairs"] != 67_000 or not config.is_file():
+            continue
+        short = by_name.get(scaled_from(config) or "")
+        if not short or short["pairs"] != 67_000 or short["pretraining"] not in runs or name not in runs:
+            continue
+        ratio = runs[long["pretraining"]]["steps"] / runs[short["pretraining"]]["steps"]
+        gain = 100 * (long["mean"] - short["mean"])
+        per_doubling = gain / math.log2(ratio)
+        reach = (
+            f"{target:.0f} lies {(target - 100 * long['mean']) / per_doubling:.1f} doublings past "
+            f"{minutes / 60:g} hours: about "
+            f"{two_figures(minutes / 60 * 2 ** ((target - 100 * long['mean']) / per_doubling))} CPU-hours of this model"
+            if per_doubling > 0
+            else f"the line does not rise, so no budget reaches {target:.0f}"
+        )
+        said.append(
+            f"the {long['kind']} gained {gain:.1f} over {ratio:g}× the steps (`{short['name']}` "
+            f"{100 * short['mean']:.1f} → `{name}` {100 * long['mean']:.1f}), {per_doubling:.1f} per doubling, so "
+            + reach
+        )
+    if not said:
+        return []
+    slopes = [f"`{curve['name']}` {curve_slope(curve):.1f}" for curve in curves if len(curve["points"]) > 2]
+    in_loop = (
+        "The in-loop curves below rise faster per doubling of tokens ("
+        + ", ".join(slopes)
+        + ", least squares): their early evaluations are read at a learning rate still high, where a model "
+        "trained to that budget would have decayed it, so the curve's rise includes the decay's gain; the line "
+        "above reads models that each finished their own schedule."
+        if slopes
+        else ""
+    )
+    return [
+        "",
+        f"What the {minutes / 60:g}-CPU-hour target asks, read off a straight line in log steps through each "
+        f"shipped recipe's {min(TARGETS):g}-minute and {minutes / 60:g}-hour models (all pairs): "
+        + "; ".join(said)
+        + ". "
+        + in_loop,
+    ]
 
 
 def plots(records: list[dict]) -> None:

@@ -761,6 +761,50 @@ def test_a_replica_is_set_beside_the_record_its_shipped_config_names():
         blimp_results.replicated_record(REPO / "configs/pretrain/debug.yaml")
 
 
+def test_the_long_target_is_read_off_a_line_through_a_recipes_short_and_long_models():
+    """The 3-hour target's prediction pairs a shipped long config's record with the record of the recipe its
+    `_base_` stretches, reads the gain per doubling of steps from the two, and says how many doublings and
+    CPU-hours the target lies past the long run; a long model without its short one on all pairs, or a line
+    that does not rise, is said accordingly."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kiln_blimp_scaling", REPO / "experiments/blimp_results.py")
+    blimp_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blimp_results)
+    short = blimp_results.scaled_from(REPO / "configs/pretrain/best-3h-decoder.yaml")
+    assert short == blimp_results.replicated_record(REPO / "configs/pretrain/best-30min-decoder.yaml")
+    assert blimp_results.scaled_from(REPO / "configs/pretrain/best-30min-decoder.yaml") is None
+
+    def row(name, mean, minutes, pairs=67_000):
+        return {
+            "name": name,
+            "pretraining": name,
+            "kind": "decoder",
+            "mean": mean,
+            "pairs": pairs,
+            "minutes": minutes,
+        }
+
+    records = {short: row(short, 0.60, 30.0), "best-3h-decoder": row("best-3h-decoder", 0.64, 180.0)}
+    runs = {short: {"steps": 1000}, "best-3h-decoder": {"steps": 4000}}
+    (said,) = [line for line in blimp_results.scaling_said(records, runs, []) if line]
+    # 4 points over 2 doublings: 2 per doubling, 68 lies 2 doublings past 3 hours, 12 CPU-hours
+    assert "gained 4.0 over 4× the steps" in said and "2.0 per doubling" in said
+    assert "68 lies 2.0 doublings past 3 hours: about 12 CPU-hours of this model" in said
+    curve = {
+        "name": "best-3h-decoder",
+        "points": [{"tokens": 2**k, "blimp": 0.5 + 0.01 * k} for k in (1, 2, 3)],
+    }
+    (said,) = [line for line in blimp_results.scaling_said(records, runs, [curve]) if line]
+    assert "(`best-3h-decoder` 1.0, least squares)" in said
+    records["best-3h-decoder"]["mean"] = 0.59
+    (said,) = [line for line in blimp_results.scaling_said(records, runs, []) if line]
+    assert "the line does not rise, so no budget reaches 68" in said
+    records[short]["pairs"] = 6_700
+    assert blimp_results.scaling_said(records, runs, []) == []
+    assert blimp_results.two_figures(21_806.4) == "22,000" and blimp_results.two_figures(91.6) == "92"
+
+
 def test_a_runs_learning_curve_is_recorded_at_its_token_counts_and_said_under_the_table(
     tmp_path, monkeypatch
 ):
