@@ -52,6 +52,9 @@ published small models (53-61) and the paper's LSTM (69.8)."""
 REPLICA = "-replica"
 """A record named `<config>-replica` scores configs/pretrain/<config>.yaml run again from a fresh clone
 (experiments/replicate.yaml); the record it replicates is the one the config's header names (record `NAME`)."""
+FP32 = "-fp32"
+"""A record named `<name>-fp32` scores the run of record `<name>` again in fp32 at the same steps: bf16's quality at
+equal steps, said under the table."""
 REPLICA_TOLERANCE = 1.0  # BLiMP points: a shipped recipe replicates when its fresh run lands this close
 
 
@@ -348,6 +351,7 @@ def table(records: list[dict]) -> str:
     lines += targets_said(trained, runs)
     lines += replications_said(by_name)
     lines += scaling_said(by_name, runs, learning_curves())
+    lines += precision_said(by_name, runs)
     curve = sorted((r for r in rows if r["name"] in CURVE), key=lambda r: r["minutes"])
     if len(curve) > 1:
         labels = ["random weights" if r["from_scratch"] else f"{r['minutes']:g} min" for r in curve]
@@ -495,6 +499,33 @@ def scaling_said(by_name: dict[str, dict], runs: dict[str, dict], curves: list[d
         + "; ".join(said)
         + ". "
         + in_loop,
+    ]
+
+
+def precision_said(by_name: dict[str, dict], runs: dict[str, dict]) -> list[str]:
+    """Per record `<name>-fp32` on all pairs, bf16's quality at equal steps: the bf16 run's BLiMP and eval loss
+    beside the same run's in fp32 (its speed is measured on a quiet machine: bench/precision.py)."""
+    said = []
+    for name, fp32 in sorted(by_name.items()):
+        bf16 = by_name.get(name.removesuffix(FP32))
+        if not name.endswith(FP32) or not bf16 or fp32["pairs"] != bf16["pairs"]:
+            continue
+        fast, slow = runs.get(bf16["pretraining"]), runs.get(fp32["pretraining"])
+        if not fast or not slow or fast["steps"] != slow["steps"]:
+            continue
+        gap = 100 * (bf16["mean"] - fp32["mean"])
+        said.append(
+            f"`{bf16['name']}` in bf16 {100 * bf16['mean']:.1f} (eval loss {fast['eval_last']['eval/loss']:.3f}) "
+            f"against the same {fast['steps']:,} steps in fp32 (`{name}`) {100 * fp32['mean']:.1f} (eval loss "
+            f"{slow['eval_last']['eval/loss']:.3f}): {gap:+.1f} BLiMP for bf16 on {fp32['pairs']:,} pairs"
+        )
+    if not said:
+        return []
+    return [
+        "",
+        "bf16 at equal steps ([its speed-up](performance.md#bf16-on-a-cpu) is measured on a quiet machine): "
+        + "; ".join(said)
+        + ".",
     ]
 
 

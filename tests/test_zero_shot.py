@@ -805,6 +805,37 @@ def test_the_long_target_is_read_off_a_line_through_a_recipes_short_and_long_mod
     assert blimp_results.two_figures(21_806.4) == "22,000" and blimp_results.two_figures(91.6) == "92"
 
 
+def test_bf16_at_equal_steps_sets_a_runs_fp32_twin_beside_it():
+    """A record `<name>-fp32` is said beside record `<name>` (BLiMP and each run's eval loss) only when both were
+    scored on the same pairs and trained the same steps."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kiln_blimp_precision", REPO / "experiments/blimp_results.py"
+    )
+    blimp_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blimp_results)
+
+    def row(name, mean, pairs=67_000):
+        return {"name": name, "pretraining": name, "mean": mean, "pairs": pairs}
+
+    def run(loss, steps=3600):
+        return {"steps": steps, "eval_last": {"eval/loss": loss}}
+
+    records = {"dec": row("dec", 0.602), "dec-fp32": row("dec-fp32", 0.597), "other": row("other", 0.55)}
+    runs = {"dec": run(3.9861), "dec-fp32": run(3.9790), "other": run(4.0)}
+    (said,) = [line for line in blimp_results.precision_said(records, runs) if line]
+    assert (
+        "`dec` in bf16 60.2 (eval loss 3.986) against the same 3,600 steps in fp32 (`dec-fp32`) 59.7" in said
+    )
+    assert "(eval loss 3.979): +0.5 BLiMP for bf16 on 67,000 pairs" in said and "other" not in said
+    runs["dec-fp32"]["steps"] = 3000
+    assert blimp_results.precision_said(records, runs) == []
+    runs["dec-fp32"]["steps"] = 3600
+    records["dec-fp32"]["pairs"] = 6_700
+    assert blimp_results.precision_said(records, runs) == []
+
+
 def test_a_runs_learning_curve_is_recorded_at_its_token_counts_and_said_under_the_table(
     tmp_path, monkeypatch
 ):
