@@ -53,8 +53,8 @@ REPLICA = "-replica"
 """A record named `<config>-replica` scores configs/pretrain/<config>.yaml run again from a fresh clone
 (experiments/replicate.yaml); the record it replicates is the one the config's header names (record `NAME`)."""
 FP32 = "-fp32"
-"""A record named `<name>-fp32` scores the run of record `<name>` again in fp32 at the same steps: bf16's quality at
-equal steps, said under the table."""
+"""A record named `<name>-fp32...` scores the run of record `<name>` again in fp32, at the same steps (bf16's
+quality) or the same minutes (what bf16's speed buys): said under the table."""
 REPLICA_TOLERANCE = 1.0  # BLiMP points: a shipped recipe replicates when its fresh run lands this close
 
 
@@ -503,29 +503,43 @@ def scaling_said(by_name: dict[str, dict], runs: dict[str, dict], curves: list[d
 
 
 def precision_said(by_name: dict[str, dict], runs: dict[str, dict]) -> list[str]:
-    """Per record `<name>-fp32` on all pairs, bf16's quality at equal steps: the bf16 run's BLiMP and eval loss
-    beside the same run's in fp32 (its speed is measured on a quiet machine: bench/precision.py)."""
+    """bf16 against fp32, per bf16 record `<name>` with fp32 twins on the same pairs (records `<name>-fp32...`): each
+    twin's BLiMP and eval loss, at the same steps (bf16's quality) or at the same minutes (what its speed buys in
+    the budget; the minutes come from a quiet machine's tokens/s, bench/precision.py)."""
     said = []
-    for name, fp32 in sorted(by_name.items()):
-        bf16 = by_name.get(name.removesuffix(FP32))
-        if not name.endswith(FP32) or not bf16 or fp32["pairs"] != bf16["pairs"]:
+    for name, bf16 in sorted(by_name.items()):
+        fast = runs.get(bf16["pretraining"])
+        twins = [row for other, row in sorted(by_name.items()) if other.startswith(name + FP32)]
+        if FP32 in name or not fast or not twins:
             continue
-        fast, slow = runs.get(bf16["pretraining"]), runs.get(fp32["pretraining"])
-        if not fast or not slow or fast["steps"] != slow["steps"]:
-            continue
-        gap = 100 * (bf16["mean"] - fp32["mean"])
-        said.append(
-            f"`{bf16['name']}` in bf16 {100 * bf16['mean']:.1f} (eval loss {fast['eval_last']['eval/loss']:.3f}) "
-            f"against the same {fast['steps']:,} steps in fp32 (`{name}`) {100 * fp32['mean']:.1f} (eval loss "
-            f"{slow['eval_last']['eval/loss']:.3f}): {gap:+.1f} BLiMP for bf16 on {fp32['pairs']:,} pairs"
-        )
+        parts = []
+        for fp32 in twins:
+            slow = runs.get(fp32["pretraining"])
+            if not slow or fp32["pairs"] != bf16["pairs"]:
+                continue
+            if slow["steps"] == fast["steps"]:
+                same = f"at the same {fast['steps']:,} steps ({fp32['minutes']:g} min)"
+            elif fp32["minutes"] == bf16["minutes"]:
+                same = f"at the same {fp32['minutes']:g} minutes ({slow['steps']:,} steps)"
+            else:
+                continue
+            gap = 100 * (bf16["mean"] - fp32["mean"])
+            parts.append(
+                f"{same} in fp32 (`{fp32['name']}`) {100 * fp32['mean']:.1f} (eval loss "
+                f"{slow['eval_last']['eval/loss']:.3f}), {gap:+.1f} for bf16"
+            )
+        if parts:
+            said.append(
+                f"`{name}` in bf16 {100 * bf16['mean']:.1f} on {bf16['pairs']:,} pairs (eval loss "
+                f"{fast['eval_last']['eval/loss']:.3f}, {fast['steps']:,} steps in {bf16['minutes']:g} min); "
+                + "; ".join(parts)
+            )
     if not said:
         return []
     return [
         "",
-        "bf16 at equal steps ([its speed-up](performance.md#bf16-on-a-cpu) is measured on a quiet machine): "
-        + "; ".join(said)
-        + ".",
+        "bf16 against fp32 ([the speed-up](performance.md#bf16-on-a-cpu) measured on a quiet machine sets the "
+        "minutes): " + ". ".join(said) + ".",
     ]
 
 

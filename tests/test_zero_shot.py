@@ -805,9 +805,10 @@ def test_the_long_target_is_read_off_a_line_through_a_recipes_short_and_long_mod
     assert blimp_results.two_figures(21_806.4) == "22,000" and blimp_results.two_figures(91.6) == "92"
 
 
-def test_bf16_at_equal_steps_sets_a_runs_fp32_twin_beside_it():
-    """A record `<name>-fp32` is said beside record `<name>` (BLiMP and each run's eval loss) only when both were
-    scored on the same pairs and trained the same steps."""
+def test_bf16_is_set_beside_its_fp32_twins_at_equal_steps_and_at_equal_minutes():
+    """Records `<name>-fp32...` are said beside record `<name>` (BLiMP and each run's eval loss): at the same steps,
+    or at the same minutes with the fp32 run's fewer steps; a twin on other pairs, or at neither the same steps nor
+    the same minutes, is left out."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -816,22 +817,30 @@ def test_bf16_at_equal_steps_sets_a_runs_fp32_twin_beside_it():
     blimp_results = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(blimp_results)
 
-    def row(name, mean, pairs=67_000):
-        return {"name": name, "pretraining": name, "mean": mean, "pairs": pairs}
+    def row(name, mean, minutes, pairs=67_000):
+        return {"name": name, "pretraining": name, "mean": mean, "pairs": pairs, "minutes": minutes}
 
-    def run(loss, steps=3600):
+    def run(loss, steps):
         return {"steps": steps, "eval_last": {"eval/loss": loss}}
 
-    records = {"dec": row("dec", 0.602), "dec-fp32": row("dec-fp32", 0.597), "other": row("other", 0.55)}
-    runs = {"dec": run(3.9861), "dec-fp32": run(3.9790), "other": run(4.0)}
+    records = {
+        "dec": row("dec", 0.602, 30.0),
+        "dec-fp32": row("dec-fp32", 0.597, 43.0),
+        "dec-fp32-30min": row("dec-fp32-30min", 0.580, 30.0),
+        "other": row("other", 0.55, 30.0),
+    }
+    runs = {"dec": run(3.9861, 3600), "dec-fp32": run(3.9790, 3600), "dec-fp32-30min": run(4.1, 2555)}
+    runs["other"] = run(4.0, 3600)
     (said,) = [line for line in blimp_results.precision_said(records, runs) if line]
+    assert "`dec` in bf16 60.2 on 67,000 pairs (eval loss 3.986, 3,600 steps in 30 min)" in said
     assert (
-        "`dec` in bf16 60.2 (eval loss 3.986) against the same 3,600 steps in fp32 (`dec-fp32`) 59.7" in said
+        "at the same 3,600 steps (43 min) in fp32 (`dec-fp32`) 59.7 (eval loss 3.979), +0.5 for bf16" in said
     )
-    assert "(eval loss 3.979): +0.5 BLiMP for bf16 on 67,000 pairs" in said and "other" not in said
-    runs["dec-fp32"]["steps"] = 3000
-    assert blimp_results.precision_said(records, runs) == []
-    runs["dec-fp32"]["steps"] = 3600
+    assert (
+        "at the same 30 minutes (2,555 steps) in fp32 (`dec-fp32-30min`) 58.0 (eval loss 4.100), +2.2" in said
+    )
+    assert "other" not in said
+    runs["dec-fp32-30min"]["steps"], records["dec-fp32-30min"]["minutes"] = 3000, 36.0
     records["dec-fp32"]["pairs"] = 6_700
     assert blimp_results.precision_said(records, runs) == []
 
