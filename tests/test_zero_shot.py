@@ -845,6 +845,38 @@ def test_bf16_is_set_beside_its_fp32_twins_at_equal_steps_and_at_equal_minutes()
     assert blimp_results.precision_said(records, runs) == []
 
 
+def test_the_grid_table_has_every_declared_run_with_its_change_and_its_best_scored_record():
+    """Every run of experiments/grid.yaml is a row of the grid table (or named as not finished); a row says the
+    settings its config makes over its base, marks the run a shipped recipe names, and takes BLiMP from the run's
+    record with the most pairs."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("kiln_blimp_grid", REPO / "experiments/blimp_results.py")
+    blimp_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blimp_results)
+    assert blimp_results.config_change(
+        {
+            "_base_": "a.yaml",
+            "data": {"mlm_probability": 0.3},
+            "training": {"output_dir": "runs/x", "seed": 2},
+        }
+    ) == ["data.mlm_probability: 0.3", "training.seed: 2"]
+    records = blimp_results.read_records()
+    text = blimp_results.grid_table(records)
+    for job in yaml.safe_load((REPO / "experiments/grid.yaml").read_text())["pretrain"]:
+        assert f"| `{job['name']}`" in text or f"`{job['name']}`," in text or f"`{job['name']}`." in text, job
+    shipped = blimp_results.replicated_record(REPO / "configs/pretrain/best-30min-decoder.yaml")
+    (row,) = [line for line in text.splitlines() if line.startswith(f"| `{shipped}`")]
+    assert "(ships as `best-30min-decoder`)" in row
+    scored = [r for r in records if r["pretraining"] == shipped]
+    best = max(scored, key=lambda r: r["pairs"])
+    assert f"| {100 * best['mean']:.1f} | {best['pairs']:,} |" in row
+    base = yaml.safe_load((REPO / "configs/experiments" / f"{shipped}.yaml").read_text())
+    assert all(change in row for change in blimp_results.config_change(base))
+
+
 def test_a_runs_learning_curve_is_recorded_at_its_token_counts_and_said_under_the_table(
     tmp_path, monkeypatch
 ):
