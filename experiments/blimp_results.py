@@ -592,7 +592,7 @@ def grid_table(records: list[dict]) -> str:
         "| run | one change from | the change | steps | eval loss | BLiMP | pairs | UD UPOS dev, fine-tuned |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    not_run, scratch = [], {}
+    not_run, scratch, seeds = [], {}, []
     for kind in ("decoder", "encoder"):
         for job in grid:
             config = yaml.safe_load((REPO / job["config"]).read_text())
@@ -616,6 +616,15 @@ def grid_table(records: list[dict]) -> str:
             )
             if not in_grid:
                 scratch[kind] = fine_tuning_accuracy(runs_by_folder, "scratch", name)
+            other = scored.get(base)
+            changes = config_change(config)
+            if in_grid and len(changes) == 1 and changes[0].startswith("training.seed: "):
+                if blimp and other and blimp["pairs"] == other["pairs"]:
+                    apart = abs(100 * blimp["mean"] - 100 * other["mean"])
+                    seeds.append(
+                        f"`{base}` {100 * other['mean']:.1f} and `{name}` {100 * blimp['mean']:.1f} "
+                        f"({apart:.1f} apart)"
+                    )
     lines += [
         "",
         "Eval losses compare only between runs of one tokenizer, block length and masking rate (a run changing "
@@ -628,6 +637,7 @@ def grid_table(records: list[dict]) -> str:
             else ""
         )
         + "."
+        + (f" Two seeds, BLiMP on the same pairs: {'; '.join(seeds)}." if seeds else "")
         + (f" Declared, with no finished run yet: {', '.join(not_run)}." if not_run else ""),
         "",
         GRID_END,

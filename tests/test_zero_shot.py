@@ -875,6 +875,12 @@ def test_the_grid_table_has_every_declared_run_with_its_change_and_its_best_scor
     assert f"| {100 * best['mean']:.1f} | {best['pairs']:,} |" in row
     base = yaml.safe_load((REPO / "configs/experiments" / f"{shipped}.yaml").read_text())
     assert all(change in row for change in blimp_results.config_change(base))
+    seed_two = [r for r in records if r["pretraining"] == f"{shipped}-s2" and r["pairs"] == best["pairs"]]
+    if seed_two:  # a seed-only change is set beside its base, on the same pairs
+        assert (
+            f"`{shipped}` {100 * best['mean']:.1f} and `{shipped}-s2` {100 * seed_two[-1]['mean']:.1f}"
+            in text
+        )
 
 
 def test_a_runs_learning_curve_is_recorded_at_its_token_counts_and_said_under_the_table(
