@@ -875,6 +875,18 @@ def test_the_grid_table_has_every_declared_run_with_its_change_and_its_best_scor
     assert f"| {100 * best['mean']:.1f} | {best['pairs']:,} |" in row
     base = yaml.safe_load((REPO / "configs/experiments" / f"{shipped}.yaml").read_text())
     assert all(change in row for change in blimp_results.config_change(base))
+    # a screen reads against its base's screen on the same pairs; the base's own row keeps its most pairs
+    screens = [
+        {"name": "grid-decoder-lr2e3-p100", "pretraining": "grid-decoder-lr2e3", "pairs": 6_700, "mean": 0.6},
+        {"name": "grid-decoder-p100", "pretraining": "grid-decoder", "pairs": 6_700, "mean": 0.5},
+        {"name": "grid-decoder", "pretraining": "grid-decoder", "pairs": 67_000, "mean": 0.55},
+    ]
+    rows = blimp_results.grid_table(screens).splitlines()
+    assert any(
+        line.startswith("| `grid-decoder-lr2e3` |") and "| 60.0 (base 50.0) | 6,700 |" in line
+        for line in rows
+    )
+    assert any(line.startswith("| `grid-decoder` |") and "| 55.0 | 67,000 |" in line for line in rows)
     seed_two = [r for r in records if r["pretraining"] == f"{shipped}-s2" and r["pairs"] == best["pairs"]]
     if seed_two:  # a seed-only change is set beside its base, on the same pairs
         assert (
