@@ -242,12 +242,13 @@ def pretraining_records() -> dict[str, dict]:
     """docs/results/runs.jsonl by tag, the last record of each: a model scored here is the run of that tag that
     made its folder, so a tag run again (the 30-minute decoder, once cut by a wall-clock cap under load, then at a
     fixed step count on a quiet core) is read at its rerun, as `latest` reads the BLiMP records."""
-    found: dict[str, dict] = {}
-    for line in (REPO / "docs" / "results" / "runs.jsonl").read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            found[row["tag"]] = row
-    return found
+    return {row["tag"]: row for row in run_records()}
+
+
+def run_records() -> list[dict]:
+    """Every line of docs/results/runs.jsonl (pretraining and fine-tuning runs), in the order they were recorded."""
+    lines = (REPO / "docs" / "results" / "runs.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def short_cpu(name: str | None) -> str:
@@ -473,10 +474,10 @@ def scaling_said(by_name: dict[str, dict], runs: dict[str, dict], curves: list[d
         ratio = runs[long["pretraining"]]["steps"] / runs[short["pretraining"]]["steps"]
         gain = 100 * (long["mean"] - short["mean"])
         per_doubling = gain / math.log2(ratio)
+        doublings = (target - 100 * long["mean"]) / per_doubling if per_doubling > 0 else 0.0
         reach = (
-            f"{target:.0f} lies {(target - 100 * long['mean']) / per_doubling:.1f} doublings past "
-            f"{minutes / 60:g} hours: about "
-            f"{two_figures(minutes / 60 * 2 ** ((target - 100 * long['mean']) / per_doubling))} CPU-hours of this model"
+            f"{target:.0f} lies {doublings:.1f} doublings past {minutes / 60:g} hours: about "
+            f"{two_figures(minutes / 60 * 2**doublings)} CPU-hours of this model"
             if per_doubling > 0
             else f"the line does not rise, so no budget reaches {target:.0f}"
         )
@@ -575,11 +576,7 @@ def grid_table(records: list[dict]) -> str:
     import yaml
 
     runs = pretraining_records()
-    runs_by_folder = {}
-    for line in (REPO / "docs" / "results" / "runs.jsonl").read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            runs_by_folder[row["run"]] = row
+    runs_by_folder = {row["run"]: row for row in run_records()}
     scored: dict[str, dict] = {}
     by_pairs = {(row["pretraining"], row["pairs"]): row for row in records}
     for row in records:
@@ -607,7 +604,8 @@ def grid_table(records: list[dict]) -> str:
                 continue
             base = config.get("_base_", "").removesuffix(".yaml")
             in_grid = any(other["name"] == base for other in grid)
-            change = "; ".join(config_change(config)) if in_grid else "the grid's base (its config's header)"
+            changes = config_change(config)
+            change = "; ".join(changes) if in_grid else "the grid's base (its config's header)"
             blimp = scored.get(name)
             ships = f" (ships as `{shipped[name]}`)" if name in shipped else ""
             score = (f"{100 * blimp['mean']:.1f}", f"{blimp['pairs']:,}") if blimp else ("", "")
@@ -621,15 +619,13 @@ def grid_table(records: list[dict]) -> str:
             )
             if not in_grid:
                 scratch[kind] = fine_tuning_accuracy(runs_by_folder, "scratch", name)
-            other = scored.get(base)
-            changes = config_change(config)
-            if in_grid and len(changes) == 1 and changes[0].startswith("training.seed: "):
-                if blimp and other and blimp["pairs"] == other["pairs"]:
-                    apart = abs(100 * blimp["mean"] - 100 * other["mean"])
-                    seeds.append(
-                        f"`{base}` {100 * other['mean']:.1f} and `{name}` {100 * blimp['mean']:.1f} "
-                        f"({apart:.1f} apart)"
-                    )
+            other = scored.get(base)  # a seed-only change beside its base, on the same pairs
+            seed_only = in_grid and len(changes) == 1 and changes[0].startswith("training.seed: ")
+            if seed_only and blimp and other and blimp["pairs"] == other["pairs"]:
+                apart = abs(100 * blimp["mean"] - 100 * other["mean"])
+                seeds.append(
+                    f"`{base}` {100 * other['mean']:.1f} and `{name}` {100 * blimp['mean']:.1f} ({apart:.1f} apart)"
+                )
     lines += [
         "",
         "Eval losses compare only between runs of one tokenizer, block length and masking rate (a run changing "
@@ -780,11 +776,12 @@ def update_blimp_docs(args) -> None:
         sys.exit(f"error: {PAGE.name} has no '{START}' ... '{END}' block to fill")
     before, rest = text.split(START, 1)
     after = rest.split(END, 1)[1]
-    new = before + table(read_records()) + after
+    records = read_records()
+    new = before + table(records) + after
     if GRID_START not in new or GRID_END not in new:
         sys.exit(f"error: {PAGE.name} has no '{GRID_START}' ... '{GRID_END}' block to fill")
     before, rest = new.split(GRID_START, 1)
-    new = before + grid_table(read_records()) + rest.split(GRID_END, 1)[1]
+    new = before + grid_table(records) + rest.split(GRID_END, 1)[1]
     if args.check:
         if new != text:
             sys.exit(
@@ -792,7 +789,7 @@ def update_blimp_docs(args) -> None:
             )
         return
     PAGE.write_text(new)
-    plots(read_records())
+    plots(records)
     print("wrote docs/results.md's BLiMP table and docs/results/blimp-*.png")
 
 
