@@ -611,10 +611,22 @@ PRECISION_RUNS = {
 }
 
 
-def precision_table() -> str:
-    """`bench/results/precision-end-to-end.json`: 300 pretraining steps of two 30-minute configs in fp32 and in bf16
-    autocast, tokens/s and the eval loss each reached."""
-    record = bench_record("precision-end-to-end")
+PRECISION_CPUS = {"": "amd-epyc-bf16", ":intel-xeon-amx": "intel-xeon-amx"}
+"""The CPUs with bf16 units measured so far: a table name's suffix, and its records' names (the end-to-end runs of
+`bench/precision_runs.py` in `precision-end-to-end[-CPU].json`, the step alone of `bench/precision.py` in
+`precision-CPU.json`; the first CPU's end-to-end record predates the suffix)."""
+
+
+def precision_record_names(suffix: str) -> tuple[str, str]:
+    """(the end-to-end record, the step-level record) of the CPU a precision table's suffix names."""
+    cpu = PRECISION_CPUS[suffix]
+    return (f"precision-end-to-end-{cpu}" if suffix else "precision-end-to-end"), f"precision-{cpu}"
+
+
+def precision_table(suffix: str = "") -> str:
+    """`bench/results/precision-end-to-end[-CPU].json`: 300 pretraining steps of two 30-minute configs in fp32 and
+    in bf16 autocast, tokens/s and the eval loss each reached."""
+    record = bench_record(precision_record_names(suffix)[0])
     lines = [
         "| run | fp32 tokens/s | bf16 tokens/s | bf16 speed-up | eval loss at step 300, fp32 / bf16 |",
         "|---|---:|---:|---:|---|",
@@ -631,10 +643,10 @@ def precision_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def precision_step_table() -> str:
-    """`bench/results/precision-amd-epyc-bf16.json` (`python bench/precision.py`): the step alone in fp32, bf16
-    autocast and all-bf16 weights, each against the matmul peak of its own compute precision."""
-    record = bench_record("precision-amd-epyc-bf16")
+def precision_step_table(suffix: str = "") -> str:
+    """`bench/results/precision-CPU.json` (`python bench/precision.py`): the step alone in fp32, bf16 autocast and
+    all-bf16 weights, each against the matmul peak of its own compute precision."""
+    record = bench_record(precision_record_names(suffix)[1])
     lines = [
         "| preset | shape (L/H, batch × length) | fp32 GFLOP/s (% of fp32 peak) | bf16 autocast GFLOP/s "
         "(% of bf16 peak) | autocast speed-up | all-bf16 speed-up |",
@@ -812,8 +824,11 @@ TABLES = {
     "shipped-commands": shipped_commands_table,
     "threads": threads_table,
     "recipe-times": recipe_times_table,
-    "precision": precision_table,
-    "precision-step": precision_step_table,
+    **{f"precision{suffix}": (lambda suffix=suffix: precision_table(suffix)) for suffix in PRECISION_CPUS},
+    **{
+        f"precision-step{suffix}": (lambda suffix=suffix: precision_step_table(suffix))
+        for suffix in PRECISION_CPUS
+    },
     **{f"page-times:{name}": (lambda name=name: page_times_table(name)) for name in PAGE_TIMES_PAGES},
     "page-times:pretraining:decoder-tiny": page_times_decoder,
 }
@@ -828,7 +843,14 @@ MEASURED_BY = {
     "recipe-times": "python bench/recipe_times.py",
     "modernbert": "python bench/throughput.py --preset modernbert-tiny --preset modernbert-base --json bench/results/modernbert.json",
     "llama": "python bench/throughput.py --preset llama-l4 --preset llama-125m --json bench/results/llama.json",
-    "precision-step": "python bench/precision.py --json bench/results/precision-amd-epyc-bf16.json",
+    **{
+        f"precision{suffix}": f"python bench/precision_runs.py --json bench/results/{precision_record_names(suffix)[0]}.json"
+        for suffix in PRECISION_CPUS
+    },
+    **{
+        f"precision-step{suffix}": f"python bench/precision.py --json bench/results/{precision_record_names(suffix)[1]}.json"
+        for suffix in PRECISION_CPUS
+    },
     **{f"page-times:{name}": f"python bench/page_times.py --only {name}" for name in PAGE_TIMES_PAGES},
     "page-times:pretraining:decoder-tiny": "python bench/page_times.py --only pretraining",
 }

@@ -2,12 +2,15 @@
 
 On a GPU accelerate's setting stands (`--training.mixed_precision` or the accelerate config). On a CPU, bf16 autocast
 pays only where the CPU has bf16 units and the matrices are wide enough for them to matter; elsewhere it is far
-slower than fp32, since every bf16 matmul is then emulated. Measured end to end (the record
-`bench/results/precision-end-to-end.json`; `bench/precision.py` times the step alone):
+slower than fp32, since every bf16 matmul is then emulated. Measured end to end (`bench/precision_runs.py`, the
+records `bench/results/precision-end-to-end*.json`; `bench/precision.py` times the step alone):
 
 - AMD EPYC with avx512_bf16, one thread: bf16 matmuls at 2.2x fp32's rate; pretraining the llama-preset decoder
   at width 256 ran at 1.41x fp32's tokens/s, the modernbert-preset encoder at width 128 at 1.13x, both at equal
   eval loss after 300 steps (3.842 against 3.843; 5.95 against 6.01).
+- Intel Xeon with amx_bf16 and avx512_bf16, one thread: bf16 matmuls at 6.6x fp32's rate (2048-square), yet the
+  same decoder at 1.33x and the same encoder at 0.99x (3.843 against 3.843; 5.94 against 6.01): the recipes'
+  matrices are too small for the AMX tiles.
 - AMD EPYC with AVX2 only: a tiny encoder's pretraining step took 25,724 ms in bf16 against 1,073 ms in fp32 (24x).
 
 So a pretraining run that names no precision trains in bf16 on a CPU with bf16 units from `MIN_BF16_WIDTH` up, and
@@ -27,8 +30,8 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
 """/proc/cpuinfo flags of native bf16 matmul units: Intel AMX and AVX-512 BF16 (x86), the BF16 extension (Arm)."""
 
 MIN_BF16_WIDTH = 256
-"""The narrowest hidden size at which bf16 is the default on a CPU with bf16 units: 1.41x at 256 against 1.13x at
-128 (module docstring), so below it the gain does not pay for the rounding."""
+"""The narrowest hidden size at which bf16 is the default on a CPU with bf16 units: 1.41x (EPYC) and 1.33x (Xeon)
+at 256 against 1.13x and 0.99x at 128 (module docstring), so below it the gain does not pay for the rounding."""
 
 AVX2_BF16_SLOWDOWN = (
     "about 24x slower than fp32 (a tiny encoder's step: 25.7 s against 1.07 s on an AVX2 AMD EPYC)"
@@ -99,7 +102,7 @@ def choose_precision(
         return None, None, False  # fp32, as ever: nothing to say
     return (
         "bf16",
-        f"precision: bf16 (this CPU has {'+'.join(units)}: 1.4x fp32's tokens/s at width 256, measured; "
+        f"precision: bf16 (this CPU has {'+'.join(units)}: 1.3-1.4x fp32's tokens/s at width 256, measured; "
         "--training.mixed_precision no trains in fp32)",
         False,
     )

@@ -474,6 +474,49 @@ def test_the_step_precision_prose_quotes_its_record():
     assert f"and {max(0.0, min(tiny)) * 100:.0f}–{max(tiny):.0%} at the" in text
 
 
+def test_the_amx_precision_prose_quotes_its_records():
+    """The Xeon paragraph: its load, matmul peaks, the step's best share of the bf16 peak and that peak's range, the
+    end-to-end gains set against the EPYC's, and what the whole model in bf16 adds, as its records give them."""
+    run, step, epyc = (
+        bench("precision-end-to-end-intel-xeon-amx"),
+        bench("precision-intel-xeon-amx"),
+        bench("precision-end-to-end"),
+    )
+    text = page("docs/performance.md")
+    assert "amx_bf16" in run["bf16_units"] and "Xeon" in run["cpu"]
+    assert f"load {run['loadavg_at_start'][0]} at the start; records" in text
+    fp32, bf16 = (run["matmul_gflops_one_thread"][dtype][-1] for dtype in ("fp32", "bf16"))
+    assert f"at {bf16} GFLOP/s on one thread, {bf16 / fp32:.1f}× its {fp32} GFLOP/s in" in text.replace(
+        "\n", " "
+    )
+    presets = step["presets"]
+    best_share = max(row["bf16-autocast"]["share_of_own_peak"] for row in presets.values())
+    peaks = [row["matmul_gflops"]["bf16"] for row in presets.values()]
+    flat = " ".join(text.split())
+    assert f"no step reaches more than {best_share:.0%} of the bf16 peak" in flat
+    assert f"ranged from {min(peaks):.0f} to {max(peaks):.0f} GFLOP/s" in flat
+
+    def gain(record, name):
+        return (
+            record["runs"][f"{name}/bf16"]["tokens_per_s_median"]
+            / record["runs"][f"{name}/fp32"]["tokens_per_s_median"]
+        )
+
+    decoder, encoder = "decoder-30min-llama", "encoder-30min-modern"
+    assert (
+        f"width 256 gains {gain(run, decoder):.2f}×, close to the EPYC's {gain(epyc, decoder):.2f}×" in flat
+    )
+    assert f"({gain(run, encoder):.2f}×, against the EPYC's {gain(epyc, encoder):.2f}×)" in flat
+    assert f"{presets['bert-base']['bf16-autocast']['speedup_over_fp32']:.2f}× for BERT-base's step" in flat
+    beyond = {
+        name: row["bf16-weights"]["speedup_over_fp32"] / row["bf16-autocast"]["speedup_over_fp32"] - 1
+        for name, row in presets.items()
+    }
+    top = max(beyond, key=beyond.get)
+    assert top == "gpt2-base" and f"up to {beyond[top]:.0%} over autocast here (GPT-2-base)" in flat
+    assert f"the recipe ships ({beyond['llama-tiny']:.1%})" in flat
+
+
 page_times = _load("kiln_bench_page_times_for_docs", "bench/page_times.py")
 shipped = _load("kiln_bench_shipped_commands_for_docs", "bench/shipped_commands.py")
 recipe_times = _load("kiln_bench_recipe_times_for_docs", "bench/recipe_times.py")

@@ -895,6 +895,44 @@ def test_the_grid_table_has_every_declared_run_with_its_change_and_its_best_scor
         )
 
 
+def test_a_grid_row_takes_its_fine_tuning_from_the_run_trained_again_marked_with_both_losses(monkeypatch):
+    """A grid run whose model was not kept for fine-tuning: the UD UPOS of its config trained again
+    (`NAME-retrained`) fills its row, marked ‡, and the note under the table sets that run's eval loss and CPU beside
+    the first's; a row fine-tuned from its own model is not marked, and its own score wins over a retrained one."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kiln_blimp_retrained", REPO / "experiments/blimp_results.py"
+    )
+    blimp_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blimp_results)
+    runs = dict(blimp_results.pretraining_records())
+    first = runs["grid-decoder"]
+    runs["grid-decoder-retrained"] = {
+        **first,
+        "eval_last": {"eval/loss": 4.0412},
+        "cpu": "Intel(R) Xeon(R) Processor",
+    }
+    folder = "runs/ft/ud-pos-pretrained-lr4e-3-s1-"
+    tuned = [
+        {"run": folder + "grid-decoder-retrained", "best_accuracy": 0.8512},
+        {"run": folder + "grid-encoder-retrained", "best_accuracy": 0.5},  # loses to the encoder's own model
+    ]
+    monkeypatch.setattr(blimp_results, "pretraining_records", lambda: runs)
+    recorded = blimp_results.run_records()
+    monkeypatch.setattr(blimp_results, "run_records", lambda: recorded + tuned)
+    text = blimp_results.grid_table(blimp_results.read_records())
+    (row,) = [line for line in text.splitlines() if line.startswith("| `grid-decoder` |")]
+    assert row.endswith("| 85.12‡ |")
+    own = {row["run"]: row for row in recorded}[folder + "grid-encoder"]["best_accuracy"]
+    (encoder,) = [line for line in text.splitlines() if line.startswith("| `grid-encoder` |")]
+    assert encoder.endswith(f"| {100 * own:.2f} |")
+    assert (
+        f"`grid-decoder` 4.041 on Intel Xeon (first {first['eval_last']['eval/loss']:.3f})" in text
+        and "‡ fine-tuned from the run's config trained again" in text
+    )
+
+
 def test_a_runs_learning_curve_is_recorded_at_its_token_counts_and_said_under_the_table(
     tmp_path, monkeypatch
 ):
