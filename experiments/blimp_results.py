@@ -33,6 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "docs" / "results" / "blimp.jsonl"
 PAPER = REPO / "docs" / "results" / "blimp-paper.jsonl"
+PUBLISHED = REPO / "docs" / "results" / "blimp-published.jsonl"
+"""The BabyLM challenges' baselines as their evaluation pipelines' READMEs print them (each line its source, pinned
+to a commit): a BLiMP mean, or one accuracy per phenomenon (whose mean the table computes)."""
 PAGE = REPO / "docs" / "results.md"
 CURVE_PNG = REPO / "docs" / "results" / "blimp-curve.png"
 PHENOMENA_PNG = REPO / "docs" / "results" / "blimp-phenomena.png"
@@ -71,6 +74,20 @@ def read_records() -> list[dict]:
 
 def paper_rows() -> list[dict]:
     return [json.loads(line) for line in PAPER.read_text().splitlines() if line.strip()]
+
+
+def published_rows() -> list[dict]:
+    return [json.loads(line) for line in PUBLISHED.read_text().splitlines() if line.strip()]
+
+
+def published_line(row: dict) -> str:
+    """A BabyLM baseline's table row: its BLiMP mean and its mean over the 12 phenomena where its source gives them,
+    marked § (a GPU run scored on BabyLM's vocabulary-filtered BLiMP)."""
+    blimp = f"{row['blimp']:.1f}" if row.get("blimp") is not None else ""
+    phenomena = row.get("phenomena") or {}
+    assert not phenomena or len(phenomena) == 12, row["name"]
+    mean = f"{sum(phenomena.values()) / len(phenomena):.1f}" if phenomena else ""
+    return f"| {row['name']} ({row['challenge']} baseline)§ | {row['track']} | {blimp} | {mean} | | | |"
 
 
 def paper_means() -> dict[str, float]:
@@ -336,10 +353,16 @@ def table(records: list[dict]) -> str:
         by_phenomenon = paper_phenomena(key)
         phenomena = sum(by_phenomenon.values()) / len(by_phenomenon)  # already in %
         lines.append(f"| {name} (paper) | | {means[key]:.1f} | {phenomena:.1f} | 67,000 | | |")
+    lines += [published_line(row) for row in published_rows()]
     lines.append("| chance | | 50.0 | 50.0 | | | |")
     lines += [
         "",
         "† the CPU the model was scored on: its pretraining record predates records that name their CPU.",
+        "",
+        "§ the BabyLM challenges' baselines (`docs/results/blimp-published.jsonl`, each line's source pinned): "
+        "trained on GPUs on BabyLM's 10M-word corpus (2023's of 125M-220M parameters; 2024's README states no "
+        "size), scored on its BLiMP, which keeps the pairs whose words occur in that corpus (2023's: each at least twice); each "
+        "source gives the BLiMP mean or the 12 phenomena, not both.",
     ]
     trained = [row for row in rows if not row["from_scratch"] and row["kind"] not in FREQUENCY_BASELINES]
     if trained:

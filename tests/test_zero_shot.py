@@ -984,3 +984,33 @@ def test_a_runs_learning_curve_is_recorded_at_its_token_counts_and_said_under_th
     evaluations()
     with pytest.raises(SystemExit, match="no in-loop BLiMP"):
         blimp_results.main(["curve", "enc-curve", "--run", str(run)])
+
+
+def test_the_babylm_baselines_are_rows_of_the_blimp_table_from_their_pinned_sources():
+    """Each line of docs/results/blimp-published.jsonl is a row of the BLiMP table: its BLiMP mean as given, or the
+    mean of its 12 phenomena computed from the per-phenomenon accuracies its source prints; every source is pinned
+    to a commit, and the phenomena are BLiMP's own 12 (the names the Kiln records use)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location(
+        "kiln_blimp_published", REPO / "experiments/blimp_results.py"
+    )
+    blimp_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blimp_results)
+    published = blimp_results.published_rows()
+    assert len(published) >= 5
+    names = set(blimp_results.read_records()[-1]["phenomena"])
+    text = blimp_results.table(blimp_results.read_records())
+    for row in published:
+        assert re.search(r"/blob/[0-9a-f]{40}/", row["source"]), row["source"]
+        (line,) = [line for line in text.splitlines() if line.startswith(f"| {row['name']} (")]
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if row["phenomena"]:
+            assert set(row["phenomena"]) == names
+            assert cells[3] == f"{sum(row['phenomena'].values()) / 12:.1f}" and cells[2] == ""
+        else:
+            assert cells[2] == f"{row['blimp']:.1f}" and cells[3] == ""
+    assert "§ the BabyLM challenges' baselines" in text
+    page = (REPO / "docs/results.md").read_text()
+    assert text in page, "run `python experiments/blimp_results.py update`"
