@@ -302,10 +302,31 @@ def model_label(row: dict, runs: dict[str, dict]) -> str:
     return what
 
 
+BUDGET_CPU = re.compile(r"Budget: .*? on one (?:quiet )?core of an? (.+?) with", flags=re.S)
+"""A config header's budget line names the CPU its minutes were timed on (a run may train on another CPU later)."""
+
+
+def calibrated_cpu(run: dict) -> str | None:
+    """The CPU the `Budget:` line of the run's config header names (the config its command ran), or None."""
+    config = re.search(r"--config (\S+)", run.get("command", ""))
+    path = REPO / config.group(1) if config else None
+    if path is None or not path.is_file():
+        return None
+    header = " ".join(
+        line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("#")
+    )
+    found = BUDGET_CPU.search(header)
+    return found.group(1) if found else None
+
+
 def budget_cpu(row: dict, runs: dict[str, dict]) -> str:
-    """The CPU a record's pretraining minutes were timed on; for runs recorded before records kept their CPU, the
-    CPU the model was scored on, marked † (the same session's)."""
+    """The CPU a record's pretraining minutes were timed on: the one its config's budget line names, else the one it
+    trained on; for runs recorded before records kept their CPU, the CPU the model was scored on, marked † (the
+    same session's)."""
     run = runs.get(row["pretraining"], {})
+    named = calibrated_cpu(run)
+    if named:
+        return short_cpu(named)
     return short_cpu(run["cpu"]) if run.get("cpu") else short_cpu(row.get("cpu")) + "†"
 
 

@@ -1014,3 +1014,32 @@ def test_the_babylm_baselines_are_rows_of_the_blimp_table_from_their_pinned_sour
     assert "§ the BabyLM challenges' baselines" in text
     page = (REPO / "docs/results.md").read_text()
     assert text in page, "run `python experiments/blimp_results.py update`"
+
+
+def test_a_budget_is_stated_in_minutes_of_the_cpu_its_config_was_timed_on(tmp_path, monkeypatch):
+    """A run trained on another CPU than the one its config's budget was timed on states its minutes on the
+    config's CPU (the `Budget:` line, wrapped over header lines or not); a config without one falls back to the CPU
+    the run trained on."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kiln_blimp_budget_cpu", REPO / "experiments/blimp_results.py"
+    )
+    blimp_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blimp_results)
+    monkeypatch.setattr(blimp_results, "REPO", tmp_path)
+    (tmp_path / "timed.yaml").write_text(
+        "# Budget: 3,531 steps = the base's 3,600 x the tokens/s ratio on one core of an AMD EPYC with\n"
+        "# avx512_bf16 (measured beside another run)\n_base_: base.yaml\n"
+    )
+    (tmp_path / "untimed.yaml").write_text("# a config without a budget line\n_base_: base.yaml\n")
+    xeon = "Intel(R) Xeon(R) Processor"
+    runs = {
+        "timed": {"cpu": xeon, "command": "accelerate launch pretrain/run.py --config timed.yaml --x y"},
+        "untimed": {"cpu": xeon, "command": "accelerate launch pretrain/run.py --config untimed.yaml"},
+        "gone": {"cpu": xeon, "command": "accelerate launch pretrain/run.py --config missing.yaml"},
+    }
+    assert blimp_results.budget_cpu({"pretraining": "timed"}, runs) == "AMD EPYC"
+    assert blimp_results.budget_cpu({"pretraining": "untimed"}, runs) == "Intel Xeon"
+    assert blimp_results.budget_cpu({"pretraining": "gone"}, runs) == "Intel Xeon"
+    assert blimp_results.budget_cpu({"pretraining": "old", "cpu": xeon}, runs) == "Intel Xeon†"
