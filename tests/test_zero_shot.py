@@ -733,6 +733,14 @@ def test_the_targets_name_the_best_of_each_kind_on_all_pairs_and_the_gap():
     assert "dec-screen" not in said
     (said,) = [line for line in blimp_results.targets_said(rows[:1], {}) if line]
     assert "3 CPU-hours: no model scored on all pairs yet, against a target of 68" in said
+    # the best model's recipe at other seeds: their mean is read against the target too, a screen left out
+    rows += [row("enc-a-s2", "encoder", 0.600), row("enc-a-s3", "encoder", 0.700, pairs=6_700)]
+    (said,) = [line for line in blimp_results.targets_said(rows, {}) if line]
+    assert (
+        "(`enc-a`) 63.0, meets it by 1.0 (its recipe over 2 seeds: 63.0, 60.0; mean 61.5, short by 0.5)"
+        in said
+    )
+    assert "(`dec-b`) 60.5, short by 1.5;" in said
 
 
 def test_a_replica_is_set_beside_the_record_its_shipped_config_names():
