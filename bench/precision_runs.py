@@ -63,7 +63,7 @@ def matmul_gflops(sizes: tuple[int, ...] = (128, 512, 2048)) -> dict:
     }
 
 
-def run_one(config: str, precision: str, scratch: Path) -> dict:
+def run_precision(config: str, precision: str, scratch: Path) -> dict:
     """One 300-step run; its logged tokens/s (median) and the evaluation it ended with."""
     out = scratch / f"{config}-{precision}"
     command = [
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="kiln-precision-") as scratch:
         for config in args.config or CONFIGS:
             for precision, label in (("no", "fp32"), ("bf16", "bf16")):
-                run = run_one(config, precision, Path(scratch))
+                run = run_precision(config, precision, Path(scratch))
                 if label == "bf16":
                     fp32 = record["runs"][f"{config}/fp32"]["tokens_per_s_median"]
                     run["speedup_over_fp32"] = run["tokens_per_s_median"] / fp32
