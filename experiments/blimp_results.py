@@ -638,6 +638,12 @@ def fine_tuning_accuracy(runs_by_folder: dict[str, dict], init: str, name: str) 
     return ""
 
 
+def model_loss(run: dict) -> float:
+    """A run's language-modelling eval loss: an encoder's MLM loss (without the sentence-pair head's loss that its
+    total adds under MLM+SOP or MLM+NSP, so that objectives compare), a decoder's causal loss."""
+    return run["eval_last"].get("eval/mlm_loss", run["eval_last"]["eval/loss"])
+
+
 def grid_table(records: list[dict]) -> str:
     """The recipe grid, one row per run of experiments/grid.yaml: what it changes from its base, its steps, eval
     loss, best BLiMP record (the most pairs; a screen beside its base's screen on the same pairs, where one was
@@ -690,7 +696,7 @@ def grid_table(records: list[dict]) -> str:
                 )
             lines.append(
                 f"| `{name}`{ships} | {f'`{base}`' if in_grid else ''} | {change} | {run['steps']:,} | "
-                f"{run['eval_last']['eval/loss']:.3f} | {score[0]} | {score[1]} | {tuned} |"
+                f"{model_loss(run):.3f} | {score[0]} | {score[1]} | {tuned} |"
             )
             if not in_grid:
                 scratch[kind] = fine_tuning_accuracy(runs_by_folder, "scratch", name)
@@ -704,7 +710,7 @@ def grid_table(records: list[dict]) -> str:
     lines += [
         "",
         "Eval losses compare only between runs of one tokenizer, block length and masking rate (a run changing "
-        "one of them reads its own). UD UPOS is experiments/grid-finetune.yaml's one fine-tuning of each run (dev, "
+        "one of them reads its own); an encoder's is its MLM loss, without a sentence-pair head's. UD UPOS is experiments/grid-finetune.yaml's one fine-tuning of each run (dev, "
         "seed 1)"
         + (
             "; from scratch at the grid's shapes: "
