@@ -40,22 +40,19 @@ COMMAND = (
 
 
 def matmul_gflops(sizes: tuple[int, ...] = (128, 512, 2048)) -> dict:
-    """Square `torch.mm` on one thread, best of warm repeats, in fp32 and bf16: the machine's matmul peaks."""
+    """Square `torch.mm` on one thread in fp32 and bf16 (bench/throughput.py's `MatmulPeak`, the best of warm
+    repeats): the machine's matmul peaks."""
     import torch
+
+    from bench.throughput import MatmulPeak
 
     torch.set_num_threads(1)
     rates: dict[str, list[float]] = {"fp32": [], "bf16": []}
     for size in sizes:
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-            repeats = max(3, int(2e9 // (2 * size**3)))
-            best = float("inf")
-            for _ in range(5):
-                start = time.perf_counter()
-                for _ in range(repeats):
-                    torch.mm(a, b)
-                best = min(best, (time.perf_counter() - start) / repeats)
-            rates[name].append(round(2 * size**3 / best / 1e9, 1))
+            peak = MatmulPeak(torch.device("cpu"), size=size, repeats=5, dtype=dtype)
+            peak.sample()  # warm-up
+            rates[name].append(round(peak.sample() / 1e9, 1))
     return {
         "sizes": list(sizes),
         **rates,

@@ -67,17 +67,19 @@ REPLICA_TOLERANCE = 1.0  # BLiMP points: a shipped recipe replicates when its fr
 
 
 def read_records() -> list[dict]:
-    if not RECORDS.is_file():
-        return []
-    return [json.loads(line) for line in RECORDS.read_text().splitlines() if line.strip()]
+    return jsonl_rows(RECORDS) if RECORDS.is_file() else []
+
+
+def jsonl_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def paper_rows() -> list[dict]:
-    return [json.loads(line) for line in PAPER.read_text().splitlines() if line.strip()]
+    return jsonl_rows(PAPER)
 
 
 def published_rows() -> list[dict]:
-    return [json.loads(line) for line in PUBLISHED.read_text().splitlines() if line.strip()]
+    return jsonl_rows(PUBLISHED)
 
 
 def published_line(row: dict) -> str:
@@ -382,8 +384,8 @@ def table(records: list[dict]) -> str:
         "",
         "§ the BabyLM challenges' baselines (`docs/results/blimp-published.jsonl`, each line's source pinned): "
         "trained on GPUs on BabyLM's 10M-word corpus (2023's of 125M-220M parameters; 2024's README states no "
-        "size), scored on its BLiMP, which keeps the pairs whose words occur in that corpus (2023's: each at least twice); each "
-        "source gives the BLiMP mean or the 12 phenomena, not both.",
+        "size), scored on its BLiMP, which keeps the pairs whose words occur in that corpus (2023's: each at "
+        "least twice); each source gives the BLiMP mean or the 12 phenomena, not both.",
     ]
     trained = [row for row in rows if not row["from_scratch"] and row["kind"] not in FREQUENCY_BASELINES]
     if trained:
@@ -691,8 +693,8 @@ def grid_table(records: list[dict]) -> str:
             again = runs.get(name + RETRAINED)
             if tuned.endswith("‡") and again:
                 retrained.append(
-                    f"`{name}` {again['eval_last']['eval/loss']:.3f} on {short_cpu(again.get('cpu'))} "
-                    f"(first {run['eval_last']['eval/loss']:.3f})"
+                    f"`{name}` {model_loss(again):.3f} on {short_cpu(again.get('cpu'))} "
+                    f"(first {model_loss(run):.3f})"
                 )
             lines.append(
                 f"| `{name}`{ships} | {f'`{base}`' if in_grid else ''} | {change} | {run['steps']:,} | "
@@ -710,8 +712,8 @@ def grid_table(records: list[dict]) -> str:
     lines += [
         "",
         "Eval losses compare only between runs of one tokenizer, block length and masking rate (a run changing "
-        "one of them reads its own); an encoder's is its MLM loss, without a sentence-pair head's. UD UPOS is experiments/grid-finetune.yaml's one fine-tuning of each run (dev, "
-        "seed 1)"
+        "one of them reads its own); an encoder's is its MLM loss, without a sentence-pair head's. UD UPOS is "
+        "experiments/grid-finetune.yaml's one fine-tuning of each run (dev, seed 1)"
         + (
             "; from scratch at the grid's shapes: "
             + ", ".join(f"the {kind} {value}" for kind, value in scratch.items() if value)
