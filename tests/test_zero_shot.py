@@ -871,7 +871,7 @@ def test_the_grid_table_has_every_declared_run_with_its_change_and_its_best_scor
             "training": {"output_dir": "runs/x", "seed": 2},
         }
     ) == ["data.mlm_probability: 0.3", "training.seed: 2"]
-    # an encoder's loss is its MLM loss, without the sentence-pair head's that MLM+SOP adds to its total
+    # an encoder's loss is its MLM loss, without the sentence-pair head's that MLM+SOP or MLM+NSP adds to its total
     both = {"eval_last": {"eval/loss": 4.2, "eval/mlm_loss": 3.6, "eval/nsp_loss": 0.6}}
     assert blimp_results.model_loss(both) == 3.6
     assert blimp_results.model_loss({"eval_last": {"eval/loss": 3.9}}) == 3.9
