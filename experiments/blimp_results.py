@@ -309,16 +309,33 @@ BUDGET_CPU = re.compile(r"Budget: .*? on one (?:quiet )?core of an? (.+?) with",
 
 
 def calibrated_cpu(run: dict) -> str | None:
-    """The CPU the `Budget:` line of the run's config header names (the config its command ran), or None."""
+    """The CPU the `Budget:` line of the run's config header names (the config its command ran, else the nearest of
+    its `_base_` files: a config that changes only the rate or the seed keeps its base's steps and their timing), or
+    None."""
     config = re.search(r"--config (\S+)", run.get("command", ""))
-    path = REPO / config.group(1) if config else None
-    if path is None or not path.is_file():
+    return header_budget_cpu(REPO / config.group(1), set()) if config else None
+
+
+def header_budget_cpu(path: Path, seen: set[Path]) -> str | None:
+    """The CPU named by the budget line of `path`'s header or, failing that, of its `_base_` files, the last listed
+    (the one merged on top) first."""
+    import yaml
+
+    if path in seen or not path.is_file():
         return None
-    header = " ".join(
-        line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("#")
-    )
+    seen.add(path)
+    text = path.read_text()
+    header = " ".join(line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#"))
     found = BUDGET_CPU.search(header)
-    return found.group(1) if found else None
+    if found:
+        return found.group(1)
+    data = yaml.safe_load(text)
+    bases = data.get("_base_", []) if isinstance(data, dict) else []
+    for base in reversed([bases] if isinstance(bases, str) else bases):
+        named = header_budget_cpu(path.parent / base, seen)
+        if named:
+            return named
+    return None
 
 
 def budget_cpu(row: dict, runs: dict[str, dict]) -> str:

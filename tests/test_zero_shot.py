@@ -1030,8 +1030,8 @@ def test_the_babylm_baselines_are_rows_of_the_blimp_table_from_their_pinned_sour
 
 def test_a_budget_is_stated_in_minutes_of_the_cpu_its_config_was_timed_on(tmp_path, monkeypatch):
     """A run trained on another CPU than the one its config's budget was timed on states its minutes on the
-    config's CPU (the `Budget:` line, wrapped over header lines or not); a config without one falls back to the CPU
-    the run trained on."""
+    config's CPU (the `Budget:` line, wrapped over header lines or not); a config without one takes the nearest of
+    its `_base_` files' (its own line wins; a loop ends), and with none in its chain the CPU the run trained on."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -1045,13 +1045,25 @@ def test_a_budget_is_stated_in_minutes_of_the_cpu_its_config_was_timed_on(tmp_pa
         "# avx512_bf16 (measured beside another run)\n_base_: base.yaml\n"
     )
     (tmp_path / "untimed.yaml").write_text("# a config without a budget line\n_base_: base.yaml\n")
+    # a config changing only the rate keeps its base's steps, so its base's budget line times them
+    (tmp_path / "rate.yaml").write_text(
+        "# the base at another peak rate\n_base_: [untimed.yaml, timed.yaml]\n"
+    )
+    (tmp_path / "own.yaml").write_text(
+        "# Budget: 900 steps = 30 minutes on one core of an Intel Xeon with amx_bf16\n_base_: timed.yaml\n"
+    )
+    (tmp_path / "loop-a.yaml").write_text("_base_: loop-b.yaml\n")
+    (tmp_path / "loop-b.yaml").write_text("_base_: loop-a.yaml\n")
     xeon = "Intel(R) Xeon(R) Processor"
     runs = {
-        "timed": {"cpu": xeon, "command": "accelerate launch pretrain/run.py --config timed.yaml --x y"},
-        "untimed": {"cpu": xeon, "command": "accelerate launch pretrain/run.py --config untimed.yaml"},
-        "gone": {"cpu": xeon, "command": "accelerate launch pretrain/run.py --config missing.yaml"},
+        name: {"cpu": xeon, "command": f"accelerate launch pretrain/run.py --config {name}.yaml --x y"}
+        for name in ("timed", "untimed", "rate", "own", "loop-a")
     }
+    runs["gone"] = {"cpu": xeon, "command": "accelerate launch pretrain/run.py --config missing.yaml"}
     assert blimp_results.budget_cpu({"pretraining": "timed"}, runs) == "AMD EPYC"
     assert blimp_results.budget_cpu({"pretraining": "untimed"}, runs) == "Intel Xeon"
+    assert blimp_results.budget_cpu({"pretraining": "rate"}, runs) == "AMD EPYC"
+    assert blimp_results.budget_cpu({"pretraining": "own"}, runs) == "Intel Xeon"
+    assert blimp_results.budget_cpu({"pretraining": "loop-a"}, runs) == "Intel Xeon"
     assert blimp_results.budget_cpu({"pretraining": "gone"}, runs) == "Intel Xeon"
     assert blimp_results.budget_cpu({"pretraining": "old", "cpu": xeon}, runs) == "Intel Xeon†"
