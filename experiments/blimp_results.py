@@ -321,6 +321,7 @@ def header_budget_cpu(path: Path, seen: set[Path]) -> str | None:
     (the one merged on top) first."""
     import yaml
 
+    path = path.resolve()  # `../` in a `_base_` entry spells one file many ways; a loop must still end
     if path in seen or not path.is_file():
         return None
     seen.add(path)

@@ -1054,10 +1054,15 @@ def test_a_budget_is_stated_in_minutes_of_the_cpu_its_config_was_timed_on(tmp_pa
     )
     (tmp_path / "loop-a.yaml").write_text("_base_: loop-b.yaml\n")
     (tmp_path / "loop-b.yaml").write_text("_base_: loop-a.yaml\n")
+    (
+        tmp_path / "up"
+    ).mkdir()  # the same loop through `../`, each turn a longer spelling of the same two files
+    (tmp_path / "up" / "loop-c.yaml").write_text("_base_: ../up/loop-d.yaml\n")
+    (tmp_path / "up" / "loop-d.yaml").write_text("_base_: ../up/loop-c.yaml\n")
     xeon = "Intel(R) Xeon(R) Processor"
     runs = {
         name: {"cpu": xeon, "command": f"accelerate launch pretrain/run.py --config {name}.yaml --x y"}
-        for name in ("timed", "untimed", "rate", "own", "loop-a")
+        for name in ("timed", "untimed", "rate", "own", "loop-a", "up/loop-c")
     }
     runs["gone"] = {"cpu": xeon, "command": "accelerate launch pretrain/run.py --config missing.yaml"}
     assert blimp_results.budget_cpu({"pretraining": "timed"}, runs) == "AMD EPYC"
@@ -1065,5 +1070,6 @@ def test_a_budget_is_stated_in_minutes_of_the_cpu_its_config_was_timed_on(tmp_pa
     assert blimp_results.budget_cpu({"pretraining": "rate"}, runs) == "AMD EPYC"
     assert blimp_results.budget_cpu({"pretraining": "own"}, runs) == "Intel Xeon"
     assert blimp_results.budget_cpu({"pretraining": "loop-a"}, runs) == "Intel Xeon"
+    assert blimp_results.budget_cpu({"pretraining": "up/loop-c"}, runs) == "Intel Xeon"
     assert blimp_results.budget_cpu({"pretraining": "gone"}, runs) == "Intel Xeon"
     assert blimp_results.budget_cpu({"pretraining": "old", "cpu": xeon}, runs) == "Intel Xeon†"
