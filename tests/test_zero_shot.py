@@ -1054,9 +1054,8 @@ def test_a_budget_is_stated_in_minutes_of_the_cpu_its_config_was_timed_on(tmp_pa
     )
     (tmp_path / "loop-a.yaml").write_text("_base_: loop-b.yaml\n")
     (tmp_path / "loop-b.yaml").write_text("_base_: loop-a.yaml\n")
-    (
-        tmp_path / "up"
-    ).mkdir()  # the same loop through `../`, each turn a longer spelling of the same two files
+    # the same loop through `../`, each turn a longer spelling of the same two files
+    (tmp_path / "up").mkdir()
     (tmp_path / "up" / "loop-c.yaml").write_text("_base_: ../up/loop-d.yaml\n")
     (tmp_path / "up" / "loop-d.yaml").write_text("_base_: ../up/loop-c.yaml\n")
     xeon = "Intel(R) Xeon(R) Processor"
